@@ -1,0 +1,55 @@
+package fleetwatch
+
+import "time"
+
+// Limits of the outcome event fields (PROTOCOL.md "Outcome event").
+const (
+	// MaxDurationMs bounds ttft_ms and duration_ms: one hour.
+	MaxDurationMs = 3_600_000
+	// MaxPrefixLen bounds the prefix hash.
+	MaxPrefixLen = 128
+	// MaxFingerprintLen bounds the fingerprint.
+	MaxFingerprintLen = 256
+	// MaxSourceLen bounds the source id.
+	MaxSourceLen = 256
+	// MaxSkew is how far ts may be from the collector's clock before it is
+	// replaced by the arrival time and counted as skewed.
+	MaxSkew = 5 * time.Minute
+)
+
+// Event is one outcome event: how one request to one backend ended.
+//
+// Optional numeric fields that may legitimately be zero carry a Has flag, so
+// that "absent" and "0" stay distinct through decode and encode.
+type Event struct {
+	Pool    string // required; a valid pool id
+	Backend string // required; a valid backend id
+
+	// TS is when the outcome became known. The zero time means absent; the
+	// collector then uses the arrival time.
+	TS time.Time
+
+	Status    int     // HTTP status; 0 when no answer came
+	HasStatus bool    // the event carried "status"
+	Outcome   Outcome // never OutcomeUnset after Decode: derived from Status when absent
+
+	TTFTMs      float64 // time to first token, ms, in [0, MaxDurationMs]
+	HasTTFT     bool
+	DurationMs  float64 // time to the last byte, ms, in [0, MaxDurationMs]
+	HasDuration bool
+
+	InputTokens  int64 // >= 0; 0 when absent
+	OutputTokens int64 // >= 0; 0 when absent
+
+	Cold         bool    // the proxy knows this request hit a cold backend
+	RetryAfterMs float64 // the backend's Retry-After in ms; 0 when absent
+	Prefix       string  // hash of the request's shared prefix; "" when absent
+	CacheHit     bool    // the backend reported a prefix-cache hit
+	Fingerprint  string  // artefact id the backend reported; "" when absent
+	Source       string  // the publishing proxy's id; "" when absent
+}
+
+// Latency reports whether e may contribute a latency sample by its own
+// fields: an ok outcome with a TTFT that is not marked cold. The analyzer
+// additionally discounts the first event of a new or idle backend.
+func (e *Event) Latency() bool { return e.Outcome == OutcomeOK && e.HasTTFT && !e.Cold }

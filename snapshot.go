@@ -1,0 +1,116 @@
+package fleetwatch
+
+// State is a backend's circuit-breaker state.
+type State string
+
+// Breaker states.
+const (
+	StateClosed   State = "closed"    // healthy
+	StateOpen     State = "open"      // send nothing
+	StateHalfOpen State = "half_open" // send a trickle, set by the weight
+)
+
+// Mode is how a router spreads a pool's traffic.
+type Mode string
+
+// Pool modes.
+const (
+	// ModeBalance spreads traffic by weight and score.
+	ModeBalance Mode = "balance"
+	// ModeFailover uses the lowest priority number that has a backend not
+	// open, spreading only among equal priorities.
+	ModeFailover Mode = "failover"
+)
+
+// AllOpen is what a router does when every backend of a pool is open.
+type AllOpen string
+
+// All-open policies.
+const (
+	AllOpenShed   AllOpen = "shed"   // fail fast, do not spin
+	AllOpenSpread AllOpen = "spread" // ignore the breakers
+)
+
+// DriftStatus is a backend's artefact-drift status.
+type DriftStatus string
+
+// Drift statuses.
+const (
+	DriftUnknown DriftStatus = "unknown" // never probed
+	DriftOK      DriftStatus = "ok"
+	DriftSuspect DriftStatus = "suspect"
+	DriftDrifted DriftStatus = "drifted"
+)
+
+// DefaultAffinityTolerance is the seed's affinity rule: keep a request on the
+// backend holding its prefix while that backend's EWMA TTFT is below this
+// multiple of the pool median. It is a policy choice (how much latency a cache
+// hit is worth), not a discovered constant.
+const DefaultAffinityTolerance = 2.5
+
+// Snapshot is the full decision state of one pool, published on
+// fw.decisions.<pool> and kept in the fw_decisions KV bucket.
+type Snapshot struct {
+	V       int     `json:"v"`
+	Pool    string  `json:"pool"`
+	Epoch   string  `json:"epoch"` // the analyzer instance that produced it
+	Seq     uint64  `json:"seq"`   // +1 per snapshot within an epoch
+	At      Time    `json:"at"`
+	TTLMs   int64   `json:"ttl_ms"` // stale after At + TTLMs
+	Mode    Mode    `json:"mode"`
+	AllOpen AllOpen `json:"all_open"`
+	// MedianEWMATTFTMs is the median ewma_ttft_ms over backends that have
+	// one; nil when none has.
+	MedianEWMATTFTMs  *float64  `json:"median_ewma_ttft_ms"`
+	AffinityTolerance float64   `json:"affinity_tolerance"`
+	Backends          []Backend `json:"backends"` // sorted by Backend
+}
+
+// Backend is the decision for one backend of a pool.
+type Backend struct {
+	Backend  string  `json:"backend"`
+	State    State   `json:"state"`
+	Weight   float64 `json:"weight"` // in [0, 1]
+	Priority int     `json:"priority"`
+
+	EWMATTFTMs  *float64 `json:"ewma_ttft_ms"` // nil when no sample yet
+	P50TTFTMs   *float64 `json:"p50_ttft_ms"`  // over the window; nil when empty
+	P95TTFTMs   *float64 `json:"p95_ttft_ms"`
+	SuccessRate *float64 `json:"success_rate"` // ok / (ok + error + timeout)
+	Rate429     *float64 `json:"rate_429"`     // throttled / (ok + error + timeout + throttled)
+	Requests    int64    `json:"requests"`     // all outcomes in the window
+	WindowMs    int64    `json:"window_ms"`
+
+	OpenUntil   *Time       `json:"open_until"` // nil unless open
+	Reason      string      `json:"reason"`
+	Drift       DriftStatus `json:"drift"`
+	CostPerMTok *float64    `json:"cost_per_mtok"`
+
+	// Since is when the backend entered its current state (an extension
+	// of the protocol, omitted when unknown).
+	Since *Time `json:"since,omitempty"`
+}
+
+// Find returns the decision for backend id, or nil.
+func (s *Snapshot) Find(id string) *Backend {
+	for i := range s.Backends {
+		if s.Backends[i].Backend == id {
+			return &s.Backends[i]
+		}
+	}
+	return nil
+}
+
+// NewerThan reports whether s should replace prev at a router: prev is nil,
+// the epochs differ, or s.Seq > prev.Seq. A different epoch is a restarted or
+// failed-over analyzer; its snapshot replaces the old one when it is at
+// least as recent (At not before prev.At).
+func (s *Snapshot) NewerThan(prev *Snapshot) bool {
+	if prev == nil {
+		return true
+	}
+	if s.Epoch == prev.Epoch {
+		return s.Seq > prev.Seq
+	}
+	return !s.At.Before(prev.At.Time)
+}
