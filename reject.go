@@ -52,13 +52,23 @@ var reasonErrs = map[error]Reason{
 // DecodeError describes why an outcome event was rejected.
 type DecodeError struct {
 	Err    error  // one of the sentinel errors above
-	Field  string // the offending field, "" when not about one field
+	Field  string // the offending field, "" when not about one field (ErrBadJSON)
 	Offset int    // byte offset in the input where the problem was found
+	// Source is the event's source when it could be read before the
+	// problem was found, else "", for the reject notice.
+	Source string
 }
 
+// Error reads like the protocol's reject reasons: "ttft_ms out of range",
+// "missing field pool", "invalid backend id", "bad json at offset 17".
 func (e *DecodeError) Error() string {
-	if e.Field == "" {
+	switch {
+	case e.Field == "":
 		return fmt.Sprintf("%v at offset %d", e.Err, e.Offset)
+	case e.Err == ErrMissingField:
+		return fmt.Sprintf("%v %s", e.Err, e.Field)
+	case e.Err == ErrInvalidPool || e.Err == ErrInvalidBackend:
+		return e.Err.Error() // the sentinel names the field
 	}
 	return fmt.Sprintf("%s %v", e.Field, e.Err)
 }

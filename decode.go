@@ -1,0 +1,937 @@
+package fleetwatch
+
+import (
+	"bytes"
+	"math"
+	"strconv"
+	"time"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// Decoder decodes outcome events (PROTOCOL.md "Outcome event") with a
+// hand-written scanner over the input bytes: it is the collector's hot path,
+// and encoding/json spends most of its time in reflection and allocation.
+//
+// A Decoder interns the pool, backend, fingerprint and source ids it has
+// seen, so that decoding a typical event allocates only its prefix hash. The
+// zero value is ready to use. A Decoder is not safe for concurrent use: give
+// each goroutine its own.
+//
+// Decoding rules beyond the letter of PROTOCOL.md (docs/PROTOCOL.md records
+// them):
+//   - Field names are case-sensitive; unknown fields are skipped (their value
+//     must still be valid JSON). When a key repeats, the last value wins.
+//   - JSON null for any field means the field is absent. For pool and
+//     backend that is ErrMissingField.
+//   - status, input_tokens and output_tokens must be written as integers
+//     (no fraction, no exponent); 1.0 is ErrWrongType.
+//   - v must be the number 1 when present: another number is ErrBadVersion,
+//     another type ErrWrongType.
+//   - An event with neither outcome nor status gets OutcomeFromStatus(0),
+//     that is timeout: an absent status means 0, "no answer came".
+//   - A backend id longer than 256 bytes is ErrInvalidBackend (like any
+//     other invalid backend id), a pool id longer than 256 bytes
+//     ErrInvalidPool; prefix, fingerprint and source beyond their bounds are
+//     ErrTooLong. Lengths count bytes after unescaping.
+//   - prefix, fingerprint and source must be valid UTF-8 (ErrBadValue); pool
+//     and backend ids follow ValidatePoolID and ValidateBackendID.
+//   - ts is truncated to the millisecond (the protocol's precision) and
+//     converted to UTC; a time whose UTC year is outside 0000..9999 cannot be
+//     written back in RFC 3339 and is ErrBadValue. The zero time.Time means
+//     "absent", so "0001-01-01T00:00:00Z" reads as an absent ts.
+//   - Nesting of skipped values deeper than 10000 is ErrBadJSON, as in
+//     encoding/json.
+type Decoder struct {
+	// intern maps an id to the one string holding it, so that repeated ids
+	// cost no allocation. Bounded by maxInterned entries and
+	// maxInternedBytes; when either is reached the table starts afresh, so
+	// ids of backends that went away do not stay pinned forever.
+	intern      map[string]string
+	internBytes int
+
+	buf   []byte // scratch for strings with escapes
+	batch Event  // the event DecodeBatch passes to its callback
+}
+
+const (
+	maxInterned      = 65536
+	maxInternedBytes = 4 << 20
+	maxNesting       = 10000
+)
+
+// field numbers the known fields of an outcome event, in protocol order.
+type field uint8
+
+const (
+	fieldV field = iota
+	fieldPool
+	fieldBackend
+	fieldTS
+	fieldStatus
+	fieldOutcome
+	fieldTTFT
+	fieldDuration
+	fieldInputTokens
+	fieldOutputTokens
+	fieldCold
+	fieldRetryAfter
+	fieldPrefix
+	fieldCacheHit
+	fieldFingerprint
+	fieldSource
+	numFields
+	noField = numFields
+)
+
+var fieldNames = [numFields]string{
+	fieldV: "v", fieldPool: "pool", fieldBackend: "backend", fieldTS: "ts",
+	fieldStatus: "status", fieldOutcome: "outcome", fieldTTFT: "ttft_ms",
+	fieldDuration: "duration_ms", fieldInputTokens: "input_tokens",
+	fieldOutputTokens: "output_tokens", fieldCold: "cold",
+	fieldRetryAfter: "retry_after_ms", fieldPrefix: "prefix",
+	fieldCacheHit: "cache_hit", fieldFingerprint: "fingerprint", fieldSource: "source",
+}
+
+func fieldOf(key []byte) field {
+	switch string(key) {
+	case "v":
+		return fieldV
+	case "pool":
+		return fieldPool
+	case "backend":
+		return fieldBackend
+	case "ts":
+		return fieldTS
+	case "status":
+		return fieldStatus
+	case "outcome":
+		return fieldOutcome
+	case "ttft_ms":
+		return fieldTTFT
+	case "duration_ms":
+		return fieldDuration
+	case "input_tokens":
+		return fieldInputTokens
+	case "output_tokens":
+		return fieldOutputTokens
+	case "cold":
+		return fieldCold
+	case "retry_after_ms":
+		return fieldRetryAfter
+	case "prefix":
+		return fieldPrefix
+	case "cache_hit":
+		return fieldCacheHit
+	case "fingerprint":
+		return fieldFingerprint
+	case "source":
+		return fieldSource
+	}
+	return noField
+}
+
+// failure is a decode error before it becomes a *DecodeError, so that the
+// success path allocates nothing. err == nil means no failure.
+type failure struct {
+	err   error
+	field field
+	off   int
+}
+
+func syntaxError(off int) failure { return failure{err: ErrBadJSON, field: noField, off: off} }
+
+func (d *Decoder) errorOf(f failure, base int, ev *Event) *DecodeError {
+	e := &DecodeError{Err: f.err, Offset: f.off - base, Source: ev.Source}
+	if f.field < numFields {
+		e.Field = fieldNames[f.field]
+	}
+	return e
+}
+
+// Decode decodes data, which must hold exactly one JSON object (surrounded
+// by whitespace or not), into ev, overwriting all of ev. An error is a
+// *DecodeError wrapping one of the sentinel errors of reject.go; ev is then
+// only partly filled.
+func (d *Decoder) Decode(data []byte, ev *Event) error {
+	start := skipSpace(data, 0)
+	end, f := d.object(data, start, ev)
+	if f.err != ErrBadJSON {
+		if rest := skipSpace(data, end); rest != len(data) {
+			f = syntaxError(rest)
+		}
+	}
+	if f.err != nil {
+		return d.errorOf(f, 0, ev)
+	}
+	return nil
+}
+
+// DecodeBatch decodes a payload of one JSON object or of NDJSON (objects
+// one per line; blank lines are skipped) and calls fn once per object or
+// bad line, in order, with the object's bytes, the decoded event and nil,
+// or with the bad line, a partly filled event and a *DecodeError whose
+// Offset counts from the start of line. A bad line rejects that line alone.
+//
+// ev and line are only valid during the call: ev is reused for the next
+// one. An object may span several lines (a pretty-printed single event);
+// after a JSON syntax error decoding resumes on the next line. Two objects
+// on one line are a syntax error.
+func (d *Decoder) DecodeBatch(data []byte, fn func(line []byte, ev *Event, err error)) (ok, bad int) {
+	ev := &d.batch
+	pos := 0
+	for {
+		pos = skipSpace(data, pos)
+		if pos >= len(data) {
+			return ok, bad
+		}
+		start := pos
+		end, f := d.object(data, start, ev)
+		if f.err != ErrBadJSON {
+			rest := end
+			for rest < len(data) && (data[rest] == ' ' || data[rest] == '\t' || data[rest] == '\r') {
+				rest++
+			}
+			if rest < len(data) && data[rest] != '\n' {
+				f = syntaxError(rest)
+			} else {
+				pos = rest
+			}
+		}
+		if f.err == ErrBadJSON {
+			end = len(data)
+			if i := bytes.IndexByte(data[start:], '\n'); i >= 0 {
+				end = start + i
+			}
+			pos = end
+		}
+		line := bytes.TrimRight(data[start:end], " \t\r")
+		if f.err != nil {
+			bad++
+			fn(line, ev, d.errorOf(f, start, ev))
+		} else {
+			ok++
+			fn(line, ev, nil)
+		}
+	}
+}
+
+// object decodes the object at data[pos:] into ev. It returns the offset
+// just past the closing brace, and the failure if any. A syntax failure
+// (ErrBadJSON) returns at once; a field failure is held until the object
+// ends, because a later duplicate key may replace the value, and the one at
+// the smallest offset is returned.
+func (d *Decoder) object(data []byte, pos int, ev *Event) (int, failure) {
+	*ev = Event{}
+	var fieldErrs [numFields]failure
+	objStart := pos
+	if pos >= len(data) || data[pos] != '{' {
+		return pos, syntaxError(pos)
+	}
+	pos = skipSpace(data, pos+1)
+	if pos < len(data) && data[pos] == '}' {
+		pos++
+	} else {
+		for {
+			if pos >= len(data) || data[pos] != '"' {
+				return pos, syntaxError(pos)
+			}
+			key, next, ok := d.readString(data, pos)
+			if !ok {
+				return next, syntaxError(next)
+			}
+			pos = skipSpace(data, next)
+			if pos >= len(data) || data[pos] != ':' {
+				return pos, syntaxError(pos)
+			}
+			pos = skipSpace(data, pos+1)
+			k := fieldOf(key)
+			var fe failure
+			if k == noField {
+				pos, ok = skipValue(data, pos, 0)
+				if !ok {
+					return pos, syntaxError(pos)
+				}
+			} else {
+				fe, pos = d.value(data, pos, k, ev)
+				if fe.err == ErrBadJSON {
+					return pos, fe
+				}
+				fieldErrs[k] = fe
+			}
+			pos = skipSpace(data, pos)
+			if pos >= len(data) {
+				return pos, syntaxError(pos)
+			}
+			if data[pos] == '}' {
+				pos++
+				break
+			}
+			if data[pos] != ',' {
+				return pos, syntaxError(pos)
+			}
+			pos = skipSpace(data, pos+1)
+		}
+	}
+	first := failure{off: math.MaxInt}
+	for _, fe := range fieldErrs {
+		if fe.err != nil && fe.off < first.off {
+			first = fe
+		}
+	}
+	switch {
+	case first.err != nil:
+		return pos, first
+	case ev.Pool == "":
+		return pos, failure{err: ErrMissingField, field: fieldPool, off: objStart}
+	case ev.Backend == "":
+		return pos, failure{err: ErrMissingField, field: fieldBackend, off: objStart}
+	}
+	if ev.Outcome == OutcomeUnset {
+		ev.Outcome = OutcomeFromStatus(ev.Status)
+	}
+	return pos, failure{}
+}
+
+// value decodes the value at data[pos:] of known field k into ev. It
+// returns the field's failure (ErrBadJSON for a syntax error) and the offset
+// just past the value. A null value resets the field to absent.
+func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int) {
+	if pos >= len(data) {
+		return syntaxError(pos), pos
+	}
+	fail := func(err error) failure { return failure{err: err, field: k, off: pos} }
+	c := data[pos]
+	if c == 'n' {
+		end, ok := literal(data, pos, "null")
+		if !ok {
+			return syntaxError(end), end
+		}
+		clearField(ev, k)
+		return failure{}, end
+	}
+	switch k {
+	case fieldPool, fieldBackend, fieldTS, fieldOutcome, fieldPrefix, fieldFingerprint, fieldSource:
+		if c != '"' {
+			end, ok := skipValue(data, pos, 0)
+			if !ok {
+				return syntaxError(end), end
+			}
+			return fail(ErrWrongType), end
+		}
+		s, end, ok := d.readString(data, pos)
+		if !ok {
+			return syntaxError(end), end
+		}
+		if err := d.setString(ev, k, s); err != nil {
+			return fail(err), end
+		}
+		return failure{}, end
+
+	case fieldCold, fieldCacheHit:
+		var v bool
+		var end int
+		var ok bool
+		switch c {
+		case 't':
+			end, ok = literal(data, pos, "true")
+			v = true
+		case 'f':
+			end, ok = literal(data, pos, "false")
+		default:
+			end, ok = skipValue(data, pos, 0)
+			if ok {
+				return fail(ErrWrongType), end
+			}
+		}
+		if !ok {
+			return syntaxError(end), end
+		}
+		if k == fieldCold {
+			ev.Cold = v
+		} else {
+			ev.CacheHit = v
+		}
+		return failure{}, end
+	}
+
+	// The remaining fields are numbers.
+	if c != '-' && (c < '0' || c > '9') {
+		end, ok := skipValue(data, pos, 0)
+		if !ok {
+			return syntaxError(end), end
+		}
+		return fail(ErrWrongType), end
+	}
+	end, isInt, ok := scanNumber(data, pos)
+	if !ok {
+		return syntaxError(end), end
+	}
+	num := data[pos:end]
+	switch k {
+	case fieldV:
+		if len(num) == 1 && num[0] == '1' {
+			return failure{}, end
+		}
+		if f, ok := parseFloat(num); !ok || f != 1 {
+			return fail(ErrBadVersion), end
+		}
+	case fieldStatus:
+		if !isInt {
+			return fail(ErrWrongType), end
+		}
+		n, ok := parseInt(num)
+		if !ok || n < 0 || n > 999 {
+			return fail(ErrOutOfRange), end
+		}
+		ev.Status, ev.HasStatus = int(n), true
+	case fieldInputTokens, fieldOutputTokens:
+		if !isInt {
+			return fail(ErrWrongType), end
+		}
+		n, ok := parseInt(num)
+		if !ok || n < 0 {
+			return fail(ErrOutOfRange), end
+		}
+		if k == fieldInputTokens {
+			ev.InputTokens = n
+		} else {
+			ev.OutputTokens = n
+		}
+	case fieldTTFT, fieldDuration, fieldRetryAfter:
+		f, ok := parseFloat(num)
+		if !ok || !(f >= 0 && f <= MaxDurationMs) { // NaN fails both
+			return fail(ErrOutOfRange), end
+		}
+		switch k {
+		case fieldTTFT:
+			ev.TTFTMs, ev.HasTTFT = f, true
+		case fieldDuration:
+			ev.DurationMs, ev.HasDuration = f, true
+		default:
+			ev.RetryAfterMs = f
+		}
+	}
+	return failure{}, end
+}
+
+// setString validates and stores the string value s of field k.
+func (d *Decoder) setString(ev *Event, k field, s []byte) error {
+	switch k {
+	case fieldPool:
+		if !validPoolID(s) {
+			ev.Pool = ""
+			return ErrInvalidPool
+		}
+		ev.Pool = d.str(s)
+	case fieldBackend:
+		if !validBackendID(s) {
+			ev.Backend = ""
+			return ErrInvalidBackend
+		}
+		ev.Backend = d.str(s)
+	case fieldTS:
+		t, ok := parseTime(s)
+		if !ok {
+			return ErrBadValue
+		}
+		ev.TS = t
+	case fieldOutcome:
+		o, ok := parseOutcome(s)
+		if !ok {
+			return ErrBadValue
+		}
+		ev.Outcome = o
+	case fieldPrefix:
+		if len(s) > MaxPrefixLen {
+			return ErrTooLong
+		}
+		if !utf8.Valid(s) {
+			return ErrBadValue
+		}
+		ev.Prefix = string(s)
+	case fieldFingerprint, fieldSource:
+		if len(s) > MaxFingerprintLen { // == MaxSourceLen
+			return ErrTooLong
+		}
+		if !utf8.Valid(s) {
+			return ErrBadValue
+		}
+		if k == fieldFingerprint {
+			ev.Fingerprint = d.str(s)
+		} else {
+			ev.Source = d.str(s)
+		}
+	}
+	return nil
+}
+
+func clearField(ev *Event, k field) {
+	switch k {
+	case fieldPool:
+		ev.Pool = ""
+	case fieldBackend:
+		ev.Backend = ""
+	case fieldTS:
+		ev.TS = time.Time{}
+	case fieldStatus:
+		ev.Status, ev.HasStatus = 0, false
+	case fieldOutcome:
+		ev.Outcome = OutcomeUnset
+	case fieldTTFT:
+		ev.TTFTMs, ev.HasTTFT = 0, false
+	case fieldDuration:
+		ev.DurationMs, ev.HasDuration = 0, false
+	case fieldInputTokens:
+		ev.InputTokens = 0
+	case fieldOutputTokens:
+		ev.OutputTokens = 0
+	case fieldCold:
+		ev.Cold = false
+	case fieldRetryAfter:
+		ev.RetryAfterMs = 0
+	case fieldPrefix:
+		ev.Prefix = ""
+	case fieldCacheHit:
+		ev.CacheHit = false
+	case fieldFingerprint:
+		ev.Fingerprint = ""
+	case fieldSource:
+		ev.Source = ""
+	}
+}
+
+// str returns s as an interned string. The map lookup with string(s) as key
+// does not allocate.
+func (d *Decoder) str(s []byte) string {
+	if v, ok := d.intern[string(s)]; ok {
+		return v
+	}
+	v := string(s)
+	if d.intern == nil || len(d.intern) >= maxInterned || d.internBytes+len(v) > maxInternedBytes {
+		if d.intern == nil {
+			d.intern = make(map[string]string, 64)
+		} else {
+			clear(d.intern)
+		}
+		d.internBytes = 0
+	}
+	d.intern[v] = v
+	d.internBytes += len(v)
+	return v
+}
+
+func skipSpace(data []byte, pos int) int {
+	for pos < len(data) {
+		switch data[pos] {
+		case ' ', '\t', '\n', '\r':
+			pos++
+		default:
+			return pos
+		}
+	}
+	return pos
+}
+
+func literal(data []byte, pos int, word string) (int, bool) {
+	if len(data)-pos < len(word) || string(data[pos:pos+len(word)]) != word {
+		return pos, false
+	}
+	return pos + len(word), true
+}
+
+// readString reads the JSON string starting at the quote data[pos]. It
+// returns its unescaped contents, which alias data when the string has no
+// escapes and d.buf otherwise, and the offset just past the closing quote.
+// On a syntax error it returns the offset of the offending byte.
+func (d *Decoder) readString(data []byte, pos int) ([]byte, int, bool) {
+	for i := pos + 1; i < len(data); i++ {
+		switch c := data[i]; {
+		case c == '"':
+			return data[pos+1 : i], i + 1, true
+		case c == '\\':
+			return d.unescape(data, pos, i)
+		case c < 0x20:
+			return nil, i, false
+		}
+	}
+	return nil, len(data), false
+}
+
+// unescape is the slow path of readString, from the first backslash at
+// data[i]. Like encoding/json, it replaces an invalid or unpaired surrogate
+// escape by U+FFFD and passes other bytes through unchanged.
+func (d *Decoder) unescape(data []byte, pos, i int) ([]byte, int, bool) {
+	buf := append(d.buf[:0], data[pos+1:i]...)
+	defer func() { d.buf = buf[:0] }()
+	for i < len(data) {
+		c := data[i]
+		switch {
+		case c == '"':
+			return buf, i + 1, true
+		case c < 0x20:
+			return nil, i, false
+		case c != '\\':
+			buf = append(buf, c)
+			i++
+			continue
+		}
+		if i+1 >= len(data) {
+			return nil, len(data), false
+		}
+		switch data[i+1] {
+		case '"', '\\', '/':
+			buf = append(buf, data[i+1])
+		case 'b':
+			buf = append(buf, '\b')
+		case 'f':
+			buf = append(buf, '\f')
+		case 'n':
+			buf = append(buf, '\n')
+		case 'r':
+			buf = append(buf, '\r')
+		case 't':
+			buf = append(buf, '\t')
+		case 'u':
+			r, ok := hex4(data, i+2)
+			if !ok {
+				return nil, i, false
+			}
+			i += 6
+			if utf16.IsSurrogate(r) {
+				if i+1 < len(data) && data[i] == '\\' && data[i+1] == 'u' {
+					if r2, ok := hex4(data, i+2); ok {
+						if dec := utf16.DecodeRune(r, r2); dec != utf8.RuneError {
+							buf = utf8.AppendRune(buf, dec)
+							i += 6
+							continue
+						}
+					}
+				}
+				r = utf8.RuneError
+			}
+			buf = utf8.AppendRune(buf, r)
+			continue
+		default:
+			return nil, i, false
+		}
+		i += 2
+	}
+	return nil, len(data), false
+}
+
+func hex4(data []byte, pos int) (rune, bool) {
+	if len(data)-pos < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range data[pos : pos+4] {
+		switch {
+		case c >= '0' && c <= '9':
+			c -= '0'
+		case c >= 'a' && c <= 'f':
+			c -= 'a' - 10
+		case c >= 'A' && c <= 'F':
+			c -= 'A' - 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
+}
+
+// skipString validates the JSON string starting at the quote data[pos]
+// without unescaping it.
+func skipString(data []byte, pos int) (int, bool) {
+	for i := pos + 1; i < len(data); i++ {
+		switch c := data[i]; {
+		case c == '"':
+			return i + 1, true
+		case c < 0x20:
+			return i, false
+		case c == '\\':
+			if i+1 >= len(data) {
+				return len(data), false
+			}
+			switch data[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				if _, ok := hex4(data, i+2); !ok {
+					return i, false
+				}
+				i += 5
+			default:
+				return i, false
+			}
+		}
+	}
+	return len(data), false
+}
+
+// skipValue validates and skips the JSON value at data[pos:]. depth counts
+// the enclosing arrays and objects.
+func skipValue(data []byte, pos, depth int) (int, bool) {
+	if pos >= len(data) {
+		return pos, false
+	}
+	switch c := data[pos]; c {
+	case '"':
+		return skipString(data, pos)
+	case 't':
+		return literal(data, pos, "true")
+	case 'f':
+		return literal(data, pos, "false")
+	case 'n':
+		return literal(data, pos, "null")
+	case '{', '[':
+		if depth >= maxNesting {
+			return pos, false
+		}
+		closer := byte('}')
+		if c == '[' {
+			closer = ']'
+		}
+		pos = skipSpace(data, pos+1)
+		if pos < len(data) && data[pos] == closer {
+			return pos + 1, true
+		}
+		for {
+			var ok bool
+			if c == '{' {
+				if pos >= len(data) || data[pos] != '"' {
+					return pos, false
+				}
+				if pos, ok = skipString(data, pos); !ok {
+					return pos, false
+				}
+				pos = skipSpace(data, pos)
+				if pos >= len(data) || data[pos] != ':' {
+					return pos, false
+				}
+				pos = skipSpace(data, pos+1)
+			}
+			if pos, ok = skipValue(data, pos, depth+1); !ok {
+				return pos, false
+			}
+			pos = skipSpace(data, pos)
+			if pos >= len(data) {
+				return pos, false
+			}
+			if data[pos] == closer {
+				return pos + 1, true
+			}
+			if data[pos] != ',' {
+				return pos, false
+			}
+			pos = skipSpace(data, pos+1)
+		}
+	default:
+		end, _, ok := scanNumber(data, pos)
+		return end, ok
+	}
+}
+
+// scanNumber validates the JSON number at data[pos:]:
+// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+// isInt reports that it has neither fraction nor exponent.
+func scanNumber(data []byte, pos int) (end int, isInt, ok bool) {
+	i := pos
+	if i < len(data) && data[i] == '-' {
+		i++
+	}
+	switch {
+	case i >= len(data):
+		return i, false, false
+	case data[i] == '0':
+		i++
+	case data[i] >= '1' && data[i] <= '9':
+		i = digits(data, i+1)
+	default:
+		return i, false, false
+	}
+	isInt = true
+	if i < len(data) && data[i] == '.' {
+		isInt = false
+		j := digits(data, i+1)
+		if j == i+1 {
+			return j, false, false
+		}
+		i = j
+	}
+	if i < len(data) && (data[i] == 'e' || data[i] == 'E') {
+		isInt = false
+		i++
+		if i < len(data) && (data[i] == '+' || data[i] == '-') {
+			i++
+		}
+		j := digits(data, i)
+		if j == i {
+			return j, false, false
+		}
+		i = j
+	}
+	return i, isInt, true
+}
+
+func digits(data []byte, i int) int {
+	for i < len(data) && data[i] >= '0' && data[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+// parseInt parses a number that scanNumber found to be an integer. It
+// fails on int64 overflow.
+func parseInt(num []byte) (int64, bool) {
+	neg := num[0] == '-'
+	if neg {
+		num = num[1:]
+	}
+	if len(num) > 19 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range num {
+		n = n*10 + uint64(c-'0')
+	}
+	if neg {
+		if n > 1<<63 {
+			return 0, false
+		}
+		return -int64(n), true
+	}
+	if n > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(n), true
+}
+
+// float64pow10 holds the powers of ten that float64 represents exactly.
+var float64pow10 = [...]float64{
+	1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10,
+	1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
+}
+
+// parseFloat parses a number that scanNumber validated. It fails when the
+// value does not fit a float64. Plain decimals of at most 15 significant
+// digits take Clinger's fast path (an exact integer divided by an exact
+// power of ten is correctly rounded); everything else goes to strconv.
+func parseFloat(num []byte) (float64, bool) {
+	if len(num) <= 17 {
+		var mant uint64
+		nd, frac, dot := 0, 0, false
+		i := 0
+		if num[0] == '-' {
+			i = 1
+		}
+		fast := true
+		for ; i < len(num); i++ {
+			c := num[i]
+			switch {
+			case c >= '0' && c <= '9':
+				mant = mant*10 + uint64(c-'0')
+				nd++
+				if dot {
+					frac++
+				}
+			case c == '.':
+				dot = true
+			default:
+				fast = false
+			}
+			if !fast {
+				break
+			}
+		}
+		if fast && nd <= 15 {
+			f := float64(mant) / float64pow10[frac]
+			if num[0] == '-' {
+				f = -f
+			}
+			return f, true
+		}
+	}
+	// string(num) does not escape strconv.ParseFloat, so for short numbers
+	// the conversion uses a stack buffer and does not allocate.
+	f, err := strconv.ParseFloat(string(num), 64)
+	return f, err == nil
+}
+
+// parseTime parses an RFC 3339 time, converts it to UTC and truncates it to
+// the millisecond. The common form YYYY-MM-DDTHH:MM:SS[.fff…]Z is parsed by
+// hand; any other goes through time.Parse.
+func parseTime(s []byte) (time.Time, bool) {
+	if t, ok := parseTimeUTC(s); ok {
+		return t, true
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(s))
+	if err != nil {
+		return time.Time{}, false
+	}
+	t = t.UTC()
+	if y := t.Year(); y < 0 || y > 9999 {
+		return time.Time{}, false
+	}
+	return t.Add(-time.Duration(t.Nanosecond() % int(time.Millisecond))), true
+}
+
+func parseTimeUTC(s []byte) (time.Time, bool) {
+	if len(s) < 20 || s[len(s)-1] != 'Z' || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' {
+		return time.Time{}, false
+	}
+	year, ok1 := atoiN(s[0:4])
+	month, ok2 := atoiN(s[5:7])
+	day, ok3 := atoiN(s[8:10])
+	hour, ok4 := atoiN(s[11:13])
+	minute, ok5 := atoiN(s[14:16])
+	sec, ok6 := atoiN(s[17:19])
+	if !(ok1 && ok2 && ok3 && ok4 && ok5 && ok6) ||
+		month < 1 || month > 12 || day < 1 || day > daysIn(month, year) ||
+		hour > 23 || minute > 59 || sec > 59 {
+		return time.Time{}, false
+	}
+	ms := 0
+	if rest := s[19 : len(s)-1]; len(rest) > 0 {
+		if rest[0] != '.' || len(rest) < 2 {
+			return time.Time{}, false
+		}
+		for i, c := range rest[1:] {
+			if c < '0' || c > '9' {
+				return time.Time{}, false
+			}
+			if i < 3 {
+				ms = ms*10 + int(c-'0')
+			}
+		}
+		for i := len(rest) - 1; i < 3; i++ {
+			ms *= 10
+		}
+	}
+	return time.Date(year, time.Month(month), day, hour, minute, sec, ms*int(time.Millisecond), time.UTC), true
+}
+
+func atoiN(s []byte) (int, bool) {
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n, true
+}
+
+func daysIn(month, year int) int {
+	switch month {
+	case 2:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
+}
