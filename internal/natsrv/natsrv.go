@@ -152,7 +152,9 @@ func removeTemp(dir string) {
 }
 
 // logfLogger adapts a printf-style function to nats-server's Logger.
-type logfLogger struct{ logf func(format string, args ...any) }
+type logfLogger struct {
+	logf func(format string, args ...any)
+}
 
 func (l logfLogger) Noticef(format string, v ...any) { l.logf("nats: "+format, v...) }
 func (l logfLogger) Warnf(format string, v ...any)   { l.logf("nats: warning: "+format, v...) }
