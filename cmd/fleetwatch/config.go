@@ -1,6 +1,23 @@
 package main
 
-import "time"
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/robfig/cron/v3"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/fleetwatch/fleetwatch"
+)
 
 // Config is the YAML configuration file of DESIGN.md "Configuration". Every
 // field has a default (DefaultConfig); a pool or backend that is not listed is
@@ -90,3 +107,320 @@ type ReviewConfig struct {
 
 // Duration is a time.Duration written as a Go duration string in YAML.
 type Duration struct{ time.Duration }
+
+// UnmarshalYAML parses a Go duration string ("30s", "5m").
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode {
+		return fmt.Errorf("line %d: want a duration string such as \"30s\"", n.Line)
+	}
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (want e.g. \"30s\", \"5m\")", n.Line, n.Value)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
+
+func dur(d time.Duration) *Duration { return &Duration{d} }
+
+// DefaultConfig returns the defaults of DESIGN.md "Configuration". The
+// analyzer block is left nil: its defaults live in analyzer.Settings, so
+// there is one source of truth for them.
+func DefaultConfig() *Config {
+	return &Config{
+		Prefix: fleetwatch.DefaultPrefix,
+		NATS:   NATSConfig{Listen: "127.0.0.1:4222"},
+		HTTP:   HTTPConfig{Listen: "127.0.0.1:8080"},
+		Probes: ProbesConfig{Schedule: "@every 5m", Suite: "default-v1", Timeout: dur(30 * time.Second)},
+		Review: ReviewConfig{Schedule: "0 9 * * 1-5"},
+		Data:   "./data",
+	}
+}
+
+// ConfigError is a configuration problem, naming the key and, when known,
+// the line of the file.
+type ConfigError struct {
+	File string
+	Line int    // 0 when unknown
+	Key  string // dotted path, e.g. "pools[0].backends[1].url"
+	Msg  string
+}
+
+func (e *ConfigError) Error() string {
+	var b strings.Builder
+	b.WriteString("config")
+	if e.File != "" {
+		b.WriteString(" " + e.File)
+	}
+	if e.Line > 0 {
+		fmt.Fprintf(&b, ":%d", e.Line)
+	}
+	b.WriteString(": ")
+	if e.Key != "" {
+		b.WriteString(e.Key + ": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// loadConfig reads path (or returns the defaults when path is ""), decodes
+// it strictly (an unknown key is an error) and validates it.
+func loadConfig(path string) (*Config, error) {
+	if path == "" {
+		cfg := DefaultConfig()
+		return cfg, cfg.Validate(nil, "")
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return parseConfig(data, path)
+}
+
+var lineRe = regexp.MustCompile(`line (\d+): `)
+
+func parseConfig(data []byte, file string) (*Config, error) {
+	cfg := DefaultConfig()
+	var root yaml.Node
+	if err := yaml.Unmarshal(data, &root); err != nil {
+		return nil, configYAMLError(err, nil, file)
+	}
+	lines := keyLines(&root)
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
+		return nil, configYAMLError(err, lines, file)
+	}
+	if err := cfg.Validate(lines, file); err != nil {
+		return nil, err
+	}
+	return cfg, nil
+}
+
+// configYAMLError turns a yaml error into a ConfigError naming the key at
+// the reported line.
+func configYAMLError(err error, lines map[string]int, file string) error {
+	msg := err.Error()
+	msg = strings.TrimPrefix(msg, "yaml: unmarshal errors:\n")
+	msg = strings.TrimPrefix(msg, "yaml: ")
+	msg = strings.TrimSpace(strings.Split(msg, "\n")[0])
+	ce := &ConfigError{File: file, Msg: msg}
+	if m := lineRe.FindStringSubmatch(msg); m != nil {
+		ce.Line, _ = strconv.Atoi(m[1])
+		ce.Msg = strings.Replace(msg, m[0], "", 1)
+		for k, l := range lines {
+			if l == ce.Line && (ce.Key == "" || len(k) > len(ce.Key)) {
+				ce.Key = k
+			}
+		}
+	}
+	ce.Msg = strings.ReplaceAll(ce.Msg, "main.", "")
+	return ce
+}
+
+// keyLines maps every key path of the document to its line.
+func keyLines(root *yaml.Node) map[string]int {
+	lines := map[string]int{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i].Value
+				if path != "" {
+					k = path + "." + k
+				}
+				lines[k] = n.Content[i].Line
+				walk(n.Content[i+1], k)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				k := fmt.Sprintf("%s[%d]", path, i)
+				lines[k] = c.Line
+				walk(c, k)
+			}
+		}
+	}
+	walk(root, "")
+	return lines
+}
+
+// Validate checks every value, and names the key and line of the first bad
+// one. lines maps key paths to lines (nil when there is no file).
+func (c *Config) Validate(lines map[string]int, file string) error {
+	fail := func(key, format string, args ...any) error {
+		line := 0
+		for k := key; k != ""; k = parentKey(k) {
+			if l, ok := lines[k]; ok {
+				line = l
+				break
+			}
+		}
+		return &ConfigError{File: file, Line: line, Key: key, Msg: fmt.Sprintf(format, args...)}
+	}
+	if err := fleetwatch.ValidatePrefix(c.Prefix); err != nil {
+		return fail("prefix", "%q: must be dot-separated tokens of letters, digits, '-' and '_'", c.Prefix)
+	}
+	if c.NATS.URL == "" && c.NATS.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.NATS.Listen); err != nil {
+			return fail("nats.listen", "%q: want host:port", c.NATS.Listen)
+		}
+	}
+	if c.HTTP.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
+			return fail("http.listen", "%q: want host:port", c.HTTP.Listen)
+		}
+	}
+	if err := c.Analyzer.validate("analyzer", fail); err != nil {
+		return err
+	}
+	pools := map[string]int{}
+	models := map[string]string{}
+	for i, p := range c.Pools {
+		key := fmt.Sprintf("pools[%d]", i)
+		if err := fleetwatch.ValidatePoolID(p.ID); err != nil {
+			return fail(key+".id", "%q: a pool id matches ^[-/_=.a-zA-Z0-9]{1,256}$ with no leading, trailing or double '.'", p.ID)
+		}
+		if j, dup := pools[p.ID]; dup {
+			return fail(key+".id", "%q: duplicate of pools[%d]", p.ID, j)
+		}
+		pools[p.ID] = i
+		for j, m := range p.Models {
+			if other, dup := models[m]; dup && other != p.ID {
+				return fail(fmt.Sprintf("%s.models[%d]", key, j), "%q: already routed to pool %q", m, other)
+			}
+			models[m] = p.ID
+		}
+		switch fleetwatch.Mode(p.Mode) {
+		case "", fleetwatch.ModeBalance, fleetwatch.ModeFailover:
+		default:
+			return fail(key+".mode", "%q: must be balance or failover", p.Mode)
+		}
+		switch fleetwatch.AllOpen(p.AllOpen) {
+		case "", fleetwatch.AllOpenShed, fleetwatch.AllOpenSpread:
+		default:
+			return fail(key+".all_open", "%q: must be shed or spread", p.AllOpen)
+		}
+		if t := p.AffinityTolerance; t != nil && !(*t >= 1) {
+			return fail(key+".affinity_tolerance", "%v: must be >= 1", *t)
+		}
+		if err := p.Analyzer.validate(key+".analyzer", fail); err != nil {
+			return err
+		}
+		ids := map[string]bool{}
+		for j, b := range p.Backends {
+			bkey := fmt.Sprintf("%s.backends[%d]", key, j)
+			if err := fleetwatch.ValidateBackendID(b.ID); err != nil {
+				return fail(bkey+".id", "%q: 1 to 256 printable bytes", b.ID)
+			}
+			if ids[b.ID] {
+				return fail(bkey+".id", "%q: duplicate backend in pool %q", b.ID, p.ID)
+			}
+			ids[b.ID] = true
+			if b.URL != "" {
+				u, err := url.Parse(b.URL)
+				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					return fail(bkey+".url", "%q: want an http(s) base URL", b.URL)
+				}
+			}
+			if b.Priority < 0 {
+				return fail(bkey+".priority", "%d: must be >= 0", b.Priority)
+			}
+			if b.CostPerMTok != nil && !(*b.CostPerMTok >= 0) {
+				return fail(bkey+".cost_per_mtok", "%v: must be >= 0", *b.CostPerMTok)
+			}
+		}
+	}
+	if c.Probes.Schedule != "" {
+		if _, err := cronParser.Parse(c.Probes.Schedule); err != nil {
+			return fail("probes.schedule", "%q: %v", c.Probes.Schedule, err)
+		}
+	}
+	if c.Probes.Timeout != nil && c.Probes.Timeout.Duration <= 0 {
+		return fail("probes.timeout", "%v: must be > 0", c.Probes.Timeout.Duration)
+	}
+	if c.Probes.Enrol < 0 {
+		return fail("probes.enrol", "%d: must be >= 0", c.Probes.Enrol)
+	}
+	if c.Review.Schedule != "" {
+		if _, err := cronParser.Parse(c.Review.Schedule); err != nil {
+			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
+		}
+	}
+	return nil
+}
+
+// cronParser accepts the standard five fields and descriptors (@every 5m).
+var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
+
+func parentKey(k string) string {
+	if i := strings.LastIndexAny(k, ".["); i > 0 {
+		return k[:i]
+	}
+	return ""
+}
+
+func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args ...any) error) error {
+	pos := func(name string, d *Duration) error {
+		if d != nil && d.Duration <= 0 {
+			return fail(key+"."+name, "%v: must be > 0", d.Duration)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		name string
+		d    *Duration
+	}{{"window", a.Window}, {"bucket", a.Bucket}, {"idle_gap", a.IdleGap}, {"open_base", a.OpenBase},
+		{"open_max", a.OpenMax}, {"heartbeat", a.Heartbeat}, {"ttl", a.TTL}, {"expiry", a.Expiry}} {
+		if err := pos(c.name, c.d); err != nil {
+			return err
+		}
+	}
+	rate := func(name string, v *float64, lo, hi float64, loOpen bool) error {
+		if v == nil {
+			return nil
+		}
+		if *v > hi || *v < lo || (loOpen && *v == lo) || *v != *v {
+			op := ">="
+			if loOpen {
+				op = ">"
+			}
+			return fail(key+"."+name, "%v: must be %s %v and <= %v", *v, op, lo, hi)
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		name   string
+		v      *float64
+		lo, hi float64
+		loOpen bool
+	}{{"failure_rate", a.FailureRate, 0, 1, true}, {"throttle_rate", a.ThrottleRate, 0, 1, true},
+		{"ewma_alpha", a.EWMAAlpha, 0, 1, true}, {"half_open_weight", a.HalfOpenWeight, 0, 1, true},
+		{"max_open_fraction", a.MaxOpenFraction, 0, 1, false}, {"slow_factor", a.SlowFactor, 1, 1e6, true}} {
+		if err := rate(c.name, c.v, c.lo, c.hi, c.loOpen); err != nil {
+			return err
+		}
+	}
+	for _, c := range []struct {
+		name string
+		v    *int
+	}{{"min_requests", a.MinRequests}, {"consecutive_failures", a.ConsecutiveFailures}, {"half_open_successes", a.HalfOpenSuccesses}} {
+		if c.v != nil && *c.v < 1 {
+			return fail(key+"."+c.name, "%d: must be >= 1", *c.v)
+		}
+	}
+	if a.Window != nil && a.Bucket != nil && a.Window.Duration < a.Bucket.Duration {
+		return fail(key+".window", "%v: must be at least the bucket (%v)", a.Window.Duration, a.Bucket.Duration)
+	}
+	if a.OpenBase != nil && a.OpenMax != nil && a.OpenMax.Duration < a.OpenBase.Duration {
+		return fail(key+".open_max", "%v: must be at least open_base (%v)", a.OpenMax.Duration, a.OpenBase.Duration)
+	}
+	return nil
+}
