@@ -1,0 +1,103 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestConfigDesignExample(t *testing.T) {
+	// The example of DESIGN.md "Configuration" must load as it is.
+	cfg, err := loadConfig("testdata/design.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Analyzer.Window.Duration, 30*time.Second; got != want {
+		t.Errorf("analyzer.window = %v, want %v", got, want)
+	}
+	if got, want := *cfg.Analyzer.MinRequests, 20; got != want {
+		t.Errorf("analyzer.min_requests = %v, want %v", got, want)
+	}
+	if len(cfg.Pools) != 1 || len(cfg.Pools[0].Backends) != 1 {
+		t.Fatalf("pools = %+v", cfg.Pools)
+	}
+	b := cfg.Pools[0].Backends[0]
+	if diff := cmp.Diff(BackendConfig{ID: "vllm-a", URL: "http://127.0.0.1:9001", APIKeyEnv: "VLLM_A_KEY", CostPerMTok: ptr(0.6)}, b); diff != "" {
+		t.Errorf("backend (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"llama-3.1-70b", "meta-llama/Llama-3.1-70B-Instruct"}, cfg.Pools[0].Models); diff != "" {
+		t.Errorf("models (-want +got):\n%s", diff)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, err := loadConfig("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultConfig()
+	if diff := cmp.Diff(want, cfg); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+	if cfg.HTTP.Listen != "127.0.0.1:8080" || cfg.Prefix != "fw" || cfg.Probes.Schedule != "@every 5m" || cfg.Review.Schedule != "0 9 * * 1-5" {
+		t.Errorf("defaults differ from DESIGN.md: %+v", cfg)
+	}
+}
+
+func TestConfigErrorsNameKeyAndLine(t *testing.T) {
+	tests := []struct {
+		name     string
+		yaml     string
+		wantKey  string
+		wantLine int
+	}{
+		{"unknown top-level key", "prefix: fw\nbogus: 1\n", "bogus", 2},
+		{"unknown nested key", "analyzer:\n  window: 30s\n  windwo: 10s\n", "analyzer.windwo", 3},
+		{"unknown backend key", "pools:\n  - id: p\n    backends:\n      - id: a\n        urll: http://x\n", "pools[0].backends[0].urll", 5},
+		{"negative duration", "analyzer:\n  window: -5s\n", "analyzer.window", 2},
+		{"not a duration", "analyzer:\n  bucket: soon\n", "analyzer.bucket", 2},
+		{"wrong type", "analyzer:\n  min_requests: lots\n", "analyzer.min_requests", 2},
+		{"rate above one", "analyzer:\n  failure_rate: 1.5\n", "analyzer.failure_rate", 2},
+		{"zero min requests", "analyzer:\n  min_requests: 0\n", "analyzer.min_requests", 2},
+		{"window below bucket", "analyzer:\n  window: 1s\n  bucket: 2s\n", "analyzer.window", 2},
+		{"bad pool id", "pools:\n  - id: a..b\n", "pools[0].id", 2},
+		{"duplicate pool", "pools:\n  - id: a\n  - id: a\n", "pools[1].id", 3},
+		{"bad mode", "pools:\n  - id: a\n    mode: roundrobin\n", "pools[0].mode", 3},
+		{"bad all_open", "pools:\n  - id: a\n    all_open: panic\n", "pools[0].all_open", 3},
+		{"pool override", "pools:\n  - id: a\n    analyzer:\n      slow_factor: 0.5\n", "pools[0].analyzer.slow_factor", 4},
+		{"bad backend url", "pools:\n  - id: a\n    backends:\n      - id: b\n        url: ftp://x\n", "pools[0].backends[0].url", 5},
+		{"duplicate backend", "pools:\n  - id: a\n    backends:\n      - id: b\n      - id: b\n", "pools[0].backends[1].id", 5},
+		{"model in two pools", "pools:\n  - id: a\n    models: [m]\n  - id: b\n    models: [m]\n", "pools[1].models[0]", 5},
+		{"bad cron", "probes:\n  schedule: every now and then\n", "probes.schedule", 2},
+		{"bad review cron", "review:\n  schedule: \"61 * * * *\"\n", "review.schedule", 2},
+		{"bad prefix", "prefix: \"fw..x\"\n", "prefix", 1},
+		{"bad http listen", "http:\n  listen: localhost\n", "http.listen", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parseConfig([]byte(tt.yaml), "fw.yaml")
+			var ce *ConfigError
+			if !errors.As(err, &ce) {
+				t.Fatalf("err = %v, want a *ConfigError", err)
+			}
+			if ce.Key != tt.wantKey || ce.Line != tt.wantLine {
+				t.Errorf("key %q line %d, want key %q line %d (error: %v)", ce.Key, ce.Line, tt.wantKey, tt.wantLine, err)
+			}
+			if ce.File != "fw.yaml" {
+				t.Errorf("file = %q", ce.File)
+			}
+		})
+	}
+}
+
+func TestConfigFileMissing(t *testing.T) {
+	_, err := loadConfig(t.TempDir() + "/nope.yaml")
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("err = %v, want os.ErrNotExist", err)
+	}
+}
