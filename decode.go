@@ -206,6 +206,11 @@ func (d *Decoder) DecodeBatch(data []byte, fn func(line []byte, ev *Event, err e
 			pos = end
 		}
 		line := bytes.TrimRight(data[start:end], " \t\r")
+		if f.err == ErrBadJSON && f.off > start+len(line) {
+			// The object ran past its line: point at the line's end,
+			// as Decode of the line alone would.
+			f.off = start + len(line)
+		}
 		if f.err != nil {
 			bad++
 			fn(line, ev, d.errorOf(f, start, ev))
