@@ -1,0 +1,409 @@
+package main
+
+import (
+	"cmp"
+	"encoding/json"
+	"io/fs"
+	"math"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/dashboards"
+)
+
+// statusSource is what serve gives the status page. The lead implements it.
+type statusSource interface {
+	Snapshots() []fleetwatch.Snapshot          // current snapshot of every pool
+	Ingest() ingestCounts                      // collector counters since start
+	DriftAlerts(n int) []fleetwatch.DriftAlert // latest n alerts, newest first (may be empty)
+	NextReview() time.Time                     // zero when no review scheduled
+}
+
+// ingestCounts are the collector's counters since the process started.
+type ingestCounts struct {
+	Received        int64            `json:"received"` // events seen (lines of NDJSON batches included)
+	Accepted        int64            `json:"accepted"`
+	Rejected        int64            `json:"rejected"`
+	RejectsByReason map[string]int64 `json:"rejects_by_reason"`
+	Skewed          int64            `json:"skewed"`  // accepted with a clamped timestamp
+	Dropped         int64            `json:"dropped"` // lost to slow-consumer limits
+}
+
+// Status page bounds.
+const (
+	// defaultHistoryPoints is ten minutes at the default one-second heartbeat.
+	defaultHistoryPoints = 600
+	// transitionsPerBackend is how many state changes each backend keeps.
+	transitionsPerBackend = 5
+	// recentTransitions is how many state changes of the whole fleet the page lists.
+	recentTransitions = 50
+	// statusDriftAlerts is how many drift alerts the page lists.
+	statusDriftAlerts = 20
+	// statusTopRejects is how many reject reasons the page lists.
+	statusTopRejects = 8
+)
+
+// stateCode is a state as a number, the same encoding as the
+// fleetwatch_backend_state gauge (0 closed, 1 half_open, 2 open).
+func stateCode(s fleetwatch.State) int8 {
+	switch s {
+	case fleetwatch.StateHalfOpen:
+		return 1
+	case fleetwatch.StateOpen:
+		return 2
+	case fleetwatch.StateClosed:
+		return 0
+	}
+	return -1
+}
+
+// historyPoint is one backend's numbers at one recorded evaluation. NaN stands
+// for a null of the snapshot (no sample yet).
+type historyPoint struct {
+	seq     uint64 // the record call that added it
+	atMs    int64  // the snapshot's At
+	ewma    float64
+	p95     float64
+	success float64
+	weight  float64
+	state   int8
+}
+
+// stateTransition is one change of a backend's breaker state, as seen by
+// consecutive records.
+type stateTransition struct {
+	Pool    string           `json:"pool"`
+	Backend string           `json:"backend"`
+	At      fleetwatch.Time  `json:"at"`
+	From    fleetwatch.State `json:"from"`
+	To      fleetwatch.State `json:"to"`
+	Reason  string           `json:"reason"`
+}
+
+type seriesKey struct{ pool, backend string }
+
+// backendSeries is a ring of the last maxPoints points of one backend.
+type backendSeries struct {
+	points      []historyPoint // ring; next is where the next point goes once full
+	next        int
+	lastState   fleetwatch.State
+	lastAtMs    int64
+	lastSeen    uint64 // record call that last saw the backend
+	transitions []stateTransition
+}
+
+// history keeps, per backend, a bounded in-memory time series (TTFT EWMA and
+// p95, success rate, weight and state at every recorded evaluation) and the
+// last transitions with their reasons, for the status page's sparklines.
+// Memory is bounded by maxPoints per backend; a backend that no snapshot
+// names for maxPoints records is forgotten.
+type history struct {
+	maxPoints int
+
+	mu     sync.Mutex // guards everything below
+	seq    uint64     // number of record calls
+	series map[seriesKey]*backendSeries
+	recent []stateTransition // the fleet's last transitions, oldest first
+}
+
+// newHistory returns a history keeping maxPoints points per backend. If
+// maxPoints <= 0, 600 is used (ten minutes at a one-second heartbeat).
+func newHistory(maxPoints int) *history {
+	if maxPoints <= 0 {
+		maxPoints = defaultHistoryPoints
+	}
+	return &history{maxPoints: maxPoints, series: make(map[seriesKey]*backendSeries)}
+}
+
+func nullable(p *float64) float64 {
+	if p == nil {
+		return math.NaN()
+	}
+	return *p
+}
+
+// record adds one point per backend of snaps. Serve calls it after every
+// evaluation; a snapshot recorded twice (same At) adds no second point.
+func (h *history) record(snaps []fleetwatch.Snapshot) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seq++
+	for i := range snaps {
+		s := &snaps[i]
+		atMs := s.At.UnixMilli()
+		for j := range s.Backends {
+			b := &s.Backends[j]
+			k := seriesKey{s.Pool, b.Backend}
+			ser := h.series[k]
+			if ser == nil {
+				ser = &backendSeries{}
+				h.series[k] = ser
+			}
+			ser.lastSeen = h.seq
+			if len(ser.points) > 0 && atMs <= ser.lastAtMs {
+				continue
+			}
+			if ser.lastState != "" && ser.lastState != b.State {
+				t := stateTransition{Pool: s.Pool, Backend: b.Backend, At: s.At, From: ser.lastState, To: b.State, Reason: b.Reason}
+				if b.Since != nil {
+					t.At = *b.Since
+				}
+				ser.transitions = appendBounded(ser.transitions, t, transitionsPerBackend)
+				h.recent = appendBounded(h.recent, t, recentTransitions)
+			}
+			ser.lastState, ser.lastAtMs = b.State, atMs
+			p := historyPoint{
+				seq: h.seq, atMs: atMs,
+				ewma: nullable(b.EWMATTFTMs), p95: nullable(b.P95TTFTMs), success: nullable(b.SuccessRate),
+				weight: b.Weight, state: stateCode(b.State),
+			}
+			if len(ser.points) < h.maxPoints {
+				ser.points = append(ser.points, p)
+			} else {
+				ser.points[ser.next] = p
+				ser.next = (ser.next + 1) % h.maxPoints
+			}
+		}
+	}
+	for k, ser := range h.series {
+		if h.seq-ser.lastSeen >= uint64(h.maxPoints) {
+			delete(h.series, k)
+		}
+	}
+}
+
+func appendBounded[T any](s []T, v T, n int) []T {
+	if len(s) >= n {
+		s = append(s[:0], s[len(s)-n+1:]...)
+	}
+	return append(s, v)
+}
+
+// jsonFloats encodes NaN as null, which encoding/json refuses to do.
+type jsonFloats []float64
+
+func (f jsonFloats) MarshalJSON() ([]byte, error) {
+	b := make([]byte, 0, 2+len(f)*8)
+	b = append(b, '[')
+	for i, v := range f {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			b = append(b, "null"...)
+			continue
+		}
+		b = strconv.AppendFloat(b, v, 'f', -1, 64)
+	}
+	return append(b, ']'), nil
+}
+
+// statusSeries is a backend's history as columns, the shape the page draws.
+type statusSeries struct {
+	T       []int64    `json:"t"`    // ms since the epoch
+	EWMA    jsonFloats `json:"ewma"` // ms
+	P95     jsonFloats `json:"p95"`  // ms
+	Success jsonFloats `json:"ok"`   // 0..1
+	Weight  jsonFloats `json:"w"`
+	State   []int8     `json:"s"` // 0 closed, 1 half_open, 2 open
+}
+
+// since returns the backend's points added after record call seq, oldest first.
+func (ser *backendSeries) since(seq uint64) statusSeries {
+	var out statusSeries
+	n := len(ser.points)
+	for i := 0; i < n; i++ {
+		p := ser.points[(ser.next+i)%n]
+		if p.seq <= seq {
+			continue
+		}
+		out.T = append(out.T, p.atMs)
+		out.EWMA = append(out.EWMA, p.ewma)
+		out.P95 = append(out.P95, p.p95)
+		out.Success = append(out.Success, p.success)
+		out.Weight = append(out.Weight, p.weight)
+		out.State = append(out.State, p.state)
+	}
+	return out
+}
+
+// statusBackend is one row of the page: the decision plus its history.
+type statusBackend struct {
+	fleetwatch.Backend
+	LastChange *stateTransition `json:"last_change"`
+	Series     statusSeries     `json:"series"`
+}
+
+// statusPool is one pool of the page.
+type statusPool struct {
+	Pool              string             `json:"pool"`
+	Epoch             string             `json:"epoch"`
+	Seq               uint64             `json:"seq"`
+	At                fleetwatch.Time    `json:"at"`
+	TTLMs             int64              `json:"ttl_ms"`
+	Stale             bool               `json:"stale"`
+	Mode              fleetwatch.Mode    `json:"mode"`
+	AllOpen           fleetwatch.AllOpen `json:"all_open"`
+	MedianEWMATTFTMs  *float64           `json:"median_ewma_ttft_ms"`
+	AffinityTolerance float64            `json:"affinity_tolerance"`
+	Backends          []statusBackend    `json:"backends"`
+}
+
+type rejectCount struct {
+	Reason string `json:"reason"`
+	Count  int64  `json:"count"`
+}
+
+// statusResponse is the JSON of /api/status.
+type statusResponse struct {
+	Instance    string                  `json:"instance"` // changes when the server restarts
+	Now         fleetwatch.Time         `json:"now"`
+	HistorySeq  uint64                  `json:"history_seq"` // pass as ?since= to get only newer points
+	MaxPoints   int                     `json:"max_points"`
+	Pools       []statusPool            `json:"pools"`
+	Ingest      ingestCounts            `json:"ingest"`
+	TopRejects  []rejectCount           `json:"top_rejects"`
+	DriftAlerts []fleetwatch.DriftAlert `json:"drift_alerts"`
+	NextReview  *fleetwatch.Time        `json:"next_review"`
+	Transitions []stateTransition       `json:"transitions"` // newest first
+}
+
+// status builds the page's view of snaps. Points recorded after call since
+// are included (all of them for since = 0).
+func (h *history) status(snaps []fleetwatch.Snapshot, since uint64, now time.Time) ([]statusPool, uint64, []stateTransition) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	pools := make([]statusPool, 0, len(snaps))
+	for i := range snaps {
+		s := &snaps[i]
+		p := statusPool{
+			Pool: s.Pool, Epoch: s.Epoch, Seq: s.Seq, At: s.At, TTLMs: s.TTLMs,
+			Stale: s.TTLMs > 0 && now.After(s.At.Add(time.Duration(s.TTLMs)*time.Millisecond)),
+			Mode:  s.Mode, AllOpen: s.AllOpen, MedianEWMATTFTMs: s.MedianEWMATTFTMs,
+			AffinityTolerance: s.AffinityTolerance,
+			Backends:          make([]statusBackend, 0, len(s.Backends)),
+		}
+		for _, b := range s.Backends {
+			row := statusBackend{Backend: b}
+			if ser := h.series[seriesKey{s.Pool, b.Backend}]; ser != nil {
+				row.Series = ser.since(since)
+				if n := len(ser.transitions); n > 0 {
+					t := ser.transitions[n-1]
+					row.LastChange = &t
+				}
+			}
+			p.Backends = append(p.Backends, row)
+		}
+		pools = append(pools, p)
+	}
+	slices.SortFunc(pools, func(a, b statusPool) int { return cmp.Compare(a.Pool, b.Pool) })
+	recent := slices.Clone(h.recent)
+	slices.Reverse(recent)
+	return pools, h.seq, recent
+}
+
+// topRejects returns the n most frequent reject reasons, most frequent first.
+func topRejects(by map[string]int64, n int) []rejectCount {
+	out := make([]rejectCount, 0, len(by))
+	for r, c := range by {
+		if c > 0 {
+			out = append(out, rejectCount{r, c})
+		}
+	}
+	slices.SortFunc(out, func(a, b rejectCount) int {
+		if c := cmp.Compare(b.Count, a.Count); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Reason, b.Reason)
+	})
+	if len(out) > n {
+		out = out[:n]
+	}
+	return out
+}
+
+// statusRoutes registers the status page: "/" (the page), "/assets/" (its
+// script and style sheet) and "/api/status" (the JSON it polls). The page is
+// read-only: every route answers GET and HEAD only.
+func statusRoutes(mux *http.ServeMux, src statusSource, h *history) {
+	assets := dashboards.Status()
+	instance := strconv.FormatInt(time.Now().UnixNano(), 36)
+
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		serveAsset(w, r, assets, "index.html")
+	})
+	mux.HandleFunc("GET /assets/{file}", func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("file")
+		if name == "index.html" {
+			http.NotFound(w, r)
+			return
+		}
+		serveAsset(w, r, assets, name)
+	})
+	mux.HandleFunc("GET /api/status", func(w http.ResponseWriter, r *http.Request) {
+		var since uint64
+		if v := r.URL.Query().Get("since"); v != "" {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				http.Error(w, "since: not a non-negative integer", http.StatusBadRequest)
+				return
+			}
+			since = n
+		}
+		now := time.Now()
+		resp := statusResponse{Instance: instance, Now: fleetwatch.At(now), MaxPoints: h.maxPoints}
+		resp.Pools, resp.HistorySeq, resp.Transitions = h.status(src.Snapshots(), since, now)
+		resp.Ingest = src.Ingest()
+		resp.TopRejects = topRejects(resp.Ingest.RejectsByReason, statusTopRejects)
+		resp.DriftAlerts = src.DriftAlerts(statusDriftAlerts)
+		if resp.DriftAlerts == nil {
+			resp.DriftAlerts = []fleetwatch.DriftAlert{}
+		}
+		if next := src.NextReview(); !next.IsZero() {
+			resp.NextReview = fleetwatch.TimePtr(next)
+		}
+		if resp.Transitions == nil {
+			resp.Transitions = []stateTransition{}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Cache-Control", "no-store")
+		_ = json.NewEncoder(w).Encode(resp) // a failed write is the client's departure
+	})
+}
+
+// contentTypes are the types of the embedded assets; the page sets
+// X-Content-Type-Options so browsers never sniff.
+var contentTypes = map[string]string{
+	".html": "text/html; charset=utf-8",
+	".js":   "text/javascript; charset=utf-8",
+	".css":  "text/css; charset=utf-8",
+}
+
+func serveAsset(w http.ResponseWriter, r *http.Request, assets fs.FS, name string) {
+	data, err := fs.ReadFile(assets, name)
+	if err != nil {
+		http.NotFound(w, r)
+		return
+	}
+	ct, ok := contentTypes[path.Ext(name)]
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	hdr := w.Header()
+	hdr.Set("Content-Type", ct)
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	// Only same-origin scripts, styles and fetches: the page loads nothing else.
+	hdr.Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'")
+	hdr.Set("Referrer-Policy", "no-referrer")
+	hdr.Set("Cache-Control", "no-cache")
+	if r.Method == http.MethodHead {
+		return
+	}
+	_, _ = w.Write(data)
+}
