@@ -1,0 +1,371 @@
+package analyzer
+
+import (
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// Analyzer turns outcome events into decision snapshots. It is safe for
+// concurrent use: one mutex guards all of its state, so Observe may run on a
+// collector goroutine while a ticker calls Evaluate. It never calls out while
+// holding the mutex: Evaluate returns what to publish.
+type Analyzer struct {
+	mu sync.Mutex // guards everything below
+
+	global     Settings
+	quarantine bool
+	epoch      string
+	seed       uint64
+	rng        *rand.Rand
+
+	pools     map[string]*pool
+	poolOrder []*pool // sorted by id; nil when it must be rebuilt
+	configs   map[string]*PoolConfig
+
+	// hasNow is true once Evaluate or Snapshots ran; lastNow is the latest
+	// now they saw, the reference for clamping future events.
+	hasNow  bool
+	lastNow time.Time
+
+	// last is the most recently observed backend, a cache for batches that
+	// carry many events of the same backend.
+	lastPool    *pool
+	lastBackend *backend
+
+	stats statsCounters
+}
+
+// pool is the state of one pool.
+type pool struct {
+	id         string
+	configured bool
+	mode       fleetwatch.Mode
+	allOpen    fleetwatch.AllOpen
+	tolerance  float64
+	settings   Settings
+
+	backends map[string]*backend
+	order    []*backend // sorted by id; nil when it must be rebuilt
+
+	seq         uint64
+	published   bool
+	publishedAt time.Time
+	signature   []decisionKey // the decisions of the last returned snapshot
+}
+
+// decisionKey is what makes a snapshot "changed" and published before the
+// heartbeat: membership, state, weight, reason, drift and open_until.
+type decisionKey struct {
+	backend   string
+	state     fleetwatch.State
+	weight    float64
+	reason    string
+	drift     fleetwatch.DriftStatus
+	openUntil time.Time
+}
+
+// New returns an Analyzer for cfg, with defaults applied to a copy of it. It
+// returns a *SettingError wrapping ErrInvalidSettings or ErrInvalidConfig
+// when a value is out of range.
+func New(cfg Config) (*Analyzer, error) {
+	global := cfg.Settings.WithDefaults()
+	if err := cfg.validate(global); err != nil {
+		return nil, err
+	}
+	a := &Analyzer{
+		global:     global,
+		quarantine: cfg.Quarantine,
+		epoch:      cfg.Epoch,
+		seed:       cfg.Seed,
+		rng:        rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		pools:      make(map[string]*pool, len(cfg.Pools)),
+		configs:    make(map[string]*PoolConfig, len(cfg.Pools)),
+	}
+	a.stats.init()
+	for i := range cfg.Pools {
+		pc := cfg.Pools[i]
+		pc.Backends = slices.Clone(pc.Backends)
+		a.configs[pc.ID] = &pc
+		p := a.newPool(pc.ID)
+		for _, bc := range pc.Backends {
+			b := p.addBackend(bc.ID)
+			b.configured = true
+			b.priority = bc.Priority
+			if bc.CostPerMTok != nil {
+				b.cost = fleetwatch.Float(*bc.CostPerMTok)
+			}
+		}
+	}
+	return a, nil
+}
+
+// newPool creates and registers a pool, configured or from an event.
+func (a *Analyzer) newPool(id string) *pool {
+	p := &pool{
+		id:        id,
+		mode:      fleetwatch.ModeBalance,
+		allOpen:   fleetwatch.AllOpenShed,
+		tolerance: fleetwatch.DefaultAffinityTolerance,
+		settings:  a.global,
+		backends:  make(map[string]*backend),
+	}
+	if pc, ok := a.configs[id]; ok {
+		p.configured = true
+		p.settings = a.global.Override(pc.Settings)
+		if pc.Mode != "" {
+			p.mode = pc.Mode
+		}
+		if pc.AllOpen != "" {
+			p.allOpen = pc.AllOpen
+		}
+		if pc.AffinityTolerance != 0 {
+			p.tolerance = pc.AffinityTolerance
+		}
+	}
+	a.pools[id] = p
+	a.poolOrder = nil
+	return p
+}
+
+func (p *pool) addBackend(id string) *backend {
+	b := newBackend(id, &p.settings)
+	p.backends[id] = b
+	p.order = nil
+	return b
+}
+
+// sorted returns the pool's backends sorted by id.
+func (p *pool) sorted() []*backend {
+	if p.order == nil {
+		p.order = make([]*backend, 0, len(p.backends))
+		for _, b := range p.backends {
+			p.order = append(p.order, b)
+		}
+		slices.SortFunc(p.order, func(x, y *backend) int { return cmpString(x.id, y.id) })
+	}
+	return p.order
+}
+
+func cmpString(x, y string) int {
+	switch {
+	case x < y:
+		return -1
+	case x > y:
+		return 1
+	}
+	return 0
+}
+
+// sortedPools returns the pools sorted by id.
+func (a *Analyzer) sortedPools() []*pool {
+	if a.poolOrder == nil {
+		a.poolOrder = make([]*pool, 0, len(a.pools))
+		for _, p := range a.pools {
+			a.poolOrder = append(a.poolOrder, p)
+		}
+		slices.SortFunc(a.poolOrder, func(x, y *pool) int { return cmpString(x.id, y.id) })
+	}
+	return a.poolOrder
+}
+
+// Observe counts a batch of events. Their TS must be filled (the collector
+// uses the arrival time when an event has none); an event with a zero TS is
+// counted at the latest Evaluate's now. Events for pools and backends not
+// seen before create them with the global defaults. Events older than the
+// window are counted in Stats and dropped; events further in the future than
+// two heartbeats past the latest Evaluate's now go in the newest bucket that
+// far ahead.
+//
+// It returns true when an event may have decided a breaker transition (a
+// consecutive-failure trip, or a half-open probe's verdict), so that the
+// caller can Evaluate at once instead of waiting for the heartbeat.
+func (a *Analyzer) Observe(batch []fleetwatch.Event) (urgent bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i := range batch {
+		ev := &batch[i]
+		p, b := a.lastPool, a.lastBackend
+		if p == nil || p.id != ev.Pool || b.id != ev.Backend {
+			p, b = a.lookup(ev.Pool, ev.Backend)
+			a.lastPool, a.lastBackend = p, b
+		}
+		if int(ev.Outcome) < fleetwatch.NumOutcomes {
+			a.stats.observed[ev.Outcome]++
+		}
+		ts := ev.TS
+		if a.hasNow {
+			if ts.IsZero() {
+				ts = a.lastNow
+			} else if lead := a.lastNow.Add(2 * p.settings.Heartbeat); ts.After(lead) {
+				ts = lead
+				a.stats.ClampedFuture++
+			}
+		}
+		if a.observeOne(p, b, ev, ts) {
+			urgent = true
+		}
+	}
+	return urgent
+}
+
+// lookup returns the pool and backend of an event, creating them.
+func (a *Analyzer) lookup(poolID, backendID string) (*pool, *backend) {
+	p := a.pools[poolID]
+	if p == nil {
+		p = a.newPool(poolID)
+	}
+	b := p.backends[backendID]
+	if b == nil {
+		b = p.addBackend(backendID)
+	}
+	return p, b
+}
+
+// SetDrift records a backend's drift status (from the probes). With
+// Config.Quarantine a drifted backend gets weight 0 at the next Evaluate. A
+// pool or backend the analyzer does not know is ignored: probes only run
+// against configured backends, which exist from New.
+func (a *Analyzer) SetDrift(poolID, backendID string, status fleetwatch.DriftStatus) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pools[poolID]
+	if p == nil {
+		return
+	}
+	if b := p.backends[backendID]; b != nil {
+		b.drift = status
+	}
+}
+
+// Evaluation is what one Evaluate decided.
+type Evaluation struct {
+	// Snapshots to publish, sorted by pool: every pool whose decisions
+	// changed and every pool whose last snapshot is a heartbeat old.
+	Snapshots []fleetwatch.Snapshot
+	// Transitions lists every breaker state change, in pool and backend
+	// order.
+	Transitions []Transition
+}
+
+// Transition is one breaker state change.
+type Transition struct {
+	Pool, Backend string
+	From, To      fleetwatch.State // To is "" when the backend expired
+	At            time.Time
+	Reason        string // the sentence with the numbers
+	Generation    uint64 // the backend's generation after the change
+	// Cause is one of the Cause* constants.
+	Cause string
+}
+
+// Causes of transitions, the keys of Stats.Trips and Stats.HeldByGate.
+const (
+	CauseFailureRate       = "failure_rate"        // closed -> open: error rate
+	CauseConsecutive       = "consecutive"         // closed -> open: failures in a row
+	CauseThrottled         = "throttled"           // closed -> open: 429 rate
+	CauseSlow              = "slow"                // closed -> open: EWMA against the pool median
+	CauseHalfOpenFailure   = "half_open_failure"   // half_open -> open: an error or timeout
+	CauseHalfOpenThrottled = "half_open_throttled" // half_open -> open: a 429
+	CauseOpenElapsed       = "open_elapsed"        // open -> half_open
+	CauseRecovered         = "recovered"           // half_open -> closed
+	CauseExpired           = "expired"             // dropped after Expiry without events
+)
+
+// Evaluate applies the rules at now and returns the snapshots to publish and
+// the transitions made. Each returned snapshot of a pool has the next seq.
+func (a *Analyzer) Evaluate(now time.Time) Evaluation {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tick(now)
+	var ev Evaluation
+	pools := a.sortedPools()
+	var dropped []string
+	for _, p := range pools {
+		gone := a.evaluatePool(p, now, &ev)
+		sig := p.decisions()
+		due := !p.published || now.Sub(p.publishedAt) >= p.settings.Heartbeat-p.settings.Heartbeat/10
+		if gone || due || !slices.Equal(sig, p.signature) {
+			p.seq++
+			p.published, p.publishedAt, p.signature = true, now, sig
+			ev.Snapshots = append(ev.Snapshots, a.snapshot(p, now))
+		}
+		if gone {
+			dropped = append(dropped, p.id)
+		}
+	}
+	for _, id := range dropped {
+		delete(a.pools, id)
+		a.poolOrder = nil
+		a.lastPool, a.lastBackend = nil, nil
+	}
+	return ev
+}
+
+// tick records now as the reference clock and fixes the epoch.
+func (a *Analyzer) tick(now time.Time) {
+	if !a.hasNow || now.After(a.lastNow) {
+		a.lastNow = now
+	}
+	a.hasNow = true
+	if a.epoch == "" {
+		a.epoch = newEpoch(now, a.rng)
+	}
+}
+
+// Snapshots returns the current snapshot of every pool, sorted by pool id,
+// without applying the rules or advancing seq (each carries the seq of the
+// pool's last returned snapshot): for /api/decisions and a last snapshot on
+// shutdown. The window figures are as of now.
+func (a *Analyzer) Snapshots(now time.Time) []fleetwatch.Snapshot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tick(now)
+	out := make([]fleetwatch.Snapshot, 0, len(a.pools))
+	for _, p := range a.sortedPools() {
+		p.advance(now)
+		out = append(out, a.snapshot(p, now))
+	}
+	return out
+}
+
+// Snapshot is Snapshots for one pool; ok is false for an unknown pool.
+func (a *Analyzer) Snapshot(poolID string, now time.Time) (snap fleetwatch.Snapshot, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pools[poolID]
+	if p == nil {
+		return fleetwatch.Snapshot{}, false
+	}
+	a.tick(now)
+	p.advance(now)
+	return a.snapshot(p, now), true
+}
+
+// Epoch returns the analyzer's epoch ("" before the first Evaluate when
+// Config.Epoch was empty).
+func (a *Analyzer) Epoch() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.epoch
+}
+
+// advance moves every window of the pool to now.
+func (p *pool) advance(now time.Time) {
+	for _, b := range p.sorted() {
+		b.win.advance(b.win.bucketOf(now))
+	}
+}
+
+// decisions returns the pool's decision keys, sorted by backend.
+func (p *pool) decisions() []decisionKey {
+	bs := p.sorted()
+	out := make([]decisionKey, len(bs))
+	for i, b := range bs {
+		out[i] = decisionKey{backend: b.id, state: b.state, weight: b.weight, reason: b.reason(), drift: b.drift, openUntil: b.openUntil}
+	}
+	return out
+}

@@ -1,0 +1,179 @@
+package analyzer
+
+import (
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// verdict is what the events seen while half-open decided, waiting for the
+// next Evaluate to apply it. The first decisive event wins.
+type verdict uint8
+
+const (
+	verdictNone      verdict = iota
+	verdictClose             // HalfOpenSuccesses ok events in a row
+	verdictFailure           // an error or timeout
+	verdictThrottled         // a 429: the backend is not ready for traffic
+)
+
+// backend is the analyzer's state of one backend of one pool.
+type backend struct {
+	id         string
+	configured bool
+	priority   int
+	cost       *float64
+
+	win  window
+	view windowStats // the window as of the latest Evaluate or Snapshots
+
+	// EWMA of TTFT over ok, non-cold samples (the seed's observe).
+	ewma    float64
+	hasEWMA bool
+
+	// seen is false until the first event; lastSeen is the newest event
+	// time, for the idle gap and expiry.
+	seen     bool
+	lastSeen time.Time
+
+	// Breaker state machine.
+	state      fleetwatch.State
+	since      time.Time // when state was entered; zero until the first Evaluate
+	generation uint64    // +1 per transition
+	genStart   time.Time // events older than this belong to an older generation
+	openUntil  time.Time
+	trips      int // consecutive trips since the backend last closed
+
+	run         int // failures in a row while closed
+	runLatched  int // run length that reached ConsecutiveFailures, until Evaluate applies it
+	halfOpenOK  int // ok events in a row while half-open
+	verdict     verdict
+	verdictWait float64 // retry_after_ms of a half-open 429
+
+	// Decision.
+	weight      float64
+	weightSet   bool
+	weightAt    time.Time
+	stateReason string // the reason of the last state change
+	holdReason  string // set while the ejection cap holds a trip back
+	drift       fleetwatch.DriftStatus
+
+	// Edge detection for the held-back counters.
+	gateHeld [numCauses]bool
+}
+
+func newBackend(id string, s *Settings) *backend {
+	return &backend{
+		id:    id,
+		win:   newWindow(int(s.Window/s.Bucket), s.Bucket),
+		state: fleetwatch.StateClosed,
+		drift: fleetwatch.DriftUnknown,
+	}
+}
+
+// reason is the snapshot's reason: the cap's hold while it lasts, else the
+// last state change's.
+func (b *backend) reason() string {
+	if b.holdReason != "" {
+		return b.holdReason
+	}
+	return b.stateReason
+}
+
+// observe applies one event (its time already clamped) and reports whether it
+// may have decided a breaker transition.
+func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, ts time.Time) (urgent bool) {
+	s := &p.settings
+	first := !b.seen
+	idle := !first && ts.Sub(b.lastSeen) > s.IdleGap
+	if first || ts.After(b.lastSeen) {
+		b.lastSeen = ts
+	}
+	b.seen = true
+
+	if ts.Before(b.genStart) {
+		// A late result from an older breaker generation: it must not
+		// re-trip or close the current one (gobreaker's generations).
+		a.stats.StaleGeneration++
+		return false
+	}
+
+	latency := ev.Latency()
+	switch {
+	case ev.Outcome == fleetwatch.OutcomeOK && ev.HasTTFT && ev.Cold:
+		a.stats.LatencySamplesDiscounted.Cold++
+	case latency && first:
+		a.stats.LatencySamplesDiscounted.First++
+		latency = false
+	case latency && idle:
+		a.stats.LatencySamplesDiscounted.Idle++
+		latency = false
+	}
+	var bin uint16
+	if latency {
+		if b.hasEWMA {
+			b.ewma = s.EWMAAlpha*ev.TTFTMs + (1-s.EWMAAlpha)*b.ewma
+		} else {
+			b.ewma, b.hasEWMA = ev.TTFTMs, true
+		}
+		bin = binOf(ev.TTFTMs)
+	}
+	if !b.win.add(b.win.bucketOf(ts), ev.Outcome, latency, bin, ev.RetryAfterMs) {
+		a.stats.DroppedOld++
+		return false
+	}
+
+	switch b.state {
+	case fleetwatch.StateClosed:
+		switch {
+		case ev.Outcome.IsFailure():
+			b.run++
+			if b.run >= s.ConsecutiveFailures && b.runLatched == 0 {
+				b.runLatched = b.run
+				return true
+			}
+		case ev.Outcome == fleetwatch.OutcomeOK:
+			b.run = 0
+		}
+		// throttled, canceled and client_error neither extend nor reset
+		// the run.
+	case fleetwatch.StateHalfOpen:
+		if b.verdict != verdictNone {
+			return false
+		}
+		switch {
+		case ev.Outcome.IsFailure():
+			b.verdict = verdictFailure
+			return true
+		case ev.Outcome == fleetwatch.OutcomeThrottled:
+			b.verdict, b.verdictWait = verdictThrottled, ev.RetryAfterMs
+			return true
+		case ev.Outcome == fleetwatch.OutcomeOK:
+			b.halfOpenOK++
+			if b.halfOpenOK >= s.HalfOpenSuccesses {
+				b.verdict = verdictClose
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// enter moves b to state at now, starting a new generation.
+func (b *backend) enter(state fleetwatch.State, now time.Time, reason string) {
+	b.state = state
+	b.since = now
+	b.generation++
+	b.genStart = now
+	b.stateReason = reason
+	b.holdReason = ""
+	b.run, b.runLatched = 0, 0
+	b.halfOpenOK, b.verdict, b.verdictWait = 0, verdictNone, 0
+	if state != fleetwatch.StateOpen {
+		b.openUntil = time.Time{}
+	}
+	if state == fleetwatch.StateHalfOpen {
+		// The probe is judged on its own traffic only.
+		b.win.reset()
+	}
+}

@@ -1,0 +1,127 @@
+// Package analyzer turns outcome events into per-pool decision snapshots: it
+// keeps sliding windows per backend, an EWMA of time to first token, TTFT
+// histograms, a circuit breaker per backend with a min-requests gate and an
+// ejection cap, and the weights routers sample by (DESIGN.md "Analyzer
+// rules", PROTOCOL.md "Decision snapshot").
+//
+// It is pure logic: no I/O, no goroutines, no clock. Observe(batch) counts
+// events; Evaluate(now) applies the rules at the given time and returns the
+// snapshots to publish and the transitions made; the caller owns ticking and
+// publishing. One mutex guards the whole Analyzer, so a collector goroutine
+// may Observe while a ticker Evaluates; nothing is called while it is held.
+//
+// # Algorithms and their sources
+//
+//   - EWMA of TTFT, the seed article's observe(): the first sample sets it,
+//     then ewma = alpha*x + (1-alpha)*ewma with alpha 0.2. Only ok events
+//     with a TTFT feed it (the seed's "fast failure trap": an instant 500
+//     never looks fast), and not cold ones: an event marked cold, the first
+//     event of a backend never seen and the first event after IdleGap of
+//     silence give no latency sample (their outcome still counts).
+//   - Sliding windows (window.go): a ring of Window/Bucket buckets keyed by
+//     the event's time, with running totals that are updated when an event
+//     is added and when a bucket leaves the window (gobreaker's rolling
+//     counts, grpc-go outlier detection's callcounter). Each bucket holds
+//     counts by outcome, the largest retry_after_ms and the TTFT samples.
+//   - TTFT histogram (histogram.go): log-linear (HDR layout), 16 bins per
+//     power of two from 0.25 ms to 2^22 ms, 385 bins; quantiles by nearest
+//     rank on the window's merged histogram report a bin's midpoint, so p50
+//     and p95 are within 3.1% of the true sample at that rank (0.125 ms
+//     absolute below 0.25 ms).
+//   - Circuit breaker (rules.go, backend.go), after sony/gobreaker: closed,
+//     open, half_open, with a generation per transition; a late event from
+//     an older generation (its ts before the transition) is dropped, so the
+//     counts that opened a backend can never re-trip or close it afterwards.
+//   - Ejection cap, after grpc-go's outlier detection
+//     (max_ejection_percent): at most MaxOpenFraction of a pool open, with
+//     the held-back trips counted, like grpc-go's unenforced ejections.
+//   - Relative slowness: the backend's EWMA against the median EWMA of its
+//     peers, as the seed's affinity rule compares a backend with the pool
+//     median.
+//
+// # Rules
+//
+// Failures are error and timeout; throttled has its own rate (rate_429 =
+// throttled / (ok + error + timeout + throttled)); canceled and client_error
+// are counted in requests only. A closed backend opens on the first rule
+// that fires, in this order:
+//
+//  1. consecutive: ConsecutiveFailures (5) failures in a row, at any volume.
+//     ok resets the run; throttled, canceled and client_error neither extend
+//     nor reset it. The run is latched when it reaches the threshold, so an
+//     ok arriving before the next Evaluate does not undo the trip.
+//  2. failure_rate: failures / (ok + failures) >= FailureRate (0.5).
+//  3. throttled: rate_429 >= ThrottleRate (0.5); the open time is at least
+//     the largest retry_after_ms in the window.
+//  4. slow: EWMA > SlowFactor (5) x the median EWMA of the pool's other
+//     backends that have one and are not open. One peer suffices (in a pool
+//     of two, two backends cannot each be five times slower than the other);
+//     a pool that slows down together trips nothing.
+//
+// Rules 2 to 4 are gated: they need MinRequests (20) counted requests in
+// the window. Below it a backend is "not evaluated", which is not healthy;
+// a rule that would have fired is counted in Stats.HeldByGate, once per
+// episode. A single failure on a quiet backend therefore never opens it.
+//
+// An open backend stays open OpenBase x n (n = consecutive trips, 30s, 60s,
+// 90s, ...), jittered by +-OpenJitter (10%, from Config.Seed) and capped at
+// OpenMax (5m). n resets when the backend closes after half-open. When the
+// open time is over, the backend is half_open with weight HalfOpenWeight and
+// an empty window (its probe is judged on its own traffic);
+// HalfOpenSuccesses (5) ok events in a row close it, and an error, a timeout
+// or a 429 reopens it with the next n (a 429 says it is not ready for
+// traffic; its retry-after is honoured). The first decisive event wins until
+// Evaluate applies it; Observe returns urgent so the caller can Evaluate at
+// once.
+//
+// The ejection cap: a backend may open only while the pool keeps at least
+// 1 - MaxOpenFraction of its backends not open (half-open counts as not
+// open), and one backend may always open. When several trip at once the
+// worst (by how far past its threshold) open first. A held closed backend
+// stays closed with weight HalfOpenWeight and a reason "ejection cap held:
+// 3 of 6 already open (max_open_fraction 0.50); <the rule's reason>"; a held
+// half-open backend stays half-open and starts its probe over.
+//
+// # Weights
+//
+// Open, and drifted with Config.Quarantine: 0, at once. Half-open and held
+// by the cap: HalfOpenWeight, at once. Closed: the observed weight
+// 1 - rate_429/ThrottleRate (clipped to [0, 1]) shrunk toward the pool
+// prior, w = (n*w_obs + k*prior) / (n + k), n the counted requests in the
+// window, k = max(1, MinRequests/4), prior the mean observed weight of the
+// pool's closed backends with at least MinRequests counted requests (1 when
+// none), floored at HalfOpenWeight so a throttled backend keeps a trickle to
+// show its recovery. A backend's first weight is its target; afterwards a
+// closed backend's weight moves toward its target by at most MaxWeightStep
+// (0.25) per Heartbeat of elapsed time, so a recovered backend ramps up over
+// about four heartbeats instead of drawing every router at once. Weights are
+// rounded to 4 decimals. A backend not evaluated yet is published with
+// weight 1.
+//
+// # Snapshots
+//
+// Evaluate returns a snapshot of every pool whose decisions (the set of
+// backends, a state, weight, reason, drift status or open_until) changed,
+// and of every pool whose last snapshot is at least a heartbeat old (with a
+// tolerance of a tenth of a heartbeat, so that a ticker firing a little
+// early does not skip a beat). Seq starts at 1 and grows by one per
+// returned snapshot of a pool; Snapshots and Snapshot return the current
+// state with the last seq. Reasons are the last state change's, or the
+// ejection cap's while it holds a backend. Since is when the backend entered
+// its state (the first Evaluate for a backend that never changed).
+//
+// # Time
+//
+// Windows are keyed by event time. Events older than their backend's window
+// are dropped and counted (Stats.DroppedOld). An event more than two
+// heartbeats ahead of the latest Evaluate's now (upstream already replaces
+// ts beyond 5 minutes of skew) is counted in the bucket two heartbeats ahead
+// (Stats.ClampedFuture), so a skewed proxy cannot push a window forward and
+// evict good data. Before the first Evaluate nothing is clamped.
+//
+// A backend that is not configured and sent no event for longer than Expiry
+// is dropped (a transition with cause expired and To ""); a pool that is
+// not configured and has no backend left gets one last, empty snapshot and
+// is forgotten. SetDrift ignores pools and backends the analyzer does not
+// know.
+package analyzer

@@ -1,0 +1,405 @@
+package analyzer
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// Rate-based causes, the ones the min_requests gate applies to; indexes of
+// backend.gateHeld.
+const (
+	gateFailureRate = iota
+	gateThrottled
+	gateSlow
+	numCauses
+)
+
+var gateCauses = [numCauses]string{CauseFailureRate, CauseThrottled, CauseSlow}
+
+// trip is a closed backend that a rule wants to open.
+type trip struct {
+	b        *backend
+	cause    string
+	reason   string
+	minOpen  time.Duration // a 429 trip lasts at least the largest retry-after
+	severity float64       // how far past its threshold; the worst are opened first under the cap
+}
+
+// evaluatePool applies the rules to one pool at now. gone reports that the
+// pool is not configured and has no backend left, so it is forgotten after
+// this (empty) snapshot.
+func (a *Analyzer) evaluatePool(p *pool, now time.Time, out *Evaluation) (gone bool) {
+	s := &p.settings
+	a.expire(p, now, out)
+	bs := p.sorted()
+	if len(bs) == 0 {
+		return !p.configured
+	}
+	for _, b := range bs {
+		b.win.advance(b.win.bucketOf(now))
+		b.view = b.win.stats()
+		if b.since.IsZero() {
+			b.since = now
+		}
+	}
+
+	// open -> half_open when the open time is over.
+	for _, b := range bs {
+		if b.state == fleetwatch.StateOpen && !now.Before(b.openUntil) {
+			reason := fmt.Sprintf("open for %s; probing with weight %.2f", fmtDur(now.Sub(b.since)), s.HalfOpenWeight)
+			a.transition(p, b, fleetwatch.StateHalfOpen, now, CauseOpenElapsed, reason, out)
+			b.view = b.win.stats()
+		}
+	}
+	open := 0
+	for _, b := range bs {
+		if b.state == fleetwatch.StateOpen {
+			open++
+		}
+	}
+
+	// Half-open verdicts.
+	for _, b := range bs {
+		if b.state != fleetwatch.StateHalfOpen {
+			continue
+		}
+		switch b.verdict {
+		case verdictClose:
+			reason := fmt.Sprintf("%d ok in a row while half-open", b.halfOpenOK)
+			b.trips = 0 // a backend that recovered starts its open times afresh
+			a.transition(p, b, fleetwatch.StateClosed, now, CauseRecovered, reason, out)
+		case verdictFailure, verdictThrottled:
+			cause, reason, minOpen := CauseHalfOpenFailure, "failure while half-open", time.Duration(0)
+			if b.verdict == verdictThrottled {
+				cause, reason = CauseHalfOpenThrottled, "429 while half-open"
+				if b.verdictWait > 0 {
+					minOpen = msDuration(b.verdictWait)
+					reason += "; retry-after " + fmtDur(minOpen)
+				}
+			}
+			if !a.canOpen(s, open, len(bs)) {
+				a.holdByCap(s, b, open, len(bs), reason)
+				b.halfOpenOK, b.verdict, b.verdictWait = 0, verdictNone, 0
+				continue
+			}
+			a.openBreaker(p, b, now, cause, reason, minOpen, out)
+			open++
+		}
+	}
+
+	// Closed backends: the trip rules.
+	trips := a.findTrips(p, bs)
+	slices.SortFunc(trips, func(x, y trip) int {
+		if x.severity != y.severity {
+			if x.severity > y.severity {
+				return -1
+			}
+			return 1
+		}
+		return cmpString(x.b.id, y.b.id)
+	})
+	tripping := make(map[*backend]bool, len(trips))
+	for _, t := range trips {
+		tripping[t.b] = true
+		if !a.canOpen(s, open, len(bs)) {
+			a.holdByCap(s, t.b, open, len(bs), t.reason)
+			t.b.runLatched = 0 // the next failure of the run latches again
+			continue
+		}
+		a.openBreaker(p, t.b, now, t.cause, t.reason, t.minOpen, out)
+		open++
+	}
+	for _, b := range bs {
+		if b.state == fleetwatch.StateClosed && !tripping[b] {
+			b.holdReason = ""
+		}
+	}
+
+	a.setWeights(p, bs, now)
+	return false
+}
+
+// findTrips applies the trip rules to the closed backends and counts the
+// rate-based trips that the min_requests gate holds back.
+func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
+	s := &p.settings
+	peers := peerEWMAs(bs)
+	var trips []trip
+	for _, b := range bs {
+		if b.state != fleetwatch.StateClosed {
+			b.gateHeld = [numCauses]bool{}
+			continue
+		}
+		v := &b.view
+		gated := v.counted < uint64(s.MinRequests)
+		var want [numCauses]bool
+		var cand []trip
+
+		if b.runLatched > 0 {
+			cand = append(cand, trip{b: b, cause: CauseConsecutive,
+				reason:   fmt.Sprintf("%d consecutive failures", b.runLatched),
+				severity: float64(b.runLatched) / float64(s.ConsecutiveFailures)})
+		}
+		if fr, ok := v.failureRate(); ok && fr >= s.FailureRate {
+			want[gateFailureRate] = true
+			n := v.ok() + v.failures()
+			cand = append(cand, trip{b: b, cause: CauseFailureRate,
+				reason:   fmt.Sprintf("error rate %.2f >= %.2f over %d requests in %s", fr, s.FailureRate, n, fmtDur(s.Window)),
+				severity: fr / s.FailureRate})
+		}
+		if r, ok := v.rate429(); ok && r >= s.ThrottleRate {
+			want[gateThrottled] = true
+			reason := fmt.Sprintf("429 rate %.2f >= %.2f over %d requests", r, s.ThrottleRate, v.counted)
+			wait := msDuration(v.maxRetryMs)
+			if wait > 0 {
+				reason += "; retry-after " + fmtDur(wait)
+			}
+			cand = append(cand, trip{b: b, cause: CauseThrottled, reason: reason, minOpen: wait, severity: r / s.ThrottleRate})
+		}
+		if b.hasEWMA {
+			if median, ok := peers.medianWithout(b.ewma); ok && b.ewma > s.SlowFactor*median {
+				want[gateSlow] = true
+				cand = append(cand, trip{b: b, cause: CauseSlow,
+					reason: fmt.Sprintf("ewma ttft %.0fms > %.1f x pool median %.0fms over %d requests",
+						b.ewma, s.SlowFactor, median, v.counted),
+					severity: b.ewma / (s.SlowFactor * median)})
+			}
+		}
+
+		// The gate: rate-based causes need MinRequests counted requests.
+		var chosen *trip
+		for i := range cand {
+			c := &cand[i]
+			if c.cause != CauseConsecutive && gated {
+				continue
+			}
+			if chosen == nil {
+				chosen = c
+			}
+		}
+		for c := range numCauses {
+			held := gated && want[c]
+			if held && !b.gateHeld[c] {
+				a.stats.heldByGate[gateCauses[c]]++
+			}
+			b.gateHeld[c] = held
+		}
+		if chosen != nil {
+			trips = append(trips, *chosen)
+		}
+	}
+	return trips
+}
+
+// canOpen reports whether one more backend may open in a pool of n backends
+// of which open are open: the pool must keep at least 1 - MaxOpenFraction of
+// its backends not open, and one backend may always be opened.
+func (a *Analyzer) canOpen(s *Settings, open, n int) bool {
+	return open == 0 || float64(open+1) <= s.MaxOpenFraction*float64(n)+1e-9
+}
+
+// maxOpen is the most backends of a pool of n that the cap lets open at once.
+func maxOpen(maxOpenFraction float64, n int) int {
+	return max(1, int(math.Floor(maxOpenFraction*float64(n)+1e-9)))
+}
+
+func (a *Analyzer) holdByCap(s *Settings, b *backend, open, n int, reason string) {
+	hold := fmt.Sprintf("ejection cap held: %d of %d already open (max_open_fraction %.2f); %s", open, n, s.MaxOpenFraction, reason)
+	if b.holdReason == "" {
+		a.stats.HeldByCap++
+	}
+	b.holdReason = hold
+}
+
+// openBreaker opens b for OpenBase x consecutive trips (capped, jittered),
+// and at least minOpen.
+func (a *Analyzer) openBreaker(p *pool, b *backend, now time.Time, cause, reason string, minOpen time.Duration, out *Evaluation) {
+	b.trips++
+	d := max(openDuration(&p.settings, b.trips, a.rng), minOpen)
+	a.transition(p, b, fleetwatch.StateOpen, now, cause, reason, out)
+	b.openUntil = now.Add(d)
+	b.weight, b.weightSet, b.weightAt = 0, true, now
+	a.stats.trips[cause]++
+}
+
+// openDuration is OpenBase x trips, jittered by +-OpenJitter, capped at
+// OpenMax, rounded to the millisecond.
+func openDuration(s *Settings, trips int, rng *rand.Rand) time.Duration {
+	n := min(int64(trips), int64(s.OpenMax/s.OpenBase)+1)
+	d := float64(s.OpenBase) * float64(n)
+	if s.OpenJitter > 0 {
+		d *= 1 + s.OpenJitter*(2*rng.Float64()-1)
+	}
+	d = min(d, float64(s.OpenMax))
+	return time.Duration(d).Round(time.Millisecond)
+}
+
+// transition moves b to state and records it.
+func (a *Analyzer) transition(p *pool, b *backend, to fleetwatch.State, now time.Time, cause, reason string, out *Evaluation) {
+	from := b.state
+	b.enter(to, now, reason)
+	out.Transitions = append(out.Transitions, Transition{
+		Pool: p.id, Backend: b.id, From: from, To: to, At: now,
+		Reason: reason, Generation: b.generation, Cause: cause,
+	})
+}
+
+// expire drops the backends that are not configured and sent no event for
+// longer than Expiry.
+func (a *Analyzer) expire(p *pool, now time.Time, out *Evaluation) {
+	var gone []*backend
+	for _, b := range p.sorted() {
+		if !b.configured && now.Sub(b.lastSeen) > p.settings.Expiry {
+			gone = append(gone, b)
+		}
+	}
+	for _, b := range gone {
+		delete(p.backends, b.id)
+		p.order = nil
+		a.stats.Expired++
+		reason := fmt.Sprintf("no event for %s (expiry %s)", fmtDur(now.Sub(b.lastSeen)), fmtDur(p.settings.Expiry))
+		out.Transitions = append(out.Transitions, Transition{
+			Pool: p.id, Backend: b.id, From: b.state, To: "", At: now,
+			Reason: reason, Generation: b.generation + 1, Cause: CauseExpired,
+		})
+	}
+	if len(gone) > 0 {
+		a.lastPool, a.lastBackend = nil, nil
+	}
+}
+
+// peers holds the sorted EWMAs of a pool's backends that are not open, the
+// reference of the slowness rule.
+type peers []float64
+
+func peerEWMAs(bs []*backend) peers {
+	var v peers
+	for _, b := range bs {
+		if b.hasEWMA && b.state != fleetwatch.StateOpen {
+			v = append(v, b.ewma)
+		}
+	}
+	sort.Float64s(v)
+	return v
+}
+
+// medianWithout returns the median of the peers after removing one value
+// equal to own (the backend's own EWMA): the median of the other backends.
+// ok is false when no other backend has an EWMA.
+func (v peers) medianWithout(own float64) (float64, bool) {
+	m := len(v)
+	if m < 2 {
+		return 0, false
+	}
+	k := sort.SearchFloat64s(v, own)
+	if k == m || v[k] != own {
+		return median(v), true // own is not a peer (an open backend): all others count
+	}
+	at := func(i int) float64 { // the i-th value of v without index k
+		if i < k {
+			return v[i]
+		}
+		return v[i+1]
+	}
+	r := m - 1
+	if r%2 == 1 {
+		return at(r / 2), true
+	}
+	return (at(r/2-1) + at(r/2)) / 2, true
+}
+
+// median of sorted values; 0 for none.
+func median(v []float64) float64 {
+	m := len(v)
+	switch {
+	case m == 0:
+		return 0
+	case m%2 == 1:
+		return v[m/2]
+	}
+	return (v[m/2-1] + v[m/2]) / 2
+}
+
+// setWeights computes every backend's weight at now.
+//
+// A closed backend's observed weight is 1 - rate_429/ThrottleRate (clipped to
+// [0, 1]); it is shrunk toward the pool prior (the mean observed weight of the
+// closed backends with at least MinRequests counted requests, 1 when there is
+// none) as w = (n*w_obs + k*prior)/(n + k) with n its counted requests and
+// k = max(1, MinRequests/4), and floored at HalfOpenWeight so that a closed
+// backend keeps a trickle to show its recovery. Open and quarantined backends
+// get 0 and half-open and cap-held ones HalfOpenWeight at once; a closed
+// backend's weight moves toward its target by at most MaxWeightStep per
+// Heartbeat.
+func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time) {
+	s := &p.settings
+	prior, priorN := 0.0, 0
+	for _, b := range bs {
+		if b.state == fleetwatch.StateClosed && b.holdReason == "" && b.view.counted >= uint64(s.MinRequests) {
+			prior += observedWeight(s, &b.view)
+			priorN++
+		}
+	}
+	if priorN == 0 {
+		prior = 1
+	} else {
+		prior /= float64(priorN)
+	}
+	k := float64(max(1, s.MinRequests/4))
+	for _, b := range bs {
+		target, immediate := 0.0, true
+		switch {
+		case b.state == fleetwatch.StateOpen:
+		case a.quarantine && b.drift == fleetwatch.DriftDrifted:
+		case b.state == fleetwatch.StateHalfOpen, b.holdReason != "":
+			target = s.HalfOpenWeight
+		default:
+			n := float64(b.view.counted)
+			target = (n*observedWeight(s, &b.view) + k*prior) / (n + k)
+			target = max(target, s.HalfOpenWeight)
+			immediate = !b.weightSet
+		}
+		w := target
+		if !immediate {
+			step := s.MaxWeightStep * float64(now.Sub(b.weightAt)) / float64(s.Heartbeat)
+			step = max(step, 0)
+			w = min(max(target, b.weight-step), b.weight+step)
+		}
+		b.weight = math.Round(min(max(w, 0), 1)*1e4) / 1e4
+		b.weightSet, b.weightAt = true, now
+	}
+}
+
+// observedWeight is 1 - rate_429/ThrottleRate, clipped to [0, 1]; 1 with no
+// counted request.
+func observedWeight(s *Settings, v *windowStats) float64 {
+	r, ok := v.rate429()
+	if !ok {
+		return 1
+	}
+	return min(max(1-r/s.ThrottleRate, 0), 1)
+}
+
+// msDuration converts milliseconds to a Duration, rounded to the millisecond.
+func msDuration(ms float64) time.Duration {
+	if !(ms > 0) {
+		return 0
+	}
+	return time.Duration(math.Round(ms)) * time.Millisecond
+}
+
+// fmtDur formats a duration for reasons: "30s", "1m30s", "250ms".
+func fmtDur(d time.Duration) string {
+	if d >= time.Second {
+		d = d.Round(time.Second)
+	} else {
+		d = d.Round(time.Millisecond)
+	}
+	return d.String()
+}

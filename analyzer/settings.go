@@ -1,0 +1,400 @@
+package analyzer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// Sentinel errors. Validation errors are *SettingError values that wrap one
+// of them, so callers branch with errors.Is.
+var (
+	// ErrInvalidSettings is wrapped by every error about a Settings field.
+	ErrInvalidSettings = errors.New("analyzer: invalid settings")
+	// ErrInvalidConfig is wrapped by every error about a pool or backend of
+	// the Config.
+	ErrInvalidConfig = errors.New("analyzer: invalid config")
+)
+
+// SettingError names the configuration key that is wrong, its value and why,
+// in the style of the YAML file: "analyzer.window = -5s: must be > 0".
+type SettingError struct {
+	Key     string // the YAML path, for example "analyzer.window" or "pools[2].analyzer.min_requests"
+	Value   string // the offending value as written
+	Problem string // what it must be
+	Err     error  // ErrInvalidSettings or ErrInvalidConfig
+}
+
+func (e *SettingError) Error() string {
+	return fmt.Sprintf("%s = %s: %s", e.Key, e.Value, e.Problem)
+}
+
+// Unwrap returns the sentinel error.
+func (e *SettingError) Unwrap() error { return e.Err }
+
+// Defaults of DESIGN.md "Configuration", analyzer block.
+const (
+	DefaultWindow              = 30 * time.Second
+	DefaultBucket              = time.Second
+	DefaultMinRequests         = 20
+	DefaultFailureRate         = 0.5
+	DefaultConsecutiveFailures = 5
+	DefaultThrottleRate        = 0.5
+	DefaultSlowFactor          = 5.0
+	DefaultEWMAAlpha           = 0.2
+	DefaultIdleGap             = 5 * time.Minute
+	DefaultOpenBase            = 30 * time.Second
+	DefaultOpenMax             = 5 * time.Minute
+	DefaultHalfOpenWeight      = 0.05
+	DefaultHalfOpenSuccesses   = 5
+	DefaultMaxOpenFraction     = 0.5
+	DefaultHeartbeat           = time.Second
+	DefaultTTL                 = 5 * time.Second
+	DefaultExpiry              = 10 * time.Minute
+	DefaultMaxWeightStep       = 0.25
+	DefaultOpenJitter          = 0.1
+)
+
+// maxBucketsPerWindow bounds Window/Bucket so that a typo cannot allocate a
+// million buckets per backend.
+const maxBucketsPerWindow = 3600
+
+// Settings are the analyzer rules' parameters (DESIGN.md "Configuration",
+// the analyzer block). The zero value works: every zero field takes its
+// default, applied by WithDefaults inside New. A pool's Settings override
+// the global ones field by field (Override).
+type Settings struct {
+	// Window is the sliding window of the rates and quantiles. If zero, 30s
+	// is used. It must be a multiple of Bucket.
+	Window time.Duration
+	// Bucket is the granularity of the window. If zero, 1s is used.
+	Bucket time.Duration
+	// MinRequests is how many counted requests (ok, error, timeout,
+	// throttled) the window must hold before a rate-based rule may open a
+	// breaker. If zero, 20 is used.
+	MinRequests int
+	// FailureRate opens a breaker when failures / (ok + failures) >= it. If
+	// zero, 0.5 is used.
+	FailureRate float64
+	// ConsecutiveFailures opens a breaker after this many failures in a
+	// row, at any volume. If zero, 5 is used.
+	ConsecutiveFailures int
+	// ThrottleRate opens a breaker ("throttled") when the 429 rate >= it;
+	// below it the 429 rate lowers the weight. If zero, 0.5 is used.
+	ThrottleRate float64
+	// SlowFactor opens a breaker when a backend's EWMA TTFT exceeds this
+	// multiple of the median EWMA of the pool's other backends. If zero, 5
+	// is used.
+	SlowFactor float64
+	// EWMAAlpha is the weight of the newest TTFT sample. If zero, 0.2 (the
+	// seed's ALPHA) is used.
+	EWMAAlpha float64
+	// IdleGap: the first event after this much silence is a cold start and
+	// gives no latency sample. If zero, 5m is used.
+	IdleGap time.Duration
+	// OpenBase is the open time of the first trip; the n-th consecutive
+	// trip stays open n x OpenBase. If zero, 30s is used.
+	OpenBase time.Duration
+	// OpenMax caps the open time. If zero, 5m is used.
+	OpenMax time.Duration
+	// OpenJitter is the relative jitter of the open time (0.1 = +-10%),
+	// drawn from Config.Seed, so that backends tripped together do not all
+	// half-open in the same second. If zero, 0.1 is used; a negative value
+	// disables jitter.
+	OpenJitter float64
+	// HalfOpenWeight is the weight of a half-open backend, and of a backend
+	// that the ejection cap keeps closed. If zero, 0.05 is used.
+	HalfOpenWeight float64
+	// HalfOpenSuccesses ok events in a row close a half-open breaker. If
+	// zero, 5 is used.
+	HalfOpenSuccesses int
+	// MaxOpenFraction is the largest share of a pool that may be open at
+	// once; one backend may always be opened. If zero, 0.5 is used.
+	MaxOpenFraction float64
+	// Heartbeat is the longest time between two snapshots of a pool, and
+	// the unit of the weight damping. If zero, 1s is used.
+	Heartbeat time.Duration
+	// TTL is the snapshot's ttl_ms. If zero, 5s is used.
+	TTL time.Duration
+	// Expiry drops a backend that is not configured after this long without
+	// an event. If zero, 10m is used.
+	Expiry time.Duration
+	// MaxWeightStep is the largest change of a backend's weight per
+	// Heartbeat (damping against the herd); opening, quarantine and the
+	// ejection cap still lower a weight at once. If zero, 0.25 is used, so
+	// a backend that closes after half-open is back to full weight in
+	// about four heartbeats.
+	MaxWeightStep float64
+}
+
+// WithDefaults returns s with every zero field set to its default.
+func (s Settings) WithDefaults() Settings {
+	return Settings{}.defaults().Override(s)
+}
+
+func (Settings) defaults() Settings {
+	return Settings{
+		Window:              DefaultWindow,
+		Bucket:              DefaultBucket,
+		MinRequests:         DefaultMinRequests,
+		FailureRate:         DefaultFailureRate,
+		ConsecutiveFailures: DefaultConsecutiveFailures,
+		ThrottleRate:        DefaultThrottleRate,
+		SlowFactor:          DefaultSlowFactor,
+		EWMAAlpha:           DefaultEWMAAlpha,
+		IdleGap:             DefaultIdleGap,
+		OpenBase:            DefaultOpenBase,
+		OpenMax:             DefaultOpenMax,
+		OpenJitter:          DefaultOpenJitter,
+		HalfOpenWeight:      DefaultHalfOpenWeight,
+		HalfOpenSuccesses:   DefaultHalfOpenSuccesses,
+		MaxOpenFraction:     DefaultMaxOpenFraction,
+		Heartbeat:           DefaultHeartbeat,
+		TTL:                 DefaultTTL,
+		Expiry:              DefaultExpiry,
+		MaxWeightStep:       DefaultMaxWeightStep,
+	}
+}
+
+// Override returns s with every non-zero field of pool replacing s's: a
+// pool's Settings with zero fields inherit the global ones.
+func (s Settings) Override(pool Settings) Settings {
+	pick(&s.Window, pool.Window)
+	pick(&s.Bucket, pool.Bucket)
+	pick(&s.MinRequests, pool.MinRequests)
+	pick(&s.FailureRate, pool.FailureRate)
+	pick(&s.ConsecutiveFailures, pool.ConsecutiveFailures)
+	pick(&s.ThrottleRate, pool.ThrottleRate)
+	pick(&s.SlowFactor, pool.SlowFactor)
+	pick(&s.EWMAAlpha, pool.EWMAAlpha)
+	pick(&s.IdleGap, pool.IdleGap)
+	pick(&s.OpenBase, pool.OpenBase)
+	pick(&s.OpenMax, pool.OpenMax)
+	pick(&s.OpenJitter, pool.OpenJitter)
+	pick(&s.HalfOpenWeight, pool.HalfOpenWeight)
+	pick(&s.HalfOpenSuccesses, pool.HalfOpenSuccesses)
+	pick(&s.MaxOpenFraction, pool.MaxOpenFraction)
+	pick(&s.Heartbeat, pool.Heartbeat)
+	pick(&s.TTL, pool.TTL)
+	pick(&s.Expiry, pool.Expiry)
+	pick(&s.MaxWeightStep, pool.MaxWeightStep)
+	return s
+}
+
+func pick[T comparable](dst *T, v T) {
+	var zero T
+	if v != zero {
+		*dst = v
+	}
+}
+
+// Validate reports the first field of s (after defaults) that is out of
+// range, as a *SettingError wrapping ErrInvalidSettings whose key is the
+// YAML key under "analyzer".
+func (s Settings) Validate() error { return s.WithDefaults().validate("analyzer") }
+
+// validate checks settings whose defaults are already applied; prefix is the
+// YAML path of the block ("analyzer", "pools[1].analyzer").
+func (s Settings) validate(prefix string) error {
+	durPositive := func(key string, d time.Duration) error {
+		if d <= 0 {
+			return settingErr(prefix, key, d.String(), "must be > 0")
+		}
+		return nil
+	}
+	fraction := func(key string, v float64, zeroOK bool) error {
+		if math.IsNaN(v) || v > 1 || v < 0 || (v == 0 && !zeroOK) {
+			if zeroOK {
+				return settingErr(prefix, key, fmtFloat(v), "must be in [0, 1]")
+			}
+			return settingErr(prefix, key, fmtFloat(v), "must be in (0, 1]")
+		}
+		return nil
+	}
+	checks := []func() error{
+		func() error { return durPositive("window", s.Window) },
+		func() error { return durPositive("bucket", s.Bucket) },
+		func() error {
+			if s.Bucket > s.Window {
+				return settingErr(prefix, "bucket", s.Bucket.String(), "must be <= window ("+s.Window.String()+")")
+			}
+			if s.Window%s.Bucket != 0 {
+				return settingErr(prefix, "window", s.Window.String(), "must be a multiple of bucket ("+s.Bucket.String()+")")
+			}
+			if s.Window/s.Bucket > maxBucketsPerWindow {
+				return settingErr(prefix, "window", s.Window.String(), fmt.Sprintf("must be at most %d buckets of %s", maxBucketsPerWindow, s.Bucket))
+			}
+			return nil
+		},
+		func() error {
+			if s.MinRequests < 1 {
+				return settingErr(prefix, "min_requests", fmt.Sprint(s.MinRequests), "must be >= 1")
+			}
+			return nil
+		},
+		func() error { return fraction("failure_rate", s.FailureRate, false) },
+		func() error {
+			if s.ConsecutiveFailures < 1 {
+				return settingErr(prefix, "consecutive_failures", fmt.Sprint(s.ConsecutiveFailures), "must be >= 1")
+			}
+			return nil
+		},
+		func() error { return fraction("throttle_rate", s.ThrottleRate, false) },
+		func() error {
+			if !(s.SlowFactor > 1) || math.IsInf(s.SlowFactor, 0) {
+				return settingErr(prefix, "slow_factor", fmtFloat(s.SlowFactor), "must be > 1")
+			}
+			return nil
+		},
+		func() error { return fraction("ewma_alpha", s.EWMAAlpha, false) },
+		func() error { return durPositive("idle_gap", s.IdleGap) },
+		func() error { return durPositive("open_base", s.OpenBase) },
+		func() error {
+			if s.OpenMax < s.OpenBase {
+				return settingErr(prefix, "open_max", s.OpenMax.String(), "must be >= open_base ("+s.OpenBase.String()+")")
+			}
+			return nil
+		},
+		func() error {
+			if math.IsNaN(s.OpenJitter) || s.OpenJitter > 0.5 {
+				return settingErr(prefix, "open_jitter", fmtFloat(s.OpenJitter), "must be <= 0.5 (negative disables jitter)")
+			}
+			return nil
+		},
+		func() error { return fraction("half_open_weight", s.HalfOpenWeight, false) },
+		func() error {
+			if s.HalfOpenSuccesses < 1 {
+				return settingErr(prefix, "half_open_successes", fmt.Sprint(s.HalfOpenSuccesses), "must be >= 1")
+			}
+			return nil
+		},
+		func() error { return fraction("max_open_fraction", s.MaxOpenFraction, false) },
+		func() error { return durPositive("heartbeat", s.Heartbeat) },
+		func() error {
+			if s.TTL < s.Heartbeat {
+				return settingErr(prefix, "ttl", s.TTL.String(), "must be >= heartbeat ("+s.Heartbeat.String()+")")
+			}
+			return nil
+		},
+		func() error {
+			if s.Expiry < s.Window {
+				return settingErr(prefix, "expiry", s.Expiry.String(), "must be >= window ("+s.Window.String()+")")
+			}
+			return nil
+		},
+		func() error { return fraction("max_weight_step", s.MaxWeightStep, false) },
+	}
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func settingErr(prefix, key, value, problem string) error {
+	return &SettingError{Key: prefix + "." + key, Value: value, Problem: problem, Err: ErrInvalidSettings}
+}
+
+func configErr(key, value, problem string) error {
+	return &SettingError{Key: key, Value: value, Problem: problem, Err: ErrInvalidConfig}
+}
+
+func fmtFloat(v float64) string { return fmt.Sprint(v) }
+
+// BackendConfig is a configured backend of a pool.
+type BackendConfig struct {
+	ID          string   // required, unique within the pool
+	Priority    int      // the snapshot's priority (failover order; lower first)
+	CostPerMTok *float64 // the snapshot's cost_per_mtok; nil = null
+}
+
+// PoolConfig is a configured pool. Pools and backends that are not
+// configured are still tracked from their events with the global Settings.
+type PoolConfig struct {
+	ID string // required, unique
+	// Mode is the snapshot's mode. If empty, balance is used.
+	Mode fleetwatch.Mode
+	// AllOpen is the snapshot's all_open. If empty, shed is used.
+	AllOpen fleetwatch.AllOpen
+	// AffinityTolerance is the snapshot's affinity_tolerance. If zero, 2.5
+	// (fleetwatch.DefaultAffinityTolerance) is used.
+	AffinityTolerance float64
+	// Settings override the global Settings for this pool only; zero fields
+	// inherit.
+	Settings Settings
+	// Backends are tracked from the start and never expire.
+	Backends []BackendConfig
+}
+
+// Config configures an Analyzer. The zero value works: global defaults, no
+// configured pools.
+type Config struct {
+	// Settings are the global rules' parameters; zero fields take defaults.
+	Settings Settings
+	// Pools are the configured pools.
+	Pools []PoolConfig
+	// Quarantine gives a backend whose drift status is drifted weight 0.
+	Quarantine bool
+	// Epoch names this analyzer instance in its snapshots. If empty, a
+	// time-sortable id (ULID layout: 48-bit milliseconds of the first
+	// Evaluate's now, 80 bits from Seed) is generated.
+	Epoch string
+	// Seed drives the open-time jitter and the generated epoch
+	// (math/rand/v2 PCG); the same seed and inputs give the same outputs.
+	// Give each process its own seed (for example from crypto/rand) so
+	// that two analyzers started in the same millisecond differ.
+	Seed uint64
+}
+
+// validate checks the pools and backends and the merged settings of each.
+func (c *Config) validate(global Settings) error {
+	if err := global.validate("analyzer"); err != nil {
+		return err
+	}
+	seen := make(map[string]bool, len(c.Pools))
+	for i, p := range c.Pools {
+		key := fmt.Sprintf("pools[%d]", i)
+		if p.ID == "" || len(p.ID) > fleetwatch.MaxIDLen {
+			return configErr(key+".id", fmt.Sprintf("%q", p.ID), fmt.Sprintf("must be 1 to %d bytes", fleetwatch.MaxIDLen))
+		}
+		if seen[p.ID] {
+			return configErr(key+".id", fmt.Sprintf("%q", p.ID), "duplicate pool id")
+		}
+		seen[p.ID] = true
+		switch p.Mode {
+		case "", fleetwatch.ModeBalance, fleetwatch.ModeFailover:
+		default:
+			return configErr(key+".mode", string(p.Mode), "must be balance or failover")
+		}
+		switch p.AllOpen {
+		case "", fleetwatch.AllOpenShed, fleetwatch.AllOpenSpread:
+		default:
+			return configErr(key+".all_open", string(p.AllOpen), "must be shed or spread")
+		}
+		if math.IsNaN(p.AffinityTolerance) || math.IsInf(p.AffinityTolerance, 0) || p.AffinityTolerance < 0 {
+			return configErr(key+".affinity_tolerance", fmtFloat(p.AffinityTolerance), "must be >= 0")
+		}
+		if err := global.Override(p.Settings).validate(key + ".analyzer"); err != nil {
+			return err
+		}
+		ids := make(map[string]bool, len(p.Backends))
+		for j, b := range p.Backends {
+			bkey := fmt.Sprintf("%s.backends[%d]", key, j)
+			if b.ID == "" || len(b.ID) > fleetwatch.MaxIDLen {
+				return configErr(bkey+".id", fmt.Sprintf("%q", b.ID), fmt.Sprintf("must be 1 to %d bytes", fleetwatch.MaxIDLen))
+			}
+			if ids[b.ID] {
+				return configErr(bkey+".id", fmt.Sprintf("%q", b.ID), "duplicate backend id in pool "+p.ID)
+			}
+			ids[b.ID] = true
+			if c := b.CostPerMTok; c != nil && (math.IsNaN(*c) || math.IsInf(*c, 0) || *c < 0) {
+				return configErr(bkey+".cost_per_mtok", fmtFloat(*c), "must be >= 0")
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,85 @@
+package analyzer
+
+import (
+	"slices"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// snapshot builds the pool's snapshot at now from the backends' current
+// decisions and window views. It allocates the nullable numbers of all
+// backends in one backing array.
+func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
+	s := &p.settings
+	bs := p.sorted()
+	snap := fleetwatch.Snapshot{
+		V:                 fleetwatch.ProtocolVersion,
+		Pool:              p.id,
+		Epoch:             a.epoch,
+		Seq:               p.seq,
+		At:                fleetwatch.At(now),
+		TTLMs:             s.TTL.Milliseconds(),
+		Mode:              p.mode,
+		AllOpen:           p.allOpen,
+		AffinityTolerance: p.tolerance,
+		Backends:          make([]fleetwatch.Backend, len(bs)),
+	}
+	// Six nullable numbers per backend plus the median: the capacity is
+	// fixed, so pointers into the array stay valid.
+	nums := make([]float64, 0, 6*len(bs)+1)
+	ptr := func(v float64) *float64 {
+		nums = append(nums, v)
+		return &nums[len(nums)-1]
+	}
+	times := make([]fleetwatch.Time, 0, 2*len(bs))
+	tptr := func(t time.Time) *fleetwatch.Time {
+		times = append(times, fleetwatch.At(t))
+		return &times[len(times)-1]
+	}
+	ewmas := make([]float64, 0, len(bs))
+	for i, b := range bs {
+		v := &b.view
+		d := fleetwatch.Backend{
+			Backend:  b.id,
+			State:    b.state,
+			Weight:   b.weight,
+			Priority: b.priority,
+			Requests: int64(v.requests),
+			WindowMs: s.Window.Milliseconds(),
+			Reason:   b.reason(),
+			Drift:    b.drift,
+		}
+		if !b.weightSet {
+			d.Weight = 1 // not evaluated yet: a router treats it as healthy
+		}
+		if b.hasEWMA {
+			d.EWMATTFTMs = ptr(b.ewma)
+			ewmas = append(ewmas, b.ewma)
+		}
+		if v.hasTTFT {
+			d.P50TTFTMs, d.P95TTFTMs = ptr(v.p50), ptr(v.p95)
+		}
+		if r, ok := v.successRate(); ok {
+			d.SuccessRate = ptr(r)
+		}
+		if r, ok := v.rate429(); ok {
+			d.Rate429 = ptr(r)
+		}
+		if b.state == fleetwatch.StateOpen {
+			d.OpenUntil = tptr(b.openUntil)
+		}
+		if !b.since.IsZero() {
+			d.Since = tptr(b.since)
+		}
+		if b.cost != nil {
+			d.CostPerMTok = ptr(*b.cost)
+		}
+		snap.Backends[i] = d
+	}
+	if len(ewmas) > 0 {
+		slices.Sort(ewmas)
+		snap.MedianEWMATTFTMs = ptr(median(ewmas))
+	}
+	return snap
+}

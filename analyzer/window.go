@@ -1,0 +1,231 @@
+package analyzer
+
+import (
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// window is a sliding window over event time: a ring of buckets, each
+// covering one Bucket of time (gobreaker's rolling counts, grpc-go's
+// callcounter). Bucket number n covers [n*bucket, (n+1)*bucket) since the Unix
+// epoch; the window holds the buckets (head-size, head].
+//
+// The hot path (add) touches one bucket and the running totals; the totals
+// are kept equal to the sum of the live buckets by subtracting a bucket when
+// it leaves the window, so evaluation reads them in O(1) (the TTFT histogram
+// in O(bins)).
+//
+// Latency samples of a bucket are kept as a list of bin numbers (2 bytes per
+// sample) until the bucket holds denseAfter of them, and as a dense histogram
+// after that; either way the bucket can be subtracted exactly when it
+// expires. A quiet backend so costs a few bytes per sample, a busy one at
+// most one dense histogram per bucket.
+type window struct {
+	bucketNanos int64
+	buckets     []bucket
+	head        int64 // newest bucket number; valid only when started
+	started     bool
+
+	counts [fleetwatch.NumOutcomes]uint64 // totals over the live buckets
+	ttft   *histogram                     // totals over the live buckets; nil until the first sample
+}
+
+// denseAfter is the number of samples of one bucket above which its samples
+// are folded into a dense histogram (2 x 512 bytes of bin numbers is below the
+// dense histogram's 1.5 KiB).
+const denseAfter = 512
+
+type bucket struct {
+	num          int64 // bucket number; meaningful only while the bucket is not empty
+	counts       [fleetwatch.NumOutcomes]uint32
+	maxRetryMs   float64
+	samples      []uint16   // bins of the latency samples, until dense
+	dense        *histogram // samples beyond denseAfter (kept for reuse once allocated)
+	denseInUse   bool
+	sampleCounts uint32
+}
+
+func (b *bucket) empty() bool { return b.sampleCounts == 0 && b.counts == [fleetwatch.NumOutcomes]uint32{} }
+
+// newWindow returns a window of size buckets of the given length.
+func newWindow(size int, bucketLen time.Duration) window {
+	return window{bucketNanos: int64(bucketLen), buckets: make([]bucket, size)}
+}
+
+// bucketOf returns the bucket number of t.
+func (w *window) bucketOf(t time.Time) int64 {
+	n := t.UnixNano()
+	if n < 0 {
+		return (n - w.bucketNanos + 1) / w.bucketNanos
+	}
+	return n / w.bucketNanos
+}
+
+func (w *window) size() int64 { return int64(len(w.buckets)) }
+
+// advance moves the head to bucket number num, evicting the buckets that
+// leave the window. A num at or behind the head changes nothing.
+func (w *window) advance(num int64) {
+	if !w.started {
+		w.head, w.started = num, true
+		return
+	}
+	if num <= w.head {
+		return
+	}
+	if num-w.head >= w.size() {
+		for i := range w.buckets {
+			w.evict(&w.buckets[i])
+		}
+	} else {
+		for n := w.head + 1; n <= num; n++ {
+			w.evict(w.slot(n))
+		}
+	}
+	w.head = num
+}
+
+func (w *window) slot(num int64) *bucket {
+	i := num % w.size()
+	if i < 0 {
+		i += w.size()
+	}
+	return &w.buckets[i]
+}
+
+// evict subtracts a bucket from the totals and empties it.
+func (w *window) evict(b *bucket) {
+	if b.empty() {
+		return
+	}
+	for o, c := range b.counts {
+		w.counts[o] -= uint64(c)
+	}
+	for _, bin := range b.samples {
+		w.ttft.remove(bin)
+	}
+	if b.denseInUse {
+		w.ttft.subAll(b.dense)
+		*b.dense = histogram{}
+		b.denseInUse = false
+	}
+	b.counts = [fleetwatch.NumOutcomes]uint32{}
+	b.samples = b.samples[:0]
+	b.maxRetryMs = 0
+	b.sampleCounts = 0
+}
+
+// add counts one event in bucket num, moving the head forward when num is
+// newer. latency tells whether bin is a TTFT sample. It returns false (and
+// counts nothing) when num is older than the window.
+func (w *window) add(num int64, outcome fleetwatch.Outcome, latency bool, bin uint16, retryAfterMs float64) bool {
+	w.advance(num)
+	if num <= w.head-w.size() {
+		return false
+	}
+	b := w.slot(num)
+	b.num = num
+	b.counts[outcome]++
+	w.counts[outcome]++
+	if retryAfterMs > b.maxRetryMs {
+		b.maxRetryMs = retryAfterMs
+	}
+	if latency {
+		if w.ttft == nil {
+			w.ttft = new(histogram)
+		}
+		w.ttft.add(bin)
+		b.sampleCounts++
+		if b.denseInUse {
+			b.dense.add(bin)
+		} else if len(b.samples) < denseAfter {
+			b.samples = append(b.samples, bin)
+		} else {
+			if b.dense == nil {
+				b.dense = new(histogram)
+			}
+			for _, s := range b.samples {
+				b.dense.add(s)
+			}
+			b.dense.add(bin)
+			b.samples = b.samples[:0]
+			b.denseInUse = true
+		}
+	}
+	return true
+}
+
+// reset empties the window (a new breaker generation starts from nothing).
+func (w *window) reset() {
+	for i := range w.buckets {
+		w.evict(&w.buckets[i])
+	}
+}
+
+// windowStats is what the rules read from a window.
+type windowStats struct {
+	counts     [fleetwatch.NumOutcomes]uint64
+	requests   uint64 // all outcomes
+	counted    uint64 // ok + error + timeout + throttled
+	maxRetryMs float64
+	p50, p95   float64
+	hasTTFT    bool
+}
+
+func (s *windowStats) ok() uint64        { return s.counts[fleetwatch.OutcomeOK] }
+func (s *windowStats) throttled() uint64 { return s.counts[fleetwatch.OutcomeThrottled] }
+func (s *windowStats) failures() uint64 {
+	return s.counts[fleetwatch.OutcomeError] + s.counts[fleetwatch.OutcomeTimeout]
+}
+
+// successRate is ok / (ok + error + timeout); ok is false when that is 0/0.
+func (s *windowStats) successRate() (float64, bool) {
+	d := s.ok() + s.failures()
+	if d == 0 {
+		return 0, false
+	}
+	return float64(s.ok()) / float64(d), true
+}
+
+// failureRate is 1 - successRate.
+func (s *windowStats) failureRate() (float64, bool) {
+	d := s.ok() + s.failures()
+	if d == 0 {
+		return 0, false
+	}
+	return float64(s.failures()) / float64(d), true
+}
+
+// rate429 is throttled / (ok + error + timeout + throttled).
+func (s *windowStats) rate429() (float64, bool) {
+	if s.counted == 0 {
+		return 0, false
+	}
+	return float64(s.throttled()) / float64(s.counted), true
+}
+
+// stats reads the totals. The caller advances the window to now first.
+func (w *window) stats() windowStats {
+	var s windowStats
+	s.counts = w.counts
+	for o, c := range w.counts {
+		s.requests += c
+		if fleetwatch.Outcome(o).Counted() {
+			s.counted += c
+		}
+	}
+	if w.started {
+		for i := range w.buckets {
+			b := &w.buckets[i]
+			if !b.empty() && b.num > w.head-w.size() && b.maxRetryMs > s.maxRetryMs {
+				s.maxRetryMs = b.maxRetryMs
+			}
+		}
+	}
+	if p50, ok := w.ttft.quantile(0.50); ok {
+		s.p50, s.hasTTFT = p50, true
+		s.p95, _ = w.ttft.quantile(0.95)
+	}
+	return s
+}
