@@ -46,6 +46,15 @@
     return Math.round(s / 86400) + "d ago";
   }
 
+  function until(iso, nowMs) {
+    const s = Math.round((Date.parse(iso) - nowMs) / 1000);
+    if (s <= 0) return "due now";
+    if (s < 120) return "in " + s + "s";
+    if (s < 7200) return "in " + Math.round(s / 60) + "m";
+    if (s < 172800) return "in " + Math.round(s / 3600) + "h";
+    return "in " + Math.round(s / 86400) + "d";
+  }
+
   // mergeSeries appends the points newer than what is held, then trims to the
   // server's bound so a long-open page does not grow.
   function mergeSeries(key, add) {
@@ -252,7 +261,7 @@
     const rej = (data.top_rejects || []).map((r) => el("li", "", r.reason + ": " + fmtInt(r.count)));
     $("rejects").replaceChildren(...(rej.length ? rej : [el("li", "muted", "none")]));
 
-    $("review").textContent = data.next_review ? "next review " + data.next_review : "no review scheduled";
+    $("review").textContent = data.next_review ? "next review " + until(data.next_review, nowMs) + " (" + new Date(data.next_review).toLocaleString() + ")" : "no review scheduled";
     const alerts = (data.drift_alerts || []).map((a) => {
       const li = el("li", "drift", a.pool + " / " + a.backend + ": " + a.previous + " → " + a.status + " (score " + Number(a.score).toFixed(2) + ", " + ago(a.at, nowMs) + ") " + (a.reason || ""));
       li.dataset.drift = a.status;

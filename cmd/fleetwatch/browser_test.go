@@ -1,0 +1,304 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/fleetwatch/fleetwatch"
+)
+
+const chromiumBin = "/usr/bin/chromium"
+
+// requireTool returns path, or skips the test when the tool is absent outside
+// CI. In CI (CI set) a missing tool is a failure: .ci/run installs it.
+func requireTool(t *testing.T, path, pkg string) string {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s not found (%v): CI must install the Debian package %s", path, err, pkg)
+		}
+		t.Skipf("%s not found: install the Debian package %s to run this test (it is required when CI is set)", path, pkg)
+	}
+	return path
+}
+
+// artifactDir is where tests leave files for people to look at:
+// $FLEETWATCH_ARTIFACTS, or a temporary directory of the test.
+func artifactDir(t *testing.T) string {
+	t.Helper()
+	if dir := os.Getenv("FLEETWATCH_ARTIFACTS"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	return t.TempDir()
+}
+
+// pageProblems collects what a page must never produce: console errors,
+// uncaught exceptions, error log entries (failed loads, CSP violations) and
+// JavaScript dialogs (an injected alert()).
+type pageProblems struct {
+	mu   sync.Mutex // guards list
+	list []string
+}
+
+func (p *pageProblems) add(format string, args ...any) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.list = append(p.list, fmt.Sprintf(format, args...))
+}
+
+func (p *pageProblems) get() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.list...)
+}
+
+func (p *pageProblems) listen(ev any) {
+	switch ev := ev.(type) {
+	case *runtime.EventConsoleAPICalled:
+		if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeAssert {
+			var args []string
+			for _, a := range ev.Args {
+				args = append(args, string(a.Value)+a.Description)
+			}
+			p.add("console.%s: %s", ev.Type, strings.Join(args, " "))
+		}
+	case *runtime.EventExceptionThrown:
+		d := ev.ExceptionDetails
+		msg := d.Text
+		if d.Exception != nil {
+			msg += " " + d.Exception.Description
+		}
+		p.add("exception at %s:%d: %s", d.URL, d.LineNumber, msg)
+	case *cdplog.EventEntryAdded:
+		if ev.Entry.Level == cdplog.EntryLevelError {
+			p.add("log %s: %s (%s)", ev.Entry.Source, ev.Entry.Text, ev.Entry.URL)
+		}
+	case *page.EventJavascriptDialogOpening:
+		p.add("javascript dialog %s: %q", ev.Type, ev.Message)
+	}
+}
+
+// newBrowser starts a headless Chromium with a fresh profile and returns a
+// tab context whose problems are collected. The browser stops in t.Cleanup.
+func newBrowser(t *testing.T) (context.Context, *pageProblems) {
+	t.Helper()
+	bin := requireTool(t, chromiumBin, "chromium")
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(bin),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.Flag("disable-extensions", true),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.WindowSize(1400, 1000),
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	problems := &pageProblems{}
+	ctx, cancelTab := chromedp.NewContext(allocCtx, chromedp.WithListener(problems.listen))
+	t.Cleanup(func() {
+		cancelTab()
+		cancelAlloc()
+	})
+	// The first Run starts the browser; it must not carry a timeout.
+	err := chromedp.Do(ctx, chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, cdplog.Enable, cdp.Empty{})
+		return err
+	}))
+	if err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	return ctx, problems
+}
+
+// evalIn evaluates expr in the page with a timeout and decodes the result.
+func evalIn[T any](t *testing.T, ctx context.Context, expr string) T {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	v, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr))
+	if err != nil {
+		t.Fatalf("evaluate %s: %v", expr, err)
+	}
+	return v
+}
+
+// waitFor polls the JavaScript predicate until it is true, failing the test
+// after limit (a bound for a broken page, not a performance requirement).
+func waitFor(t *testing.T, ctx context.Context, what, predicate string, limit time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[chromedp.Void](predicate, chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+		t.Fatalf("waiting for %s (%s): %v", what, predicate, err)
+	}
+}
+
+func saveScreenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	path := filepath.Join(artifactDir(t), name)
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", path)
+}
+
+// xssBackend is a valid backend id (printable) that would run script if the
+// page ever parsed ids as HTML.
+const xssBackend = `<img src=x onerror="window.__xss=1;alert(1)"><script>window.__xss=2</script>`
+
+// fleetFixture is a status source driven like serve drives it: a heartbeat
+// goroutine builds every pool's snapshot and records it in the history.
+type fleetFixture struct {
+	src     *fixedStatus
+	hist    *history
+	openB   atomic.Bool // vllm-b's breaker is open
+	seq     uint64
+	stopped chan struct{}
+}
+
+func (f *fleetFixture) beat(now time.Time) {
+	f.seq++
+	small := []fleetwatch.Backend{testBackend("vllm-a", 180), testBackend("vllm-b", 210), testBackend("vllm-c", 250), testBackend(xssBackend, 300)}
+	small[2].Drift = fleetwatch.DriftDrifted
+	small[3].State, small[3].Weight, small[3].Reason = fleetwatch.StateHalfOpen, 0.05, "open time 30s elapsed"
+	if f.openB.Load() {
+		small[1] = openBackend(small[1], now, "error rate 0.80 >= 0.50 over 40 requests in 30s")
+	}
+	big := make([]fleetwatch.Backend, 196)
+	for i := range big {
+		big[i] = testBackend(fmt.Sprintf("gpu-%03d.example:8000", i), 150+float64(i%17)*10+float64(f.seq%5))
+	}
+	snaps := []fleetwatch.Snapshot{
+		testSnapshot("llama-3.1-70b", f.seq, now, small...),
+		testSnapshot("meta-llama/Llama-3.1-8B-Instruct", f.seq, now, big...),
+	}
+	f.src.set(snaps)
+	f.hist.record(snaps)
+}
+
+func startFleetFixture(t *testing.T) (*fleetFixture, *httptest.Server) {
+	f := &fleetFixture{
+		src: &fixedStatus{
+			ingest: ingestCounts{Received: 12000, Accepted: 11890, Rejected: 110, RejectsByReason: map[string]int64{"ttft_ms out of range": 100, "invalid backend": 10}},
+			alerts: []fleetwatch.DriftAlert{{V: 1, Pool: "llama-3.1-70b", Backend: "vllm-c", At: fleetwatch.At(time.Now().Add(-time.Minute)), Status: fleetwatch.DriftDrifted, Previous: fleetwatch.DriftOK, Score: 7.3, Threshold: 3, Reason: "greedy output changed on 9 of 16 prompts"}},
+			next:   time.Now().Add(3 * time.Hour),
+		},
+		hist:    newHistory(0),
+		stopped: make(chan struct{}),
+	}
+	f.beat(time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { // owned by the test; exits on cancel in t.Cleanup
+		defer close(f.stopped)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				f.beat(now)
+			}
+		}
+	}()
+	mux := http.NewServeMux()
+	statusRoutes(mux, f.src, f.hist)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(func() {
+		srv.Close()
+		cancel()
+		<-f.stopped
+	})
+	return f, srv
+}
+
+func TestStatusPageInBrowser(t *testing.T) {
+	ctx, problems := newBrowser(t)
+	fixture, srv := startFleetFixture(t)
+
+	navCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(navCtx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatalf("navigate: %v", err)
+	}
+	waitFor(t, ctx, "200 backend rows", `document.querySelectorAll("tr[data-backend]").length === 200`, 30*time.Second)
+
+	pools := evalIn[[]string](t, ctx, `[...document.querySelectorAll(".pool .name")].map(e => e.textContent)`)
+	if got, want := strings.Join(pools, ","), "llama-3.1-70b,meta-llama/Llama-3.1-8B-Instruct"; got != want {
+		t.Errorf("pools shown: %q, want %q", got, want)
+	}
+	states := evalIn[map[string]string](t, ctx, `Object.fromEntries([...document.querySelectorAll("tr[data-pool='llama-3.1-70b']")].map(r => [r.dataset.backend, r.querySelector(".state").textContent]))`)
+	wantStates := map[string]string{"vllm-a": "closed", "vllm-b": "closed", "vllm-c": "closed", xssBackend: "half_open"}
+	for id, want := range wantStates {
+		if states[id] != want {
+			t.Errorf("backend %q shows state %q, want %q (all: %v)", id, states[id], want, states)
+		}
+	}
+	// The hostile id is shown as text and never parsed.
+	if n := evalIn[int](t, ctx, `document.querySelectorAll("img, main script").length`); n != 0 {
+		t.Errorf("page holds %d img/script elements made from data", n)
+	}
+	if v := evalIn[bool](t, ctx, `window.__xss !== undefined`); v {
+		t.Error("a backend id ran script")
+	}
+	// Sparklines get drawn once a few heartbeats are recorded.
+	waitFor(t, ctx, "sparklines", `document.querySelectorAll("svg.spark path.ttft[d^='M']").length === 200`, 30*time.Second)
+	// The summary cards.
+	summary := evalIn[string](t, ctx, `document.getElementById("summary").textContent`)
+	for _, want := range []string{"ttft_ms out of range: 100", "vllm-c: ok → drifted", "next review"} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("summary lacks %q:\n%s", want, summary)
+		}
+	}
+
+	// The breaker opens: the row turns open with its reason.
+	fixture.openB.Store(true)
+	waitFor(t, ctx, "vllm-b open", `(() => { const r = document.querySelector("tr[data-backend='vllm-b']"); return r && r.dataset.state === "open" && r.querySelector(".state").textContent === "open"; })()`, 10*time.Second)
+	reason := evalIn[string](t, ctx, `document.querySelector("tr[data-backend='vllm-b'] td.reason").textContent`)
+	if !strings.Contains(reason, "error rate 0.80 >= 0.50") {
+		t.Errorf("reason cell %q lacks the reason", reason)
+	}
+	waitFor(t, ctx, "the transition listed", `document.getElementById("transitions").textContent.includes("vllm-b: closed → open")`, 10*time.Second)
+
+	// The filter box narrows 200 rows to the matches.
+	evalIn[chromedp.Void](t, ctx, `(() => { const f = document.getElementById("filter"); f.value = "gpu-01"; f.dispatchEvent(new Event("input")); })()`)
+	if n := evalIn[int](t, ctx, `document.querySelectorAll("tr[data-backend]").length`); n != 10 {
+		t.Errorf("filter gpu-01 shows %d rows, want 10", n)
+	}
+	evalIn[chromedp.Void](t, ctx, `(() => { const f = document.getElementById("filter"); f.value = ""; f.dispatchEvent(new Event("input")); document.getElementById("collapse").click(); document.querySelector("details.pool").open = true; })()`)
+
+	saveScreenshot(t, ctx, "status-page.png")
+	for _, p := range problems.get() {
+		t.Errorf("page problem: %s", p)
+	}
+}

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/google/go-cmp/cmp"
+)
+
+// fixedStatus is a statusSource whose content the test sets.
+type fixedStatus struct {
+	mu     sync.Mutex // guards the fields below
+	snaps  []fleetwatch.Snapshot
+	ingest ingestCounts
+	alerts []fleetwatch.DriftAlert
+	next   time.Time
+}
+
+func (f *fixedStatus) set(snaps []fleetwatch.Snapshot) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.snaps = snaps
+}
+
+func (f *fixedStatus) Snapshots() []fleetwatch.Snapshot {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.snaps
+}
+
+func (f *fixedStatus) Ingest() ingestCounts {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ingest
+}
+
+func (f *fixedStatus) DriftAlerts(n int) []fleetwatch.DriftAlert {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.alerts[:min(n, len(f.alerts))]
+}
+
+func (f *fixedStatus) NextReview() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.next
+}
+
+var statusT0 = time.Date(2026, 12, 2, 7, 50, 0, 0, time.UTC)
+
+// testBackend is a closed, healthy backend with the given EWMA TTFT.
+func testBackend(id string, ewma float64) fleetwatch.Backend {
+	return fleetwatch.Backend{
+		Backend: id, State: fleetwatch.StateClosed, Weight: 1,
+		EWMATTFTMs: fleetwatch.Float(ewma), P50TTFTMs: fleetwatch.Float(ewma * 0.9), P95TTFTMs: fleetwatch.Float(ewma * 2),
+		SuccessRate: fleetwatch.Float(0.99), Rate429: fleetwatch.Float(0), Requests: 120, WindowMs: 30000,
+		Drift: fleetwatch.DriftOK,
+	}
+}
+
+func testSnapshot(pool string, seq uint64, at time.Time, backends ...fleetwatch.Backend) fleetwatch.Snapshot {
+	return fleetwatch.Snapshot{
+		V: 1, Pool: pool, Epoch: "test", Seq: seq, At: fleetwatch.At(at), TTLMs: 5000,
+		Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed, AffinityTolerance: 2.5,
+		MedianEWMATTFTMs: fleetwatch.Float(200), Backends: backends,
+	}
+}
+
+func openBackend(b fleetwatch.Backend, at time.Time, reason string) fleetwatch.Backend {
+	b.State, b.Weight, b.Reason = fleetwatch.StateOpen, 0, reason
+	b.OpenUntil = fleetwatch.TimePtr(at.Add(30 * time.Second))
+	b.Since = fleetwatch.TimePtr(at)
+	b.SuccessRate = fleetwatch.Float(0.2)
+	return b
+}
+
+func TestHistoryRecord(t *testing.T) {
+	h := newHistory(3)
+	a := testBackend("a", 100)
+	b := testBackend("b", 200)
+	b.EWMATTFTMs = nil // no sample yet: a null point
+	for i := range 5 {
+		at := statusT0.Add(time.Duration(i) * time.Second)
+		a.EWMATTFTMs = fleetwatch.Float(100 + float64(i))
+		cur := a
+		if i == 3 {
+			cur = openBackend(a, at, "error rate 0.80 >= 0.50 over 40 requests in 30s")
+		}
+		h.record([]fleetwatch.Snapshot{testSnapshot("p", uint64(i), at, cur, b)})
+	}
+	// The same snapshot again adds nothing.
+	h.record([]fleetwatch.Snapshot{testSnapshot("p", 4, statusT0.Add(4*time.Second), a, b)})
+
+	pools, seq, recent := h.status([]fleetwatch.Snapshot{testSnapshot("p", 4, statusT0.Add(4*time.Second), a, b)}, 0, statusT0.Add(4*time.Second))
+	if seq != 6 {
+		t.Errorf("history seq = %d, want 6", seq)
+	}
+	ms := func(i int) int64 { return statusT0.Add(time.Duration(i) * time.Second).UnixMilli() }
+	gotA := pools[0].Backends[0].Series
+	wantA := statusSeries{
+		T:       []int64{ms(2), ms(3), ms(4)},
+		EWMA:    jsonFloats{102, 103, 104},
+		P95:     jsonFloats{200, 200, 200},
+		Success: jsonFloats{0.99, 0.2, 0.99},
+		Weight:  jsonFloats{1, 0, 1},
+		State:   []int8{0, 2, 0},
+	}
+	if diff := cmp.Diff(wantA, gotA, cmp.Comparer(func(x, y float64) bool { return x == y || math.IsNaN(x) && math.IsNaN(y) })); diff != "" {
+		t.Errorf("series of a, bounded to 3 points (-want +got):\n%s", diff)
+	}
+	gotB, err := json.Marshal(pools[0].Backends[1].Series.EWMA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(gotB) != "[null,null,null]" {
+		t.Errorf("ewma of b = %s, want nulls", gotB)
+	}
+	wantRecent := []stateTransition{
+		{Pool: "p", Backend: "a", At: fleetwatch.At(statusT0.Add(4 * time.Second)), From: fleetwatch.StateOpen, To: fleetwatch.StateClosed},
+		{Pool: "p", Backend: "a", At: fleetwatch.At(statusT0.Add(3 * time.Second)), From: fleetwatch.StateClosed, To: fleetwatch.StateOpen, Reason: "error rate 0.80 >= 0.50 over 40 requests in 30s"},
+	}
+	if diff := cmp.Diff(wantRecent, recent); diff != "" {
+		t.Errorf("recent transitions, newest first (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(&wantRecent[0], pools[0].Backends[0].LastChange); diff != "" {
+		t.Errorf("last change of a (-want +got):\n%s", diff)
+	}
+
+	// Incremental: only the points after record call 5.
+	pools, _, _ = h.status([]fleetwatch.Snapshot{testSnapshot("p", 4, statusT0, a, b)}, 4, statusT0)
+	if diff := cmp.Diff([]int64{ms(4)}, pools[0].Backends[0].Series.T); diff != "" {
+		t.Errorf("points since record 4 (-want +got):\n%s", diff)
+	}
+}
+
+func TestHistoryForgetsRemovedBackends(t *testing.T) {
+	h := newHistory(2)
+	h.record([]fleetwatch.Snapshot{testSnapshot("p", 1, statusT0, testBackend("gone", 1), testBackend("kept", 1))})
+	for i := 1; i <= 2; i++ {
+		h.record([]fleetwatch.Snapshot{testSnapshot("p", uint64(i+1), statusT0.Add(time.Duration(i)*time.Second), testBackend("kept", 1))})
+	}
+	var got []string
+	for k := range h.series {
+		got = append(got, k.backend)
+	}
+	if diff := cmp.Diff([]string{"kept"}, got); diff != "" {
+		t.Errorf("backends held (-want +got):\n%s", diff)
+	}
+}
+
+func TestTopRejects(t *testing.T) {
+	got := topRejects(map[string]int64{"ttft_ms out of range": 3, "unknown outcome": 9, "bad json": 3, "zero": 0}, 2)
+	want := []rejectCount{{"unknown outcome", 9}, {"bad json", 3}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+func TestStatusRoutes(t *testing.T) {
+	src := &fixedStatus{
+		ingest: ingestCounts{Received: 10, Accepted: 7, Rejected: 3, RejectsByReason: map[string]int64{"unknown pool": 1, "bad json": 2}},
+		alerts: []fleetwatch.DriftAlert{{V: 1, Pool: "p", Backend: "b", At: fleetwatch.At(statusT0), Status: fleetwatch.DriftDrifted, Previous: fleetwatch.DriftOK, Score: 7.3, Threshold: 3}},
+		next:   statusT0.Add(time.Hour),
+	}
+	now := time.Now()
+	src.set([]fleetwatch.Snapshot{
+		testSnapshot("zeta", 1, now, testBackend("z", 1)),
+		testSnapshot("alpha", 1, now.Add(-time.Minute), testBackend(`<img src=x onerror=alert(1)>`, 1)),
+	})
+	h := newHistory(0)
+	h.record(src.Snapshots())
+	mux := http.NewServeMux()
+	statusRoutes(mux, src, h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+
+	tests := []struct {
+		method, path string
+		code         int
+		ctype        string
+		contains     string
+	}{
+		{"GET", "/", 200, "text/html; charset=utf-8", `<script src="assets/app.js">`},
+		{"GET", "/assets/app.js", 200, "text/javascript; charset=utf-8", "api/status"},
+		{"GET", "/assets/style.css", 200, "text/css; charset=utf-8", "--open"},
+		{"HEAD", "/", 200, "text/html; charset=utf-8", ""},
+		{"GET", "/assets/index.html", 404, "", ""},
+		{"GET", "/assets/missing.js", 404, "", ""},
+		{"GET", "/nothing", 404, "", ""},
+		{"POST", "/api/status", 405, "", ""},
+		{"GET", "/api/status?since=x", 400, "", ""},
+		{"GET", "/api/status", 200, "application/json", `"pool":"alpha"`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.method+" "+tc.path, func(t *testing.T) {
+			req, err := http.NewRequest(tc.method, srv.URL+tc.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(res.Body)
+			res.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.StatusCode != tc.code {
+				t.Fatalf("status %d, want %d: %s", res.StatusCode, tc.code, body)
+			}
+			if tc.ctype != "" && res.Header.Get("Content-Type") != tc.ctype {
+				t.Errorf("Content-Type %q, want %q", res.Header.Get("Content-Type"), tc.ctype)
+			}
+			if !strings.Contains(string(body), tc.contains) {
+				t.Errorf("body does not contain %q:\n%.400s", tc.contains, body)
+			}
+		})
+	}
+
+	res, err := srv.Client().Get(srv.URL + "/api/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var got statusResponse
+	if err := json.NewDecoder(res.Body).Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	var pools []string
+	var stale []bool
+	for _, p := range got.Pools {
+		pools = append(pools, p.Pool)
+		stale = append(stale, p.Stale)
+	}
+	if diff := cmp.Diff([]string{"alpha", "zeta"}, pools); diff != "" {
+		t.Errorf("pools, sorted (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]bool{true, false}, stale); diff != "" {
+		t.Errorf("stale flags (ttl 5s) (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]rejectCount{{"bad json", 2}, {"unknown pool", 1}}, got.TopRejects); diff != "" {
+		t.Errorf("top rejects (-want +got):\n%s", diff)
+	}
+	if got.NextReview == nil || !got.NextReview.Equal(src.next) || len(got.DriftAlerts) != 1 || got.HistorySeq != 1 || got.MaxPoints != defaultHistoryPoints {
+		t.Errorf("next review %v, %d alerts, history seq %d, max points %d", got.NextReview, len(got.DriftAlerts), got.HistorySeq, got.MaxPoints)
+	}
+	if n := len(got.Pools[0].Backends[0].Series.T); n != 1 {
+		t.Errorf("alpha's backend has %d points, want 1", n)
+	}
+}
