@@ -1,0 +1,339 @@
+package toylm
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	fleetwatch "github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/probes"
+)
+
+// NoiseLevels are the run-to-run logit noise sigmas of docs/DRIFT.md.
+var NoiseLevels = []float64{0.003, 0.03, 0.1}
+
+// LoadRegime, used as a sigma, draws a new sigma every cycle, log-uniform
+// between 0.003 and 0.1: a backend whose batch composition changes with load.
+const LoadRegime = -1.0
+
+// SigmaName formats a sigma of the harness.
+func SigmaName(sigma float64) string {
+	if sigma == LoadRegime {
+		return "load"
+	}
+	return fmt.Sprintf("%g", sigma)
+}
+
+// Variant is a named way to change the served artefact.
+type Variant struct {
+	Name string
+	// Build returns the completer serving the variant, and the models whose
+	// noise the harness sets each cycle. ref is the noiseless reference.
+	Build func(ref *Model, o Options) (fakeai.Completer, []*Model)
+}
+
+// Variants returns the standard variants, calibrated by measured KL against
+// ref: q8, q6, q4-like, swap, fp16, and partial routing (half the requests to
+// q4-like).
+func Variants(ref *Model) []Variant {
+	q8, _ := ref.Quantized(KLQ8)
+	q6, _ := ref.Quantized(KLQ6)
+	q4, _ := ref.Quantized(KLQ4)
+	swap := ref.Swapped(0xdead)
+	fp16 := ref.FP16()
+	plain := func(name string, v *Model) Variant {
+		return Variant{Name: name, Build: func(_ *Model, o Options) (fakeai.Completer, []*Model) {
+			m := v.With(o)
+			return m, []*Model{m}
+		}}
+	}
+	return []Variant{
+		plain("swap", swap),
+		plain("q4-like", q4),
+		plain("q6-like", q6),
+		plain("q8-like", q8),
+		plain("fp16", fp16),
+		{Name: "partial-q4-50%", Build: func(ref *Model, o Options) (fakeai.Completer, []*Model) {
+			base := ref.With(o)
+			o2 := o
+			o2.NoiseSeed ^= 0xabc
+			v := q4.With(o2)
+			return &Mix{Base: base, Variant: v, Fraction: 0.5, Seed: o.NoiseSeed}, []*Model{base, v}
+		}},
+	}
+}
+
+// Harness drives probes.Monitor with toy backends in process, the same
+// statistics and decisions that serve runs, without HTTP.
+type Harness struct {
+	Suite  *probes.Suite
+	Params probes.Params
+	// Enrol is the number of enrolment cycles. If zero, 8.
+	Enrol int
+	// Ref is the reference model. If nil, New(Config{}).
+	Ref *Model
+}
+
+func (h *Harness) ref() *Model {
+	if h.Ref == nil {
+		h.Ref = New(Config{})
+	}
+	return h.Ref
+}
+
+// Cycle probes completer c once with the suite's canonical requests.
+func Cycle(s *probes.Suite, c fakeai.Completer, at time.Time) *probes.Cycle {
+	cy := &probes.Cycle{At: at}
+	seed := int64(1)
+	for _, p := range s.Prompts {
+		comp := c.Complete(fakeai.CompletionRequest{
+			Model: "toy", Prompt: "user: " + p.Text, MaxTokens: p.MaxTokens,
+			TopP: 1, Seed: &seed, Logprobs: true, TopLogprobs: 5,
+		})
+		cy.Obs = append(cy.Obs, Observe(p.ID, comp))
+		cy.Identity.PromptTokens = append(cy.Identity.PromptTokens, comp.PromptTokens)
+		if comp.Fingerprint != "" {
+			cy.Identity.Fingerprint = comp.Fingerprint
+		}
+	}
+	return cy
+}
+
+// Observe converts a completion into the probe's record of it.
+func Observe(promptID string, c fakeai.Completion) probes.Observation {
+	o := probes.Observation{
+		Prompt: promptID, Text: c.Text, HasLogprobs: !c.NoLogprobs, Fingerprint: c.Fingerprint,
+		Model: "toy", FinishReason: c.FinishReason, PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens,
+	}
+	for _, t := range c.Tokens {
+		tok := probes.Token{Token: t.Token}
+		if !c.NoLogprobs {
+			tok.Logprob = t.Logprob
+			for _, a := range t.Top {
+				tok.Top = append(tok.Top, probes.Alt{Token: a.Token, Logprob: a.Logprob})
+			}
+		}
+		o.Tokens = append(o.Tokens, tok)
+	}
+	return o
+}
+
+// backend is one simulated backend: a completer and the models whose noise
+// follows the regime.
+type backend struct {
+	c      fakeai.Completer
+	models []*Model
+	sigma  float64
+	rng    *rand.Rand
+}
+
+func (b *backend) setNoise() {
+	s := b.sigma
+	if s == LoadRegime {
+		s = math.Exp(math.Log(0.003) + b.rng.Float64()*(math.Log(0.1)-math.Log(0.003)))
+	}
+	for _, m := range b.models {
+		m.SetSigma(s)
+	}
+}
+
+func (h *Harness) monitor(id string) *probes.Monitor {
+	return probes.NewMonitor("sim", id, probes.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: -1, Params: h.Params}, nil)
+}
+
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// enrol runs cycles until m has a baseline and returns the next cycle index.
+func (h *Harness) enrol(m *probes.Monitor, b *backend) (int, error) {
+	for i := 0; ; i++ {
+		b.setNoise()
+		r, err := m.Observe(Cycle(h.Suite, b.c, epoch.Add(time.Duration(i)*time.Hour)), nil)
+		if err != nil {
+			return 0, err
+		}
+		if r.Enrolled {
+			return i + 1, nil
+		}
+	}
+}
+
+// NullResult counts false alarms on an unchanged (or fp16-rounded) backend.
+type NullResult struct {
+	Sigma    float64
+	Variant  string // "" for the reference itself
+	Backends int
+	Cycles   int // evaluated cycles, after enrolment
+	Gross    int // cycles whose signal was gross
+	Alarms   int // transitions out of ok (suspect or drifted)
+	Drifted  int // transitions to drifted
+}
+
+// Null runs backends independent enrolments of the reference (or of variant
+// v when not nil) and then cycles cycles each, serving the same artefact.
+func (h *Harness) Null(sigma float64, v *Variant, backends, cycles int, seed uint64) (NullResult, error) {
+	res := NullResult{Sigma: sigma, Backends: backends}
+	if v != nil {
+		res.Variant = v.Name
+	}
+	for k := range backends {
+		o := Options{NoiseSeed: seed*1000003 + uint64(k)}
+		ref := h.ref().With(o)
+		b := &backend{c: ref, models: []*Model{ref}, sigma: sigma, rng: rand.New(rand.NewPCG(seed, uint64(k)))}
+		m := h.monitor(fmt.Sprint("null-", k))
+		start, err := h.enrol(m, b)
+		if err != nil {
+			return res, err
+		}
+		if v != nil {
+			b.c, b.models = v.Build(h.ref(), o)
+		}
+		for i := range cycles {
+			b.setNoise()
+			r, err := m.Observe(Cycle(h.Suite, b.c, epoch.Add(time.Duration(start+i)*time.Hour)), nil)
+			if err != nil {
+				return res, err
+			}
+			res.Cycles++
+			if r.Signal.Gross {
+				res.Gross++
+			}
+			if tr := r.Transition; tr != nil && tr.From == fleetwatch.DriftOK {
+				res.Alarms++
+			}
+			if tr := r.Transition; tr != nil && tr.To == fleetwatch.DriftDrifted {
+				res.Drifted++
+			}
+		}
+	}
+	return res, nil
+}
+
+// PowerResult is how fast a change was detected over independent trials.
+type PowerResult struct {
+	Sigma   float64
+	Variant string
+	Trials  int
+	// SuspectDelay and DriftedDelay hold, per trial, the number of cycles
+	// after the change at which the backend left ok and became drifted
+	// (1 is the first cycle after the change; 0: not within the budget).
+	SuspectDelay, DriftedDelay []int
+}
+
+// Within is how many trials were detected (left ok) within n cycles.
+func (r PowerResult) Within(n int) int {
+	k := 0
+	for _, d := range r.SuspectDelay {
+		if d > 0 && d <= n {
+			k++
+		}
+	}
+	return k
+}
+
+// DriftedWithin is how many trials reached drifted within n cycles.
+func (r PowerResult) DriftedWithin(n int) int {
+	k := 0
+	for _, d := range r.DriftedDelay {
+		if d > 0 && d <= n {
+			k++
+		}
+	}
+	return k
+}
+
+// Power enrols the reference, switches to v (a change point) and runs up to
+// maxCycles cycles per trial.
+func (h *Harness) Power(v Variant, sigma float64, trials, maxCycles int, seed uint64) (PowerResult, error) {
+	res := PowerResult{Sigma: sigma, Variant: v.Name, Trials: trials}
+	for k := range trials {
+		o := Options{NoiseSeed: seed*7919 + uint64(k)}
+		ref := h.ref().With(o)
+		b := &backend{c: ref, models: []*Model{ref}, sigma: sigma, rng: rand.New(rand.NewPCG(seed, uint64(k)))}
+		m := h.monitor(fmt.Sprint("power-", k))
+		start, err := h.enrol(m, b)
+		if err != nil {
+			return res, err
+		}
+		b.c, b.models = v.Build(h.ref(), o)
+		sus, dr := 0, 0
+		for i := 1; i <= maxCycles && dr == 0; i++ {
+			b.setNoise()
+			r, err := m.Observe(Cycle(h.Suite, b.c, epoch.Add(time.Duration(start+i)*time.Hour)), nil)
+			if err != nil {
+				return res, err
+			}
+			if tr := r.Transition; tr != nil {
+				if sus == 0 && tr.To != fleetwatch.DriftOK {
+					sus = i
+				}
+				if tr.To == fleetwatch.DriftDrifted {
+					dr = i
+				}
+			}
+		}
+		res.SuspectDelay = append(res.SuspectDelay, sus)
+		res.DriftedDelay = append(res.DriftedDelay, dr)
+	}
+	return res, nil
+}
+
+// PeerResult counts how often the odd backend of a pool was named.
+type PeerResult struct {
+	Sigma            float64
+	Variant          string
+	Trials           int
+	Named, WrongName int
+	Distances        []float64 // the outlier's median distance per trial
+	OthersDistances  []float64
+}
+
+// Peers enrols a pool of n backends where the last one serves v from the
+// start, and compares their baselines.
+func (h *Harness) Peers(v Variant, sigma float64, n, trials int, seed uint64) (PeerResult, error) {
+	res := PeerResult{Sigma: sigma, Variant: v.Name, Trials: trials}
+	for k := range trials {
+		baselines := map[string]*probes.Baseline{}
+		for i := range n {
+			o := Options{NoiseSeed: seed*104729 + uint64(k*n+i)}
+			var b *backend
+			if i == n-1 {
+				c, ms := v.Build(h.ref(), o)
+				b = &backend{c: c, models: ms}
+			} else {
+				m := h.ref().With(o)
+				b = &backend{c: m, models: []*Model{m}}
+			}
+			b.sigma, b.rng = sigma, rand.New(rand.NewPCG(seed, uint64(k*n+i)))
+			id := fmt.Sprintf("b%d", i)
+			m := h.monitor(id)
+			if _, err := h.enrol(m, b); err != nil {
+				return res, err
+			}
+			baselines[id] = m.Baseline()
+		}
+		pv := probes.ComparePeers(baselines, h.Params)
+		switch pv.Outlier {
+		case fmt.Sprintf("b%d", n-1):
+			res.Named++
+		case "":
+		default:
+			res.WrongName++
+		}
+		res.Distances = append(res.Distances, pv.OutlierDistance)
+		res.OthersDistances = append(res.OthersDistances, pv.OthersDistance)
+	}
+	return res, nil
+}
+
+// median of xs, for reports.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

@@ -1,0 +1,247 @@
+package probes
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// BaselineVersion is the version of the stored baseline format.
+const BaselineVersion = 1
+
+// BaselineStore persists baselines, one per pool and backend. Load returns
+// ErrNoBaseline when there is none. The cmd wiring implements it on the
+// JetStream KV bucket fw_probe_baselines.
+type BaselineStore interface {
+	Load(ctx context.Context, pool, backend string) ([]byte, error)
+	Save(ctx context.Context, pool, backend string, data []byte) error
+}
+
+// ErrNoBaseline is returned by a BaselineStore's Load when nothing is stored.
+var ErrNoBaseline = errors.New("probes: no baseline")
+
+// Baseline is what a backend is compared with: per prompt, the modal greedy
+// sequence and the mean top-k logprobs along it, plus the leave-one-out null
+// distribution of each statistic.
+type Baseline struct {
+	V         int       `json:"v"`
+	Pool      string    `json:"pool"`
+	Backend   string    `json:"backend"`
+	Suite     string    `json:"suite"`
+	SuiteHash string    `json:"suite_hash"`
+	Created   time.Time `json:"created"`
+	From      time.Time `json:"from"` // first enrolment cycle
+	To        time.Time `json:"to"`   // last enrolment cycle
+	Cycles    int       `json:"cycles"`
+	Logprobs  bool      `json:"logprobs"`
+	Prompts   []PromptBaseline `json:"prompts"`
+	Null      NullModel        `json:"null"`
+	Identity  Identity         `json:"identity"`
+	Reason    string           `json:"reason,omitempty"`
+}
+
+// PromptBaseline is the baseline of one prompt.
+type PromptBaseline struct {
+	ID        string             `json:"id"`
+	Kind      string             `json:"kind"`
+	Mode      []string           `json:"mode"`       // modal greedy token sequence
+	ModeShare float64            `json:"mode_share"` // share of cycles that produced it
+	Positions []PositionBaseline `json:"positions"`  // one per Mode token (logprob backends)
+	Samples   [][]string         `json:"samples"`    // every enrolment sequence, for the MMD test
+}
+
+// PositionBaseline is the mean logprob picture at one position of the modal
+// sequence, over the enrolment cycles whose prefix matched the mode there.
+type PositionBaseline struct {
+	Top1  float64 `json:"top1"`  // mean logprob of Mode[j]
+	Alts  []Alt   `json:"alts"`  // mean logprob of every token seen in the top-k, most likely first
+	Floor float64 `json:"floor"` // mean lowest top-k logprob
+	N     int     `json:"n"`     // aligned cycles
+}
+
+// NullStat is the null distribution of one statistic: the leave-one-out
+// values, their median Mu and robust scale Sigma = max(1.4826 x MAD, floor).
+type NullStat struct {
+	Mu     float64   `json:"mu"`
+	Sigma  float64   `json:"sigma"`
+	Values []float64 `json:"values"`
+}
+
+// Z standardises s.
+func (n NullStat) Z(s float64) float64 { return (s - n.Mu) / n.Sigma }
+
+// NullModel holds the null distribution of every statistic.
+type NullModel struct {
+	S1 NullStat `json:"s1"`
+	S2 NullStat `json:"s2"`
+	S3 NullStat `json:"s3"`
+}
+
+// Marshal encodes b for a BaselineStore.
+func (b *Baseline) Marshal() ([]byte, error) { return json.Marshal(b) }
+
+// UnmarshalBaseline decodes a stored baseline.
+func UnmarshalBaseline(data []byte) (*Baseline, error) {
+	var b Baseline
+	if err := json.Unmarshal(data, &b); err != nil {
+		return nil, fmt.Errorf("probes: baseline: %w", err)
+	}
+	if b.V != BaselineVersion {
+		return nil, fmt.Errorf("probes: baseline version %d, want %d", b.V, BaselineVersion)
+	}
+	return &b, nil
+}
+
+// buildProfile computes the per-prompt modes and mean logprobs of cycles,
+// without the null model. Cycles must all be of suite s.
+func buildProfile(s *Suite, cycles []*Cycle, logprobs bool) []PromptBaseline {
+	out := make([]PromptBaseline, len(s.Prompts))
+	for i, p := range s.Prompts {
+		pb := PromptBaseline{ID: p.ID, Kind: p.Kind}
+		counts := map[string]int{}
+		var first []string // key -> the first cycle order, for a deterministic mode
+		seqs := make([][]string, len(cycles))
+		for c, cy := range cycles {
+			seqs[c] = cy.Obs[i].Sequence()
+			k := strings.Join(seqs[c], "\x00")
+			if counts[k] == 0 {
+				first = append(first, k)
+			}
+			counts[k]++
+		}
+		best := first[0]
+		for _, k := range first {
+			if counts[k] > counts[best] {
+				best = k
+			}
+		}
+		for _, seq := range seqs {
+			if strings.Join(seq, "\x00") == best {
+				pb.Mode = seq
+				break
+			}
+		}
+		pb.ModeShare = float64(counts[best]) / float64(len(cycles))
+		pb.Samples = seqs
+		if logprobs {
+			pb.Positions = positionMeans(pb.Mode, cycles, i)
+		}
+		out[i] = pb
+	}
+	return out
+}
+
+// positionMeans averages, position by position along mode, the logprobs of
+// the cycles still aligned with it (same prefix so far).
+func positionMeans(mode []string, cycles []*Cycle, prompt int) []PositionBaseline {
+	pos := make([]PositionBaseline, len(mode))
+	for j := range mode {
+		sums := map[string]float64{}
+		var top1, floor float64
+		n := 0
+		for _, cy := range cycles {
+			toks := cy.Obs[prompt].Tokens
+			if len(toks) <= j || !aligned(toks, mode, j) {
+				continue
+			}
+			t := &toks[j]
+			n++
+			top1 += lookup(t, mode[j])
+			fl := floorOf(t)
+			floor += fl
+			seen := map[string]bool{t.Token: true}
+			sums[t.Token] += t.Logprob
+			for _, a := range t.Top {
+				if !seen[a.Token] {
+					seen[a.Token] = true
+					sums[a.Token] += a.Logprob
+				}
+			}
+			// a token shown in other cycles but not this one counts at
+			// this cycle's floor
+			for tok := range sums {
+				if !seen[tok] {
+					sums[tok] += fl
+				}
+			}
+		}
+		if n == 0 {
+			pos = pos[:j]
+			break
+		}
+		pb := PositionBaseline{Top1: top1 / float64(n), Floor: floor / float64(n), N: n}
+		for tok, sum := range sums {
+			pb.Alts = append(pb.Alts, Alt{Token: tok, Logprob: sum / float64(n)})
+		}
+		slices.SortFunc(pb.Alts, func(a, b Alt) int {
+			return cmp.Or(cmp.Compare(b.Logprob, a.Logprob), strings.Compare(a.Token, b.Token))
+		})
+		pb.Alts = pb.Alts[:min(len(pb.Alts), 8)]
+		pos[j] = pb
+	}
+	return pos
+}
+
+// aligned reports whether toks[:j] equals mode[:j].
+func aligned(toks []Token, mode []string, j int) bool {
+	for k := 0; k < j; k++ {
+		if toks[k].Token != mode[k] {
+			return false
+		}
+	}
+	return true
+}
+
+// BuildBaseline enrols a backend from its enrolment cycles (at least 3):
+// the profile from all of them and the null model by leave-one-out, every
+// cycle compared with the profile of the others. sigmaFloor floors each
+// statistic's scale (docs/DRIFT.md: 0.002 nats).
+func BuildBaseline(s *Suite, cycles []*Cycle, sigmaFloor float64) (*Baseline, error) {
+	if len(cycles) < 3 {
+		return nil, fmt.Errorf("probes: enrolment needs at least 3 cycles, have %d", len(cycles))
+	}
+	logprobs := true
+	for _, c := range cycles {
+		if len(c.Obs) != len(s.Prompts) {
+			return nil, fmt.Errorf("probes: cycle has %d observations, suite %q has %d prompts", len(c.Obs), s.Name, len(s.Prompts))
+		}
+		logprobs = logprobs && c.hasLogprobs()
+	}
+	b := &Baseline{
+		V: BaselineVersion, Suite: s.Name, SuiteHash: s.Hash,
+		From: cycles[0].At, To: cycles[len(cycles)-1].At, Cycles: len(cycles),
+		Logprobs: logprobs, Prompts: buildProfile(s, cycles, logprobs),
+		Identity: cycles[len(cycles)-1].Identity,
+	}
+	var s1, s2, s3 []float64
+	rest := make([]*Cycle, 0, len(cycles)-1)
+	for i := range cycles {
+		rest = append(rest[:0], cycles[:i]...)
+		rest = append(rest, cycles[i+1:]...)
+		loo := &Baseline{Logprobs: logprobs, Prompts: buildProfile(s, rest, logprobs)}
+		st := Measure(loo, cycles[i])
+		s1 = append(s1, st.S1)
+		s2 = append(s2, st.S2)
+		s3 = append(s3, st.S3)
+	}
+	b.Null = NullModel{
+		S1: nullStat(s1, sigmaFloor),
+		S2: nullStat(s2, sigmaFloor),
+		S3: nullStat(s3, sigmaFloor),
+	}
+	return b, nil
+}
+
+func nullStat(values []float64, floor float64) NullStat {
+	mu := median(values)
+	dev := make([]float64, len(values))
+	for i, v := range values {
+		dev[i] = abs(v - mu)
+	}
+	return NullStat{Mu: mu, Sigma: max(1.4826*median(dev), floor), Values: values}
+}

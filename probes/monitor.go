@@ -1,0 +1,277 @@
+package probes
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	fleetwatch "github.com/fleetwatch/fleetwatch"
+)
+
+// ErrNoLogprobs is a probe error: a backend enrolled with logprobs answered
+// without them. It is never a drift verdict.
+var ErrNoLogprobs = errors.New("probes: backend enrolled with logprobs answered without them")
+
+// ErrSuiteMismatch reports a cycle that does not match the monitor's suite.
+var ErrSuiteMismatch = errors.New("probes: cycle does not match the suite")
+
+// MonitorSettings configure a Monitor. The zero value works except Suite.
+type MonitorSettings struct {
+	// Suite is the prompt suite. Required.
+	Suite *Suite
+	// Enrol is how many cycles enrolment takes at least. If zero, 8.
+	Enrol int
+	// EnrolMin is the minimum span from the first to the last enrolment
+	// cycle. If zero, 2h; negative means none.
+	EnrolMin time.Duration
+	// Params are the decision thresholds.
+	Params Params
+}
+
+// Monitor is the pure drift logic of one backend: enrolment, statistics,
+// the status machine and the black-box path. It does no I/O and is not safe
+// for concurrent use; the Prober serialises calls per backend.
+type Monitor struct {
+	Pool, Backend string
+
+	suite    *Suite
+	enrol    int
+	enrolMin time.Duration
+	p        Params
+
+	enrolStart time.Time
+	enrolling  []*Cycle
+	baseline   *Baseline
+	det        Detector
+	recent     []*Cycle // last MMDWindow cycles, black-box backends
+	identity   *Identity
+	last       Result
+}
+
+// NewMonitor returns a monitor that starts enrolling, or continues from b
+// when b is a baseline of the same suite (nil: enrol).
+func NewMonitor(pool, backend string, s MonitorSettings, b *Baseline) *Monitor {
+	m := &Monitor{Pool: pool, Backend: backend, suite: s.Suite, enrol: s.Enrol, enrolMin: s.EnrolMin, p: s.Params.withDefaults()}
+	if m.enrol == 0 {
+		m.enrol = 8
+	}
+	m.enrol = max(m.enrol, 3)
+	if m.enrolMin == 0 {
+		m.enrolMin = 2 * time.Hour
+	}
+	if b != nil && b.SuiteHash == s.Suite.Hash {
+		m.baseline = b
+		m.det.Status = fleetwatch.DriftOK
+		id := b.Identity
+		m.identity = &id
+	} else {
+		m.det.Status = fleetwatch.DriftUnknown
+	}
+	return m
+}
+
+// Baseline is the current baseline, nil while enrolling.
+func (m *Monitor) Baseline() *Baseline { return m.baseline }
+
+// Status is the backend's drift status against its baseline and since when.
+func (m *Monitor) Status() (fleetwatch.DriftStatus, time.Time) { return m.det.Status, m.det.Since }
+
+// Last is the result of the last observed cycle.
+func (m *Monitor) Last() Result { return m.last }
+
+// Rebaseline drops the baseline and restarts enrolment.
+func (m *Monitor) Rebaseline(now time.Time) {
+	m.baseline, m.enrolling, m.recent = nil, nil, nil
+	m.det = Detector{Status: fleetwatch.DriftUnknown, Since: now}
+}
+
+// Result is what one cycle did.
+type Result struct {
+	At time.Time
+	// Enrolling is set while the backend has no baseline; Enrolled when
+	// this cycle completed the baseline.
+	Enrolling, Enrolled bool
+	Stats               Stats
+	Signal              Signal
+	// PValue is the MMD test's p-value (black-box backends), NaN when not
+	// run.
+	PValue float64
+	// IdentityChanges lists metadata changes since the previous cycle: an
+	// event that warrants an extra cycle, never a verdict by itself.
+	IdentityChanges []string
+	Transition      *Transition
+	// Alert is set when the status changed.
+	Alert *fleetwatch.DriftAlert
+}
+
+// Observe evaluates one cycle. fdr decides, for a black-box backend, whether
+// its p-value is rejected after Benjamini-Hochberg across backends (nil:
+// compare with Params.FDR alone).
+func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
+	if len(c.Obs) != len(m.suite.Prompts) {
+		return Result{}, fmt.Errorf("%w: %d observations for %d prompts", ErrSuiteMismatch, len(c.Obs), len(m.suite.Prompts))
+	}
+	r := Result{At: c.At, PValue: math.NaN()}
+	if m.identity != nil {
+		r.IdentityChanges = m.identity.Changes(c.Identity)
+	}
+	id := c.Identity
+	m.identity = &id
+	if m.baseline == nil {
+		return m.enrolCycle(c, r)
+	}
+	b := m.baseline
+	if b.Logprobs && !c.hasLogprobs() {
+		return r, ErrNoLogprobs
+	}
+	r.Stats = Measure(b, c)
+	if b.Logprobs {
+		r.Signal = logprobSignal(r.Stats, b.Null, &m.det.CUSUM, m.p)
+	} else {
+		r.Signal, r.PValue = m.blackBoxSignal(c, r.Stats, fdr)
+	}
+	if tr, ok := m.det.Step(c.At, r.Signal, m.p); ok {
+		r.Transition = &tr
+		a := m.alert(c, r, tr)
+		r.Alert = &a
+	}
+	m.last = r
+	return r, nil
+}
+
+func (m *Monitor) enrolCycle(c *Cycle, r Result) (Result, error) {
+	if len(m.enrolling) == 0 {
+		m.enrolStart = c.At
+	}
+	m.enrolling = append(m.enrolling, c)
+	if len(m.enrolling) > 2*m.enrol { // keep the newest, bounded
+		m.enrolling = m.enrolling[len(m.enrolling)-2*m.enrol:]
+	}
+	r.Enrolling = true
+	if len(m.enrolling) < m.enrol || (m.enrolMin > 0 && c.At.Sub(m.enrolStart) < m.enrolMin) {
+		m.last = r
+		return r, nil
+	}
+	b, err := BuildBaseline(m.suite, m.enrolling, m.p.SigmaFloor)
+	if err != nil {
+		return r, err
+	}
+	b.Pool, b.Backend, b.Created, b.From = m.Pool, m.Backend, c.At, m.enrolStart
+	m.baseline, m.enrolling = b, nil
+	m.det = Detector{Status: fleetwatch.DriftOK, Since: c.At}
+	r.Enrolling, r.Enrolled = false, true
+	m.last = r
+	return r, nil
+}
+
+// blackBoxSignal is the path for backends without logprobs: greedy exact
+// match (S1) against its leave-one-out null, and the MMD-Hamming test of the
+// last MMDWindow cycles against the enrolment sample.
+func (m *Monitor) blackBoxSignal(c *Cycle, st Stats, fdr func(float64) bool) (Signal, float64) {
+	m.recent = append(m.recent, c)
+	if len(m.recent) > m.p.MMDWindow {
+		m.recent = m.recent[1:]
+	}
+	null := m.baseline.Null.S1
+	worstNull := 0.0
+	for _, v := range null.Values {
+		worstNull = max(worstNull, v)
+	}
+	s := Signal{
+		Gross:  st.S1 >= 0.5 && st.S1 >= worstNull+0.25,
+		Score:  st.S1,
+		Thresh: max(0.5, worstNull+0.25),
+	}
+	p := math.NaN()
+	if len(m.recent) == m.p.MMDWindow {
+		var x, y []Sample
+		for i, pb := range m.baseline.Prompts {
+			for _, seq := range pb.Samples {
+				x = append(x, Sample{Prompt: i, Seq: seq})
+			}
+		}
+		for _, rc := range m.recent {
+			for i := range rc.Obs {
+				y = append(y, Sample{Prompt: i, Seq: rc.Obs[i].Sequence()})
+			}
+		}
+		_, p = MMDTest(x, y, m.p.Permutations, uint64(c.At.UnixNano()))
+		rejected := p <= m.p.FDR
+		if fdr != nil {
+			rejected = fdr(p)
+		}
+		s.Alarm, s.Confirm = rejected, rejected
+	}
+	s.Quiet = !s.Gross && !s.Alarm
+	s.Reason = fmt.Sprintf("greedy output changed on %d of %d stable prompts (null at most %.2f); MMD p-value %.4g over the last %d cycles",
+		st.Mismatched, st.Stable, worstNull, p, len(m.recent))
+	return s, p
+}
+
+// alert builds the DriftAlert of a transition.
+func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert {
+	b := m.baseline
+	ev := fleetwatch.DriftEvidence{
+		Prompts:        len(m.suite.Prompts),
+		ExactMatchRate: fleetwatch.Float(r.Stats.ExactMatch),
+		ModelIDs:       c.Identity.ModelIDs,
+		Extra: map[string]any{
+			"greedy_mismatch_stable": r.Stats.S1,
+			"baseline_cycles":        b.Cycles,
+		},
+	}
+	if ev.ModelIDs == nil {
+		ev.ModelIDs = modelsOf(c)
+	}
+	if !math.IsNaN(r.Stats.S2) {
+		ev.MeanAbsLogprobDelta = fleetwatch.Float(r.Stats.S2)
+		ev.Extra["s2_baseline_mu"] = b.Null.S2.Mu
+		ev.Extra["s2_baseline_sigma"] = b.Null.S2.Sigma
+		ev.Extra["s2_z"] = b.Null.S2.Z(r.Stats.S2)
+		ev.Extra["s3_first_token_delta"] = finite(r.Stats.S3)
+		ev.Extra["s3_z"] = finite(b.Null.S3.Z(r.Stats.S3))
+		ev.Extra["positions"] = r.Stats.Positions
+		ev.Extra["cusum"] = m.det.CUSUM.C
+	}
+	if !math.IsNaN(r.PValue) {
+		ev.Extra["mmd_p_value"] = r.PValue
+	}
+	if f := b.Identity.Fingerprint; f != "" {
+		ev.FingerprintBefore = &f
+	}
+	if f := c.Identity.Fingerprint; f != "" {
+		ev.FingerprintAfter = &f
+	}
+	reason := tr.Signal.Reason
+	if ch := b.Identity.Changes(c.Identity); len(ch) > 0 {
+		ev.Extra["metadata_changes"] = ch
+		reason += "; " + strings.Join(ch, ", ")
+	}
+	return fleetwatch.DriftAlert{
+		V: fleetwatch.ProtocolVersion, Pool: m.Pool, Backend: m.Backend, At: fleetwatch.At(c.At),
+		Status: tr.To, Previous: tr.From, Score: finite(tr.Signal.Score), Threshold: tr.Signal.Thresh,
+		Against: fleetwatch.AgainstBaseline, Suite: m.suite.Name, Evidence: ev, Reason: reason,
+	}
+}
+
+func modelsOf(c *Cycle) []string {
+	var out []string
+	seen := map[string]bool{}
+	for i := range c.Obs {
+		if md := c.Obs[i].Model; md != "" && !seen[md] {
+			seen[md] = true
+			out = append(out, md)
+		}
+	}
+	return out
+}
+
+// finite maps NaN and infinities to 0 so that a score always encodes.
+func finite(x float64) float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return 0
+	}
+	return x
+}
