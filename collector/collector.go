@@ -1,0 +1,418 @@
+// Package collector consumes fleetwatch outcome events from NATS, decodes and
+// validates them, rejects what breaks the protocol, and hands validated events
+// in batches to a Sink (the analyzer, wired by cmd).
+//
+// The live path is core NATS, not JetStream (DESIGN.md "Scale-out"):
+// decisions must be fresh, and a JetStream consumer is several times slower
+// than core delivery. Each collector holds Settings.Subscriptions queue
+// subscriptions per outcome subject in the group fleetwatch.QueueCollectors;
+// nats.go runs each subscription's callback on one goroutine, so more
+// subscriptions spread the decoding over more cores. Every subscription has
+// explicit pending limits, and every message nats.go drops because a
+// subscription fell behind is counted (fleetwatch_ingest_dropped_total).
+//
+// For replay and audit the collector republishes what it accepted, as
+// per-pool NDJSON batches, on fw.accepted.<pool>, which the JetStream stream
+// FW_OUTCOMES captures. Capturing fw.outcomes.> directly would be lossy: a
+// stream silently drops core publishes beyond its ingest queue (about 100,000
+// messages), which one-event-per-message traffic overruns near 90k msgs/s on
+// a small machine. Batches of up to 64 KiB cut the stream's message rate by
+// two orders of magnitude, and what a restarted analyzer needs is the
+// validated events with their final timestamps anyway. Replay reads them
+// back. Without JetStream the collector runs without capture and replay.
+package collector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// Sentinel errors of the collector.
+var (
+	// ErrClosed is returned by Run after Close.
+	ErrClosed = errors.New("collector: closed")
+	// ErrRunning is returned by a second concurrent Run.
+	ErrRunning = errors.New("collector: already running")
+	// ErrNoJetStream is returned by Replay when the collector runs without
+	// JetStream.
+	ErrNoJetStream = errors.New("collector: jetstream not available")
+)
+
+// Sink receives validated events. Observe is called from several goroutines
+// at once (one per subscription, and the flush loop), so it must be safe for
+// concurrent use. The batch is only valid during the call: the collector
+// reuses its memory afterwards, so Observe must copy whatever it keeps
+// (the events' strings are immutable and may be kept). Observe returns true
+// when the batch changed something that should be evaluated at once (the
+// analyzer's "urgent"); the collector then calls Settings.OnUrgent.
+type Sink interface {
+	Observe(batch []fleetwatch.Event) (urgent bool)
+}
+
+// Default settings.
+const (
+	DefaultSubscriptions       = 2
+	DefaultPendingMsgs         = 1 << 20   // 1,048,576 messages per subscription
+	DefaultPendingBytes        = 256 << 20 // 256 MiB per subscription
+	DefaultBatchSize           = 256
+	DefaultFlushInterval       = 5 * time.Millisecond
+	DefaultStreamFlushInterval = 10 * time.Millisecond
+	DefaultStreamBatchBytes    = 64 << 10
+	DefaultRejectRate          = 10.0
+	DefaultRejectBurst         = 10
+	DefaultStreamMaxAge        = 5 * time.Minute
+	DefaultStreamMaxBytes      = 1 << 30
+)
+
+// setupTimeout bounds the JetStream calls New makes.
+const setupTimeout = 10 * time.Second
+
+// Settings configures a Collector. The zero value works: default prefix, two
+// subscriptions per subject, JetStream capture when the server has it.
+type Settings struct {
+	// Prefix is the subject prefix. If empty, fleetwatch.DefaultPrefix.
+	Prefix string
+	// Subscriptions is the number of queue subscriptions per outcome
+	// subject (fw.outcomes and fw.outcomes.>), each decoding on its own
+	// goroutine. If zero, 2 is used (one per core of a small machine).
+	Subscriptions int
+	// PendingMsgs and PendingBytes are each subscription's pending limits:
+	// beyond them nats.go drops messages (counted). nats.go's defaults
+	// (512k messages, 64 MiB) dropped 65% of an unpaced 2M-message burst
+	// in DESIGN.md's measurements; if zero, 1,048,576 messages and 256 MiB
+	// are used. A negative value means no limit.
+	PendingMsgs  int
+	PendingBytes int
+	// BatchSize is how many events are handed to the sink at once. If zero,
+	// 256 is used.
+	BatchSize int
+	// FlushInterval bounds how long an event waits in a partial batch. If
+	// zero, 5 ms is used.
+	FlushInterval time.Duration
+	// StreamFlushInterval bounds how long an accepted event waits before it
+	// is republished for FW_OUTCOMES; a pool's buffer is also sent when it
+	// reaches StreamBatchBytes. If zero, 10 ms and 64 KiB are used.
+	StreamFlushInterval time.Duration
+	StreamBatchBytes    int
+	// RejectRate is how many reject notices per second, per reason, are
+	// published on fw.rejects; RejectBurst is the token bucket's size. The
+	// rest are counted as suppressed and the next notice carries their
+	// number. If zero, 10/s and a burst of 10 are used.
+	RejectRate  float64
+	RejectBurst int
+	// NoJetStream disables capture and replay even when the server has
+	// JetStream.
+	NoJetStream bool
+	// StreamMaxAge is FW_OUTCOMES' retention. It must be at least twice the
+	// analyzer's window so that a restart can replay a full window. If
+	// zero, 5 minutes is used.
+	StreamMaxAge time.Duration
+	// StreamMaxBytes bounds FW_OUTCOMES' size on disk (oldest discarded
+	// first). If zero, 1 GiB is used; negative means unlimited.
+	StreamMaxBytes int64
+	// StreamReplicas is FW_OUTCOMES' replica count when it is created. If
+	// zero, 1 is used.
+	StreamReplicas int
+	// Now is the clock events are stamped and checked against. If nil,
+	// time.Now is used.
+	Now func() time.Time
+	// Metrics receives the collector's metrics. If nil, a private set is
+	// used (see Metrics).
+	Metrics *metrics.Set
+	// Logf receives operational messages. If nil, nothing is logged.
+	Logf func(format string, args ...any)
+	// OnUrgent is called, outside any lock, after the sink reported an
+	// urgent batch. If nil, nothing is called.
+	OnUrgent func()
+}
+
+// withDefaults returns a copy of s with every zero field set to its default.
+func (s Settings) withDefaults() Settings {
+	if s.Subscriptions <= 0 {
+		s.Subscriptions = DefaultSubscriptions
+	}
+	if s.PendingMsgs == 0 {
+		s.PendingMsgs = DefaultPendingMsgs
+	}
+	if s.PendingBytes == 0 {
+		s.PendingBytes = DefaultPendingBytes
+	}
+	if s.BatchSize <= 0 {
+		s.BatchSize = DefaultBatchSize
+	}
+	if s.FlushInterval <= 0 {
+		s.FlushInterval = DefaultFlushInterval
+	}
+	if s.StreamFlushInterval <= 0 {
+		s.StreamFlushInterval = DefaultStreamFlushInterval
+	}
+	if s.StreamBatchBytes <= 0 {
+		s.StreamBatchBytes = DefaultStreamBatchBytes
+	}
+	if s.RejectRate <= 0 {
+		s.RejectRate = DefaultRejectRate
+	}
+	if s.RejectBurst <= 0 {
+		s.RejectBurst = DefaultRejectBurst
+	}
+	if s.StreamMaxAge <= 0 {
+		s.StreamMaxAge = DefaultStreamMaxAge
+	}
+	if s.StreamMaxBytes == 0 {
+		s.StreamMaxBytes = DefaultStreamMaxBytes
+	}
+	if s.StreamReplicas <= 0 {
+		s.StreamReplicas = 1
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Logf == nil {
+		s.Logf = func(string, ...any) {}
+	}
+	if s.OnUrgent == nil {
+		s.OnUrgent = func() {}
+	}
+	return s
+}
+
+// Collector consumes outcome events. Create it with New, run it with Run,
+// stop it by cancelling Run's context or with Close.
+type Collector struct {
+	nc       *nats.Conn
+	sink     Sink
+	settings Settings // with defaults applied
+	subjects fleetwatch.Subjects
+	m        *collectorMetrics
+	rejects  *rejectLimiter
+
+	js     jetstream.JetStream // nil without JetStream
+	stream string              // FW_OUTCOMES, when js != nil
+
+	batchPool  sync.Pool // *[]fleetwatch.Event, BatchSize capacity
+	streamPool sync.Pool // *[]byte for republished NDJSON batches
+
+	// mu guards running, workers and the lifecycle channels.
+	mu      sync.Mutex
+	running bool
+	workers []*worker
+	closed  chan struct{} // closed by Close
+	done    chan struct{} // closed when a Run returns; nil before Run
+	once    sync.Once
+}
+
+// New returns a Collector that reads outcome events from nc and hands them
+// to sink. Unless s.NoJetStream, it detects JetStream and creates or updates
+// the FW_OUTCOMES stream (binding it as it is when its configuration cannot
+// be changed); without JetStream it logs that it runs without capture and
+// replay and sets fleetwatch_collector_jetstream to 0.
+func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
+	if nc == nil || sink == nil {
+		return nil, errors.New("collector: nil connection or sink")
+	}
+	if s.Prefix != "" {
+		if err := fleetwatch.ValidatePrefix(s.Prefix); err != nil {
+			return nil, fmt.Errorf("collector: %w", err)
+		}
+	}
+	s = s.withDefaults()
+	c := &Collector{
+		nc:       nc,
+		sink:     sink,
+		settings: s,
+		subjects: fleetwatch.Subjects{Prefix: s.Prefix},
+		m:        newCollectorMetrics(s.Metrics),
+		closed:   make(chan struct{}),
+	}
+	c.rejects = newRejectLimiter(s.RejectRate, float64(s.RejectBurst))
+	c.batchPool.New = func() any {
+		b := make([]fleetwatch.Event, 0, s.BatchSize)
+		return &b
+	}
+	c.streamPool.New = func() any {
+		b := make([]byte, 0, s.StreamBatchBytes+4096)
+		return &b
+	}
+	if s.NoJetStream {
+		s.Logf("collector: JetStream disabled: running without capture (%s) and replay", c.subjects.StreamOutcomes())
+		return c, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+	defer cancel()
+	if err := c.setupStream(ctx); err != nil {
+		if !errors.Is(err, errNotEnabled) {
+			return nil, err
+		}
+		s.Logf("collector: the NATS server has no JetStream: running without capture (%s) and replay", c.subjects.StreamOutcomes())
+		return c, nil
+	}
+	c.m.jetstream.Set(1)
+	return c, nil
+}
+
+// Metrics returns the set holding the collector's metrics.
+func (c *Collector) Metrics() *metrics.Set { return c.m.set }
+
+// JetStream reports whether accepted events are captured in FW_OUTCOMES.
+func (c *Collector) JetStream() bool { return c.js != nil }
+
+// Run subscribes and consumes outcome events until ctx is done or Close is
+// called. It then drains its subscriptions (the messages already delivered
+// to it are processed), hands the last batches to the sink, republishes the
+// last accepted events, and returns nil. It returns an error when it cannot
+// subscribe, ErrRunning when another Run is active, and ErrClosed after
+// Close.
+func (c *Collector) Run(ctx context.Context) error {
+	c.mu.Lock()
+	select {
+	case <-c.closed:
+		c.mu.Unlock()
+		return ErrClosed
+	default:
+	}
+	if c.running {
+		c.mu.Unlock()
+		return ErrRunning
+	}
+	c.running = true
+	done := make(chan struct{})
+	c.done = done
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		c.running = false
+		c.workers = nil
+		c.mu.Unlock()
+		close(done)
+	}()
+
+	workers, err := c.subscribe()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.workers = workers
+	c.mu.Unlock()
+	c.settings.Logf("collector: consuming %s and %s in queue group %s (%d subscriptions each)",
+		c.subjects.Outcomes(), c.subjects.OutcomesWildcard(), fleetwatch.QueueCollectors, c.settings.Subscriptions)
+
+	c.flushLoop(ctx, workers)
+	c.drain(workers)
+	return nil
+}
+
+// flushLoop hands partial batches to the sink every FlushInterval and
+// republishes accepted events every StreamFlushInterval, until ctx is done
+// or Close is called. It runs on Run's goroutine.
+func (c *Collector) flushLoop(ctx context.Context, workers []*worker) {
+	batches := time.NewTicker(c.settings.FlushInterval)
+	defer batches.Stop()
+	stream := time.NewTicker(c.settings.StreamFlushInterval)
+	defer stream.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.closed:
+			return
+		case <-batches.C:
+			for _, w := range workers {
+				w.flush(false)
+				w.countDropped()
+			}
+		case <-stream.C:
+			for _, w := range workers {
+				w.flush(true)
+			}
+		}
+	}
+}
+
+// subscribe creates the queue subscriptions, each with its worker.
+func (c *Collector) subscribe() ([]*worker, error) {
+	var workers []*worker
+	for i := 0; i < c.settings.Subscriptions; i++ {
+		for _, subject := range []string{c.subjects.Outcomes(), c.subjects.OutcomesWildcard()} {
+			w := newWorker(c)
+			sub, err := c.nc.QueueSubscribe(subject, fleetwatch.QueueCollectors, w.onMsg)
+			if err == nil {
+				err = sub.SetPendingLimits(c.settings.PendingMsgs, c.settings.PendingBytes)
+			}
+			if err != nil {
+				for _, w := range workers {
+					_ = w.sub.Unsubscribe()
+				}
+				if sub != nil {
+					_ = sub.Unsubscribe()
+				}
+				return nil, fmt.Errorf("collector: subscribe %s: %w", subject, err)
+			}
+			w.sub = sub
+			workers = append(workers, w)
+		}
+	}
+	if err := c.nc.Flush(); err != nil && !errors.Is(err, nats.ErrConnectionReconnecting) {
+		for _, w := range workers {
+			_ = w.sub.Unsubscribe()
+		}
+		return nil, fmt.Errorf("collector: subscribe: %w", err)
+	}
+	return workers, nil
+}
+
+// drainTimeout bounds how long Run waits for its subscriptions to drain.
+const drainTimeout = 10 * time.Second
+
+// drain drains every subscription, waits until their callbacks have
+// finished, and flushes what they left.
+func (c *Collector) drain(workers []*worker) {
+	var closed []<-chan nats.SubStatus
+	for _, w := range workers {
+		w.countDropped()
+		ch := w.sub.StatusChanged(nats.SubscriptionClosed)
+		if err := w.sub.Drain(); err != nil {
+			// The connection is closed or the subscription already gone:
+			// nothing more will be delivered.
+			_ = w.sub.Unsubscribe()
+			continue
+		}
+		closed = append(closed, ch)
+	}
+	deadline := time.NewTimer(drainTimeout)
+	defer deadline.Stop()
+wait:
+	for _, ch := range closed {
+		select {
+		case <-ch:
+		case <-deadline.C:
+			c.settings.Logf("collector: subscriptions did not drain within %v", drainTimeout)
+			break wait
+		}
+	}
+	for _, w := range workers {
+		w.flush(false)
+		w.flush(true)
+	}
+}
+
+// Close stops a running Run and waits for it to return. It is safe to call
+// more than once and from any goroutine except the sink's Observe and
+// OnUrgent (Run waits for those to return).
+func (c *Collector) Close() {
+	c.once.Do(func() { close(c.closed) })
+	c.mu.Lock()
+	done := c.done
+	c.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}

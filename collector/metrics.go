@@ -1,0 +1,135 @@
+package collector
+
+import (
+	"fmt"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// collectorMetrics holds the collector's series. Every label value is
+// registered at start, so a reason or outcome that never happened reads 0
+// rather than being absent.
+type collectorMetrics struct {
+	set *metrics.Set
+
+	messages     *metrics.Counter
+	events       [fleetwatch.NumOutcomes]*metrics.Counter // indexed by Outcome; [0] unused
+	rejects      map[fleetwatch.Reason]*metrics.Counter
+	skewed       *metrics.Counter
+	dropped      *metrics.Counter
+	slowConsumer *metrics.Counter
+	batches      *metrics.Counter
+
+	streamPublished       *metrics.Counter
+	streamPublishedEvents *metrics.Counter
+	streamPublishErrors   *metrics.Counter
+	rejectsPublished      *metrics.Counter
+	rejectsSuppressed     *metrics.Counter
+	replayedEvents        *metrics.Counter
+	jetstream             *metrics.Gauge
+}
+
+func newCollectorMetrics(set *metrics.Set) *collectorMetrics {
+	if set == nil {
+		set = metrics.NewSet()
+	}
+	m := &collectorMetrics{
+		set:                   set,
+		messages:              set.GetOrCreateCounter("fleetwatch_ingest_messages_total"),
+		rejects:               make(map[fleetwatch.Reason]*metrics.Counter, len(fleetwatch.Reasons)),
+		skewed:                set.GetOrCreateCounter("fleetwatch_ingest_skewed_total"),
+		dropped:               set.GetOrCreateCounter("fleetwatch_ingest_dropped_total"),
+		slowConsumer:          set.GetOrCreateCounter("fleetwatch_ingest_slow_consumer_total"),
+		batches:               set.GetOrCreateCounter("fleetwatch_ingest_batches_total"),
+		streamPublished:       set.GetOrCreateCounter("fleetwatch_stream_published_total"),
+		streamPublishedEvents: set.GetOrCreateCounter("fleetwatch_stream_published_events_total"),
+		streamPublishErrors:   set.GetOrCreateCounter("fleetwatch_stream_publish_errors_total"),
+		rejectsPublished:      set.GetOrCreateCounter("fleetwatch_rejects_published_total"),
+		rejectsSuppressed:     set.GetOrCreateCounter("fleetwatch_rejects_suppressed_total"),
+		replayedEvents:        set.GetOrCreateCounter("fleetwatch_replay_events_total"),
+		jetstream:             set.GetOrCreateGauge("fleetwatch_collector_jetstream", nil),
+	}
+	for o := fleetwatch.OutcomeOK; int(o) < fleetwatch.NumOutcomes; o++ {
+		m.events[o] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_events_total{outcome=%q}`, o.String()))
+	}
+	for _, r := range fleetwatch.Reasons {
+		m.rejects[r] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_rejects_total{reason=%q}`, string(r)))
+	}
+	m.jetstream.Set(0)
+	return m
+}
+
+// reject returns the counter of reason r, falling back to bad_json for a
+// reason this build does not know (it cannot happen with the root package's
+// decoder, but a new reason must not panic the hot path).
+func (m *collectorMetrics) reject(r fleetwatch.Reason) *metrics.Counter {
+	if c, ok := m.rejects[r]; ok {
+		return c
+	}
+	return m.rejects[fleetwatch.ReasonBadJSON]
+}
+
+// Stats is a point-in-time copy of the collector's counters. Accepted
+// events are counted when their batch is handed to the sink, so a Stats
+// taken while Run is active lags by up to Settings.FlushInterval.
+type Stats struct {
+	Messages uint64                                // messages received
+	Accepted [fleetwatch.NumOutcomes]uint64        // accepted events by Outcome ([0] unused)
+	Rejected map[fleetwatch.Reason]uint64          // rejected events by reason, every reason present
+	Skewed   uint64                                // events whose ts was replaced by the arrival time
+	Dropped  uint64                                // messages nats.go dropped (slow consumer)
+	Batches  uint64                                // batches handed to the sink
+
+	StreamPublished       uint64 // NDJSON batches republished for FW_OUTCOMES
+	StreamPublishedEvents uint64 // events in them
+	StreamPublishErrors   uint64 // republish failures
+	RejectsPublished      uint64 // notices published on fw.rejects
+	RejectsSuppressed     uint64 // rejects not described because of the rate limit
+
+	JetStream bool // capture and replay are on
+}
+
+// AcceptedTotal is the number of accepted events of every outcome.
+func (s Stats) AcceptedTotal() uint64 {
+	var n uint64
+	for _, v := range s.Accepted {
+		n += v
+	}
+	return n
+}
+
+// RejectedTotal is the number of rejected events of every reason.
+func (s Stats) RejectedTotal() uint64 {
+	var n uint64
+	for _, v := range s.Rejected {
+		n += v
+	}
+	return n
+}
+
+// Stats returns the collector's counters.
+func (c *Collector) Stats() Stats {
+	m := c.m
+	s := Stats{
+		Messages:              m.messages.Get(),
+		Rejected:              make(map[fleetwatch.Reason]uint64, len(m.rejects)),
+		Skewed:                m.skewed.Get(),
+		Dropped:               m.dropped.Get(),
+		Batches:               m.batches.Get(),
+		StreamPublished:       m.streamPublished.Get(),
+		StreamPublishedEvents: m.streamPublishedEvents.Get(),
+		StreamPublishErrors:   m.streamPublishErrors.Get(),
+		RejectsPublished:      m.rejectsPublished.Get(),
+		RejectsSuppressed:     m.rejectsSuppressed.Get(),
+		JetStream:             c.js != nil,
+	}
+	for o := fleetwatch.OutcomeOK; int(o) < fleetwatch.NumOutcomes; o++ {
+		s.Accepted[o] = m.events[o].Get()
+	}
+	for r, ctr := range m.rejects {
+		s.Rejected[r] = ctr.Get()
+	}
+	return s
+}

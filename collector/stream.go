@@ -1,0 +1,148 @@
+package collector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// errNotEnabled reports that the server (or the account) has no JetStream.
+var errNotEnabled = errors.New("collector: jetstream not enabled")
+
+// setupStream detects JetStream and creates or updates FW_OUTCOMES, which
+// captures fw.accepted.> in file storage, discarding the oldest events past
+// StreamMaxAge or StreamMaxBytes.
+func (c *Collector) setupStream(ctx context.Context) error {
+	js, err := jetstream.New(c.nc)
+	if err != nil {
+		return fmt.Errorf("collector: jetstream: %w", err)
+	}
+	if _, err := js.AccountInfo(ctx); err != nil {
+		if errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) {
+			return errNotEnabled
+		}
+		return fmt.Errorf("collector: jetstream account info: %w", err)
+	}
+	name := c.subjects.StreamOutcomes()
+	cfg := jetstream.StreamConfig{
+		Name:        name,
+		Description: "fleetwatch: accepted outcome events (per-pool NDJSON batches) for replay and audit",
+		Subjects:    []string{c.subjects.AcceptedWildcard()},
+		Storage:     jetstream.FileStorage,
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      c.settings.StreamMaxAge,
+		MaxBytes:    c.settings.StreamMaxBytes,
+		Replicas:    c.settings.StreamReplicas,
+	}
+	if cfg.MaxBytes < 0 {
+		cfg.MaxBytes = -1
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
+		// A stream whose configuration cannot be changed (storage type,
+		// replicas set by an operator): use it as it is.
+		if _, bindErr := js.Stream(ctx, name); bindErr != nil {
+			return fmt.Errorf("collector: stream %s: %w", name, err)
+		}
+		c.settings.Logf("collector: using stream %s as configured (update refused: %v)", name, err)
+	}
+	c.js = js
+	c.stream = name
+	return nil
+}
+
+// replayFetch is how many stream messages Replay keeps in flight; each is a
+// batch of up to StreamBatchBytes of events.
+const replayFetch = 64
+
+// Replay reads the accepted events FW_OUTCOMES stored from since up to its
+// last message at the time of the call, and calls fn with the events of each
+// stored batch, in stream order. The batch is only valid during the call. An
+// event without ts gets the time the stream stored it. Lines that do not
+// decode (something else published on fw.accepted.>) are skipped and
+// logged. It returns the number of events passed to fn, and ErrNoJetStream
+// when the collector runs without JetStream.
+//
+// The caller replays the analyzer's last window before it publishes, so a
+// restart neither forgets an open breaker nor opens one on partial data.
+func (c *Collector) Replay(ctx context.Context, since time.Time, fn func(batch []fleetwatch.Event)) (events int, err error) {
+	if c.js == nil {
+		return 0, ErrNoJetStream
+	}
+	stream, err := c.js.Stream(ctx, c.stream)
+	if err != nil {
+		return 0, fmt.Errorf("collector: replay: %w", err)
+	}
+	last := stream.CachedInfo().State.LastSeq
+	if stream.CachedInfo().State.Msgs == 0 {
+		return 0, nil
+	}
+	start := since
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{c.subjects.AcceptedWildcard()},
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &start,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("collector: replay: %w", err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(replayFetch))
+	if err != nil {
+		return 0, fmt.Errorf("collector: replay: %w", err)
+	}
+	defer it.Stop()
+	// The consumer exists now; its pending count says whether anything was
+	// stored at or after since (Next would otherwise wait for new events).
+	info, err := cons.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("collector: replay: %w", err)
+	}
+	if info.NumPending == 0 {
+		return 0, nil
+	}
+
+	var dec fleetwatch.Decoder
+	var batch []fleetwatch.Event
+	var skipped int
+	var stored time.Time
+	onLine := func(_ []byte, ev *fleetwatch.Event, err error) {
+		if err != nil {
+			skipped++
+			return
+		}
+		if ev.TS.IsZero() {
+			ev.TS = stored
+		}
+		batch = append(batch, *ev)
+	}
+	for {
+		msg, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return events, fmt.Errorf("collector: replay: %w", err)
+		}
+		meta, err := msg.Metadata()
+		if err != nil {
+			return events, fmt.Errorf("collector: replay: %w", err)
+		}
+		stored = meta.Timestamp
+		batch = batch[:0]
+		dec.DecodeBatch(msg.Data(), onLine)
+		if len(batch) > 0 {
+			fn(batch)
+			events += len(batch)
+			c.m.replayedEvents.Add(len(batch))
+		}
+		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
+			break
+		}
+	}
+	if skipped > 0 {
+		c.settings.Logf("collector: replay skipped %d lines of %s that are not valid outcome events", skipped, c.stream)
+	}
+	return events, nil
+}
