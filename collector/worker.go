@@ -19,9 +19,9 @@ type worker struct {
 
 	// Owned by the subscription's callback goroutine.
 	dec      fleetwatch.Decoder
-	subject  string               // of the message being decoded
-	arrival  time.Time            // of the message being decoded
-	notices  []pendingReject      // rejects of the current message, published after unlock
+	subject  string                // of the message being decoded
+	arrival  time.Time             // of the message being decoded
+	notices  []pendingReject       // rejects of the current message, published after unlock
 	ready    []*[]fleetwatch.Event // full batches, handed over after unlock
 	readyOut []streamBatch         // full stream buffers, published after unlock
 
