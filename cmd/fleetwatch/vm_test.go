@@ -1,0 +1,359 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/dashboards"
+)
+
+const victoriaMetricsBin = "/usr/bin/victoria-metrics"
+
+// freeLoopbackAddr returns a loopback address with a port that was free a
+// moment ago, for programs that cannot report the port they bound.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// victoriaMetrics is a victoria-metrics process scraping one target.
+type victoriaMetrics struct {
+	url string // http://127.0.0.1:port
+}
+
+// startVictoriaMetrics starts Debian's victoria-metrics on a loopback port,
+// scraping target (host:port, path /metrics) every second. It stops in
+// t.Cleanup.
+func startVictoriaMetrics(t *testing.T, target string) *victoriaMetrics {
+	t.Helper()
+	bin := requireTool(t, victoriaMetricsBin, "victoria-metrics")
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "scrape.yaml")
+	err := os.WriteFile(cfg, []byte(fmt.Sprintf(`scrape_configs:
+  - job_name: fleetwatch
+    scrape_interval: 1s
+    scrape_timeout: 1s
+    static_configs:
+      - targets: [%q]
+`, target)), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeLoopbackAddr(t)
+	var logs bytes.Buffer
+	cmd := exec.Command(bin,
+		"-httpListenAddr="+addr,
+		"-storageDataPath="+filepath.Join(dir, "data"),
+		"-promscrape.config="+cfg,
+		"-search.latencyOffset=0s", // show samples as soon as they are scraped
+		"-search.disableCache",
+		"-loggerLevel=ERROR",
+	)
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { // reaps the process; exits when it does
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("victoria-metrics output:\n%s", logs.String())
+		}
+	})
+	vm := &victoriaMetrics{url: "http://" + addr}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := http.Get(vm.url + "/health")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == http.StatusOK {
+				return vm
+			}
+		}
+		select {
+		case <-exited:
+			t.Fatalf("victoria-metrics exited: %s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("victoria-metrics not healthy at %s: %v", vm.url, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// promResult is the data of a Prometheus API answer.
+type promResult struct {
+	ResultType string `json:"resultType"`
+	Result     []struct {
+		Metric map[string]string `json:"metric"`
+		Value  []any             `json:"value"`
+	} `json:"result"`
+}
+
+// query runs an instant query and returns its series.
+func (vm *victoriaMetrics) query(expr string) (promResult, error) {
+	var out struct {
+		Status string     `json:"status"`
+		Error  string     `json:"error"`
+		Data   promResult `json:"data"`
+	}
+	res, err := http.Get(vm.url + "/api/v1/query?" + url.Values{"query": {expr}}.Encode())
+	if err != nil {
+		return out.Data, err
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		return out.Data, err
+	}
+	if err := json.Unmarshal(body, &out); err != nil {
+		return out.Data, fmt.Errorf("%s: %s", err, body)
+	}
+	if out.Status != "success" {
+		return out.Data, fmt.Errorf("query %s: %s %s", expr, out.Status, out.Error)
+	}
+	return out.Data, nil
+}
+
+// labelValues is Grafana's label_values(metric, label) variable query.
+func (vm *victoriaMetrics) labelValues(metric, label string) ([]string, error) {
+	res, err := http.Get(vm.url + "/api/v1/label/" + label + "/values?" + url.Values{"match[]": {metric}}.Encode())
+	if err != nil {
+		return nil, err
+	}
+	defer res.Body.Close()
+	var out struct {
+		Status string   `json:"status"`
+		Data   []string `json:"data"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
+		return nil, err
+	}
+	return out.Data, nil
+}
+
+// waitScrapes waits until VictoriaMetrics holds n scrapes of the target.
+func (vm *victoriaMetrics) waitScrapes(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	expr := fmt.Sprintf(`count_over_time(up{job="fleetwatch"}[5m]) >= %d and up{job="fleetwatch"} == 1`, n)
+	for {
+		r, err := vm.query(expr)
+		if err == nil && len(r.Result) > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			up, _ := vm.query(`up`)
+			t.Fatalf("fewer than %d successful scrapes after 60s (err %v, up %+v)", n, err, up.Result)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// grafanaExpr replaces Grafana's variables with what the test queries:
+// $pool, $backend (a regex: .* for All), and the interval macros.
+func grafanaExpr(expr string, vars map[string]string) string {
+	pairs := []string{"$__rate_interval", "30s", "$__interval", "1m", "$__range", "5m"}
+	for k, v := range vars {
+		pairs = append(pairs, "${"+k+"}", v, "$"+k, v)
+	}
+	return strings.NewReplacer(pairs...).Replace(expr)
+}
+
+// checkDashboardQueries runs every query of every dashboard against vm and
+// fails for each one that errors or returns no series.
+func checkDashboardQueries(t *testing.T, vm *victoriaMetrics, pool string) {
+	t.Helper()
+	list, err := dashboards.Grafana()
+	if err != nil {
+		t.Fatal(err)
+	}
+	vars := map[string]string{"pool": pool, "backend": ".*"}
+	for _, d := range list {
+		qs, err := d.Queries()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range qs {
+			name := fmt.Sprintf("%s/%s %q %s", d.UID, q.Kind, q.Title, q.RefID)
+			if q.Datasource != "${datasource}" {
+				t.Errorf("%s: data source %q, want ${datasource}", name, q.Datasource)
+			}
+			if q.Kind == "variable" {
+				metric, label, ok := parseLabelValues(grafanaExpr(q.Expr, vars))
+				if !ok {
+					t.Errorf("%s: not a label_values(metric, label) query: %s", name, q.Expr)
+					continue
+				}
+				values, err := vm.labelValues(metric, label)
+				if err != nil || len(values) == 0 {
+					t.Errorf("%s: label_values(%s, %s) = %v, %v", name, metric, label, values, err)
+				}
+				continue
+			}
+			expr := grafanaExpr(q.Expr, vars)
+			r, err := vm.query(expr)
+			switch {
+			case err != nil:
+				t.Errorf("%s: %v", name, err)
+			case len(r.Result) == 0:
+				t.Errorf("%s: no data for %s", name, expr)
+			}
+		}
+	}
+}
+
+// parseLabelValues splits "label_values(metric{...}, label)".
+func parseLabelValues(expr string) (metric, label string, ok bool) {
+	inner, found := strings.CutPrefix(strings.TrimSpace(expr), "label_values(")
+	if !found || !strings.HasSuffix(inner, ")") {
+		return "", "", false
+	}
+	inner = strings.TrimSuffix(inner, ")")
+	i := strings.LastIndex(inner, ",")
+	if i < 0 {
+		return "", "", false
+	}
+	return strings.TrimSpace(inner[:i]), strings.TrimSpace(inner[i+1:]), true
+}
+
+// scrapeFixture is an in-process /metrics endpoint with the series of
+// docs/METRICS.md: counters and histograms that move on every heartbeat,
+// and per-backend gauges written at scrape time from the current snapshots,
+// the way serve writes them.
+type scrapeFixture struct {
+	set *metrics.Set
+
+	mu    sync.Mutex // guards snaps
+	snaps []fleetwatch.Snapshot
+}
+
+func (f *scrapeFixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	f.set.WritePrometheus(w)
+	f.mu.Lock()
+	snaps := f.snaps
+	f.mu.Unlock()
+	states := map[fleetwatch.State]int{fleetwatch.StateClosed: 0, fleetwatch.StateHalfOpen: 1, fleetwatch.StateOpen: 2}
+	drift := map[fleetwatch.DriftStatus]int{fleetwatch.DriftUnknown: -1, fleetwatch.DriftOK: 0, fleetwatch.DriftSuspect: 1, fleetwatch.DriftDrifted: 2}
+	gauge := func(name, pool, backend string, v float64) {
+		fmt.Fprintf(w, "%s{pool=%q,backend=%q} %g\n", name, pool, backend, v)
+	}
+	n := 0
+	for _, s := range snaps {
+		for _, b := range s.Backends {
+			n++
+			gauge("fleetwatch_backend_state", s.Pool, b.Backend, float64(states[b.State]))
+			gauge("fleetwatch_backend_weight", s.Pool, b.Backend, b.Weight)
+			gauge("fleetwatch_backend_ewma_ttft_ms", s.Pool, b.Backend, *b.EWMATTFTMs)
+			gauge("fleetwatch_backend_p50_ttft_ms", s.Pool, b.Backend, *b.P50TTFTMs)
+			gauge("fleetwatch_backend_p95_ttft_ms", s.Pool, b.Backend, *b.P95TTFTMs)
+			gauge("fleetwatch_backend_success_rate", s.Pool, b.Backend, *b.SuccessRate)
+			gauge("fleetwatch_backend_rate_429", s.Pool, b.Backend, *b.Rate429)
+			gauge("fleetwatch_backend_requests", s.Pool, b.Backend, float64(b.Requests))
+			gauge("fleetwatch_backend_drift", s.Pool, b.Backend, float64(drift[b.Drift]))
+			gauge("fleetwatch_drift_score", s.Pool, b.Backend, 0.5)
+		}
+	}
+	fmt.Fprintf(w, "fleetwatch_pools %d\nfleetwatch_backends %d\n", len(snaps), n)
+}
+
+// beat moves every counter as one heartbeat of a busy fleetwatch would.
+func (f *scrapeFixture) beat(snaps []fleetwatch.Snapshot, flip bool) {
+	s := f.set
+	s.GetOrCreateCounter("fleetwatch_ingest_messages_total").Add(50)
+	s.GetOrCreateCounter(`fleetwatch_ingest_events_total{outcome="ok"}`).Add(90)
+	s.GetOrCreateCounter(`fleetwatch_ingest_events_total{outcome="error"}`).Add(10)
+	s.GetOrCreateCounter(`fleetwatch_ingest_rejects_total{reason="bad_json"}`).Add(1)
+	s.GetOrCreateCounter("fleetwatch_ingest_skewed_total").Inc()
+	s.GetOrCreateCounter("fleetwatch_ingest_dropped_total").Add(0)
+	s.GetOrCreateCounter("fleetwatch_ingest_batches_total").Add(5)
+	s.GetOrCreateCounter("fleetwatch_stream_published_total").Add(2)
+	s.GetOrCreateCounter("fleetwatch_rejects_published_total").Inc()
+	s.GetOrCreateCounter("fleetwatch_rejects_suppressed_total").Add(0)
+	s.GetOrCreateGauge("fleetwatch_collector_jetstream", nil).Set(1)
+	s.GetOrCreateCounter("fleetwatch_decisions_published_total").Add(len(snaps))
+	s.GetOrCreateCounter("fleetwatch_decisions_publish_errors_total").Add(0)
+	s.GetOrCreateCounter("fleetwatch_kv_put_errors_total").Add(0)
+	s.GetOrCreateHistogram("fleetwatch_decision_latency_seconds").Update(0.004)
+	s.GetOrCreateHistogram("fleetwatch_evaluate_duration_seconds").Update(0.0002)
+	s.GetOrCreateCounter(`fleetwatch_analyzer_held_total{by="gate",cause="error_rate"}`).Inc()
+	s.GetOrCreateCounter("fleetwatch_probe_cycles_total").Inc()
+	s.GetOrCreateCounter(`fleetwatch_probe_errors_total{pool="llama-3.1-70b",backend="vllm-b",kind="timeout"}`).Inc()
+	s.GetOrCreateCounter(`fleetwatch_drift_alerts_total{status="drifted"}`).Add(0)
+	if flip {
+		s.GetOrCreateCounter(`fleetwatch_breaker_transitions_total{pool="llama-3.1-70b",backend="vllm-b",to="open",cause="error_rate"}`).Inc()
+	}
+	f.mu.Lock()
+	f.snaps = snaps
+	f.mu.Unlock()
+}
+
+func TestDashboardsAgainstVictoriaMetricsInProcess(t *testing.T) {
+	requireTool(t, victoriaMetricsBin, "victoria-metrics")
+	f := &scrapeFixture{set: metrics.NewSet()}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	beat := func(i int) {
+		b := testBackend("vllm-b", 210)
+		if i%4 >= 2 {
+			b = openBackend(b, time.Now(), "error rate 0.80 >= 0.50 over 40 requests in 30s")
+		}
+		f.beat([]fleetwatch.Snapshot{testSnapshot("llama-3.1-70b", uint64(i), time.Now(), testBackend("vllm-a", 180), b)}, i%4 == 2)
+	}
+	beat(0)
+	go func() { // owned by the test; exits on cancel
+		defer close(stopped)
+		tick := time.NewTicker(500 * time.Millisecond)
+		defer tick.Stop()
+		for i := 1; ; i++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				beat(i)
+			}
+		}
+	}()
+	srv := httptest.NewServer(f)
+	t.Cleanup(func() {
+		srv.Close()
+		cancel()
+		<-stopped
+	})
+	vm := startVictoriaMetrics(t, strings.TrimPrefix(srv.URL, "http://"))
+	vm.waitScrapes(t, 4)
+	// A control: a series that does not exist gives no data, so an empty
+	// answer is detected rather than taken for success.
+	if r, err := vm.query("fleetwatch_no_such_series"); err != nil || len(r.Result) != 0 {
+		t.Fatalf("control query: %+v, %v", r, err)
+	}
+	checkDashboardQueries(t, vm, "llama-3.1-70b")
+}
