@@ -1,0 +1,242 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+func init() {
+	register("route", "a thin OpenAI-compatible router that follows the decisions", runRoute)
+}
+
+// routeOptions are route's flags beyond the NATS ones.
+type routeOptions struct {
+	listen      string
+	source      string
+	prefixFrom  string
+	maxAttempts int
+	idleGap     time.Duration
+	retryRatio  float64
+	maxBody     int64
+}
+
+// runRoute is `fleetwatch route`: an OpenAI-compatible reverse proxy that
+// routes POST /v1/chat/completions, /v1/completions and /v1/embeddings to a
+// backend of the pool serving the request's model, chosen by the pool's p2c
+// picker from fleetwatch's decisions, and publishes one outcome event per
+// attempt on <prefix>.outcomes.<source>.
+func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("route", flag.ContinueOnError)
+	var nf natsFlags
+	nf.register(fs)
+	var o routeOptions
+	host, _ := os.Hostname()
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8090", "address the proxy listens on")
+	fs.StringVar(&o.source, "source", host, "this proxy's id: the source field of its events and the last token of its outcome subject")
+	fs.StringVar(&o.prefixFrom, "prefix-from", "system", "what the affinity prefix hash is computed from: system (the first system message) or none")
+	fs.IntVar(&o.maxAttempts, "max-attempts", 3, "attempts per request, first included (retries also need the retry budget)")
+	fs.DurationVar(&o.idleGap, "idle-gap", 5*time.Minute, "silence after which this router marks its next request to a backend cold")
+	fs.Float64Var(&o.retryRatio, "retry-ratio", p2c.DefaultRetryRatio, "retries allowed per first attempt (the retry budget)")
+	fs.Int64Var(&o.maxBody, "max-body", 32<<20, "largest request body accepted, in bytes")
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	if o.prefixFrom != "system" && o.prefixFrom != "none" {
+		fmt.Fprintf(stderr, "--prefix-from = %q: want system or none\n", o.prefixFrom)
+		return errUsage
+	}
+	if o.maxAttempts < 1 {
+		fmt.Fprintf(stderr, "--max-attempts = %d: must be >= 1\n", o.maxAttempts)
+		return errUsage
+	}
+	if o.source == "" {
+		o.source = "route"
+	}
+	cfg, err := nf.loadConfig()
+	if err != nil {
+		return err
+	}
+	if len(cfg.Pools) == 0 {
+		return errors.New("the configuration has no pools: route needs --config with pools and backend urls")
+	}
+	pools, err := newRoutePools(cfg, p2c.Settings{RetryRatio: o.retryRatio})
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	subjects := fleetwatch.Subjects{Prefix: cfg.Prefix}
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "route: "+format+"\n", args...) }
+
+	nc, err := nf.connectURL("fleetwatch-route-"+o.source, cfg.NATS.URL, logf)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+
+	rt := newRouter(pools, o)
+	rt.events = newOutcomePublisher(outcomePublisherSettings{
+		Subject: subjects.Outcomes() + "." + subjectToken(o.source),
+		Publish: nc.Publish,
+		Metrics: rt.metrics.set,
+	})
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- rt.events.Run(context.WithoutCancel(ctx)) }()
+	defer func() {
+		rt.events.Close()
+		<-pubDone
+		nc.Flush()
+	}()
+
+	unsubscribe, err := followDecisions(ctx, nc, subjects, pools, logf)
+	if err != nil {
+		return err
+	}
+	defer unsubscribe()
+
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 30 * time.Second}
+	fmt.Fprintf(stdout, "route: listening on http://%s (%d pools, events on %s)\n",
+		ln.Addr(), len(pools), rt.events.subject)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }() // exits when srv shuts down
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		srv.Close()
+	}
+	<-serveErr
+	return nil
+}
+
+func newRouter(pools map[string]*routePool, o routeOptions) *router {
+	rt := &router{
+		pools:       pools,
+		byModel:     map[string]*routePool{},
+		source:      o.source,
+		prefixFrom:  o.prefixFrom,
+		maxAttempts: o.maxAttempts,
+		idleGap:     o.idleGap,
+		maxBody:     o.maxBody,
+		metrics:     newRouteMetrics(),
+		client: &http.Client{Transport: &http.Transport{
+			Proxy:               nil, // a router talks to its backends directly
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        1024,
+			MaxIdleConnsPerHost: 256,
+			IdleConnTimeout:     90 * time.Second,
+			ForceAttemptHTTP2:   false,
+		}},
+	}
+	if rt.maxBody <= 0 {
+		rt.maxBody = 32 << 20
+	}
+	if rt.maxAttempts <= 0 {
+		rt.maxAttempts = 1
+	}
+	if rt.idleGap <= 0 {
+		rt.idleGap = 5 * time.Minute
+	}
+	seed := rand.Uint64()
+	var n atomic.Uint64
+	rt.rngs.New = func() any { return rand.New(rand.NewPCG(seed, n.Add(1))) }
+	for _, id := range sortedKeys(pools) {
+		p := pools[id]
+		for _, m := range p.models {
+			if _, dup := rt.byModel[m]; !dup {
+				rt.byModel[m] = p
+				rt.models = append(rt.models, m)
+			}
+		}
+	}
+	if len(pools) == 1 {
+		for _, p := range pools {
+			rt.single = p
+		}
+	}
+	return rt
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// subjectToken makes s usable as one NATS subject token.
+func subjectToken(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.', '*', '>', ' ', '\t', '\r', '\n':
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+// followDecisions applies every decision snapshot of a configured pool to
+// its picker: live ones from <prefix>.decisions.>, and, at start, the last
+// value of each pool in the decisions KV bucket (best effort: without
+// JetStream the router waits for the next heartbeat). It returns a function
+// that unsubscribes.
+func followDecisions(ctx context.Context, nc *nats.Conn, subjects fleetwatch.Subjects,
+	pools map[string]*routePool, logf func(string, ...any)) (func(), error) {
+	apply := func(data []byte) {
+		var snap fleetwatch.Snapshot
+		if err := json.Unmarshal(data, &snap); err != nil || snap.Pool == "" {
+			return
+		}
+		if p := pools[snap.Pool]; p != nil {
+			p.apply(&snap)
+		}
+	}
+	sub, err := nc.Subscribe(subjects.DecisionsWildcard(), func(m *nats.Msg) { apply(m.Data) })
+	if err != nil {
+		return nil, fmt.Errorf("nats: subscribe decisions: %w", err)
+	}
+	go func() { // one-shot: exits after reading each pool's last value once
+		kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return
+		}
+		kv, err := js.KeyValue(kctx, subjects.BucketDecisions())
+		if err != nil {
+			return
+		}
+		for id := range pools {
+			if e, err := kv.Get(kctx, id); err == nil {
+				apply(e.Value())
+			}
+		}
+	}()
+	return func() { sub.Unsubscribe() }, nil
+}

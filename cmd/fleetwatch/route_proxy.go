@@ -1,0 +1,596 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+// router is the HTTP handler of `fleetwatch route`: a thin OpenAI-compatible
+// reverse proxy that picks a backend per request with the pool's p2c picker,
+// retries failures that the client has not seen yet, and reports one outcome
+// event per attempt.
+type router struct {
+	pools   map[string]*routePool // by pool id
+	byModel map[string]*routePool // request `model` -> pool
+	models  []string              // every routable model, for GET /v1/models
+	single  *routePool            // the only pool, when there is exactly one
+
+	client      *http.Client
+	events      *outcomePublisher
+	source      string
+	prefixFrom  string // "system" or "none"
+	maxAttempts int
+	idleGap     time.Duration
+	maxBody     int64
+	metrics     *routeMetrics
+
+	rngs sync.Pool // *rand.Rand: p2c.Rand is not safe for concurrent use
+}
+
+// maxMetaScan bounds how much of a non-streaming body is kept to read usage
+// and system_fingerprint from.
+const maxMetaScan = 1 << 20
+
+// hopHeaders are the hop-by-hop headers a proxy must not forward (RFC 9110
+// section 7.6.1), as net/http/httputil.ReverseProxy does.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.Method == http.MethodPost && (r.URL.Path == "/v1/chat/completions" ||
+		r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/embeddings"):
+		rt.proxy(w, r)
+	case r.Method == http.MethodGet && r.URL.Path == "/v1/models":
+		rt.listModels(w)
+	case r.Method == http.MethodGet && r.URL.Path == "/metrics":
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		rt.metrics.write(w, rt)
+	case r.Method == http.MethodGet && (r.URL.Path == "/healthz" || r.URL.Path == "/health"):
+		w.WriteHeader(http.StatusOK)
+	default:
+		openAIError(w, http.StatusNotFound, "not_found", fmt.Sprintf("route: no route for %s %s", r.Method, r.URL.Path))
+	}
+}
+
+// listModels answers GET /v1/models from the configuration: one entry per
+// routable model id (pool ids and their `models`), without asking backends.
+func (rt *router) listModels(w http.ResponseWriter) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	data := make([]model, len(rt.models))
+	for i, m := range rt.models {
+		data[i] = model{ID: m, Object: "model", OwnedBy: "fleetwatch:" + rt.byModel[m].id}
+	}
+	writeRouteJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+// requestInfo is what the router reads from a request body.
+type requestInfo struct {
+	Model    string `json:"model"`
+	Stream   bool   `json:"stream"`
+	Messages []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	} `json:"messages"`
+}
+
+// systemPrompt returns the raw JSON of the first system message's content,
+// the shared prefix that a backend's prefix cache holds.
+func (ri *requestInfo) systemPrompt() []byte {
+	for _, m := range ri.Messages {
+		if m.Role == "system" || m.Role == "developer" {
+			return m.Content
+		}
+	}
+	return nil
+}
+
+// prefixHash is the prefix key of a system prompt: FNV-1a 64 over the raw
+// JSON bytes of its content. FNV-1a is in the standard library, has no
+// setup cost and spreads short and long prompts well enough for rendezvous
+// hashing; the raw JSON is hashed so that equal prompts hash equally
+// without unescaping.
+func prefixHash(b []byte) uint64 {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= prime
+	}
+	return h
+}
+
+// attempt is one try of a request against one backend.
+type attempt struct {
+	pool      *routePool
+	backend   *routeBackend
+	cold      bool
+	n         int // 0 for the first attempt
+	sent      time.Time
+	headersAt time.Time // when the response headers (or the error) came
+}
+
+func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rt.maxBody))
+	if err != nil {
+		openAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "route: reading the request body: "+err.Error())
+		return
+	}
+	var info requestInfo
+	if err := json.Unmarshal(body, &info); err != nil {
+		openAIError(w, http.StatusBadRequest, "invalid_request_error", "route: the request body is not a JSON object: "+err.Error())
+		return
+	}
+	pool := rt.byModel[info.Model]
+	if pool == nil {
+		pool = rt.single
+	}
+	if pool == nil {
+		openAIError(w, http.StatusNotFound, "model_not_found",
+			fmt.Sprintf("route: model %q is not served by any pool (GET /v1/models lists them)", info.Model))
+		return
+	}
+	var preq p2c.Request
+	var prefix string
+	if rt.prefixFrom == "system" {
+		if sys := info.systemPrompt(); len(sys) > 0 {
+			preq.Prefix, preq.HasPrefix = prefixHash(sys), true
+			prefix = strconv.FormatUint(preq.Prefix, 16)
+		}
+	}
+
+	rng := rt.rngs.Get().(*rand.Rand)
+	defer rt.rngs.Put(rng)
+	choice, err := rt.pick(pool, rng, preq)
+	if err != nil {
+		rt.shed(w, pool, err)
+		return
+	}
+	ctx := r.Context()
+	var tried []string
+	for n := 0; ; n++ {
+		be := pool.backends[choice.Backend]
+		if n > 0 {
+			rt.metrics.retry(pool.id).Inc()
+		}
+		now := time.Now()
+		a := &attempt{pool: pool, backend: be, cold: be.markUsed(now, rt.idleGap), n: n}
+		resp, err := rt.send(ctx, r, body, a)
+		ev := rt.event(a, prefix)
+		failed := rt.classify(ctx, resp, err, a, &ev)
+		if failed && ctx.Err() == nil && n+1 < rt.maxAttempts && len(pool.backends) > 1 {
+			// Report the failure first, so that the picker's in-flight count
+			// is right for the retry's pick.
+			rt.finish(a, &ev)
+			tried = append(tried, be.id)
+			preq.Exclude, preq.Retry = be.id, true
+			next, perr := rt.pick(pool, rng, preq)
+			if perr == nil && !contains(tried, next.Backend) {
+				if resp != nil {
+					io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+					resp.Body.Close()
+				}
+				choice = next
+				continue
+			}
+			rt.answerFailure(w, a, resp, err)
+			return
+		}
+		switch {
+		case resp == nil:
+			rt.finish(a, &ev)
+			rt.answerFailure(w, a, resp, err)
+		case failed:
+			rt.finish(a, &ev)
+			rt.answerFailure(w, a, resp, err)
+		default:
+			rt.deliver(ctx, w, resp, a, &ev)
+		}
+		return
+	}
+}
+
+// pick asks the pool's picker for a backend, timing it and counting sheds
+// and spent retry budgets. A backend the configuration does not know is
+// ErrNoBackends (the pool's snapshot is filtered, so this is defensive).
+func (rt *router) pick(pool *routePool, rng *rand.Rand, preq p2c.Request) (p2c.Choice, error) {
+	t0 := time.Now()
+	choice, err := pool.picker.Pick(rng, preq)
+	rt.metrics.pickSeconds.UpdateDuration(t0)
+	switch {
+	case errors.Is(err, p2c.ErrShed):
+		rt.metrics.shed(pool.id).Inc()
+	case errors.Is(err, p2c.ErrRetryBudget):
+		rt.metrics.budgetExhausted(pool.id).Inc()
+	case err == nil && pool.backends[choice.Backend] == nil:
+		err = p2c.ErrNoBackends
+	}
+	return choice, err
+}
+
+func contains(ids []string, id string) bool {
+	for _, s := range ids {
+		if s == id {
+			return true
+		}
+	}
+	return false
+}
+
+// shed answers a request for which no backend could be picked: 503 with
+// Retry-After, at once (fail fast, do not spin).
+func (rt *router) shed(w http.ResponseWriter, pool *routePool, err error) {
+	w.Header().Set("Retry-After", "1")
+	rt.metrics.clientCode(pool.id, http.StatusServiceUnavailable).Inc()
+	openAIError(w, http.StatusServiceUnavailable, "service_unavailable", "route: pool "+pool.id+": "+err.Error())
+}
+
+// send sends one attempt and returns the backend's response headers, or the
+// error that prevented them.
+func (rt *router) send(ctx context.Context, r *http.Request, body []byte, a *attempt) (*http.Response, error) {
+	up, err := http.NewRequestWithContext(ctx, http.MethodPost, a.backend.target(r.URL.Path), bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	copyRequestHeaders(up.Header, r.Header)
+	if a.backend.apiKey != "" {
+		up.Header.Set("Authorization", "Bearer "+a.backend.apiKey)
+	}
+	a.pool.picker.Start(a.backend.id)
+	a.sent = time.Now()
+	resp, err := rt.client.Do(up)
+	a.headersAt = time.Now()
+	return resp, err
+}
+
+// classify fills ev for an attempt that has its headers (or failed to get
+// them) and reports whether the attempt failed in a retryable way:
+// no answer (connect error, reset), 5xx or 429. For such a failure ev is
+// complete; for anything else deliver completes it.
+func (rt *router) classify(ctx context.Context, resp *http.Response, err error, a *attempt, ev *fleetwatch.Event) bool {
+	ev.HasStatus = true
+	ev.DurationMs, ev.HasDuration = ms(a.headersAt.Sub(a.sent)), true
+	if err != nil {
+		switch {
+		case ctx.Err() != nil: // the client went away
+			ev.Outcome = fleetwatch.OutcomeCanceled
+			return false
+		case errors.Is(err, context.DeadlineExceeded):
+			ev.Outcome = fleetwatch.OutcomeTimeout
+		default:
+			ev.Outcome = fleetwatch.OutcomeError
+		}
+		return true
+	}
+	ev.Status = resp.StatusCode
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
+		ev.Outcome = fleetwatch.OutcomeFromStatus(resp.StatusCode)
+		ev.RetryAfterMs = retryAfterMs(resp.Header, a.headersAt)
+		ev.TTFTMs, ev.HasTTFT = ms(a.headersAt.Sub(a.sent)), true
+		return true
+	}
+	return false
+}
+
+// answerFailure gives the client the last failure when no retry follows:
+// the backend's own 5xx or 429 response passed through, 502 when no answer
+// came, nothing when the client is gone.
+func (rt *router) answerFailure(w http.ResponseWriter, a *attempt, resp *http.Response, err error) {
+	if resp != nil {
+		defer resp.Body.Close()
+		copyResponseHeaders(w.Header(), resp.Header, a)
+		w.WriteHeader(resp.StatusCode)
+		rt.metrics.clientCode(a.pool.id, resp.StatusCode).Inc()
+		io.Copy(w, resp.Body)
+		return
+	}
+	if errors.Is(err, context.Canceled) {
+		rt.metrics.clientCode(a.pool.id, 499).Inc()
+		return
+	}
+	rt.metrics.clientCode(a.pool.id, http.StatusBadGateway).Inc()
+	w.Header().Set("X-Fleetwatch-Backend", a.backend.id)
+	openAIError(w, http.StatusBadGateway, "bad_gateway",
+		fmt.Sprintf("route: backend %s of pool %s: %v", a.backend.id, a.pool.id, err))
+}
+
+func copyResponseHeaders(dst, src http.Header, a *attempt) {
+	for k, vs := range src {
+		dst[k] = vs
+	}
+	for _, k := range hopHeaders {
+		dst.Del(k)
+	}
+	dst.Set("X-Fleetwatch-Backend", a.backend.id)
+	dst.Set("X-Fleetwatch-Attempts", strconv.Itoa(a.n+1))
+}
+
+// deliver passes a successful (or client-error) response through to the
+// client, flushing every chunk of a stream, and reports the attempt's
+// outcome once the body is done.
+func (rt *router) deliver(ctx context.Context, w http.ResponseWriter, resp *http.Response, a *attempt,
+	ev *fleetwatch.Event) {
+	defer resp.Body.Close()
+	copyResponseHeaders(w.Header(), resp.Header, a)
+	streaming := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if streaming {
+		w.Header().Del("Content-Length")
+	}
+	w.WriteHeader(resp.StatusCode)
+	rt.metrics.clientCode(a.pool.id, resp.StatusCode).Inc()
+
+	var meta responseMeta
+	var copyErr, readErr error
+	if streaming {
+		copyErr, readErr = streamCopy(w, resp.Body, &meta)
+	} else {
+		meta.firstContent = a.headersAt
+		copyErr, readErr = plainCopy(w, resp.Body, &meta)
+	}
+	end := time.Now()
+	ev.Outcome = fleetwatch.OutcomeFromStatus(resp.StatusCode)
+	switch {
+	case ctx.Err() != nil || copyErr != nil:
+		ev.Outcome = fleetwatch.OutcomeCanceled // the client left; says nothing of the backend
+	case readErr != nil && ev.Outcome == fleetwatch.OutcomeOK:
+		ev.Outcome = fleetwatch.OutcomeError // the backend broke the body off
+	}
+	switch {
+	case !meta.firstContent.IsZero():
+		ev.TTFTMs, ev.HasTTFT = ms(meta.firstContent.Sub(a.sent)), true
+	case ev.Outcome != fleetwatch.OutcomeOK:
+		ev.TTFTMs, ev.HasTTFT = ms(a.headersAt.Sub(a.sent)), true
+	}
+	ev.DurationMs, ev.HasDuration = ms(end.Sub(a.sent)), true
+	ev.InputTokens, ev.OutputTokens = meta.promptTokens, meta.completionTokens
+	if ev.OutputTokens == 0 {
+		ev.OutputTokens = meta.contentChunks
+	}
+	ev.CacheHit = meta.cachedTokens > 0
+	ev.Fingerprint = meta.fingerprint
+	rt.finish(a, ev)
+}
+
+// finish reports an attempt: the picker's local signals, metrics, and the
+// outcome event.
+func (rt *router) finish(a *attempt, ev *fleetwatch.Event) {
+	a.pool.picker.Done(a.backend.id, ev.Outcome, ev.TTFTMs, ev.Cold)
+	rt.metrics.attempt(a.pool.id, a.backend.id, ev.Status).Inc()
+	rt.events.Enqueue(*ev)
+}
+
+func (rt *router) event(a *attempt, prefix string) fleetwatch.Event {
+	return fleetwatch.Event{
+		Pool:    a.pool.id,
+		Backend: a.backend.id,
+		TS:      time.Now(),
+		Cold:    a.cold,
+		Prefix:  prefix,
+		Source:  rt.source,
+	}
+}
+
+func ms(d time.Duration) float64 {
+	v := float64(d) / float64(time.Millisecond)
+	return min(max(v, 0), fleetwatch.MaxDurationMs)
+}
+
+// retryAfterMs reads Retry-After (seconds or an HTTP date) or the
+// non-standard retry-after-ms some servers send, in milliseconds.
+func retryAfterMs(h http.Header, now time.Time) float64 {
+	if v := h.Get("retry-after-ms"); v != "" {
+		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 {
+			return min(f, fleetwatch.MaxDurationMs)
+		}
+	}
+	v := h.Get("Retry-After")
+	if v == "" {
+		return 0
+	}
+	if secs, err := strconv.ParseFloat(v, 64); err == nil && secs >= 0 {
+		return min(secs*1000, fleetwatch.MaxDurationMs)
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return ms(t.Sub(now))
+	}
+	return 0
+}
+
+func copyRequestHeaders(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = vs
+	}
+	for _, k := range hopHeaders {
+		dst.Del(k)
+	}
+	dst.Del("Content-Length") // set from the body
+	dst.Del("Accept-Encoding") // let the transport negotiate, so streams stay readable
+}
+
+// responseMeta is what the router learns from a response body on its way
+// through.
+type responseMeta struct {
+	firstContent     time.Time // first content-bearing chunk (streams) or headers
+	contentChunks    int64
+	promptTokens     int64
+	completionTokens int64
+	cachedTokens     int64
+	fingerprint      string
+}
+
+// streamCopy copies an SSE stream to w, flushing after every read, and
+// records when the first content-bearing event passed. It never changes a
+// byte. It returns the error writing to the client and the error reading
+// from the backend (io.EOF is not an error).
+func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta) (writeErr, readErr error) {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			chunk := buf[:n]
+			if c := countContentEvents(chunk); c > 0 {
+				if meta.contentChunks == 0 {
+					meta.firstContent = time.Now()
+				}
+				meta.contentChunks += int64(c)
+			}
+			scanMeta(chunk, meta)
+			if _, werr := w.Write(chunk); werr != nil {
+				return werr, nil
+			}
+			if ferr := rc.Flush(); ferr != nil {
+				return ferr, nil
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, nil
+			}
+			return nil, err
+		}
+	}
+}
+
+// plainCopy copies a non-streaming body to w, reading usage and the
+// fingerprint from its first maxMetaScan bytes.
+func plainCopy(w io.Writer, body io.Reader, meta *responseMeta) (writeErr, readErr error) {
+	var kept bytes.Buffer
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			if kept.Len() < maxMetaScan {
+				kept.Write(buf[:min(n, maxMetaScan-kept.Len())])
+			}
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr, nil
+			}
+		}
+		if err != nil {
+			scanMeta(kept.Bytes(), meta)
+			if errors.Is(err, io.EOF) {
+				return nil, nil
+			}
+			return nil, err
+		}
+	}
+}
+
+var (
+	keyContent     = []byte(`"content":"`)
+	keyText        = []byte(`"text":"`)
+	keyPrompt      = []byte(`"prompt_tokens":`)
+	keyCompletion  = []byte(`"completion_tokens":`)
+	keyCached      = []byte(`"cached_tokens":`)
+	keyFingerprint = []byte(`"system_fingerprint":"`)
+	keyData        = []byte("data: ")
+)
+
+// countContentEvents counts the SSE events in chunk that carry generated
+// text: a non-empty "content" (chat) or "text" (completions) string. The
+// role-only first chunk of a chat stream does not count, so the first
+// counted event is the first token. An event split across two reads may be
+// missed; that delays TTFT by one chunk at worst.
+func countContentEvents(chunk []byte) int {
+	n := 0
+	for len(chunk) > 0 {
+		i := bytes.Index(chunk, keyData)
+		if i < 0 {
+			return n
+		}
+		chunk = chunk[i+len(keyData):]
+		end := bytes.IndexByte(chunk, '\n')
+		line := chunk
+		if end >= 0 {
+			line = chunk[:end]
+		}
+		if nonEmptyString(line, keyContent) || nonEmptyString(line, keyText) {
+			n++
+		}
+		if end < 0 {
+			return n
+		}
+		chunk = chunk[end:]
+	}
+	return n
+}
+
+func nonEmptyString(line, key []byte) bool {
+	for {
+		i := bytes.Index(line, key)
+		if i < 0 {
+			return false
+		}
+		line = line[i+len(key):]
+		if len(line) > 0 && line[0] != '"' {
+			return true
+		}
+	}
+}
+
+// scanMeta picks usage numbers and system_fingerprint out of JSON bytes
+// without decoding them; the last occurrence wins (the usage chunk of a
+// stream comes last).
+func scanMeta(b []byte, meta *responseMeta) {
+	if v, ok := lastInt(b, keyPrompt); ok {
+		meta.promptTokens = v
+	}
+	if v, ok := lastInt(b, keyCompletion); ok {
+		meta.completionTokens = v
+	}
+	if v, ok := lastInt(b, keyCached); ok {
+		meta.cachedTokens = v
+	}
+	if meta.fingerprint == "" {
+		if i := bytes.Index(b, keyFingerprint); i >= 0 {
+			rest := b[i+len(keyFingerprint):]
+			if j := bytes.IndexByte(rest, '"'); j > 0 && j <= fleetwatch.MaxFingerprintLen {
+				meta.fingerprint = string(rest[:j])
+			}
+		}
+	}
+}
+
+func lastInt(b, key []byte) (int64, bool) {
+	i := bytes.LastIndex(b, key)
+	if i < 0 {
+		return 0, false
+	}
+	rest := bytes.TrimLeft(b[i+len(key):], " ")
+	j := 0
+	for j < len(rest) && rest[j] >= '0' && rest[j] <= '9' {
+		j++
+	}
+	v, err := strconv.ParseInt(string(rest[:j]), 10, 64)
+	return v, err == nil
+}
+
+func openAIError(w http.ResponseWriter, status int, typ, msg string) {
+	writeRouteJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": status}})
+}
+
+func writeRouteJSON(w http.ResponseWriter, status int, v any) {
+	b, _ := json.Marshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}

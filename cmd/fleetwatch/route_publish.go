@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// outcomePublisher sends the router's outcome events to NATS asynchronously,
+// in NDJSON batches, so that a slow or absent NATS never delays or fails a
+// request: Enqueue never blocks; when the bounded queue is full the event is
+// dropped and counted.
+type outcomePublisher struct {
+	subject  string
+	publish  func(subject string, data []byte) error
+	interval time.Duration
+	maxBatch int
+
+	queue chan fleetwatch.Event
+
+	published *metrics.Counter // events handed to NATS
+	dropped   *metrics.Counter // events lost: queue full or publish failed
+	batches   *metrics.Counter
+
+	closeOnce sync.Once
+	closed    chan struct{} // closed by Close
+	done      chan struct{} // closed when Run returns
+}
+
+// outcomePublisherSettings configures an outcomePublisher.
+type outcomePublisherSettings struct {
+	// Subject is where batches go (fw.outcomes.<source>). Required.
+	Subject string
+	// Publish sends one batch; nats.Conn.Publish fits (it buffers while
+	// reconnecting and fails when its buffer is full, never blocking).
+	// Required.
+	Publish func(subject string, data []byte) error
+	// Interval is the longest an event waits for its batch. If zero, 10ms.
+	Interval time.Duration
+	// MaxBatch is the batch size, in bytes, that is flushed at once.
+	// If zero, 64 KiB.
+	MaxBatch int
+	// Queue is the number of events buffered before dropping. If zero, 16384.
+	Queue int
+	// Metrics receives the counters. If nil, a private set is used.
+	Metrics *metrics.Set
+}
+
+func newOutcomePublisher(s outcomePublisherSettings) *outcomePublisher {
+	p := &outcomePublisher{
+		subject:  s.Subject,
+		publish:  s.Publish,
+		interval: s.Interval,
+		maxBatch: s.MaxBatch,
+		closed:   make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	if p.interval <= 0 {
+		p.interval = 10 * time.Millisecond
+	}
+	if p.maxBatch <= 0 {
+		p.maxBatch = 64 << 10
+	}
+	q := s.Queue
+	if q <= 0 {
+		q = 16384
+	}
+	p.queue = make(chan fleetwatch.Event, q)
+	set := s.Metrics
+	if set == nil {
+		set = metrics.NewSet()
+	}
+	p.published = set.GetOrCreateCounter(`fleetwatch_route_events_published_total`)
+	p.dropped = set.GetOrCreateCounter(`fleetwatch_route_events_dropped_total`)
+	p.batches = set.GetOrCreateCounter(`fleetwatch_route_event_batches_total`)
+	return p
+}
+
+// Enqueue queues ev for publishing, or drops it when the queue is full or
+// the publisher is closed. It never blocks.
+func (p *outcomePublisher) Enqueue(ev fleetwatch.Event) {
+	select {
+	case <-p.closed:
+		p.dropped.Inc()
+		return
+	default:
+	}
+	select {
+	case p.queue <- ev:
+	default:
+		p.dropped.Inc()
+	}
+}
+
+// Run batches and publishes queued events until ctx is done or Close is
+// called, then publishes what is still queued and returns nil.
+func (p *outcomePublisher) Run(ctx context.Context) error {
+	defer close(p.done)
+	ticker := time.NewTicker(p.interval)
+	defer ticker.Stop()
+	var buf []byte
+	var n int // events in buf
+	flush := func() {
+		if n == 0 {
+			return
+		}
+		if err := p.publish(p.subject, buf); err != nil {
+			p.dropped.Add(n)
+		} else {
+			p.published.Add(n)
+			p.batches.Inc()
+		}
+		buf, n = buf[:0], 0
+	}
+	add := func(ev *fleetwatch.Event) {
+		buf = fleetwatch.AppendEvent(buf, ev)
+		buf = append(buf, '\n')
+		n++
+		if len(buf) >= p.maxBatch {
+			flush()
+		}
+	}
+	for {
+		select {
+		case ev := <-p.queue:
+			add(&ev)
+		case <-ticker.C:
+			flush()
+		case <-ctx.Done():
+			p.drain(add)
+			flush()
+			return nil
+		case <-p.closed:
+			p.drain(add)
+			flush()
+			return nil
+		}
+	}
+}
+
+// drain moves what is queued now into the batch.
+func (p *outcomePublisher) drain(add func(*fleetwatch.Event)) {
+	for {
+		select {
+		case ev := <-p.queue:
+			add(&ev)
+		default:
+			return
+		}
+	}
+}
+
+// Close stops Run after a last flush and waits for it if it runs. It is
+// idempotent; events enqueued afterwards are dropped.
+func (p *outcomePublisher) Close() {
+	p.closeOnce.Do(func() { close(p.closed) })
+}
+
+// Wait waits for Run to return.
+func (p *outcomePublisher) Wait() { <-p.done }
