@@ -1,0 +1,160 @@
+package p2c
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+func stickyFor(t *testing.T, p *Picker, key uint64) Choice {
+	t.Helper()
+	c, err := p.Pick(seeded(key), Request{Prefix: key, HasPrefix: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestAffinitySticks(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, ids(6)...))
+	for key := uint64(1); key <= 50; key++ {
+		first := stickyFor(t, p, key)
+		if !first.Sticky {
+			t.Fatalf("key %d: not sticky: %+v", key, first)
+		}
+		for range 5 {
+			p.Start(first.Backend) // load does not move a sticky key
+			if got := stickyFor(t, p, key); got != first {
+				t.Fatalf("key %d moved from %+v to %+v", key, first, got)
+			}
+		}
+	}
+}
+
+// The sticky backend is abandoned when its breaker opens or its EWMA
+// reaches the tolerance times the pool median, and only then.
+func TestAffinityMoves(t *testing.T) {
+	const key = 12345
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	bs := ids(5)
+	p.Update(pool(1, bs...))
+	home := stickyFor(t, p, key)
+
+	tests := []struct {
+		name       string
+		change     func(b *fleetwatch.Backend)
+		wantSticky bool
+		wantHome   bool
+	}{
+		{"somewhat slower stays", func(b *fleetwatch.Backend) { b.EWMATTFTMs = fleetwatch.Float(2.4 * 200) }, true, true},
+		{"beyond tolerance leaves", func(b *fleetwatch.Backend) { b.EWMATTFTMs = fleetwatch.Float(2.6 * 200) }, false, false},
+		{"open leaves for another sticky backend", func(b *fleetwatch.Backend) {
+			b.State, b.Weight, b.OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+		}, true, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			changed := append([]fleetwatch.Backend(nil), bs...)
+			tt.change(&changed[home.Index])
+			p.Update(pool(uint64(i+2), changed...))
+			// The median is computed over all backends, so 200 stays it.
+			for range 200 {
+				got := stickyFor(t, p, key)
+				// Without affinity the request goes through two choices,
+				// which may still pick home; only a sticky pick is checked.
+				if got.Sticky != tt.wantSticky || (got.Sticky && (got.Backend == home.Backend) != tt.wantHome) {
+					t.Fatalf("got %+v (home %s); want sticky=%v home=%v", got, home.Backend, tt.wantSticky, tt.wantHome)
+				}
+			}
+		})
+	}
+}
+
+// Rendezvous hashing: removing one backend moves only the keys it held, and
+// those spread over the others.
+func TestAffinityRemovalMovesOnlyItsKeys(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	bs := ids(10)
+	p.Update(pool(1, bs...))
+	const keys = 5000
+	before := make([]string, keys)
+	perBackend := map[string]int{}
+	for k := range keys {
+		before[k] = stickyFor(t, p, uint64(k)*0x9e3779b97f4a7c15).Backend
+		perBackend[before[k]]++
+	}
+	for _, b := range bs {
+		if n := perBackend[b.Backend]; n < keys/10/2 || n > keys/10*2 {
+			t.Errorf("%s holds %d of %d keys; rendezvous should spread them evenly", b.Backend, n, keys)
+		}
+	}
+	removed := bs[4].Backend
+	p.Update(pool(2, append(append([]fleetwatch.Backend(nil), bs[:4]...), bs[5:]...)...))
+	moved, receivers := 0, map[string]bool{}
+	for k := range keys {
+		after := stickyFor(t, p, uint64(k)*0x9e3779b97f4a7c15).Backend
+		switch {
+		case before[k] == removed:
+			moved++
+			receivers[after] = true
+		case after != before[k]:
+			t.Fatalf("key %d moved from %s to %s though %s was removed", k, before[k], after, removed)
+		}
+	}
+	if moved != perBackend[removed] || len(receivers) < 5 {
+		t.Errorf("%d keys moved to %d backends; want all %d of %s's keys spread out", moved, len(receivers), perBackend[removed], removed)
+	}
+}
+
+// Half-open and weight-0 backends hold no keys: a trickle stays a trickle.
+func TestAffinitySkipsHalfOpen(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	bs := ids(4)
+	bs[1].State, bs[1].Weight = fleetwatch.StateHalfOpen, 0.05
+	bs[2].Weight = 0
+	p.Update(pool(1, bs...))
+	for k := range uint64(2000) {
+		got := stickyFor(t, p, k)
+		if got.Sticky && (got.Backend == bs[1].Backend || got.Backend == bs[2].Backend) {
+			t.Fatalf("key %d stuck to %s", k, got.Backend)
+		}
+	}
+}
+
+func TestAffinityTolerance(t *testing.T) {
+	tests := []struct {
+		settings, snapshot float64
+		ewma               float64
+		wantSticky         bool
+	}{
+		{0, 0, 2.4 * 200, true}, // both unset: the default 2.5
+		{0, 0, 2.6 * 200, false},
+		{0, 4, 3.9 * 200, true}, // the snapshot's value
+		{1.5, 4, 1.6 * 200, false},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("settings %v snapshot %v ewma %v", tt.settings, tt.snapshot, tt.ewma), func(t *testing.T) {
+			c := &clock{now: t0}
+			p := newPicker(c, Settings{AffinityTolerance: tt.settings})
+			bs := ids(5)
+			snap := pool(1, bs...)
+			snap.AffinityTolerance = tt.snapshot
+			p.Update(snap)
+			home := stickyFor(t, p, 7)
+			bs[home.Index].EWMATTFTMs = fleetwatch.Float(tt.ewma)
+			snap = pool(2, bs...)
+			snap.AffinityTolerance = tt.snapshot
+			p.Update(snap)
+			if got := stickyFor(t, p, 7); got.Sticky != tt.wantSticky {
+				t.Errorf("sticky = %v, want %v", got.Sticky, tt.wantSticky)
+			}
+		})
+	}
+}

@@ -1,0 +1,41 @@
+package p2c_test
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+// A router applies each decision snapshot with Update, then for every
+// request: Pick, Start, send, Done.
+func Example() {
+	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	picker := p2c.New(p2c.Settings{Now: func() time.Time { return now }})
+	picker.Update(&fleetwatch.Snapshot{
+		V: 1, Pool: "llama-3.1-70b", Epoch: "e1", Seq: 1,
+		At: fleetwatch.At(now), TTLMs: 5000,
+		Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed,
+		MedianEWMATTFTMs: fleetwatch.Float(200),
+		Backends: []fleetwatch.Backend{
+			{Backend: "vllm-a", State: fleetwatch.StateClosed, Weight: 1, EWMATTFTMs: fleetwatch.Float(200)},
+			{Backend: "vllm-b", State: fleetwatch.StateOpen, Weight: 0, OpenUntil: fleetwatch.TimePtr(now.Add(30 * time.Second))},
+			{Backend: "vllm-c", State: fleetwatch.StateClosed, Weight: 1, EWMATTFTMs: fleetwatch.Float(210)},
+		},
+	})
+	r := rand.New(rand.NewPCG(1, 2))
+	picker.Start("vllm-a") // another request is already on vllm-a
+
+	choice, err := picker.Pick(r, p2c.Request{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("picked", choice.Backend)
+	picker.Start(choice.Backend)
+	// ... send the request, then:
+	picker.Done(choice.Backend, fleetwatch.OutcomeOK, 180, false)
+	// Output: picked vllm-c
+}

@@ -1,0 +1,233 @@
+// Package p2c is fleetwatch's router-side picker: weighted power-of-two-choices
+// load balancing over a pool's decision snapshot, with prefix affinity,
+// failover, shedding and a retry budget.
+//
+// The algorithm is the seed article's pick (two random candidates, the lower
+// score wins; Mitzenmacher, "The Power of Two Choices in Randomized Load
+// Balancing", IEEE TPDS 2001), extended the way tower's p2c balancer and
+// grpc-go's weighted balancers are: the two candidates are distinct and
+// sampled with probability proportional to the snapshot's weight, from a
+// cumulative weight table built once per snapshot and binary-searched per
+// pick. Affinity uses rendezvous (highest-random-weight) hashing (Thaler and
+// Ravishankar, "Using Name-Based Mappings to Increase Hit Rates", 1998), so
+// removing one backend moves only the prefixes it held. The retry budget is a
+// token bucket in the manner of Finagle's RetryBudget: every first attempt
+// deposits a fraction of a token, every retry withdraws a whole one.
+//
+// The package is pure: it imports only the module root, takes randomness as
+// a parameter and reads the clock through Settings.Now. Discovery (the
+// snapshot, swapped atomically by Update), load (the router's own in-flight
+// count per backend, Start and Done) and choice (Pick) are kept apart, and
+// Pick does not allocate.
+package p2c
+
+import (
+	"errors"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// Errors Pick returns.
+var (
+	// ErrNoBackends: the pool has no backend (or no snapshot was applied).
+	ErrNoBackends = errors.New("p2c: no backends in the pool")
+	// ErrShed: every backend is open and the pool's all_open policy is shed.
+	// Fail the request fast; do not retry it against the same pool.
+	ErrShed = errors.New("p2c: every backend is open; shedding the request (all_open=shed)")
+	// ErrRetryBudget: the request is a retry and the retry budget is spent.
+	ErrRetryBudget = errors.New("p2c: retry budget exhausted")
+)
+
+// Defaults of Settings.
+const (
+	DefaultLocalAlpha       = 0.2
+	DefaultRetryRatio       = 0.2
+	DefaultRetryFloorPerSec = 3.0
+	// DefaultTTL is the staleness horizon used when a snapshot carries no
+	// ttl_ms (DESIGN.md's analyzer.ttl default).
+	DefaultTTL = 5 * time.Second
+)
+
+// Rand is the source of randomness Pick uses. *math/rand/v2.Rand and
+// rand.PCG satisfy it. Pick calls Uint64 two or three times per request; a
+// Rand is not required to be safe for concurrent use, so give each goroutine
+// its own (or guard a shared one).
+type Rand interface{ Uint64() uint64 }
+
+// Settings configure a Picker. The zero value works.
+type Settings struct {
+	// Score ranks a candidate; lower is better. If nil, DefaultScore is
+	// used (the simulator's winner; see docs/EVALUATION.md).
+	Score Score
+	// CostWeightPerMs is the exchange rate between money and milliseconds
+	// in the score's cost term: cost_per_mtok / CostWeightPerMs is added in
+	// ms. If zero, +Inf is used (pure latency routing; cost ignored).
+	CostWeightPerMs float64
+	// AffinityTolerance keeps a request on the backend holding its prefix
+	// while that backend's EWMA TTFT is below this multiple of the pool
+	// median. If zero, the snapshot's affinity_tolerance is used, or
+	// fleetwatch.DefaultAffinityTolerance (2.5) when the snapshot has none.
+	AffinityTolerance float64
+	// LocalAlpha is the weight of the newest sample in the router's own
+	// EWMA of TTFT. If zero, 0.2 is used (the seed's alpha).
+	LocalAlpha float64
+	// RetryRatio is the share of first attempts that may be retried. If
+	// zero, 0.2 is used. A negative value disables the budget (unlimited
+	// retries; for comparison runs only).
+	RetryRatio float64
+	// RetryFloorPerSec is the retry allowance per second that does not
+	// depend on traffic, so a quiet router can still retry. If zero, 3 is
+	// used.
+	RetryFloorPerSec float64
+	// Now is the clock, read once per Pick and used for staleness and the
+	// retry budget. If nil, time.Now is used.
+	Now func() time.Time
+}
+
+// Request describes what is being routed.
+type Request struct {
+	// Prefix is the hash of the request's shared prefix (system prompt);
+	// only used when HasPrefix is set.
+	Prefix    uint64
+	HasPrefix bool
+	// Exclude names a backend already tried by this request; it is not
+	// chosen again unless it is the only candidate. A non-empty Exclude
+	// marks the request as a retry.
+	Exclude string
+	// Retry marks a retry of a failed attempt even without Exclude. Retries
+	// withdraw from the retry budget; first attempts deposit into it.
+	Retry bool
+}
+
+// Choice is the backend Pick chose.
+type Choice struct {
+	Backend string // the backend id
+	Index   int    // its index in the snapshot's Backends
+	Sticky  bool   // chosen by prefix affinity rather than by two choices
+}
+
+// Picker chooses backends for one pool. All methods are safe for concurrent
+// use; Pick, Start and Done take no lock.
+type Picker struct {
+	score      Score
+	costWeight float64
+	tolerance  float64 // 0: from the snapshot
+	alpha      float64
+	now        func() time.Time
+	budget     *Budget
+	unbudgeted bool
+	state      atomic.Pointer[state]
+	updateMu   sync.Mutex // serialises Update, which carries locals over
+}
+
+// New returns a Picker with no snapshot; Pick returns ErrNoBackends until
+// Update is called.
+func New(s Settings) *Picker {
+	p := &Picker{
+		score:      s.Score,
+		costWeight: s.CostWeightPerMs,
+		tolerance:  s.AffinityTolerance,
+		alpha:      s.LocalAlpha,
+		now:        s.Now,
+	}
+	if p.score == nil {
+		p.score = DefaultScore
+	}
+	if p.costWeight == 0 {
+		p.costWeight = math.Inf(1)
+	}
+	if p.alpha == 0 {
+		p.alpha = DefaultLocalAlpha
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	ratio, floor := s.RetryRatio, s.RetryFloorPerSec
+	if ratio < 0 {
+		p.unbudgeted = true
+	}
+	if ratio == 0 {
+		ratio = DefaultRetryRatio
+	}
+	if floor == 0 {
+		floor = DefaultRetryFloorPerSec
+	}
+	p.budget = NewBudget(ratio, floor, p.now)
+	return p
+}
+
+// Budget returns the picker's retry budget (for metrics, or for callers that
+// retry through other means).
+func (p *Picker) Budget() *Budget { return p.budget }
+
+// local is what one router knows about one backend by itself.
+type local struct {
+	inFlight atomic.Int64
+	ewmaBits atomic.Uint64 // math.Float64bits of the EWMA; 0 = no sample yet
+}
+
+func (l *local) ewma() (float64, bool) {
+	b := l.ewmaBits.Load()
+	return math.Float64frombits(b), b != 0
+}
+
+func (l *local) observe(ttftMs, alpha float64) {
+	for {
+		old := l.ewmaBits.Load()
+		v := ttftMs
+		if old != 0 {
+			v = alpha*ttftMs + (1-alpha)*math.Float64frombits(old)
+		}
+		nb := math.Float64bits(v)
+		if nb == 0 {
+			nb = math.Float64bits(math.SmallestNonzeroFloat64)
+		}
+		if l.ewmaBits.CompareAndSwap(old, nb) {
+			return
+		}
+	}
+}
+
+// Start records that a request was sent to backend (its in-flight count goes
+// up). Call it after Pick, once the request is on its way.
+func (p *Picker) Start(backend string) {
+	if l := p.lookup(backend); l != nil {
+		l.inFlight.Add(1)
+	}
+}
+
+// Done records that a request to backend finished: its in-flight count goes
+// down and, for an ok, non-cold outcome, ttftMs feeds the router's local
+// EWMA (an instant error must never look fast).
+func (p *Picker) Done(backend string, outcome fleetwatch.Outcome, ttftMs float64, cold bool) {
+	l := p.lookup(backend)
+	if l == nil {
+		return
+	}
+	if l.inFlight.Add(-1) < 0 {
+		l.inFlight.Store(0)
+	}
+	if outcome == fleetwatch.OutcomeOK && !cold && ttftMs >= 0 && !math.IsNaN(ttftMs) && !math.IsInf(ttftMs, 0) {
+		l.observe(ttftMs, p.alpha)
+	}
+}
+
+// InFlight returns the router's own in-flight count for backend.
+func (p *Picker) InFlight(backend string) int {
+	if l := p.lookup(backend); l != nil {
+		return int(l.inFlight.Load())
+	}
+	return 0
+}
+
+func (p *Picker) lookup(backend string) *local {
+	st := p.state.Load()
+	if st == nil {
+		return nil
+	}
+	return st.locals[backend]
+}

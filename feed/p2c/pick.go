@@ -1,0 +1,329 @@
+package p2c
+
+import (
+	"math"
+	"math/bits"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// Pick chooses a backend for req.
+//
+// With a fresh snapshot: open backends are never candidates; in failover
+// mode only the lowest priority that has a backend not open is. A request
+// with a prefix goes to its sticky backend (rendezvous hashing over the
+// closed candidates with weight > 0) while that backend's EWMA TTFT is below
+// the affinity tolerance times the pool median. Otherwise two distinct
+// candidates are sampled with probability proportional to their weight (a
+// weight of 0 is never sampled) and the one with the lower score wins, ties
+// to the first sampled. When every backend is open, Pick returns ErrShed
+// (all_open=shed) or ignores the breakers (all_open=spread).
+//
+// With a stale snapshot (now after at + ttl_ms) the picker fails static:
+// breakers whose open_until is still in the future stay honoured, every
+// other backend is a candidate with equal weight, and the router's own EWMA
+// is preferred over the snapshot's.
+//
+// A retry (req.Exclude or req.Retry set) withdraws a token from the retry
+// budget and fails with ErrRetryBudget when none is left; a first attempt
+// deposits. Pick does not allocate.
+func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
+	st := p.state.Load()
+	if st == nil || len(st.entries) == 0 {
+		return Choice{}, ErrNoBackends
+	}
+	nowT := p.now()
+	if !p.unbudgeted {
+		if req.Retry || req.Exclude != "" {
+			if !p.budget.withdrawAt(nowT) {
+				return Choice{}, ErrRetryBudget
+			}
+		} else {
+			p.budget.depositAt(nowT)
+		}
+	}
+	ex := -1
+	if req.Exclude != "" {
+		if i, ok := st.byID[req.Exclude]; ok {
+			ex = i
+		}
+	}
+	var (
+		i      int
+		sticky bool
+		err    error
+	)
+	if now := nowT.UnixNano(); now < st.staleAt {
+		i, sticky, err = p.pickFresh(st, r, req, ex)
+	} else {
+		i, sticky, err = p.pickStale(st, r, req, ex, now)
+	}
+	if err != nil {
+		return Choice{}, err
+	}
+	return Choice{Backend: st.entries[i].id, Index: i, Sticky: sticky}, nil
+}
+
+func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, error) {
+	tbl := &st.fresh
+	if st.allOpen {
+		if st.shed {
+			return -1, false, ErrShed
+		}
+		tbl = &st.spread
+	} else if req.HasPrefix {
+		if i := st.rendezvous(req.Prefix, st.sticky, len(st.sticky), ex); i >= 0 && p.keepSticky(st, i, false) {
+			return i, true, nil
+		}
+	}
+	a := tbl.sample(r.Uint64(), ex, -1)
+	if a < 0 {
+		if ex >= 0 && tbl.weight(ex) > 0 {
+			return ex, false, nil // the tried backend is the only candidate
+		}
+		return -1, false, ErrNoBackends
+	}
+	b := tbl.sample(r.Uint64(), ex, a)
+	if b < 0 {
+		return a, false, nil
+	}
+	return p.better(st, a, b, false), false, nil
+}
+
+func (p *Picker) pickStale(st *state, r Rand, req Request, ex int, now int64) (int, bool, error) {
+	m := st.staleCandidates(now)
+	switch {
+	case m == 0 && st.shed:
+		return -1, false, ErrShed
+	case m == 0:
+		m = len(st.staleOrder) // all_open=spread: ignore the breakers
+	case st.mode == fleetwatch.ModeFailover:
+		return p.pickStaleFailover(st, r, ex, m)
+	case req.HasPrefix:
+		if i := st.rendezvous(req.Prefix, st.staleOrder, m, ex); i >= 0 && p.keepSticky(st, i, true) {
+			return i, true, nil
+		}
+	}
+	exPos := -1
+	if ex >= 0 && st.stalePos[ex] < m {
+		exPos = st.stalePos[ex]
+	}
+	a := uniformSkip(r.Uint64(), m, exPos, -1)
+	if a < 0 {
+		if exPos >= 0 {
+			return ex, false, nil
+		}
+		return -1, false, ErrNoBackends
+	}
+	b := uniformSkip(r.Uint64(), m, exPos, a)
+	if b < 0 {
+		return st.staleOrder[a], false, nil
+	}
+	return p.better(st, st.staleOrder[a], st.staleOrder[b], true), false, nil
+}
+
+// pickStaleFailover balances, with equal weights, over the lowest priority
+// that has a candidate. It scans the pool: the stale path is a degraded mode.
+func (p *Picker) pickStaleFailover(st *state, r Rand, ex, m int) (int, bool, error) {
+	cands := st.staleOrder[:m]
+	best := math.MaxInt
+	for _, i := range cands {
+		best = min(best, st.entries[i].priority)
+	}
+	count := 0
+	for _, i := range cands {
+		if st.entries[i].priority == best && i != ex {
+			count++
+		}
+	}
+	if count == 0 {
+		return ex, false, nil // ex is the tier's only backend
+	}
+	nth := func(j int) int {
+		for _, i := range cands {
+			if st.entries[i].priority == best && i != ex {
+				if j == 0 {
+					return i
+				}
+				j--
+			}
+		}
+		panic("p2c: candidate index out of range")
+	}
+	ja := uniformInt(r.Uint64(), count)
+	a := nth(ja)
+	if count == 1 {
+		return a, false, nil
+	}
+	jb := uniformInt(r.Uint64(), count-1)
+	if jb >= ja {
+		jb++
+	}
+	return p.better(st, a, nth(jb), true), false, nil
+}
+
+// ewmaFor is the TTFT estimate of entry i: with a fresh snapshot the feed's
+// EWMA (it sees every router's traffic), else the router's own; with a stale
+// one the router's own first. NaN when neither knows and the pool has no
+// median.
+func (p *Picker) ewmaFor(st *state, i int, stale bool) float64 {
+	e := &st.entries[i]
+	if !stale && !math.IsNaN(e.feedEWMA) {
+		return e.feedEWMA
+	}
+	if v, ok := e.local.ewma(); ok {
+		return v
+	}
+	if !math.IsNaN(e.feedEWMA) {
+		return e.feedEWMA
+	}
+	return st.median
+}
+
+// better returns whichever of a and b scores lower, a on a tie.
+func (p *Picker) better(st *state, a, b int, stale bool) int {
+	ea, eb := p.ewmaFor(st, a, stale), p.ewmaFor(st, b, stale)
+	switch {
+	case math.IsNaN(ea) && math.IsNaN(eb):
+		ea, eb = 1, 1
+	case math.IsNaN(ea):
+		ea = eb
+	case math.IsNaN(eb):
+		eb = ea
+	}
+	A, B := &st.entries[a], &st.entries[b]
+	sa := p.score(int(A.local.inFlight.Load()), ea, A.cost, p.costWeight)
+	sb := p.score(int(B.local.inFlight.Load()), eb, B.cost, p.costWeight)
+	if sb < sa {
+		return b
+	}
+	return a
+}
+
+// keepSticky applies the seed's affinity rule: keep the sticky backend while
+// its EWMA is below tolerance x the pool median. A backend with no EWMA is
+// scored at the median and so kept.
+func (p *Picker) keepSticky(st *state, i int, stale bool) bool {
+	if math.IsNaN(st.median) {
+		return true
+	}
+	e := p.ewmaFor(st, i, stale)
+	return math.IsNaN(e) || e < st.tolerance*st.median
+}
+
+// rendezvous returns the entry among cands[:m] (entry indices) with the
+// highest hash of (key, backend id), skipping ex; -1 when there is none.
+// Removing one backend changes the winner only for the keys it won.
+func (st *state) rendezvous(key uint64, cands []int, m, ex int) int {
+	best, bestHash := -1, uint64(0)
+	for _, i := range cands[:m] {
+		if i == ex {
+			continue
+		}
+		h := mix64(key ^ st.entries[i].idHash)
+		if best < 0 || h > bestHash {
+			best, bestHash = i, h
+		}
+	}
+	return best
+}
+
+// sample draws one entry with probability proportional to its weight,
+// never s1 or s2 (entry indices, -1 for none), from the random bits u.
+// It returns -1 when no entry with positive weight is left.
+func (t *table) sample(u uint64, s1, s2 int) int {
+	n := len(t.cum)
+	left := t.positive
+	var w1, w2 float64
+	if s1 >= 0 {
+		if w1 = t.weight(s1); w1 > 0 {
+			left--
+		}
+	}
+	if s2 >= 0 && s2 != s1 {
+		if w2 = t.weight(s2); w2 > 0 {
+			left--
+		}
+	}
+	if left <= 0 {
+		return -1
+	}
+	if s1 > s2 {
+		s1, s2, w1, w2 = s2, s1, w2, w1
+	}
+	x := unitFloat(u) * (t.cum[n-1] - w1 - w2)
+	// Map x from the line without the skipped intervals onto the full one.
+	if s1 >= 0 && x >= t.cum[s1]-w1 {
+		x += w1
+	}
+	if s2 >= 0 && x >= t.cum[s2]-w2 {
+		x += w2
+	}
+	// The first entry whose cumulative weight exceeds x, by a branchless
+	// binary search (the compiler turns the step into a conditional move).
+	lo, length := 0, n
+	for length > 1 {
+		half := length >> 1
+		if t.cum[lo+half-1] <= x {
+			lo += half
+		}
+		length -= half
+	}
+	if t.cum[lo] <= x {
+		lo++
+	}
+	if lo >= n || lo == s1 || lo == s2 || t.weight(lo) <= 0 {
+		lo = t.nearest(min(lo, n-1), s1, s2) // floating-point edge
+	}
+	return lo
+}
+
+// nearest returns the usable entry closest to i, looking forward first.
+func (t *table) nearest(i, s1, s2 int) int {
+	for j := i; j < len(t.cum); j++ {
+		if j != s1 && j != s2 && t.weight(j) > 0 {
+			return j
+		}
+	}
+	for j := i - 1; j >= 0; j-- {
+		if j != s1 && j != s2 && t.weight(j) > 0 {
+			return j
+		}
+	}
+	return -1
+}
+
+// uniformSkip draws a position in [0, m) other than s1 and s2 (-1 for
+// none), uniformly; -1 when none is left.
+func uniformSkip(u uint64, m, s1, s2 int) int {
+	count := m
+	if s1 >= 0 {
+		count--
+	}
+	if s2 >= 0 && s2 != s1 {
+		count--
+	}
+	if count <= 0 {
+		return -1
+	}
+	if s1 > s2 {
+		s1, s2 = s2, s1
+	}
+	j := uniformInt(u, count)
+	if s1 >= 0 && j >= s1 {
+		j++
+	}
+	if s2 >= 0 && s2 != s1 && j >= s2 {
+		j++
+	}
+	return j
+}
+
+// uniformInt maps u to [0, n) by multiply-shift (Lemire), without division.
+func uniformInt(u uint64, n int) int {
+	hi, _ := bits.Mul64(u, uint64(n))
+	return int(hi)
+}
+
+// unitFloat maps u to [0, 1).
+func unitFloat(u uint64) float64 { return float64(u>>11) * 0x1p-53 }

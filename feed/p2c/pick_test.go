@@ -1,0 +1,466 @@
+package p2c
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/google/go-cmp/cmp"
+)
+
+func newPicker(c *clock, s Settings) *Picker {
+	s.Now = c.Now
+	return New(s)
+}
+
+// The seed's design note: four in flight at 200 ms is a better bet than two
+// in flight at 3 s. The in-flight-only score disagrees, by construction.
+func TestSeedExample(t *testing.T) {
+	tests := []struct {
+		name  string
+		score Score
+		want  string
+	}{
+		{"seed score", SeedScore, "fast"},
+		{"sqrt score", SqrtScore, "fast"},
+		{"power 1 equals seed", PowerScore(1), "fast"},
+		{"in-flight score", InFlightScore, "slow"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{now: t0}
+			p := newPicker(c, Settings{Score: tt.score})
+			p.Update(pool(1, backend("fast", 200), backend("slow", 3000)))
+			for range 4 {
+				p.Start("fast")
+			}
+			for range 2 {
+				p.Start("slow")
+			}
+			// With two backends both are always the candidates; draw them
+			// in both orders.
+			for _, u := range [][]uint64{{at(0.1), at(0.9)}, {at(0.9), at(0.1)}} {
+				got, err := p.Pick(&scripted{vals: u}, Request{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.Backend != tt.want {
+					t.Errorf("draw %v: picked %s, want %s", u, got.Backend, tt.want)
+				}
+			}
+		})
+	}
+}
+
+func TestScoreValues(t *testing.T) {
+	inf := math.Inf(1)
+	tests := []struct {
+		name  string
+		score Score
+		n     int
+		ewma  float64
+		cost  float64
+		cw    float64
+		want  float64
+	}{
+		{"seed pure latency", SeedScore, 4, 200, 0.6, inf, 1000},
+		{"seed with cost", SeedScore, 4, 200, 0.6, 0.001, 1600},
+		{"in-flight pure latency", InFlightScore, 4, 200, 0.6, inf, 5},
+		{"in-flight with cost in slots", InFlightScore, 4, 200, 0.6, 0.001, 8},
+		{"sqrt", SqrtScore, 3, 400, 0, inf, 80},
+		{"power 0 equals in-flight", PowerScore(0), 4, 200, 0.6, 0.001, 8},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.score(tt.n, tt.ewma, tt.cost, tt.cw)
+			if math.Abs(got-tt.want) > 1e-9 {
+				t.Errorf("score = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// Scripted draws: the first candidate is the weight-proportional position
+// of the first draw; the second is drawn from the rest.
+func TestSampleScripted(t *testing.T) {
+	bs := []fleetwatch.Backend{backend("a", 100), backend("b", 100), backend("c", 100)}
+	bs[2].Weight = 0.5 // cumulative: a [0,1) b [1,2) c [2,2.5)
+	tests := []struct {
+		name string
+		u    []uint64
+		want string
+	}{
+		// Equal scores: the first candidate wins the tie.
+		{"first in a", []uint64{at(0.1), at(0.5)}, "a"},
+		{"first in b", []uint64{at(0.5), at(0.1)}, "b"},
+		{"first in c", []uint64{at(0.9), at(0.1)}, "c"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{now: t0}
+			p := newPicker(c, Settings{})
+			p.Update(pool(1, bs...))
+			got, err := p.Pick(&scripted{vals: tt.u}, Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Backend != tt.want {
+				t.Errorf("picked %s, want %s", got.Backend, tt.want)
+			}
+		})
+	}
+}
+
+// The two candidates are distinct even when the random source repeats
+// itself: with one backend loaded, a source that always returns the same
+// value still yields the other one as second candidate.
+func TestCandidatesDistinct(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, backend("a", 100), backend("b", 100), backend("c", 100)))
+	p.Start("a")
+	got, err := p.Pick(&scripted{vals: []uint64{at(0.0)}}, Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Backend == "a" {
+		t.Errorf("picked the loaded backend a; the second candidate must differ from the first")
+	}
+}
+
+func TestWeightZeroNeverChosen(t *testing.T) {
+	bs := ids(8)
+	bs[3].Weight = 0
+	bs[6].Weight = 0
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, bs...))
+	got := counts(p, seeded(1), Request{}, 20000)
+	for _, id := range []string{bs[3].Backend, bs[6].Backend} {
+		if got[id] != 0 {
+			t.Errorf("%s has weight 0 and was chosen %d times", id, got[id])
+		}
+	}
+	if len(got) != 6 {
+		t.Errorf("chosen backends: %v, want the 6 with positive weight", got)
+	}
+}
+
+// A half-open backend gets about its weight's share: 0.05 / 3.05.
+func TestHalfOpenTrickle(t *testing.T) {
+	bs := []fleetwatch.Backend{backend("a", 200), backend("b", 200), backend("c", 200), backend("h", 200)}
+	bs[3].State = fleetwatch.StateHalfOpen
+	bs[3].Weight = 0.05
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, bs...))
+	const n = 100000
+	got := counts(p, seeded(2), Request{}, n)
+	share := float64(got["h"]) / n
+	want := 0.05 / 3.05
+	if share < want*0.8 || share > want*1.2 {
+		t.Errorf("half-open share = %.4f, want about %.4f", share, want)
+	}
+}
+
+func TestOpenNeverChosen(t *testing.T) {
+	bs := ids(5)
+	bs[1].State, bs[1].Weight, bs[1].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(30*time.Second))
+	bs[2].State, bs[2].Weight = fleetwatch.StateOpen, 1 // a weight on an open backend is ignored
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, bs...))
+	got := counts(p, seeded(3), Request{}, 5000)
+	if got[bs[1].Backend]+got[bs[2].Backend] != 0 {
+		t.Errorf("open backends chosen: %v", got)
+	}
+}
+
+func TestInFlightSteersAway(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{Score: InFlightScore})
+	p.Update(pool(1, backend("a", 100), backend("b", 100)))
+	for range 3 {
+		p.Start("a")
+	}
+	got := counts(p, seeded(4), Request{}, 100)
+	if diff := cmp.Diff(map[string]int{"b": 100}, got); diff != "" {
+		t.Errorf("picks (-want +got):\n%s", diff)
+	}
+	for range 3 {
+		p.Done("a", fleetwatch.OutcomeOK, 100, false)
+	}
+	if got := p.InFlight("a"); got != 0 {
+		t.Errorf("in flight after Done = %d, want 0", got)
+	}
+}
+
+// A backend the feed has no EWMA for is scored with the router's own EWMA
+// when it has one, else with the pool median.
+func TestLocalEWMAForNewBackend(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{Score: SeedScore})
+	p.Update(pool(1, backend("known", 100), backend("new", 0)))
+	// No local sample yet: new is scored at the median (100), a tie that
+	// the first candidate wins.
+	got, err := p.Pick(&scripted{vals: []uint64{at(0.9), at(0.1)}}, Request{})
+	if err != nil || got.Backend != "new" {
+		t.Fatalf("Pick = %v, %v; want new on a tie", got, err)
+	}
+	// The router saw new answer slowly; failures and cold samples do not
+	// count.
+	p.Start("new")
+	p.Done("new", fleetwatch.OutcomeOK, 1000, false)
+	p.Start("new")
+	p.Done("new", fleetwatch.OutcomeError, 1, false)
+	p.Start("new")
+	p.Done("new", fleetwatch.OutcomeOK, 1, true)
+	got, err = p.Pick(&scripted{vals: []uint64{at(0.9), at(0.1)}}, Request{})
+	if err != nil || got.Backend != "known" {
+		t.Fatalf("Pick = %v, %v; want known (new's local EWMA is 1000 ms)", got, err)
+	}
+}
+
+func TestExclude(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{RetryRatio: -1})
+	p.Update(pool(1, backend("a", 100), backend("b", 100), backend("c", 100)))
+	got := counts(p, seeded(5), Request{Exclude: "b"}, 3000)
+	if got["b"] != 0 || got["a"] == 0 || got["c"] == 0 {
+		t.Errorf("picks with b excluded: %v", got)
+	}
+	p.Update(pool(2, backend("only", 100)))
+	c2, err := p.Pick(seeded(6), Request{Exclude: "only"})
+	if err != nil || c2.Backend != "only" {
+		t.Errorf("Pick with the only backend excluded = %v, %v; want it anyway", c2, err)
+	}
+}
+
+func TestNoBackends(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrNoBackends) {
+		t.Errorf("Pick before Update: err = %v, want ErrNoBackends", err)
+	}
+	p.Update(pool(1))
+	if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrNoBackends) {
+		t.Errorf("Pick on an empty pool: err = %v, want ErrNoBackends", err)
+	}
+}
+
+func TestUpdateIgnoresOlderSnapshot(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(5, backend("new", 100)))
+	p.Update(pool(4, backend("old", 100)))
+	got, err := p.Pick(seeded(1), Request{})
+	if err != nil || got.Backend != "new" {
+		t.Errorf("Pick = %v, %v; want new (seq 4 must not replace seq 5)", got, err)
+	}
+	next := pool(1, backend("restarted", 100))
+	next.Epoch = "e2"
+	next.At = fleetwatch.At(t0.Add(time.Second))
+	p.Update(next)
+	if got, _ := p.Pick(seeded(1), Request{}); got.Backend != "restarted" {
+		t.Errorf("Pick = %v; a newer epoch must replace the old one", got)
+	}
+}
+
+// In-flight counts survive snapshots, and a removed backend's count still
+// balances when its requests finish.
+func TestLocalsCarryOver(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, backend("a", 100), backend("b", 100)))
+	p.Start("a")
+	p.Start("b")
+	p.Update(pool(2, backend("a", 100)))
+	if got := p.InFlight("a"); got != 1 {
+		t.Errorf("a in flight = %d, want 1", got)
+	}
+	p.Update(pool(3, backend("a", 100), backend("b", 100)))
+	if got := p.InFlight("b"); got != 1 {
+		t.Errorf("b in flight after leaving and returning = %d, want 1", got)
+	}
+	p.Done("b", fleetwatch.OutcomeOK, 100, false)
+	if got := p.InFlight("b"); got != 0 {
+		t.Errorf("b in flight = %d, want 0", got)
+	}
+}
+
+func TestFailover(t *testing.T) {
+	open := func(b fleetwatch.Backend) fleetwatch.Backend {
+		b.State, b.Weight, b.OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+		return b
+	}
+	prio := func(b fleetwatch.Backend, p int) fleetwatch.Backend { b.Priority = p; return b }
+	a, b, c, d := prio(backend("a", 100), 0), prio(backend("b", 100), 1), prio(backend("c", 100), 1), prio(backend("d", 100), 2)
+	tests := []struct {
+		name     string
+		backends []fleetwatch.Backend
+		want     []string // the backends that get traffic
+	}{
+		{"primary healthy", []fleetwatch.Backend{a, b, c, d}, []string{"a"}},
+		{"primary open: balance the next tier", []fleetwatch.Backend{open(a), b, c, d}, []string{"b", "c"}},
+		{"two tiers open", []fleetwatch.Backend{open(a), open(b), open(c), d}, []string{"d"}},
+		{"half of tier 1 open", []fleetwatch.Backend{open(a), open(b), c, d}, []string{"c"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := &clock{now: t0}
+			p := newPicker(clk, Settings{})
+			snap := pool(1, tt.backends...)
+			snap.Mode = fleetwatch.ModeFailover
+			p.Update(snap)
+			got := counts(p, seeded(7), Request{}, 2000)
+			var chosen []string
+			for _, id := range []string{"a", "b", "c", "d"} {
+				if got[id] > 0 {
+					chosen = append(chosen, id)
+				}
+			}
+			if diff := cmp.Diff(tt.want, chosen); diff != "" {
+				t.Errorf("backends with traffic (-want +got):\n%s\ncounts %v", diff, got)
+			}
+		})
+	}
+}
+
+func TestAllOpen(t *testing.T) {
+	bs := ids(3)
+	for i := range bs {
+		bs[i].State, bs[i].Weight, bs[i].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+	}
+	t.Run("shed", func(t *testing.T) {
+		c := &clock{now: t0}
+		p := newPicker(c, Settings{})
+		p.Update(pool(1, bs...))
+		if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrShed) {
+			t.Errorf("err = %v, want ErrShed", err)
+		}
+	})
+	t.Run("spread", func(t *testing.T) {
+		c := &clock{now: t0}
+		p := newPicker(c, Settings{})
+		snap := pool(1, bs...)
+		snap.AllOpen = fleetwatch.AllOpenSpread
+		p.Update(snap)
+		got := counts(p, seeded(1), Request{}, 3000)
+		if len(got) != 3 {
+			t.Errorf("spread picks: %v, want all three backends", got)
+		}
+	})
+}
+
+// A stale snapshot keeps honouring breakers whose open_until is in the
+// future and otherwise spreads with equal weights.
+func TestStaleSnapshot(t *testing.T) {
+	bs := []fleetwatch.Backend{backend("long", 100), backend("short", 100), backend("light", 100), backend("full", 100)}
+	bs[0].State, bs[0].Weight, bs[0].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+	bs[1].State, bs[1].Weight, bs[1].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(8*time.Second))
+	bs[2].Weight = 0.01
+
+	tests := []struct {
+		name  string
+		after time.Duration
+		want  []string // backends with a fair share
+	}{
+		{"fresh: weights apply", 2 * time.Second, []string{"full"}},
+		{"stale, short breaker still open", 6 * time.Second, []string{"light", "full"}},
+		{"stale, short breaker expired", 9 * time.Second, []string{"short", "light", "full"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{now: t0}
+			p := newPicker(c, Settings{})
+			p.Update(pool(1, bs...))
+			c.Advance(tt.after)
+			const n = 30000
+			got := counts(p, seeded(8), Request{}, n)
+			if got["long"] != 0 {
+				t.Errorf("the breaker open for a minute was not honoured: %v", got)
+			}
+			var fair []string
+			for _, id := range []string{"long", "short", "light", "full"} {
+				if float64(got[id]) > 0.2*n {
+					fair = append(fair, id)
+				}
+			}
+			if diff := cmp.Diff(tt.want, fair); diff != "" {
+				t.Errorf("backends with a fair share (-want +got):\n%s\ncounts %v", diff, got)
+			}
+		})
+	}
+}
+
+// Stale: the router's own EWMA replaces the feed's.
+func TestStaleUsesLocalEWMA(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{Score: SeedScore})
+	p.Update(pool(1, backend("a", 100), backend("b", 100)))
+	p.Start("a")
+	p.Done("a", fleetwatch.OutcomeOK, 5000, false)
+	// Fresh: the feed says both are at 100 ms; a tie, the first wins.
+	if got, _ := p.Pick(&scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{}); got.Backend != "a" {
+		t.Errorf("fresh pick = %s, want a (feed EWMAs tie)", got.Backend)
+	}
+	c.Advance(10 * time.Second)
+	if got, _ := p.Pick(&scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{}); got.Backend != "b" {
+		t.Errorf("stale pick = %s, want b (a's local EWMA is 5000 ms)", got.Backend)
+	}
+}
+
+func TestStaleAllOpen(t *testing.T) {
+	bs := ids(2)
+	for i := range bs {
+		bs[i].State, bs[i].Weight, bs[i].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+	}
+	c := &clock{now: t0.Add(10 * time.Second)}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, bs...))
+	if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrShed) {
+		t.Errorf("err = %v, want ErrShed", err)
+	}
+	c.Advance(time.Minute) // the breakers' open_until passed: never send nothing
+	if _, err := p.Pick(seeded(1), Request{}); err != nil {
+		t.Errorf("err = %v after open_until passed, want a pick", err)
+	}
+}
+
+func TestStaleFailover(t *testing.T) {
+	bs := []fleetwatch.Backend{backend("a", 100), backend("b", 100), backend("c", 100)}
+	bs[0].State, bs[0].Weight, bs[0].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+	bs[1].Priority, bs[2].Priority = 1, 1
+	snap := pool(1, bs...)
+	snap.Mode = fleetwatch.ModeFailover
+	c := &clock{now: t0.Add(10 * time.Second)}
+	p := newPicker(c, Settings{})
+	p.Update(snap)
+	got := counts(p, seeded(1), Request{}, 2000)
+	if got["a"] != 0 || got["b"] == 0 || got["c"] == 0 {
+		t.Errorf("stale failover picks: %v, want b and c", got)
+	}
+	c.Advance(time.Minute)
+	got = counts(p, seeded(1), Request{}, 100)
+	if got["a"] != 100 {
+		t.Errorf("after a's open_until: %v, want all on the primary", got)
+	}
+}
+
+func TestPickAllocs(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, ids(100)...))
+	r := seeded(1)
+	for _, req := range []Request{{}, {Prefix: 42, HasPrefix: true}, {Exclude: "b0003"}} {
+		if a := testing.AllocsPerRun(1000, func() { _, _ = p.Pick(r, req) }); a != 0 {
+			t.Errorf("Pick(%+v) allocates %v times", req, a)
+		}
+	}
+	c.Advance(time.Minute)
+	if a := testing.AllocsPerRun(1000, func() { _, _ = p.Pick(r, Request{}) }); a != 0 {
+		t.Errorf("stale Pick allocates %v times", a)
+	}
+}

@@ -1,0 +1,283 @@
+package p2c
+
+import (
+	"math"
+	"sort"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// entry is one backend of the applied snapshot, flattened for the pick path.
+type entry struct {
+	id        string
+	idHash    uint64 // for rendezvous hashing
+	local     *local
+	state     fleetwatch.State
+	weight    float64
+	priority  int
+	feedEWMA  float64 // NaN when the snapshot has none
+	cost      float64 // 0 when the snapshot has none
+	openUntil int64   // unix ns; for open backends, math.MaxInt64 when unknown
+}
+
+// table is a cumulative weight table over all entries, for weighted sampling
+// by binary search. An entry outside the candidate set has weight 0 and is
+// never chosen.
+type table struct {
+	cum      []float64 // cum[i] = sum of weights of entries 0..i
+	positive int       // entries with weight > 0
+}
+
+func (t *table) weight(i int) float64 {
+	if i <= 0 {
+		return t.cum[0]
+	}
+	return t.cum[i] - t.cum[i-1]
+}
+
+// state is the immutable pick-path view of one snapshot.
+type state struct {
+	header    fleetwatch.Snapshot // epoch, seq and at of the applied snapshot
+	staleAt   int64               // unix ns after which the snapshot is stale
+	mode      fleetwatch.Mode
+	shed      bool    // all_open is shed
+	median    float64 // pool median EWMA TTFT; NaN when unknown
+	tolerance float64
+
+	entries []entry
+	byID    map[string]int
+	locals  map[string]*local // the entries' locals plus removed ones still in flight
+
+	// Fresh snapshot.
+	allOpen bool  // no backend is usable (every one open)
+	fresh   table // the candidates: balance = not open, by weight; failover = the active tier
+	spread  table // every backend, equal weights (all_open=spread)
+	sticky  []int // affinity candidates: closed, weight > 0, within fresh's candidates
+
+	// Stale snapshot: every backend not open is a candidate, then open ones
+	// whose open_until has passed, with equal weights.
+	staleOrder     []int   // not-open entries first, then open ones by open_until
+	staleNotOpen   int     // how many of staleOrder are not open
+	staleOpenUntil []int64 // open_until of staleOrder[staleNotOpen:], ascending
+	stalePos       []int   // stalePos[i] is entry i's position in staleOrder
+}
+
+// Update applies snap, unless it is not newer than the one applied (same
+// epoch, seq not greater; see Snapshot.NewerThan). The picker keeps its own
+// in-flight counts and local EWMAs per backend id across snapshots. snap is
+// not retained or modified.
+func (p *Picker) Update(snap *fleetwatch.Snapshot) {
+	if snap == nil {
+		return
+	}
+	p.updateMu.Lock()
+	defer p.updateMu.Unlock()
+	prev := p.state.Load()
+	if prev != nil && !snap.NewerThan(&prev.header) {
+		return
+	}
+	p.state.Store(p.build(snap, prev))
+}
+
+func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
+	n := len(snap.Backends)
+	ttl := time.Duration(snap.TTLMs) * time.Millisecond
+	if ttl <= 0 {
+		ttl = DefaultTTL
+	}
+	st := &state{
+		header:  fleetwatch.Snapshot{Epoch: snap.Epoch, Seq: snap.Seq, At: snap.At},
+		staleAt: snap.At.Add(ttl).UnixNano(),
+		mode:    snap.Mode,
+		shed:    snap.AllOpen != fleetwatch.AllOpenSpread,
+		median:  math.NaN(),
+		entries: make([]entry, n),
+		byID:    make(map[string]int, n),
+		locals:  make(map[string]*local, n),
+	}
+	if snap.MedianEWMATTFTMs != nil && *snap.MedianEWMATTFTMs > 0 {
+		st.median = *snap.MedianEWMATTFTMs
+	}
+	st.tolerance = p.tolerance
+	if st.tolerance == 0 {
+		st.tolerance = snap.AffinityTolerance
+	}
+	if st.tolerance <= 0 {
+		st.tolerance = fleetwatch.DefaultAffinityTolerance
+	}
+	for i := range snap.Backends {
+		b := &snap.Backends[i]
+		e := entry{
+			id:       b.Backend,
+			idHash:   hashID(b.Backend),
+			state:    b.State,
+			weight:   b.Weight,
+			priority: b.Priority,
+			feedEWMA: math.NaN(),
+		}
+		if !(e.weight > 0) { // also NaN
+			e.weight = 0
+		}
+		if e.weight > 1 {
+			e.weight = 1
+		}
+		if b.EWMATTFTMs != nil && *b.EWMATTFTMs > 0 {
+			e.feedEWMA = *b.EWMATTFTMs
+		}
+		if b.CostPerMTok != nil {
+			e.cost = *b.CostPerMTok
+		}
+		if e.state == fleetwatch.StateOpen {
+			e.openUntil = math.MaxInt64
+			if b.OpenUntil != nil {
+				e.openUntil = b.OpenUntil.UnixNano()
+			}
+		}
+		if prev != nil {
+			e.local = prev.locals[e.id]
+		}
+		if e.local == nil {
+			e.local = new(local)
+		}
+		st.entries[i] = e
+		st.byID[e.id] = i
+		st.locals[e.id] = e.local
+	}
+	// A backend that left the snapshot keeps its local while requests to it
+	// are in flight, so their Done calls still balance the count.
+	if prev != nil {
+		for id, l := range prev.locals {
+			if _, ok := st.locals[id]; !ok && l.inFlight.Load() > 0 {
+				st.locals[id] = l
+			}
+		}
+	}
+	st.buildFresh()
+	st.buildStale()
+	return st
+}
+
+// buildFresh builds the candidate table of a fresh snapshot.
+func (st *state) buildFresh() {
+	n := len(st.entries)
+	candidate := func(e *entry) bool { return e.state != fleetwatch.StateOpen }
+	if st.mode == fleetwatch.ModeFailover {
+		best, found := 0, false
+		for i := range st.entries {
+			e := &st.entries[i]
+			if candidate(e) && (!found || e.priority < best) {
+				best, found = e.priority, true
+			}
+		}
+		candidate = func(e *entry) bool { return e.state != fleetwatch.StateOpen && e.priority == best }
+	}
+	weights := make([]float64, n)
+	anyPositive, anyCandidate := false, false
+	for i := range st.entries {
+		e := &st.entries[i]
+		if candidate(e) {
+			anyCandidate = true
+			weights[i] = e.weight
+			anyPositive = anyPositive || e.weight > 0
+		}
+	}
+	st.allOpen = !anyCandidate
+	if anyCandidate && !anyPositive {
+		// Every candidate has weight 0 (for example all quarantined):
+		// spread equally rather than send nothing.
+		for i := range st.entries {
+			if candidate(&st.entries[i]) {
+				weights[i] = 1
+			}
+		}
+	}
+	st.fresh = newTable(weights)
+	for i := range weights {
+		weights[i] = 1
+	}
+	st.spread = newTable(weights)
+	for i := range st.entries {
+		e := &st.entries[i]
+		if st.fresh.weight(i) > 0 && e.state == fleetwatch.StateClosed && e.weight > 0 {
+			st.sticky = append(st.sticky, i)
+		}
+	}
+}
+
+func newTable(weights []float64) table {
+	t := table{cum: make([]float64, len(weights))}
+	sum := 0.0
+	for i, w := range weights {
+		if w > 0 {
+			sum += w
+			t.positive++
+		}
+		t.cum[i] = sum
+	}
+	return t
+}
+
+// buildStale orders the entries for the stale path: not-open ones first (in
+// snapshot order), then open ones by the time their breaker may close.
+func (st *state) buildStale() {
+	n := len(st.entries)
+	st.staleOrder = make([]int, 0, n)
+	var open []int
+	for i := range st.entries {
+		if st.entries[i].state == fleetwatch.StateOpen {
+			open = append(open, i)
+		} else {
+			st.staleOrder = append(st.staleOrder, i)
+		}
+	}
+	st.staleNotOpen = len(st.staleOrder)
+	sort.SliceStable(open, func(a, b int) bool {
+		return st.entries[open[a]].openUntil < st.entries[open[b]].openUntil
+	})
+	st.staleOrder = append(st.staleOrder, open...)
+	st.staleOpenUntil = make([]int64, len(open))
+	for k, i := range open {
+		st.staleOpenUntil[k] = st.entries[i].openUntil
+	}
+	st.stalePos = make([]int, n)
+	for pos, i := range st.staleOrder {
+		st.stalePos[i] = pos
+	}
+}
+
+// staleCandidates is how many of staleOrder are candidates at now: the
+// not-open ones and the open ones whose open_until is not in the future.
+func (st *state) staleCandidates(now int64) int {
+	lo, hi := 0, len(st.staleOpenUntil)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if st.staleOpenUntil[mid] > now {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return st.staleNotOpen + lo
+}
+
+// hashID is FNV-1a followed by a 64-bit finaliser, so that ids differing in
+// one byte land far apart.
+func hashID(id string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(id); i++ {
+		h ^= uint64(id[i])
+		h *= 1099511628211
+	}
+	return mix64(h)
+}
+
+// mix64 is the splitmix64 finaliser.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
