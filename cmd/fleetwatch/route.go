@@ -101,7 +101,9 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	defer func() {
 		rt.events.Close()
 		<-pubDone
-		nc.Flush()
+		if nc.IsConnected() { // hand the last batch over; never wait for a server that is gone
+			nc.FlushTimeout(2 * time.Second)
+		}
 	}()
 
 	unsubscribe, err := followDecisions(ctx, nc, subjects, pools, logf)

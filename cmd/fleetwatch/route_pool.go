@@ -22,6 +22,7 @@ type routePool struct {
 	order    []string // configured backend ids, sorted
 	cfg      PoolConfig
 	picker   *p2c.Picker
+	applied  atomic.Pointer[fleetwatch.Snapshot] // the last snapshot given to picker
 }
 
 // routeBackend is one configured backend.
@@ -80,7 +81,7 @@ func newRoutePools(cfg *Config, ps p2c.Settings) (map[string]*routePool, error) 
 		// Until the first decision arrives the pool routes on equal weights
 		// and local signals: a snapshot from the configuration, stale from
 		// the start (At is the Unix epoch), which any real snapshot replaces.
-		p.picker.Update(p.merge(nil))
+		p.apply(nil)
 		pools[pc.ID] = p
 	}
 	return pools, nil
@@ -135,4 +136,24 @@ func (p *routePool) merge(snap *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 }
 
 // apply hands a decision snapshot for this pool to the picker.
-func (p *routePool) apply(snap *fleetwatch.Snapshot) { p.picker.Update(p.merge(snap)) }
+func (p *routePool) apply(snap *fleetwatch.Snapshot) {
+	m := p.merge(snap)
+	if prev := p.applied.Load(); prev == nil || m.NewerThan(prev) {
+		p.applied.Store(m)
+	}
+	p.picker.Update(m)
+}
+
+// untried returns a backend for a third or later attempt when the picker,
+// which can exclude only the previous backend, chose one already tried: the
+// first (by id) configured backend not tried yet that the last snapshot does
+// not hold open, or "" when there is none.
+func (p *routePool) untried(tried []string) string {
+	snap := p.applied.Load()
+	for _, b := range snap.Backends {
+		if b.State != fleetwatch.StateOpen && b.Weight > 0 && !slices.Contains(tried, b.Backend) {
+			return b.Backend
+		}
+	}
+	return ""
+}

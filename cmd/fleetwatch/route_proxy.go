@@ -183,7 +183,10 @@ func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
 			tried = append(tried, be.id)
 			preq.Exclude, preq.Retry = be.id, true
 			next, perr := rt.pick(pool, rng, preq)
-			if perr == nil && !contains(tried, next.Backend) {
+			if perr == nil && contains(tried, next.Backend) {
+				next.Backend = pool.untried(tried)
+			}
+			if perr == nil && next.Backend != "" {
 				if resp != nil {
 					io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 					resp.Body.Close()
