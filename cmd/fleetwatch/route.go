@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -16,10 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
@@ -106,11 +103,29 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}()
 
-	unsubscribe, err := followDecisions(ctx, nc, subjects, pools, logf)
+	// The feed watcher applies every newer snapshot of a configured pool to
+	// its picker (live from the decisions subjects, and at start and after
+	// a reconnect from the KV bucket).
+	watcher, err := feed.NewWatcher(nc, feed.WatcherSettings{
+		Prefix: cfg.Prefix,
+		Pools:  sortedKeys(pools),
+		OnUpdate: func(snap *fleetwatch.Snapshot) {
+			if p := pools[snap.Pool]; p != nil {
+				p.apply(snap)
+			}
+		},
+		Metrics: rt.metrics.set,
+		Logf:    logf,
+	})
 	if err != nil {
 		return err
 	}
-	defer unsubscribe()
+	watchDone := make(chan error, 1)
+	go func() { watchDone <- watcher.Run(ctx) }() // exits on ctx or Close
+	defer func() {
+		watcher.Close()
+		<-watchDone
+	}()
 
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -201,44 +216,4 @@ func subjectToken(s string) string {
 		}
 		return r
 	}, s)
-}
-
-// followDecisions applies every decision snapshot of a configured pool to
-// its picker: live ones from <prefix>.decisions.>, and, at start, the last
-// value of each pool in the decisions KV bucket (best effort: without
-// JetStream the router waits for the next heartbeat). It returns a function
-// that unsubscribes.
-func followDecisions(ctx context.Context, nc *nats.Conn, subjects fleetwatch.Subjects,
-	pools map[string]*routePool, logf func(string, ...any)) (func(), error) {
-	apply := func(data []byte) {
-		var snap fleetwatch.Snapshot
-		if err := json.Unmarshal(data, &snap); err != nil || snap.Pool == "" {
-			return
-		}
-		if p := pools[snap.Pool]; p != nil {
-			p.apply(&snap)
-		}
-	}
-	sub, err := nc.Subscribe(subjects.DecisionsWildcard(), func(m *nats.Msg) { apply(m.Data) })
-	if err != nil {
-		return nil, fmt.Errorf("nats: subscribe decisions: %w", err)
-	}
-	go func() { // one-shot: exits after reading each pool's last value once
-		kctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		js, err := jetstream.New(nc)
-		if err != nil {
-			return
-		}
-		kv, err := js.KeyValue(kctx, subjects.BucketDecisions())
-		if err != nil {
-			return
-		}
-		for id := range pools {
-			if e, err := kv.Get(kctx, id); err == nil {
-				apply(e.Value())
-			}
-		}
-	}()
-	return func() { sub.Unsubscribe() }, nil
 }

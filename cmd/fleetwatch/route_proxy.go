@@ -424,7 +424,7 @@ func copyRequestHeaders(dst, src http.Header) {
 	for _, k := range hopHeaders {
 		dst.Del(k)
 	}
-	dst.Del("Content-Length") // set from the body
+	dst.Del("Content-Length")  // set from the body
 	dst.Del("Accept-Encoding") // let the transport negotiate, so streams stay readable
 }
 
