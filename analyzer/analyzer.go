@@ -353,10 +353,11 @@ func (a *Analyzer) Epoch() string {
 	return a.epoch
 }
 
-// advance moves every window of the pool to now.
+// advance moves every window of the pool to now and refreshes the views.
 func (p *pool) advance(now time.Time) {
 	for _, b := range p.sorted() {
 		b.win.advance(b.win.bucketOf(now))
+		b.view = b.win.stats()
 	}
 }
 

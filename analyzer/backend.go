@@ -130,7 +130,9 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, ts time
 			b.run++
 			if b.run >= s.ConsecutiveFailures && b.runLatched == 0 {
 				b.runLatched = b.run
-				return true
+				// A backend the ejection cap holds is looked at again at
+				// the heartbeat, not at every failure.
+				return b.holdReason == ""
 			}
 		case ev.Outcome == fleetwatch.OutcomeOK:
 			b.run = 0

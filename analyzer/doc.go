@@ -25,9 +25,10 @@
 //     counts by outcome, the largest retry_after_ms and the TTFT samples.
 //   - TTFT histogram (histogram.go): log-linear (HDR layout), 16 bins per
 //     power of two from 0.25 ms to 2^22 ms, 385 bins; quantiles by nearest
-//     rank on the window's merged histogram report a bin's midpoint, so p50
-//     and p95 are within 3.1% of the true sample at that rank (0.125 ms
-//     absolute below 0.25 ms).
+//     rank on the window's merged histogram report the point of a bin at
+//     equal relative distance from both its ends, so p50 and p95 are within
+//     1/33 (3.03%) of the true sample at that rank (0.125 ms absolute below
+//     0.25 ms).
 //   - Circuit breaker (rules.go, backend.go), after sony/gobreaker: closed,
 //     open, half_open, with a generation per transition; a late event from
 //     an older generation (its ts before the transition) is dropped, so the

@@ -8,11 +8,12 @@ import "math"
 // and the top four mantissa bits), so binning costs a few instructions and
 // no logarithm.
 //
-// Error bound: a bin [lo, lo*(1+1/16)) reports its midpoint, so a quantile is
-// off by at most half a bin width relative to the true sample at that rank:
-// (1/32)/(1+1/32) < 3.1% for values from 0.25 ms up. Values below 0.25 ms
-// (including 0) share one underflow bin reported as 0.125 ms, an absolute
-// error of at most 0.125 ms. Values at or above 2^22 ms (about 70 minutes,
+// Error bound: a bin [lo, hi) with hi = lo*(1+1/16) reports 2*lo*hi/(lo+hi),
+// the value whose relative distance to both ends is equal, so a reported
+// quantile is within (hi-lo)/(hi+lo) = 1/33 (3.03%) of the true sample at
+// that rank for values from 0.25 ms up. Values below 0.25 ms (including 0)
+// share one underflow bin reported as 0.125 ms, an absolute error of at most
+// 0.125 ms. Values at or above 2^22 ms (about 70 minutes,
 // beyond the protocol's 1 hour limit) share the top bin.
 const (
 	histSubBinBits = 4
@@ -41,15 +42,16 @@ func binOf(ms float64) uint16 {
 	return uint16(1 + (exp-histMinExp)*histSubBins + sub)
 }
 
-// binValue returns the value a bin reports: its midpoint.
+// binValue returns the value a bin reports: the point of equal relative
+// error to both of its ends.
 func binValue(bin int) float64 {
 	if bin <= 0 {
 		return histMinMs / 2
 	}
 	octave, sub := (bin-1)/histSubBins, (bin-1)%histSubBins
 	lo := math.Ldexp(1+float64(sub)/histSubBins, octave+histMinExp)
-	width := math.Ldexp(1.0/histSubBins, octave+histMinExp)
-	return lo + width/2
+	hi := lo + math.Ldexp(1.0/histSubBins, octave+histMinExp)
+	return 2 * lo * hi / (lo + hi)
 }
 
 // histogram counts samples per bin.

@@ -41,9 +41,8 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, out *Evaluation) (gone b
 	if len(bs) == 0 {
 		return !p.configured
 	}
+	p.advance(now)
 	for _, b := range bs {
-		b.win.advance(b.win.bucketOf(now))
-		b.view = b.win.stats()
 		if b.since.IsZero() {
 			b.since = now
 		}

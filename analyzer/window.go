@@ -46,7 +46,9 @@ type bucket struct {
 	sampleCounts uint32
 }
 
-func (b *bucket) empty() bool { return b.sampleCounts == 0 && b.counts == [fleetwatch.NumOutcomes]uint32{} }
+func (b *bucket) empty() bool {
+	return b.sampleCounts == 0 && b.counts == [fleetwatch.NumOutcomes]uint32{}
+}
 
 // newWindow returns a window of size buckets of the given length.
 func newWindow(size int, bucketLen time.Duration) window {

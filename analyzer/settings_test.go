@@ -1,0 +1,147 @@
+package analyzer
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestSettingsWithDefaults(t *testing.T) {
+	want := Settings{
+		Window: 30 * time.Second, Bucket: time.Second, MinRequests: 20, FailureRate: 0.5,
+		ConsecutiveFailures: 5, ThrottleRate: 0.5, SlowFactor: 5, EWMAAlpha: 0.2,
+		IdleGap: 5 * time.Minute, OpenBase: 30 * time.Second, OpenMax: 5 * time.Minute,
+		OpenJitter: 0.1, HalfOpenWeight: 0.05, HalfOpenSuccesses: 5, MaxOpenFraction: 0.5,
+		Heartbeat: time.Second, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,
+	}
+	if diff := cmp.Diff(want, Settings{}.WithDefaults()); diff != "" {
+		t.Errorf("defaults (-want +got):\n%s", diff)
+	}
+	custom := Settings{Window: time.Minute, MinRequests: 7}
+	got := custom.WithDefaults()
+	want.Window, want.MinRequests = time.Minute, 7
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("custom (-want +got):\n%s", diff)
+	}
+	if custom.Bucket != 0 {
+		t.Error("WithDefaults mutated its receiver")
+	}
+}
+
+func TestSettingsOverride(t *testing.T) {
+	global := Settings{MinRequests: 50, FailureRate: 0.3}.WithDefaults()
+	got := global.Override(Settings{FailureRate: 0.8, Heartbeat: 2 * time.Second})
+	want := global
+	want.FailureRate, want.Heartbeat = 0.8, 2*time.Second
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("override (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(global, global.Override(Settings{})); diff != "" {
+		t.Errorf("empty override changed settings (-want +got):\n%s", diff)
+	}
+}
+
+func TestSettingsValidate(t *testing.T) {
+	tests := []struct {
+		name    string
+		s       Settings
+		wantKey string // "" = valid
+	}{
+		{"zero value is valid", Settings{}, ""},
+		{"negative window", Settings{Window: -5 * time.Second}, "analyzer.window"},
+		{"negative bucket", Settings{Bucket: -1}, "analyzer.bucket"},
+		{"bucket longer than window", Settings{Window: time.Second, Bucket: 2 * time.Second}, "analyzer.bucket"},
+		{"window not a multiple of bucket", Settings{Window: 2500 * time.Millisecond}, "analyzer.window"},
+		{"too many buckets", Settings{Window: 2 * time.Hour}, "analyzer.window"},
+		{"negative min_requests", Settings{MinRequests: -1}, "analyzer.min_requests"},
+		{"failure_rate above 1", Settings{FailureRate: 1.5}, "analyzer.failure_rate"},
+		{"failure_rate of 1 is valid", Settings{FailureRate: 1}, ""},
+		{"negative consecutive_failures", Settings{ConsecutiveFailures: -2}, "analyzer.consecutive_failures"},
+		{"negative throttle_rate", Settings{ThrottleRate: -0.1}, "analyzer.throttle_rate"},
+		{"slow_factor of at most 1", Settings{SlowFactor: 0.9}, "analyzer.slow_factor"},
+		{"ewma_alpha above 1", Settings{EWMAAlpha: 2}, "analyzer.ewma_alpha"},
+		{"negative idle_gap", Settings{IdleGap: -time.Second}, "analyzer.idle_gap"},
+		{"negative open_base", Settings{OpenBase: -time.Second}, "analyzer.open_base"},
+		{"open_max below open_base", Settings{OpenMax: 10 * time.Second}, "analyzer.open_max"},
+		{"open_jitter above 0.5", Settings{OpenJitter: 0.7}, "analyzer.open_jitter"},
+		{"negative open_jitter disables it", Settings{OpenJitter: -1}, ""},
+		{"half_open_weight above 1", Settings{HalfOpenWeight: 1.1}, "analyzer.half_open_weight"},
+		{"negative half_open_successes", Settings{HalfOpenSuccesses: -1}, "analyzer.half_open_successes"},
+		{"max_open_fraction above 1", Settings{MaxOpenFraction: 1.5}, "analyzer.max_open_fraction"},
+		{"negative heartbeat", Settings{Heartbeat: -time.Second}, "analyzer.heartbeat"},
+		{"ttl below heartbeat", Settings{TTL: 500 * time.Millisecond}, "analyzer.ttl"},
+		{"expiry below window", Settings{Expiry: 10 * time.Second}, "analyzer.expiry"},
+		{"max_weight_step above 1", Settings{MaxWeightStep: 2}, "analyzer.max_weight_step"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.s.Validate()
+			if tt.wantKey == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrInvalidSettings) {
+				t.Fatalf("Validate = %v, want ErrInvalidSettings", err)
+			}
+			var se *SettingError
+			if !errors.As(err, &se) {
+				t.Fatalf("Validate = %T, want *SettingError", err)
+			}
+			if se.Key != tt.wantKey {
+				t.Fatalf("key %q, want %q (error %v)", se.Key, tt.wantKey, err)
+			}
+		})
+	}
+	// The message style of STYLE.md item 2, checked once.
+	var se *SettingError
+	if errors.As(Settings{Window: -5 * time.Second}.Validate(), &se) && se.Error() != "analyzer.window = -5s: must be > 0" {
+		t.Errorf("message %q", se.Error())
+	}
+}
+
+func TestNewValidatesConfig(t *testing.T) {
+	neg := -1.0
+	tests := []struct {
+		name    string
+		cfg     Config
+		wantErr error
+		wantKey string
+	}{
+		{"zero config", Config{}, nil, ""},
+		{"global settings", Config{Settings: Settings{MinRequests: -3}}, ErrInvalidSettings, "analyzer.min_requests"},
+		{"pool override", Config{Pools: []PoolConfig{{ID: "a"}, {ID: "b", Settings: Settings{FailureRate: 3}}}}, ErrInvalidSettings, "pools[1].analyzer.failure_rate"},
+		{"override checked against global", Config{Settings: Settings{OpenBase: time.Minute}, Pools: []PoolConfig{{ID: "a", Settings: Settings{OpenMax: 50 * time.Second}}}}, ErrInvalidSettings, "pools[0].analyzer.open_max"},
+		{"empty pool id", Config{Pools: []PoolConfig{{}}}, ErrInvalidConfig, "pools[0].id"},
+		{"duplicate pool", Config{Pools: []PoolConfig{{ID: "a"}, {ID: "a"}}}, ErrInvalidConfig, "pools[1].id"},
+		{"bad mode", Config{Pools: []PoolConfig{{ID: "a", Mode: "random"}}}, ErrInvalidConfig, "pools[0].mode"},
+		{"bad all_open", Config{Pools: []PoolConfig{{ID: "a", AllOpen: "panic"}}}, ErrInvalidConfig, "pools[0].all_open"},
+		{"negative tolerance", Config{Pools: []PoolConfig{{ID: "a", AffinityTolerance: -1}}}, ErrInvalidConfig, "pools[0].affinity_tolerance"},
+		{"empty backend id", Config{Pools: []PoolConfig{{ID: "a", Backends: []BackendConfig{{ID: ""}}}}}, ErrInvalidConfig, "pools[0].backends[0].id"},
+		{"duplicate backend", Config{Pools: []PoolConfig{{ID: "a", Backends: []BackendConfig{{ID: "x"}, {ID: "x"}}}}}, ErrInvalidConfig, "pools[0].backends[1].id"},
+		{"negative cost", Config{Pools: []PoolConfig{{ID: "a", Backends: []BackendConfig{{ID: "x", CostPerMTok: &neg}}}}}, ErrInvalidConfig, "pools[0].backends[0].cost_per_mtok"},
+		{"valid pools", Config{Pools: []PoolConfig{{ID: "a", Mode: fleetwatch.ModeFailover, AllOpen: fleetwatch.AllOpenSpread, Backends: []BackendConfig{{ID: "x"}, {ID: "y"}}}}}, nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a, err := New(tt.cfg)
+			if tt.wantErr == nil {
+				if err != nil || a == nil {
+					t.Fatalf("New: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("New = %v, want %v", err, tt.wantErr)
+			}
+			var se *SettingError
+			if !errors.As(err, &se) || se.Key != tt.wantKey {
+				t.Fatalf("New = %v, want key %q", err, tt.wantKey)
+			}
+		})
+	}
+}
