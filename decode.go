@@ -13,8 +13,10 @@ import (
 // hand-written scanner over the input bytes: it is the collector's hot path,
 // and encoding/json spends most of its time in reflection and allocation.
 //
-// A Decoder interns the pool, backend, fingerprint and source ids it has
-// seen, so that decoding a typical event allocates only its prefix hash. The
+// A Decoder interns the pool, backend, fingerprint, source and prefix
+// strings it has seen, each kind in its own bounded table, so that decoding
+// an event whose strings it has seen before allocates nothing, and a string
+// found in a table skips validation (only valid strings are entered). The
 // zero value is ready to use. A Decoder is not safe for concurrent use: give
 // each goroutine its own.
 //
@@ -43,22 +45,69 @@ import (
 //   - Nesting of skipped values deeper than 10000 is ErrBadJSON, as in
 //     encoding/json.
 type Decoder struct {
-	// intern maps an id to the one string holding it, so that repeated ids
-	// cost no allocation. Bounded by maxInterned entries and
-	// maxInternedBytes; when either is reached the table starts afresh, so
-	// ids of backends that went away do not stay pinned forever.
-	intern      map[string]string
-	internBytes int
-
-	buf   []byte // scratch for strings with escapes
-	batch Event  // the event DecodeBatch passes to its callback
+	strings [numTables]internTable
+	buf     []byte // scratch for strings with escapes
+	batch   Event  // the event DecodeBatch passes to its callback
 }
 
+const maxNesting = 10000
+
+// Interned string tables, one per kind of string, so that a hit in a table
+// means the string passed that kind's validation.
+const (
+	tablePool = iota
+	tableBackend
+	tableFingerprint
+	tableSource
+	tablePrefix
+	numTables
+)
+
+// Bounds of one internTable. Five full tables hold about 10 MiB.
 const (
 	maxInterned      = 65536
-	maxInternedBytes = 4 << 20
-	maxNesting       = 10000
+	maxInternedBytes = 2 << 20
 )
+
+// internTable maps a string to the one string value holding it. When it
+// reaches maxInterned entries or maxInternedBytes it starts afresh, so that
+// ids of backends that went away, or a flood of distinct prefixes, do not
+// stay pinned forever; the ids still in use are entered again as they recur.
+type internTable struct {
+	m     map[string]string
+	bytes int
+	last  string // the last string found or entered, checked before m
+}
+
+// lookup returns the interned string equal to s. Neither the comparison nor
+// the map lookup with string(s) as key allocates.
+func (t *internTable) lookup(s []byte) (string, bool) {
+	if len(s) > 0 && t.last == string(s) {
+		return t.last, true
+	}
+	if v, ok := t.m[string(s)]; ok {
+		t.last = v
+		return v, true
+	}
+	return "", false
+}
+
+// add enters s, which lookup did not find, and returns it as a string.
+func (t *internTable) add(s []byte) string {
+	v := string(s)
+	if t.m == nil || len(t.m) >= maxInterned || t.bytes+len(v) > maxInternedBytes {
+		if t.m == nil {
+			t.m = make(map[string]string, 64)
+		} else {
+			clear(t.m)
+		}
+		t.bytes = 0
+	}
+	t.m[v] = v
+	t.bytes += len(v)
+	t.last = v
+	return v
+}
 
 // field numbers the known fields of an outcome event, in protocol order.
 type field uint8
@@ -93,40 +142,67 @@ var fieldNames = [numFields]string{
 	fieldCacheHit: "cache_hit", fieldFingerprint: "fingerprint", fieldSource: "source",
 }
 
+// fieldOf returns the field named key, noField for an unknown key. It
+// switches on the length first, so that a key costs one or two short
+// comparisons; string(key) in a comparison neither copies nor allocates.
 func fieldOf(key []byte) field {
-	switch string(key) {
-	case "v":
-		return fieldV
-	case "pool":
-		return fieldPool
-	case "backend":
-		return fieldBackend
-	case "ts":
-		return fieldTS
-	case "status":
-		return fieldStatus
-	case "outcome":
-		return fieldOutcome
-	case "ttft_ms":
-		return fieldTTFT
-	case "duration_ms":
-		return fieldDuration
-	case "input_tokens":
-		return fieldInputTokens
-	case "output_tokens":
-		return fieldOutputTokens
-	case "cold":
-		return fieldCold
-	case "retry_after_ms":
-		return fieldRetryAfter
-	case "prefix":
-		return fieldPrefix
-	case "cache_hit":
-		return fieldCacheHit
-	case "fingerprint":
-		return fieldFingerprint
-	case "source":
-		return fieldSource
+	switch len(key) {
+	case 1:
+		if string(key) == "v" {
+			return fieldV
+		}
+	case 2:
+		if string(key) == "ts" {
+			return fieldTS
+		}
+	case 4:
+		switch string(key) {
+		case "pool":
+			return fieldPool
+		case "cold":
+			return fieldCold
+		}
+	case 6:
+		switch string(key) {
+		case "status":
+			return fieldStatus
+		case "prefix":
+			return fieldPrefix
+		case "source":
+			return fieldSource
+		}
+	case 7:
+		switch string(key) {
+		case "backend":
+			return fieldBackend
+		case "outcome":
+			return fieldOutcome
+		case "ttft_ms":
+			return fieldTTFT
+		}
+	case 9:
+		if string(key) == "cache_hit" {
+			return fieldCacheHit
+		}
+	case 11:
+		switch string(key) {
+		case "duration_ms":
+			return fieldDuration
+		case "fingerprint":
+			return fieldFingerprint
+		}
+	case 12:
+		if string(key) == "input_tokens" {
+			return fieldInputTokens
+		}
+	case 13:
+		if string(key) == "output_tokens" {
+			return fieldOutputTokens
+		}
+	case 14:
+		if string(key) == "retry_after_ms" {
+			return fieldRetryAfter
+		}
 	}
 	return noField
 }
@@ -368,43 +444,42 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 		}
 		return fail(ErrWrongType), end
 	}
-	end, isInt, ok := scanNumber(data, pos)
+	var n number
+	ok := scanNumber(data, pos, &n)
+	end := n.end
 	if !ok {
 		return syntaxError(end), end
 	}
 	num := data[pos:end]
 	switch k {
 	case fieldV:
-		if len(num) == 1 && num[0] == '1' {
-			return failure{}, end
-		}
-		if f, ok := parseFloat(num); !ok || f != 1 {
+		if f, ok := n.float(num); !ok || f != 1 {
 			return fail(ErrBadVersion), end
 		}
 	case fieldStatus:
-		if !isInt {
+		if !n.isInt {
 			return fail(ErrWrongType), end
 		}
-		n, ok := parseInt(num)
-		if !ok || n < 0 || n > 999 {
+		v, ok := n.integer()
+		if !ok || v < 0 || v > 999 {
 			return fail(ErrOutOfRange), end
 		}
-		ev.Status, ev.HasStatus = int(n), true
+		ev.Status, ev.HasStatus = int(v), true
 	case fieldInputTokens, fieldOutputTokens:
-		if !isInt {
+		if !n.isInt {
 			return fail(ErrWrongType), end
 		}
-		n, ok := parseInt(num)
-		if !ok || n < 0 {
+		v, ok := n.integer()
+		if !ok || v < 0 {
 			return fail(ErrOutOfRange), end
 		}
 		if k == fieldInputTokens {
-			ev.InputTokens = n
+			ev.InputTokens = v
 		} else {
-			ev.OutputTokens = n
+			ev.OutputTokens = v
 		}
 	case fieldTTFT, fieldDuration, fieldRetryAfter:
-		f, ok := parseFloat(num)
+		f, ok := n.float(num)
 		if !ok || !(f >= 0 && f <= MaxDurationMs) { // NaN fails both
 			return fail(ErrOutOfRange), end
 		}
@@ -424,17 +499,27 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 func (d *Decoder) setString(ev *Event, k field, s []byte) error {
 	switch k {
 	case fieldPool:
-		if !validPoolID(s) {
-			ev.Pool = ""
-			return ErrInvalidPool
+		t := &d.strings[tablePool]
+		v, ok := t.lookup(s)
+		if !ok {
+			if !validPoolID(s) {
+				ev.Pool = ""
+				return ErrInvalidPool
+			}
+			v = t.add(s)
 		}
-		ev.Pool = d.str(s)
+		ev.Pool = v
 	case fieldBackend:
-		if !validBackendID(s) {
-			ev.Backend = ""
-			return ErrInvalidBackend
+		t := &d.strings[tableBackend]
+		v, ok := t.lookup(s)
+		if !ok {
+			if !validBackendID(s) {
+				ev.Backend = ""
+				return ErrInvalidBackend
+			}
+			v = t.add(s)
 		}
-		ev.Backend = d.str(s)
+		ev.Backend = v
 	case fieldTS:
 		t, ok := parseTime(s)
 		if !ok {
@@ -448,27 +533,44 @@ func (d *Decoder) setString(ev *Event, k field, s []byte) error {
 		}
 		ev.Outcome = o
 	case fieldPrefix:
-		if len(s) > MaxPrefixLen {
-			return ErrTooLong
+		v, err := d.boundedString(tablePrefix, s, MaxPrefixLen)
+		if err != nil {
+			return err
 		}
-		if !utf8.Valid(s) {
-			return ErrBadValue
+		ev.Prefix = v
+	case fieldFingerprint:
+		v, err := d.boundedString(tableFingerprint, s, MaxFingerprintLen)
+		if err != nil {
+			return err
 		}
-		ev.Prefix = string(s)
-	case fieldFingerprint, fieldSource:
-		if len(s) > MaxFingerprintLen { // == MaxSourceLen
-			return ErrTooLong
+		ev.Fingerprint = v
+	case fieldSource:
+		v, err := d.boundedString(tableSource, s, MaxSourceLen)
+		if err != nil {
+			return err
 		}
-		if !utf8.Valid(s) {
-			return ErrBadValue
-		}
-		if k == fieldFingerprint {
-			ev.Fingerprint = d.str(s)
-		} else {
-			ev.Source = d.str(s)
-		}
+		ev.Source = v
 	}
 	return nil
+}
+
+// boundedString validates and interns a free-form string of at most max
+// bytes of valid UTF-8.
+func (d *Decoder) boundedString(table int, s []byte, max int) (string, error) {
+	t := &d.strings[table]
+	if v, ok := t.lookup(s); ok {
+		return v, nil
+	}
+	if len(s) > max {
+		return "", ErrTooLong
+	}
+	if !utf8.Valid(s) {
+		return "", ErrBadValue
+	}
+	if len(s) == 0 {
+		return "", nil
+	}
+	return t.add(s), nil
 }
 
 func clearField(ev *Event, k field) {
@@ -506,26 +608,6 @@ func clearField(ev *Event, k field) {
 	}
 }
 
-// str returns s as an interned string. The map lookup with string(s) as key
-// does not allocate.
-func (d *Decoder) str(s []byte) string {
-	if v, ok := d.intern[string(s)]; ok {
-		return v
-	}
-	v := string(s)
-	if d.intern == nil || len(d.intern) >= maxInterned || d.internBytes+len(v) > maxInternedBytes {
-		if d.intern == nil {
-			d.intern = make(map[string]string, 64)
-		} else {
-			clear(d.intern)
-		}
-		d.internBytes = 0
-	}
-	d.intern[v] = v
-	d.internBytes += len(v)
-	return v
-}
-
 func skipSpace(data []byte, pos int) int {
 	for pos < len(data) {
 		switch data[pos] {
@@ -550,7 +632,11 @@ func literal(data []byte, pos int, word string) (int, bool) {
 // escapes and d.buf otherwise, and the offset just past the closing quote.
 // On a syntax error it returns the offset of the offending byte.
 func (d *Decoder) readString(data []byte, pos int) ([]byte, int, bool) {
-	for i := pos + 1; i < len(data); i++ {
+	i := pos + 1
+	for i < len(data) && !stringStop[data[i]] {
+		i++
+	}
+	for ; i < len(data); i++ {
 		switch c := data[i]; {
 		case c == '"':
 			return data[pos+1 : i], i + 1, true
@@ -562,6 +648,16 @@ func (d *Decoder) readString(data []byte, pos int) ([]byte, int, bool) {
 	}
 	return nil, len(data), false
 }
+
+// stringStop marks the bytes that end the fast scan of a string: a quote,
+// a backslash or a control character.
+var stringStop = func() (t [256]bool) {
+	for c := range 0x20 {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
 
 // unescape is the slow path of readString, from the first backslash at
 // data[i]. Like encoding/json, it replaces an invalid or unpaired surrogate
@@ -733,51 +829,84 @@ func skipValue(data []byte, pos, depth int) (int, bool) {
 			pos = skipSpace(data, pos+1)
 		}
 	default:
-		end, _, ok := scanNumber(data, pos)
-		return end, ok
+		var n number
+		ok := scanNumber(data, pos, &n)
+		return n.end, ok
 	}
 }
 
-// scanNumber validates the JSON number at data[pos:]:
-// -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-// isInt reports that it has neither fraction nor exponent.
-func scanNumber(data []byte, pos int) (end int, isInt, ok bool) {
+// number is a JSON number that scanNumber validated, with what the fast
+// conversions need, gathered in the same pass.
+type number struct {
+	end    int    // offset just past the number
+	neg    bool   // it starts with '-'
+	isInt  bool   // neither fraction nor exponent
+	exp    bool   // it has an exponent
+	digits int    // digits before and after the point
+	frac   int    // digits after the point
+	mant   uint64 // the digits as an integer, when digits <= 19
+}
+
+// scanNumber validates the JSON number at data[pos:] and describes it in
+// *n: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+// On failure n.end is the offset of the offending byte. (n is a parameter,
+// not a result, because returning the struct costs a copy on the hot path.)
+func scanNumber(data []byte, pos int, n *number) bool {
+	*n = number{}
 	i := pos
 	if i < len(data) && data[i] == '-' {
+		n.neg = true
 		i++
 	}
 	switch {
 	case i >= len(data):
-		return i, false, false
+		n.end = i
+		return false
 	case data[i] == '0':
+		n.digits = 1
 		i++
 	case data[i] >= '1' && data[i] <= '9':
-		i = digits(data, i+1)
-	default:
-		return i, false, false
-	}
-	isInt = true
-	if i < len(data) && data[i] == '.' {
-		isInt = false
-		j := digits(data, i+1)
-		if j == i+1 {
-			return j, false, false
+		start := i
+		mant := uint64(0)
+		for ; i < len(data) && data[i] >= '0' && data[i] <= '9'; i++ {
+			mant = mant*10 + uint64(data[i]-'0')
 		}
-		i = j
+		n.mant, n.digits = mant, i-start
+	default:
+		n.end = i
+		return false
+	}
+	n.isInt = true
+	if i < len(data) && data[i] == '.' {
+		n.isInt = false
+		i++
+		start := i
+		mant := n.mant
+		for ; i < len(data) && data[i] >= '0' && data[i] <= '9'; i++ {
+			mant = mant*10 + uint64(data[i]-'0')
+		}
+		if i == start {
+			n.end = i
+			return false
+		}
+		n.mant, n.frac = mant, i-start
+		n.digits += n.frac
 	}
 	if i < len(data) && (data[i] == 'e' || data[i] == 'E') {
-		isInt = false
+		n.isInt, n.exp = false, true
 		i++
 		if i < len(data) && (data[i] == '+' || data[i] == '-') {
 			i++
 		}
 		j := digits(data, i)
 		if j == i {
-			return j, false, false
+			n.end = j
+			return false
 		}
 		i = j
 	}
-	return i, isInt, true
+	n.end = i
+	return true
 }
 
 func digits(data []byte, i int) int {
@@ -787,30 +916,22 @@ func digits(data []byte, i int) int {
 	return i
 }
 
-// parseInt parses a number that scanNumber found to be an integer. It
-// fails on int64 overflow.
-func parseInt(num []byte) (int64, bool) {
-	neg := num[0] == '-'
-	if neg {
-		num = num[1:]
-	}
-	if len(num) > 19 {
+// integer returns the value of n, which scanNumber found to be an
+// integer. It fails on int64 overflow.
+func (n *number) integer() (int64, bool) {
+	if n.digits > 19 { // mant wrapped; 19 digits fit a uint64
 		return 0, false
 	}
-	var n uint64
-	for _, c := range num {
-		n = n*10 + uint64(c-'0')
-	}
-	if neg {
-		if n > 1<<63 {
+	if n.neg {
+		if n.mant > 1<<63 {
 			return 0, false
 		}
-		return -int64(n), true
+		return -int64(n.mant), true
 	}
-	if n > math.MaxInt64 {
+	if n.mant > math.MaxInt64 {
 		return 0, false
 	}
-	return int64(n), true
+	return int64(n.mant), true
 }
 
 // float64pow10 holds the powers of ten that float64 represents exactly.
@@ -819,49 +940,31 @@ var float64pow10 = [...]float64{
 	1e11, 1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22,
 }
 
-// parseFloat parses a number that scanNumber validated. It fails when the
-// value does not fit a float64. Plain decimals of at most 15 significant
-// digits take Clinger's fast path (an exact integer divided by an exact
-// power of ten is correctly rounded); everything else goes to strconv.
-func parseFloat(num []byte) (float64, bool) {
-	if len(num) <= 17 {
-		var mant uint64
-		nd, frac, dot := 0, 0, false
-		i := 0
-		if num[0] == '-' {
-			i = 1
+// float returns the value of n (num holds its text). It fails when the
+// value does not fit a float64. Plain decimals of at most 15 digits take
+// Clinger's fast path (an exact integer divided by an exact power of ten is
+// correctly rounded); everything else goes to strconv.
+func (n *number) float(num []byte) (float64, bool) {
+	if !n.exp && n.digits <= 15 {
+		f := float64(n.mant) / float64pow10[n.frac]
+		if n.neg {
+			f = -f
 		}
-		fast := true
-		for ; i < len(num); i++ {
-			c := num[i]
-			switch {
-			case c >= '0' && c <= '9':
-				mant = mant*10 + uint64(c-'0')
-				nd++
-				if dot {
-					frac++
-				}
-			case c == '.':
-				dot = true
-			default:
-				fast = false
-			}
-			if !fast {
-				break
-			}
-		}
-		if fast && nd <= 15 {
-			f := float64(mant) / float64pow10[frac]
-			if num[0] == '-' {
-				f = -f
-			}
-			return f, true
-		}
+		return f, true
 	}
 	// string(num) does not escape strconv.ParseFloat, so for short numbers
 	// the conversion uses a stack buffer and does not allocate.
 	f, err := strconv.ParseFloat(string(num), 64)
 	return f, err == nil
+}
+
+// parseFloat parses the JSON number num.
+func parseFloat(num []byte) (float64, bool) {
+	var n number
+	if !scanNumber(num, 0, &n) || n.end != len(num) {
+		return 0, false
+	}
+	return n.float(num)
 }
 
 // parseTime parses an RFC 3339 time, converts it to UTC and truncates it to

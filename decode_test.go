@@ -477,11 +477,12 @@ func TestDecodeInternTableBounded(t *testing.T) {
 			t.Fatalf("Backend = %q, want %q", e.Backend, want)
 		}
 	}
-	if n := len(d.intern); n > maxInterned {
+	table := &d.strings[tableBackend]
+	if n := len(table.m); n > maxInterned {
 		t.Errorf("intern table holds %d ids, want at most %d", n, maxInterned)
 	}
-	if d.internBytes > maxInternedBytes {
-		t.Errorf("intern table holds %d bytes, want at most %d", d.internBytes, maxInternedBytes)
+	if table.bytes > maxInternedBytes {
+		t.Errorf("intern table holds %d bytes, want at most %d", table.bytes, maxInternedBytes)
 	}
 }
 
