@@ -1,0 +1,585 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// repoRoot is the module root, two levels above this package.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("module root not found: %v", err)
+	}
+	return root
+}
+
+// composeFile is the part of docker-compose.yaml the tests read.
+type composeFile struct {
+	Name     string                    `yaml:"name"`
+	Services map[string]composeService `yaml:"services"`
+	Volumes  map[string]any            `yaml:"volumes"`
+}
+
+type composeService struct {
+	Image       string            `yaml:"image"`
+	Build       string            `yaml:"build"`
+	Command     []string          `yaml:"command"`
+	Environment map[string]string `yaml:"environment"`
+	Volumes     []string          `yaml:"volumes"`
+	Ports       []string          `yaml:"ports"`
+	Profiles    []string          `yaml:"profiles"`
+	DependsOn   []string          `yaml:"depends_on"`
+	Restart     string            `yaml:"restart"`
+}
+
+func loadCompose(t *testing.T) composeFile {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "docker-compose.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c composeFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		t.Fatalf("docker-compose.yaml: %v", err)
+	}
+	return c
+}
+
+// mounts maps the container paths of a service's bind mounts to host paths.
+func (s composeService) mounts(root string) map[string]string {
+	m := map[string]string{}
+	for _, v := range s.Volumes {
+		parts := strings.Split(v, ":")
+		if len(parts) < 2 || !strings.HasPrefix(parts[0], ".") {
+			continue // a named volume
+		}
+		m[parts[1]] = filepath.Join(root, parts[0])
+	}
+	return m
+}
+
+// hostPath maps a container path to the host through the bind mounts.
+func hostPath(mounts map[string]string, p string) (string, bool) {
+	for in, host := range mounts {
+		if p == in {
+			return host, true
+		}
+		if rest, ok := strings.CutPrefix(p, in+"/"); ok {
+			return filepath.Join(host, rest), true
+		}
+	}
+	return "", false
+}
+
+func TestComposeFile(t *testing.T) {
+	root := repoRoot(t)
+	c := loadCompose(t)
+
+	var names []string
+	for n := range c.Services {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	want := "fake-a,fake-b,fake-c,fleetwatch,grafana,nats,route,victoriametrics"
+	if got := strings.Join(names, ","); got != want {
+		t.Errorf("services %s, want %s", got, want)
+	}
+
+	for name, s := range c.Services {
+		t.Run(name, func(t *testing.T) {
+			mounts := s.mounts(root)
+			for in, host := range mounts {
+				if _, err := os.Stat(host); err != nil {
+					t.Errorf("bind mount %s -> %s: %v", host, in, err)
+				}
+			}
+			for _, v := range s.Volumes {
+				if src := strings.Split(v, ":")[0]; !strings.HasPrefix(src, ".") {
+					if _, ok := c.Volumes[src]; !ok {
+						t.Errorf("named volume %s is not declared", src)
+					}
+				}
+			}
+			for _, d := range s.DependsOn {
+				if _, ok := c.Services[d]; !ok {
+					t.Errorf("depends on unknown service %s", d)
+				}
+			}
+			for _, p := range s.Ports {
+				if !strings.HasPrefix(p, "127.0.0.1:") {
+					t.Errorf("port %s is published beyond the loopback", p)
+				}
+			}
+			// Every file named on the command line is mounted from the repo.
+			for _, arg := range s.Command {
+				if _, val, ok := strings.Cut(arg, "="); ok {
+					arg = val
+				}
+				if !strings.HasPrefix(arg, "/etc/") {
+					continue
+				}
+				host, ok := hostPath(mounts, arg)
+				if !ok {
+					t.Errorf("command names %s, which no bind mount provides", arg)
+					continue
+				}
+				if _, err := os.Stat(host); err != nil {
+					t.Errorf("command file %s: %v", arg, err)
+				}
+			}
+			if s.Build != "" {
+				if _, err := os.Stat(filepath.Join(root, s.Build, "Dockerfile")); err != nil {
+					t.Errorf("build context %s: %v", s.Build, err)
+				}
+			}
+			// fleetwatch services run subcommands that exist, with the
+			// user of docs/DEPLOY.md.
+			if s.Image == "fleetwatch:local" {
+				if len(s.Command) == 0 {
+					t.Fatal("no command")
+				}
+				cmd, ok := commands[s.Command[0]]
+				if !ok {
+					t.Fatalf("fleetwatch has no subcommand %q", s.Command[0])
+				}
+				// Every flag the service passes is one the subcommand defines.
+				var help bytes.Buffer
+				_ = cmd.run(context.Background(), []string{"-h"}, &help, &help)
+				for _, arg := range s.Command[1:] {
+					name, isFlag := strings.CutPrefix(arg, "--")
+					if !isFlag {
+						continue
+					}
+					name, _, _ = strings.Cut(name, "=")
+					if !strings.Contains(help.String(), "  -"+name+" ") && !strings.Contains(help.String(), "  -"+name+"\n") {
+						t.Errorf("fleetwatch %s has no flag --%s:\n%s", s.Command[0], name, help.String())
+					}
+				}
+				wantUser := map[string]string{"fleetwatch": "fleetwatch", "route": "router"}[name]
+				if got := s.Environment["NATS_USER"]; got != wantUser {
+					t.Errorf("NATS_USER %q, want %q", got, wantUser)
+				}
+			}
+		})
+	}
+
+	// The fleetwatch configuration loads with serve's own strict loader.
+	cfg, err := loadConfig(filepath.Join(root, "deploy", "fleetwatch", "fleetwatch.yaml"))
+	if err != nil {
+		t.Errorf("deploy/fleetwatch/fleetwatch.yaml: %v", err)
+	} else if cfg.HTTP.Listen != "0.0.0.0:8080" {
+		t.Errorf("http.listen %q: the container must listen beyond its loopback", cfg.HTTP.Listen)
+	}
+
+	// VictoriaMetrics scrapes the fleetwatch service; Grafana reads VictoriaMetrics
+	// and loads the dashboards from where compose mounts them.
+	var scrape struct {
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			StaticConfigs []struct {
+				Targets []string `yaml:"targets"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	readYAML(t, filepath.Join(root, "deploy", "victoriametrics", "scrape.yaml"), &scrape)
+	if len(scrape.ScrapeConfigs) != 1 || len(scrape.ScrapeConfigs[0].StaticConfigs) != 1 ||
+		strings.Join(scrape.ScrapeConfigs[0].StaticConfigs[0].Targets, ",") != "fleetwatch:8080" {
+		t.Errorf("scrape config %+v, want one job scraping fleetwatch:8080", scrape)
+	}
+	var ds struct {
+		Datasources []struct {
+			Type, URL string
+			IsDefault bool `yaml:"isDefault"`
+		} `yaml:"datasources"`
+	}
+	readYAML(t, filepath.Join(root, "deploy", "grafana", "provisioning", "datasources", "victoriametrics.yaml"), &ds)
+	if len(ds.Datasources) != 1 || ds.Datasources[0].Type != "prometheus" || ds.Datasources[0].URL != "http://victoriametrics:8428" || !ds.Datasources[0].IsDefault {
+		t.Errorf("grafana data sources %+v", ds)
+	}
+	var prov struct {
+		Providers []struct {
+			Options struct {
+				Path string `yaml:"path"`
+			} `yaml:"options"`
+		} `yaml:"providers"`
+	}
+	readYAML(t, filepath.Join(root, "deploy", "grafana", "provisioning", "dashboards", "fleetwatch.yaml"), &prov)
+	if len(prov.Providers) != 1 {
+		t.Fatalf("dashboard providers %+v", prov)
+	}
+	host, ok := hostPath(c.Services["grafana"].mounts(root), prov.Providers[0].Options.Path)
+	if !ok {
+		t.Fatalf("grafana dashboards path %s is not mounted", prov.Providers[0].Options.Path)
+	}
+	if matches, _ := filepath.Glob(filepath.Join(host, "*.json")); len(matches) < 2 {
+		t.Errorf("grafana dashboards path maps to %s, holding %v", host, matches)
+	}
+}
+
+func readYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
+// natsPasswords are the passwords the tests give deploy/nats/nats.conf
+// through its environment variables.
+var natsPasswords = map[string]string{
+	"FLEETWATCH_NATS_PASSWORD": "fw-secret",
+	"PROXY_NATS_PASSWORD":      "proxy-secret",
+	"ROUTER_NATS_PASSWORD":     "router-secret",
+	"NATS_ADMIN_PASSWORD":      "admin-secret",
+}
+
+// startEmbeddedDeployNATS runs deploy/nats/nats.conf in the embedded server
+// on a random loopback port.
+func startEmbeddedDeployNATS(t *testing.T, conf string) string {
+	for k, v := range natsPasswords {
+		t.Setenv(k, v)
+	}
+	opts, err := server.ProcessConfigFile(conf)
+	if err != nil {
+		t.Fatalf("%s: %v", conf, err)
+	}
+	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
+	opts.StoreDir = t.TempDir()
+	opts.NoLog, opts.NoSigs = true, true
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("embedded nats-server not ready")
+	}
+	return ns.ClientURL()
+}
+
+const debianNATSServer = "/usr/sbin/nats-server"
+
+// startDebianDeployNATS runs deploy/nats/nats.conf in Debian's nats-server
+// (2.9) process.
+func startDebianDeployNATS(t *testing.T, conf string) string {
+	bin := debianNATSServer
+	if _, err := os.Stat(bin); err != nil {
+		bin = "/usr/bin/nats-server"
+	}
+	requireTool(t, bin, "nats-server")
+	addr := freeLoopbackAddr(t)
+	host, port, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, "-c", conf, "-a", host, "-p", port, "-sd", t.TempDir())
+	cmd.Env = os.Environ()
+	for k, v := range natsPasswords {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { // reaps the process
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("nats-server output:\n%s", logs.String())
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", addr)
+		if err == nil {
+			c.Close()
+			return "nats://" + addr
+		}
+		select {
+		case <-exited:
+			t.Fatalf("nats-server exited:\n%s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nats-server not listening on %s", addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// asyncErrors collects a connection's asynchronous errors (permission
+// violations arrive that way).
+type asyncErrors struct {
+	mu   sync.Mutex // guards errs
+	errs []error
+}
+
+func (a *asyncErrors) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.errs = append(a.errs, err)
+}
+
+// waitViolation waits for a permissions violation naming subject.
+func (a *asyncErrors) waitViolation(t *testing.T, subject string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		for _, err := range a.errs {
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
+				a.mu.Unlock()
+				return
+			}
+		}
+		a.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t.Errorf("no permissions violation for %s (errors: %v)", subject, a.errs)
+}
+
+func connectAs(t *testing.T, url, user string) (*nats.Conn, *asyncErrors) {
+	t.Helper()
+	errs := &asyncErrors{}
+	pw := map[string]string{"fleetwatch": "FLEETWATCH_NATS_PASSWORD", "proxy": "PROXY_NATS_PASSWORD", "router": "ROUTER_NATS_PASSWORD"}[user]
+	nc, err := nats.Connect(url, nats.UserInfo(user, natsPasswords[pw]), nats.Name(user), nats.ErrorHandler(errs.handler))
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc, errs
+}
+
+// recvNext returns the next message or fails after a bound meant for a
+// broken server, not a performance requirement.
+func recvNext(t *testing.T, sub *nats.Subscription) *nats.Msg {
+	t.Helper()
+	m, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatalf("no message on %s: %v", sub.Subject, err)
+	}
+	return m
+}
+
+func TestDeployNATSPermissions(t *testing.T) {
+	conf := filepath.Join(repoRoot(t), "deploy", "nats", "nats.conf")
+	servers := []struct {
+		name  string
+		start func(*testing.T, string) string
+	}{
+		{"embedded", startEmbeddedDeployNATS},
+		{"debian-nats-server", startDebianDeployNATS},
+	}
+	for _, srv := range servers {
+		t.Run(srv.name, func(t *testing.T) {
+			url := srv.start(t, conf)
+			checkDeployPermissions(t, url)
+		})
+	}
+}
+
+func checkDeployPermissions(t *testing.T, url string) {
+	subj := fleetwatch.Subjects{}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// A wrong password is refused.
+	if nc, err := nats.Connect(url, nats.UserInfo("router", "wrong")); err == nil {
+		nc.Close()
+		t.Error("router connected with a wrong password")
+	}
+
+	// fleetwatch: creates the bucket and publishes a decision.
+	fw, _ := connectAs(t, url, "fleetwatch")
+	fwJS, err := jetstream.New(fw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := fwJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: subj.BucketDecisions(), History: 1})
+	if err != nil {
+		t.Fatalf("fleetwatch creates the %s bucket: %v", subj.BucketDecisions(), err)
+	}
+	if _, err := kv.Put(ctx, "pool-a", []byte(`{"v":1,"seq":1}`)); err != nil {
+		t.Fatalf("fleetwatch puts a decision: %v", err)
+	}
+	outcomes, err := fw.SubscribeSync(subj.OutcomesWildcard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	outcomesBare, err := fw.SubscribeSync(subj.Outcomes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	decisions, err := fw.SubscribeSync(subj.DecisionsWildcard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+
+	// proxy: outcomes yes, decisions no, reading decisions no.
+	proxy, proxyErrs := connectAs(t, url, "proxy")
+	if err := proxy.Publish(subj.Decisions("pool-a"), []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	if err := proxy.Publish(subj.Outcomes()+".proxy-1", []byte("outcome-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := proxy.Publish(subj.Outcomes(), []byte("outcome-bare")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := proxy.SubscribeSync(subj.DecisionsWildcard()); err != nil {
+		t.Fatal(err)
+	}
+	if err := proxy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if m := recvNext(t, outcomes); string(m.Data) != "outcome-1" {
+		t.Errorf("fleetwatch got %q on %s, want the proxy's outcome", m.Data, m.Subject)
+	}
+	if m := recvNext(t, outcomesBare); string(m.Data) != "outcome-bare" {
+		t.Errorf("fleetwatch got %q on %s, want the proxy's outcome", m.Data, m.Subject)
+	}
+	proxyErrs.waitViolation(t, subj.Decisions("pool-a"))
+	proxyErrs.waitViolation(t, subj.DecisionsWildcard())
+	if _, err := kv.Get(ctx, "pool-a"); err != nil {
+		t.Fatal(err)
+	}
+
+	// router: reads decisions (subscription, KV get and watch), publishes
+	// its outcomes, and cannot forge a decision on either path.
+	router, routerErrs := connectAs(t, url, "router")
+	routerDecisions, err := router.SubscribeSync(subj.DecisionsWildcard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := router.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	rJS, err := jetstream.New(router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rKV, err := rJS.KeyValue(ctx, subj.BucketDecisions())
+	if err != nil {
+		t.Fatalf("router opens the bucket: %v", err)
+	}
+	entry, err := rKV.Get(ctx, "pool-a")
+	if err != nil {
+		t.Fatalf("router kv get: %v", err)
+	}
+	if string(entry.Value()) != `{"v":1,"seq":1}` {
+		t.Errorf("router read %q", entry.Value())
+	}
+	watch, err := rKV.Watch(ctx, "pool-a")
+	if err != nil {
+		t.Fatalf("router kv watch: %v", err)
+	}
+	defer watch.Stop()
+	nextUpdate := func() jetstream.KeyValueEntry {
+		t.Helper()
+		for {
+			select {
+			case e := <-watch.Updates():
+				if e != nil { // nil marks the end of the initial values
+					return e
+				}
+			case <-ctx.Done():
+				t.Fatal("no update from the watch")
+			}
+		}
+	}
+	if e := nextUpdate(); string(e.Value()) != `{"v":1,"seq":1}` {
+		t.Errorf("watch: initial value %q", e.Value())
+	}
+	if _, err := kv.Put(ctx, "pool-a", []byte(`{"v":1,"seq":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextUpdate(); string(e.Value()) != `{"v":1,"seq":2}` {
+		t.Errorf("watch: update %q", e.Value())
+	}
+	if err := fw.Publish(subj.Decisions("pool-a"), []byte("real")); err != nil {
+		t.Fatal(err)
+	}
+	if m := recvNext(t, routerDecisions); string(m.Data) != "real" {
+		t.Errorf("router got %q on %s", m.Data, m.Subject)
+	}
+
+	putCtx, putCancel := context.WithTimeout(ctx, time.Second)
+	defer putCancel()
+	if _, err := rKV.Put(putCtx, "pool-a", []byte("forged")); err == nil {
+		t.Error("router could put a decision into the KV bucket")
+	}
+	routerErrs.waitViolation(t, "$KV."+subj.BucketDecisions()+".pool-a")
+	if err := router.Publish(subj.Decisions("pool-a"), []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	if err := router.Publish(subj.Outcomes()+".router-1", []byte("outcome-2")); err != nil {
+		t.Fatal(err)
+	}
+	if err := router.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	routerErrs.waitViolation(t, subj.Decisions("pool-a"))
+	// The router's outcome arrives; the forged decision, published before it
+	// on the same connection, would have arrived first.
+	if m := recvNext(t, outcomes); string(m.Data) != "outcome-2" {
+		t.Errorf("fleetwatch got %q, want the router's outcome", m.Data)
+	}
+	for {
+		m, err := decisions.NextMsg(0)
+		if err != nil {
+			break
+		}
+		if string(m.Data) != "real" {
+			t.Errorf("fleetwatch saw a forged decision %q on %s", m.Data, m.Subject)
+		}
+	}
+	// The stored value is still fleetwatch's.
+	if e, err := kv.Get(ctx, "pool-a"); err != nil || string(e.Value()) != `{"v":1,"seq":2}` {
+		t.Errorf("stored decision after the router's attempts: %v, %v", e, err)
+	}
+	// Deleting the bucket is fleetwatch's business only.
+	delCtx, delCancel := context.WithTimeout(ctx, time.Second)
+	defer delCancel()
+	if err := rJS.DeleteKeyValue(delCtx, subj.BucketDecisions()); err == nil {
+		t.Error("router deleted the decisions bucket")
+	}
+}
