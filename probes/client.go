@@ -1,0 +1,448 @@
+package probes
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Endpoints a probe can use.
+const (
+	EndpointChat        = "chat"        // POST /v1/chat/completions
+	EndpointCompletions = "completions" // POST /v1/completions
+)
+
+// Probe error kinds, the `kind` label of the probe error metric.
+const (
+	ErrKindTimeout    = "timeout"
+	ErrKindTransport  = "transport"
+	ErrKindStatus     = "status"
+	ErrKindMalformed  = "malformed"
+	ErrKindNoLogprobs = "no_logprobs"
+	ErrKindOther      = "other"
+)
+
+// ProbeError is a failed probe request or cycle. It is never a drift
+// verdict.
+type ProbeError struct {
+	Kind   string // one of the ErrKind constants
+	Status int    // HTTP status for ErrKindStatus
+	Op     string // what was being done, e.g. "POST /v1/chat/completions"
+	Err    error
+}
+
+func (e *ProbeError) Error() string {
+	if e.Status != 0 {
+		return fmt.Sprintf("probes: %s: HTTP %d: %v", e.Op, e.Status, e.Err)
+	}
+	return fmt.Sprintf("probes: %s: %s: %v", e.Op, e.Kind, e.Err)
+}
+
+func (e *ProbeError) Unwrap() error { return e.Err }
+
+// ErrBadResponse is wrapped by ProbeErrors of kind malformed.
+var ErrBadResponse = errors.New("probes: malformed response")
+
+// ErrorKind returns the kind of a probe error (ErrKindOther for others).
+func ErrorKind(err error) string {
+	var pe *ProbeError
+	if errors.As(err, &pe) {
+		return pe.Kind
+	}
+	if errors.Is(err, ErrNoLogprobs) {
+		return ErrKindNoLogprobs
+	}
+	return ErrKindOther
+}
+
+// Target is one backend to probe.
+type Target struct {
+	Pool, Backend string
+	// URL is the OpenAI-compatible base URL, with or without /v1.
+	URL string
+	// APIKey is sent as a bearer token when not empty (the wiring reads it
+	// from the backend's api_key_env).
+	APIKey string
+	// Model is the request's model; "" asks /v1/models and uses the first id.
+	Model string
+	// Endpoint is EndpointChat (default) or EndpointCompletions.
+	Endpoint string
+}
+
+// Capabilities is what a backend was seen to support.
+type Capabilities struct {
+	Logprobs       bool `json:"logprobs"`
+	TopLogprobsCap int  `json:"top_logprobs_cap"` // most alternatives seen at a position
+	Seed           bool `json:"seed"`             // identical greedy answers to identical requests
+	Fingerprint    bool `json:"fingerprint"`      // system_fingerprint present
+	Version        bool `json:"version"`          // GET /version answered
+}
+
+// Client speaks the OpenAI-compatible API to one backend.
+type Client struct {
+	t    Target
+	http *http.Client
+	base string // URL without a trailing /v1 or /
+}
+
+// NewClient returns a client for t. hc nil uses a client without timeout:
+// every call takes its deadline from ctx.
+func NewClient(t Target, hc *http.Client) *Client {
+	if hc == nil {
+		hc = &http.Client{}
+	}
+	base := strings.TrimRight(t.URL, "/")
+	base = strings.TrimSuffix(base, "/v1")
+	return &Client{t: t, http: hc, base: base}
+}
+
+// canonicalChat is the probe request body for chat; fields in a fixed order
+// so that the same prompt always gives the same bytes.
+type canonicalChat struct {
+	Model       string        `json:"model"`
+	Messages    []chatMessage `json:"messages"`
+	Temperature float64       `json:"temperature"`
+	TopP        float64       `json:"top_p"`
+	MaxTokens   int           `json:"max_tokens"`
+	Logprobs    bool          `json:"logprobs"`
+	TopLogprobs int           `json:"top_logprobs"`
+	Seed        int           `json:"seed"`
+}
+
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+type canonicalCompletion struct {
+	Model       string  `json:"model"`
+	Prompt      string  `json:"prompt"`
+	Temperature float64 `json:"temperature"`
+	TopP        float64 `json:"top_p"`
+	MaxTokens   int     `json:"max_tokens"`
+	Logprobs    int     `json:"logprobs"`
+	Seed        int     `json:"seed"`
+}
+
+// RequestBody is the canonical request of a prompt: temperature 0, top_p 1,
+// max_tokens <= 20, logprobs with 5 alternatives, seed 1.
+func RequestBody(endpoint, model string, p Prompt) []byte {
+	maxTokens := min(max(p.MaxTokens, 1), MaxProbeTokens)
+	var v any
+	if endpoint == EndpointCompletions {
+		v = canonicalCompletion{Model: model, Prompt: p.Text, TopP: 1, MaxTokens: maxTokens, Logprobs: 5, Seed: 1}
+	} else {
+		v = canonicalChat{Model: model, Messages: []chatMessage{{Role: "user", Content: p.Text}},
+			TopP: 1, MaxTokens: maxTokens, Logprobs: true, TopLogprobs: 5, Seed: 1}
+	}
+	b, _ := json.Marshal(v) // plain structs of strings and numbers
+	return b
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]byte, error) {
+	op := method + " " + path
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
+	if err != nil {
+		return nil, &ProbeError{Kind: ErrKindOther, Op: op, Err: err}
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.t.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.t.APIKey)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		kind := ErrKindTransport
+		var ne net.Error
+		if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
+			kind = ErrKindTimeout
+		}
+		return nil, &ProbeError{Kind: kind, Op: op, Err: err}
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	if err != nil {
+		kind := ErrKindTransport
+		if errors.Is(err, context.DeadlineExceeded) {
+			kind = ErrKindTimeout
+		}
+		return nil, &ProbeError{Kind: kind, Op: op, Err: err}
+	}
+	if resp.StatusCode != http.StatusOK {
+		return data, &ProbeError{Kind: ErrKindStatus, Status: resp.StatusCode, Op: op, Err: errors.New(snippet(data))}
+	}
+	return data, nil
+}
+
+func snippet(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200] + "…"
+	}
+	return s
+}
+
+// ModelsInfo is what GET /v1/models says.
+type ModelsInfo struct {
+	IDs         []string
+	Root        string
+	MaxModelLen int
+}
+
+// Models calls GET /v1/models.
+func (c *Client) Models(ctx context.Context) (ModelsInfo, error) {
+	data, err := c.do(ctx, http.MethodGet, "/v1/models", nil)
+	if err != nil {
+		return ModelsInfo{}, err
+	}
+	var body struct {
+		Data []struct {
+			ID          string `json:"id"`
+			Root        string `json:"root"`
+			MaxModelLen int    `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(data, &body); err != nil {
+		return ModelsInfo{}, &ProbeError{Kind: ErrKindMalformed, Op: "GET /v1/models", Err: fmt.Errorf("%w: %w", ErrBadResponse, err)}
+	}
+	var mi ModelsInfo
+	for _, d := range body.Data {
+		mi.IDs = append(mi.IDs, d.ID)
+		if mi.Root == "" {
+			mi.Root, mi.MaxModelLen = d.Root, d.MaxModelLen
+		}
+	}
+	slices.Sort(mi.IDs)
+	return mi, nil
+}
+
+// Version calls GET /version (vLLM). A backend without it returns "" and no
+// error.
+func (c *Client) Version(ctx context.Context) (string, error) {
+	data, err := c.do(ctx, http.MethodGet, "/version", nil)
+	var pe *ProbeError
+	if errors.As(err, &pe) && pe.Kind == ErrKindStatus && pe.Status == http.StatusNotFound {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var body struct {
+		Version string `json:"version"`
+	}
+	if json.Unmarshal(data, &body) != nil {
+		return "", nil // not vLLM's /version: nothing to learn
+	}
+	return body.Version, nil
+}
+
+// chatResponse and completionResponse decode the parts of a response the
+// probe records.
+type chatResponse struct {
+	Model             string `json:"model"`
+	SystemFingerprint string `json:"system_fingerprint"`
+	Choices           []struct {
+		Message *struct {
+			Content *string `json:"content"`
+		} `json:"message"`
+		Logprobs *struct {
+			Content []struct {
+				Token       string  `json:"token"`
+				Logprob     float64 `json:"logprob"`
+				TopLogprobs []struct {
+					Token   string  `json:"token"`
+					Logprob float64 `json:"logprob"`
+				} `json:"top_logprobs"`
+			} `json:"content"`
+		} `json:"logprobs"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+type completionResponse struct {
+	Model             string `json:"model"`
+	SystemFingerprint string `json:"system_fingerprint"`
+	Choices           []struct {
+		Text     *string `json:"text"`
+		Logprobs *struct {
+			Tokens        []string             `json:"tokens"`
+			TokenLogprobs []float64            `json:"token_logprobs"`
+			TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+		} `json:"logprobs"`
+		FinishReason string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// Probe sends prompt p's canonical request and records the response. A
+// response without logprobs is recorded (HasLogprobs false), not an error;
+// the Monitor decides what that means.
+func (c *Client) Probe(ctx context.Context, model string, p Prompt) (Observation, error) {
+	path := "/v1/chat/completions"
+	if c.t.Endpoint == EndpointCompletions {
+		path = "/v1/completions"
+	}
+	op := "POST " + path
+	data, err := c.do(ctx, http.MethodPost, path, RequestBody(c.t.Endpoint, model, p))
+	if err != nil {
+		return Observation{}, err
+	}
+	bad := func(format string, args ...any) error {
+		return &ProbeError{Kind: ErrKindMalformed, Op: op, Err: fmt.Errorf("%w: "+format, append([]any{ErrBadResponse}, args...)...)}
+	}
+	o := Observation{Prompt: p.ID}
+	if c.t.Endpoint == EndpointCompletions {
+		var r completionResponse
+		if err := json.Unmarshal(data, &r); err != nil {
+			return o, bad("%v", err)
+		}
+		if len(r.Choices) == 0 || r.Choices[0].Text == nil {
+			return o, bad("no choices[0].text")
+		}
+		ch := r.Choices[0]
+		o.Text, o.FinishReason, o.Model, o.Fingerprint = *ch.Text, ch.FinishReason, r.Model, r.SystemFingerprint
+		if r.Usage != nil {
+			o.PromptTokens, o.CompletionTokens = r.Usage.PromptTokens, r.Usage.CompletionTokens
+		}
+		if lp := ch.Logprobs; lp != nil && len(lp.Tokens) > 0 {
+			if len(lp.TokenLogprobs) != len(lp.Tokens) {
+				return o, bad("%d tokens but %d token_logprobs", len(lp.Tokens), len(lp.TokenLogprobs))
+			}
+			o.HasLogprobs = true
+			for i, tok := range lp.Tokens {
+				t := Token{Token: tok, Logprob: lp.TokenLogprobs[i]}
+				if i < len(lp.TopLogprobs) {
+					for alt, v := range lp.TopLogprobs[i] {
+						t.Top = append(t.Top, Alt{Token: alt, Logprob: v})
+					}
+					sortAlts(t.Top)
+				}
+				o.Tokens = append(o.Tokens, t)
+			}
+		}
+		return o, nil
+	}
+	var r chatResponse
+	if err := json.Unmarshal(data, &r); err != nil {
+		return o, bad("%v", err)
+	}
+	if len(r.Choices) == 0 || r.Choices[0].Message == nil || r.Choices[0].Message.Content == nil {
+		return o, bad("no choices[0].message.content")
+	}
+	ch := r.Choices[0]
+	o.Text, o.FinishReason, o.Model, o.Fingerprint = *ch.Message.Content, ch.FinishReason, r.Model, r.SystemFingerprint
+	if r.Usage != nil {
+		o.PromptTokens, o.CompletionTokens = r.Usage.PromptTokens, r.Usage.CompletionTokens
+	}
+	if ch.Logprobs != nil && len(ch.Logprobs.Content) > 0 {
+		o.HasLogprobs = true
+		for _, c := range ch.Logprobs.Content {
+			t := Token{Token: c.Token, Logprob: c.Logprob}
+			for _, a := range c.TopLogprobs {
+				t.Top = append(t.Top, Alt{Token: a.Token, Logprob: a.Logprob})
+			}
+			sortAlts(t.Top)
+			o.Tokens = append(o.Tokens, t)
+		}
+	} else {
+		// without logprobs the tokens are unknown: one pseudo-token per
+		// whitespace-separated word keeps exact match and the MMD test
+		// meaningful
+		for _, w := range strings.Fields(o.Text) {
+			o.Tokens = append(o.Tokens, Token{Token: w})
+		}
+	}
+	return o, nil
+}
+
+func sortAlts(a []Alt) {
+	slices.SortFunc(a, func(x, y Alt) int {
+		switch {
+		case x.Logprob > y.Logprob:
+			return -1
+		case x.Logprob < y.Logprob:
+			return 1
+		}
+		return strings.Compare(x.Token, y.Token)
+	})
+}
+
+// RunCycle probes every prompt of s once, in order, plus /v1/models and
+// /version, and returns the cycle and what the backend was seen to
+// support. Any failed prompt fails the cycle: a partial cycle is never
+// judged. Each request gets timeout (0: only ctx).
+func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout time.Duration) (*Cycle, Capabilities, error) {
+	call := func() (context.Context, context.CancelFunc) {
+		if timeout > 0 {
+			return context.WithTimeout(ctx, timeout)
+		}
+		return context.WithCancel(ctx)
+	}
+	cy := &Cycle{At: now}
+	var caps Capabilities
+	cctx, cancel := call()
+	mi, err := c.Models(cctx)
+	cancel()
+	if err != nil {
+		return nil, caps, err
+	}
+	cy.Identity.ModelIDs, cy.Identity.ModelRoot, cy.Identity.MaxModelLen = mi.IDs, mi.Root, mi.MaxModelLen
+	model := c.t.Model
+	if model == "" && len(mi.IDs) > 0 {
+		model = mi.IDs[0]
+	}
+	cctx, cancel = call()
+	v, err := c.Version(cctx)
+	cancel()
+	if err != nil {
+		return nil, caps, err
+	}
+	cy.Identity.Version, caps.Version = v, v != ""
+	fps := map[string]int{}
+	caps.Logprobs = true
+	for _, p := range s.Prompts {
+		cctx, cancel := call()
+		o, err := c.Probe(cctx, model, p)
+		cancel()
+		if err != nil {
+			return nil, caps, err
+		}
+		caps.Logprobs = caps.Logprobs && o.HasLogprobs
+		for _, t := range o.Tokens {
+			caps.TopLogprobsCap = max(caps.TopLogprobsCap, len(t.Top))
+		}
+		if o.Fingerprint != "" {
+			fps[o.Fingerprint]++
+		}
+		cy.Identity.PromptTokens = append(cy.Identity.PromptTokens, o.PromptTokens)
+		cy.Obs = append(cy.Obs, o)
+	}
+	for fp, n := range fps {
+		if n > fps[cy.Identity.Fingerprint] || n == fps[cy.Identity.Fingerprint] && fp < cy.Identity.Fingerprint {
+			cy.Identity.Fingerprint = fp
+		}
+	}
+	caps.Fingerprint = cy.Identity.Fingerprint != ""
+	return cy, caps, nil
+}

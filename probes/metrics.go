@@ -1,0 +1,62 @@
+package probes
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	fleetwatch "github.com/fleetwatch/fleetwatch"
+)
+
+// proberMetrics are the Prober's series in its *metrics.Set. Per-backend
+// gauges are written at scrape time from the current statuses, so they
+// follow the targets.
+type proberMetrics struct {
+	set    *metrics.Set
+	cycles *metrics.Counter
+}
+
+func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
+	m := &proberMetrics{set: set, cycles: set.GetOrCreateCounter("fleetwatch_probe_cycles_total")}
+	for _, s := range []fleetwatch.DriftStatus{fleetwatch.DriftOK, fleetwatch.DriftSuspect, fleetwatch.DriftDrifted, fleetwatch.DriftUnknown} {
+		m.alerts(s) // present at 0 from the start
+	}
+	set.RegisterMetricsWriter(func(w io.Writer) {
+		for _, st := range p.Statuses() {
+			l := fmt.Sprintf(`{pool=%s,backend=%s}`, quoteLabel(st.Pool), quoteLabel(st.Backend))
+			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_score"+l, finite(st.Score))
+			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_threshold"+l, finite(st.Threshold))
+			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_cusum"+l, st.CUSUM)
+			if !math.IsNaN(st.Z) {
+				metrics.WriteGaugeFloat64(w, "fleetwatch_drift_s2_z"+l, st.Z)
+			}
+			metrics.WriteGaugeUint64(w, "fleetwatch_drift_status"+l, uint64(rank[st.Status]))
+			enrolling := uint64(0)
+			if st.Enrolling {
+				enrolling = 1
+			}
+			metrics.WriteGaugeUint64(w, "fleetwatch_probe_enrolling"+l, enrolling)
+		}
+	})
+	return m
+}
+
+// probeErrors is the counter of probe errors of one backend and kind.
+func (m *proberMetrics) probeErrors(pool, backend, kind string) *metrics.Counter {
+	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_probe_errors_total{pool=%s,backend=%s,kind=%s}`,
+		quoteLabel(pool), quoteLabel(backend), quoteLabel(kind)))
+}
+
+// alerts is the counter of drift alerts by status.
+func (m *proberMetrics) alerts(s fleetwatch.DriftStatus) *metrics.Counter {
+	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_alerts_total{status=%s}`, quoteLabel(string(s))))
+}
+
+// quoteLabel quotes a Prometheus label value (backend ids may hold quotes
+// and backslashes; they hold no control characters).
+func quoteLabel(v string) string {
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v) + `"`
+}

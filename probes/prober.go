@@ -1,0 +1,635 @@
+package probes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"net/http"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/robfig/cron/v3"
+
+	fleetwatch "github.com/fleetwatch/fleetwatch"
+)
+
+// Sink receives what the Prober finds. Its methods are called without any
+// Prober lock held, from the probing goroutines; they must be safe for
+// concurrent use and should not block for long.
+type Sink interface {
+	// Alert is a drift status change of one backend (published on
+	// fw.drift.<pool> by the wiring).
+	Alert(fleetwatch.DriftAlert)
+	// Status is a backend's combined drift status (worst of against its
+	// baseline and against its peers), called when it changes.
+	Status(pool, backend string, s fleetwatch.DriftStatus)
+	// ProbeError is a failed probe cycle: never a verdict.
+	ProbeError(pool, backend string, err error)
+}
+
+// ErrUnknownBackend is returned for a pool/backend pair that is not a target.
+var ErrUnknownBackend = errors.New("probes: unknown backend")
+
+// ErrClosed is returned by Run after Close.
+var ErrClosed = errors.New("probes: prober closed")
+
+// Settings configure a Prober. The zero value works (and probes nothing).
+type Settings struct {
+	// Targets are the backends to probe. Pool and Backend must be set and
+	// unique together.
+	Targets []Target
+	// Suite is the prompt suite. If nil, the built-in default-v1.
+	Suite *Suite
+	// Store persists baselines. If nil, they live in memory only.
+	Store BaselineStore
+	// Sink receives alerts, statuses and probe errors. If nil, discarded.
+	Sink Sink
+	// Schedule is the cron spec of probe cycles (robfig/cron, with
+	// descriptors such as "@every 5m"). If empty, "@every 5m".
+	Schedule string
+	// Jitter is the largest per-backend offset added to the schedule, so
+	// that backends are not all probed at once; each backend's offset is a
+	// fixed hash of its ids. If zero, a tenth of the schedule's interval;
+	// negative: none.
+	Jitter time.Duration
+	// Timeout bounds each probe request. If zero, 30s.
+	Timeout time.Duration
+	// Enrol is how many cycles enrolment takes at least. If zero, 8.
+	Enrol int
+	// EnrolMin is the minimum enrolment span. If zero, 2h; negative: none.
+	EnrolMin time.Duration
+	// Params are the decision thresholds (zero fields take defaults).
+	Params Params
+	// HTTPClient sends the probes. If nil, a client with its own transport.
+	HTTPClient *http.Client
+	// Metrics receives the probe metrics. If nil, a private set.
+	Metrics *metrics.Set
+	// Now is the clock. If nil, time.Now.
+	Now func() time.Time
+	// Logf logs. If nil, nothing is logged.
+	Logf func(format string, args ...any)
+}
+
+type backendKey struct{ pool, backend string }
+
+// backendState is one target's state.
+type backendState struct {
+	t      Target
+	client *Client
+	offset time.Duration // jitter
+
+	run sync.Mutex // serialises this backend's cycles and re-baselines
+	mon *Monitor   // guarded by run; nil until the baseline was loaded
+
+	// guarded by Prober.mu
+	peer      fleetwatch.DriftStatus
+	peerSince time.Time
+	reported  fleetwatch.DriftStatus
+	snap      BackendStatus
+	pvalue    float64
+}
+
+// Prober runs drift probes against its targets on a cron schedule. Use
+// ProbeBackend to run one backend's cycle directly (the cron job body), Run
+// to schedule, Close to stop.
+type Prober struct {
+	s       Settings
+	suite   *Suite
+	sched   cron.Schedule
+	metrics *proberMetrics
+
+	mu       sync.Mutex // guards the mutable fields of backendState marked so, and closed/cancel
+	backends map[backendKey]*backendState
+	order    []backendKey
+	closed   bool
+	cancel   context.CancelFunc
+}
+
+// New validates s and returns a Prober. It does no I/O.
+func New(s Settings) (*Prober, error) {
+	if s.Suite == nil {
+		def, err := LoadSuite(DefaultSuite)
+		if err != nil {
+			return nil, err
+		}
+		s.Suite = def
+	}
+	if s.Store == nil {
+		s.Store = &memStore{m: map[backendKey][]byte{}}
+	}
+	if s.Sink == nil {
+		s.Sink = discardSink{}
+	}
+	if s.Schedule == "" {
+		s.Schedule = "@every 5m"
+	}
+	if s.Timeout == 0 {
+		s.Timeout = 30 * time.Second
+	}
+	if s.HTTPClient == nil {
+		s.HTTPClient = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+	}
+	if s.Metrics == nil {
+		s.Metrics = metrics.NewSet()
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.Logf == nil {
+		s.Logf = func(string, ...any) {}
+	}
+	s.Params = s.Params.withDefaults()
+	sched, err := cron.ParseStandard(s.Schedule)
+	if err != nil {
+		return nil, fmt.Errorf("probes: schedule %q: %w", s.Schedule, err)
+	}
+	if s.Jitter == 0 {
+		n1 := sched.Next(s.Now())
+		s.Jitter = sched.Next(n1).Sub(n1) / 10
+	}
+	p := &Prober{s: s, suite: s.Suite, sched: sched, backends: map[backendKey]*backendState{}}
+	for i, t := range s.Targets {
+		if t.Pool == "" || t.Backend == "" || t.URL == "" {
+			return nil, fmt.Errorf("probes: targets[%d]: pool, backend and url are required", i)
+		}
+		k := backendKey{t.Pool, t.Backend}
+		if p.backends[k] != nil {
+			return nil, fmt.Errorf("probes: targets[%d]: %s/%s listed twice", i, t.Pool, t.Backend)
+		}
+		st := &backendState{t: t, client: NewClient(t, s.HTTPClient), reported: fleetwatch.DriftUnknown,
+			peer: fleetwatch.DriftOK, pvalue: math.NaN()}
+		if s.Jitter > 0 {
+			h := fnv.New64a()
+			h.Write([]byte(t.Pool + "\x00" + t.Backend))
+			st.offset = time.Duration(h.Sum64() % uint64(s.Jitter))
+		}
+		st.snap = BackendStatus{Pool: t.Pool, Backend: t.Backend, Status: fleetwatch.DriftUnknown, Baseline: fleetwatch.DriftUnknown, Peers: fleetwatch.DriftOK}
+		p.backends[k] = st
+		p.order = append(p.order, k)
+	}
+	p.metrics = newProberMetrics(s.Metrics, p)
+	return p, nil
+}
+
+// Suite is the prompt suite in use.
+func (p *Prober) Suite() *Suite { return p.suite }
+
+func (p *Prober) state(pool, backend string) (*backendState, error) {
+	st := p.backends[backendKey{pool, backend}]
+	if st == nil {
+		return nil, fmt.Errorf("%w: %s/%s", ErrUnknownBackend, pool, backend)
+	}
+	return st, nil
+}
+
+// load makes sure st.mon exists, from the stored baseline when there is one
+// of the current suite. Called with st.run held.
+func (p *Prober) load(ctx context.Context, st *backendState) error {
+	if st.mon != nil {
+		return nil
+	}
+	var b *Baseline
+	data, err := p.s.Store.Load(ctx, st.t.Pool, st.t.Backend)
+	switch {
+	case errors.Is(err, ErrNoBaseline), err == nil && len(data) == 0:
+	case err != nil:
+		return fmt.Errorf("probes: load baseline of %s/%s: %w", st.t.Pool, st.t.Backend, err)
+	default:
+		if b, err = UnmarshalBaseline(data); err != nil {
+			p.s.Logf("probes: %s/%s: stored baseline unusable, enrolling again: %v", st.t.Pool, st.t.Backend, err)
+			b = nil
+		} else if b.SuiteHash != p.suite.Hash {
+			p.s.Logf("probes: %s/%s: suite changed (%s %s -> %s %s), enrolling again", st.t.Pool, st.t.Backend, b.Suite, b.SuiteHash, p.suite.Name, p.suite.Hash)
+			b = nil
+		}
+	}
+	st.mon = NewMonitor(st.t.Pool, st.t.Backend, MonitorSettings{Suite: p.suite, Enrol: p.s.Enrol, EnrolMin: p.s.EnrolMin, Params: p.s.Params}, b)
+	p.mu.Lock()
+	p.refreshLocked(st)
+	p.mu.Unlock()
+	if b != nil {
+		p.comparePeers(ctx, st.t.Pool)
+	}
+	p.notifyStatus(st)
+	return nil
+}
+
+// ProbeBackend runs one probe cycle of a backend: the cron job body. A
+// metadata change (fingerprint, /v1/models, /version, prompt token counts)
+// runs one extra cycle at once. A failed cycle is reported to the Sink as a
+// probe error and returned; it never changes a drift status.
+func (p *Prober) ProbeBackend(ctx context.Context, pool, backend string) error {
+	st, err := p.state(pool, backend)
+	if err != nil {
+		return err
+	}
+	st.run.Lock()
+	defer st.run.Unlock()
+	extra, err := p.cycle(ctx, st)
+	if err == nil && extra {
+		_, err = p.cycle(ctx, st)
+	}
+	return err
+}
+
+// cycle runs one cycle with st.run held and reports whether its metadata
+// changed.
+func (p *Prober) cycle(ctx context.Context, st *backendState) (bool, error) {
+	if err := p.load(ctx, st); err != nil {
+		p.probeError(st, err)
+		return false, err
+	}
+	cy, caps, err := st.client.RunCycle(ctx, p.suite, p.s.Now(), p.s.Timeout)
+	if err != nil {
+		p.probeError(st, err)
+		return false, err
+	}
+	caps.Seed = true // the seed parameter was accepted on every request
+	res, err := st.mon.Observe(cy, func(pv float64) bool { return p.fdr(st, pv) })
+	if err != nil {
+		p.probeError(st, err)
+		return false, err
+	}
+	p.metrics.cycles.Inc()
+	if res.Enrolled {
+		data, err := st.mon.Baseline().Marshal()
+		if err == nil {
+			err = p.s.Store.Save(ctx, st.t.Pool, st.t.Backend, data)
+		}
+		if err != nil {
+			p.s.Logf("probes: %s/%s: saving baseline: %v", st.t.Pool, st.t.Backend, err)
+			p.probeError(st, fmt.Errorf("probes: save baseline: %w", err))
+		}
+		p.s.Logf("probes: %s/%s: enrolled over %d cycles", st.t.Pool, st.t.Backend, st.mon.Baseline().Cycles)
+	}
+	p.mu.Lock()
+	st.snap.Caps = caps
+	st.snap.LastCycle = cy.At
+	st.snap.LastError, st.snap.LastErrorKind = "", ""
+	p.refreshLocked(st)
+	p.mu.Unlock()
+	if res.Alert != nil {
+		p.emit(*res.Alert)
+	}
+	if res.Enrolled {
+		p.comparePeers(ctx, st.t.Pool)
+	}
+	p.notifyStatus(st)
+	if len(res.IdentityChanges) > 0 {
+		p.s.Logf("probes: %s/%s: metadata changed (%v): running an extra cycle", st.t.Pool, st.t.Backend, res.IdentityChanges)
+	}
+	return len(res.IdentityChanges) > 0, nil
+}
+
+// fdr records a black-box backend's p-value and applies Benjamini-Hochberg
+// over the latest p-values of every black-box backend.
+func (p *Prober) fdr(st *backendState, pv float64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st.pvalue = pv
+	var ps []float64
+	self := -1
+	for _, k := range p.order {
+		b := p.backends[k]
+		if b == st {
+			self = len(ps)
+		}
+		if !math.IsNaN(b.pvalue) {
+			ps = append(ps, b.pvalue)
+		}
+	}
+	return self >= 0 && BenjaminiHochberg(ps, p.s.Params.FDR)[self]
+}
+
+func (p *Prober) probeError(st *backendState, err error) {
+	kind := ErrorKind(err)
+	p.metrics.probeErrors(st.t.Pool, st.t.Backend, kind).Inc()
+	p.mu.Lock()
+	st.snap.LastError, st.snap.LastErrorKind, st.snap.LastErrorAt = err.Error(), kind, p.s.Now()
+	st.snap.Errors++
+	p.mu.Unlock()
+	p.s.Logf("probes: %s/%s: probe error (%s): %v", st.t.Pool, st.t.Backend, kind, err)
+	p.s.Sink.ProbeError(st.t.Pool, st.t.Backend, err)
+}
+
+func (p *Prober) emit(a fleetwatch.DriftAlert) {
+	p.metrics.alerts(a.Status).Inc()
+	p.s.Sink.Alert(a)
+}
+
+// notifyStatus tells the Sink the combined status when it changed.
+func (p *Prober) notifyStatus(st *backendState) {
+	p.mu.Lock()
+	s := st.snap.Status
+	changed := s != st.reported
+	st.reported = s
+	p.mu.Unlock()
+	if changed {
+		p.s.Sink.Status(st.t.Pool, st.t.Backend, s)
+	}
+}
+
+// refreshLocked copies the monitor's state into the status snapshot.
+func (p *Prober) refreshLocked(st *backendState) {
+	sn := &st.snap
+	m := st.mon
+	sn.Baseline, sn.Since = m.Status()
+	b := m.Baseline()
+	sn.Enrolling = b == nil
+	sn.EnrolCycles = len(m.enrolling)
+	sn.Logprobs = b != nil && b.Logprobs
+	if b != nil {
+		sn.BaselineCycles, sn.BaselineCreated = b.Cycles, b.Created
+	}
+	last := m.Last()
+	sn.Score, sn.Threshold = last.Signal.Score, last.Signal.Thresh
+	sn.Z = math.NaN()
+	if b != nil && b.Logprobs && !last.Enrolled && !last.Enrolling && !last.At.IsZero() {
+		sn.Z = b.Null.S2.Z(last.Stats.S2)
+	}
+	sn.CUSUM = m.det.CUSUM.C
+	sn.BaselineSince = sn.Since
+	combineLocked(st)
+}
+
+// combineLocked recomputes the combined status from the baseline and peer
+// statuses; it does not touch the monitor, so it may run while another
+// goroutine holds st.run.
+func combineLocked(st *backendState) {
+	sn := &st.snap
+	sn.Peers, sn.PeersSince = st.peer, st.peerSince
+	sn.Status, sn.Since = worse(sn.Baseline, st.peer), sn.BaselineSince
+	if sn.Status == sn.Peers && sn.Peers != fleetwatch.DriftOK && sn.Status != sn.Baseline {
+		sn.Since = sn.PeersSince
+	}
+}
+
+var rank = map[fleetwatch.DriftStatus]int{fleetwatch.DriftUnknown: 0, fleetwatch.DriftOK: 1, fleetwatch.DriftSuspect: 2, fleetwatch.DriftDrifted: 3}
+
+func worse(a, b fleetwatch.DriftStatus) fleetwatch.DriftStatus {
+	if rank[b] > rank[a] && !(a == fleetwatch.DriftUnknown && b == fleetwatch.DriftOK) {
+		return b
+	}
+	return a
+}
+
+// comparePeers compares the baselines of a pool's backends and emits
+// alerts against peers for backends whose peer status changed.
+func (p *Prober) comparePeers(ctx context.Context, pool string) {
+	baselines := map[string]*Baseline{}
+	var states []*backendState
+	for _, k := range p.order {
+		if k.pool != pool {
+			continue
+		}
+		st := p.backends[k]
+		states = append(states, st)
+		if st.run.TryLock() { // another backend's cycle may hold it: use what is stored
+			if st.mon != nil && st.mon.Baseline() != nil {
+				baselines[k.backend] = st.mon.Baseline()
+			}
+			st.run.Unlock()
+		} else if data, err := p.s.Store.Load(ctx, k.pool, k.backend); err == nil && len(data) > 0 {
+			if b, err := UnmarshalBaseline(data); err == nil && b.SuiteHash == p.suite.Hash {
+				baselines[k.backend] = b
+			}
+		}
+	}
+	v := ComparePeers(baselines, p.s.Params)
+	now := p.s.Now()
+	var alerts []fleetwatch.DriftAlert
+	p.mu.Lock()
+	for _, st := range states {
+		want := fleetwatch.DriftOK
+		var score, thresh float64
+		reason := ""
+		switch {
+		case v.Outlier == st.t.Backend:
+			want, score = fleetwatch.DriftDrifted, v.OutlierDistance
+			thresh = max(p.s.Params.PeerMinNats, p.s.Params.PeerRatio*v.OthersDistance)
+			reason = fmt.Sprintf("outlier among %d peers: median baseline distance %.4f nats vs %.4f among the others (needs >= %.2f and >= %.0fx)",
+				len(baselines), v.OutlierDistance, v.OthersDistance, p.s.Params.PeerMinNats, p.s.Params.PeerRatio)
+		case v.PairDiffers && (v.Pair[0] == st.t.Backend || v.Pair[1] == st.t.Backend):
+			d := v.Distances[v.Pair[0]+"|"+v.Pair[1]]
+			want, score, thresh = fleetwatch.DriftSuspect, d, p.s.Params.PeerMinNats
+			reason = fmt.Sprintf("the two backends %s and %s differ: baseline distance %.4f nats >= %.2f; with two peers neither is blamed",
+				v.Pair[0], v.Pair[1], d, p.s.Params.PeerMinNats)
+		default:
+			reason = "in line with its peers"
+		}
+		if want == st.peer {
+			continue
+		}
+		prev := worse(st.snap.Baseline, st.peer)
+		st.peer, st.peerSince = want, now
+		combineLocked(st)
+		if _, has := baselines[st.t.Backend]; !has && want == fleetwatch.DriftOK {
+			continue
+		}
+		ev := fleetwatch.DriftEvidence{Prompts: len(p.suite.Prompts), MeanAbsLogprobDelta: fleetwatch.Float(score),
+			ModelIDs: []string{}, Extra: map[string]any{"peer_distances": v.Distances, "peers": len(baselines)}}
+		if b := baselines[st.t.Backend]; b != nil {
+			ev.ModelIDs = b.Identity.ModelIDs
+			if f := b.Identity.Fingerprint; f != "" {
+				ev.FingerprintAfter = &f
+			}
+		}
+		alerts = append(alerts, fleetwatch.DriftAlert{V: fleetwatch.ProtocolVersion, Pool: pool, Backend: st.t.Backend,
+			At: fleetwatch.At(now), Status: want, Previous: prev, Score: score, Threshold: thresh,
+			Against: fleetwatch.AgainstPeers, Suite: p.suite.Name, Evidence: ev, Reason: reason})
+	}
+	p.mu.Unlock()
+	for _, a := range alerts {
+		p.emit(a)
+	}
+	for _, st := range states {
+		p.notifyStatus(st)
+	}
+}
+
+// Rebaseline drops a backend's baseline and restarts its enrolment: the
+// explicit operator action of docs/DRIFT.md. The action is recorded as an
+// alert with status "unknown" (previous: the status before) whose reason
+// names who asked.
+func (p *Prober) Rebaseline(ctx context.Context, pool, backend, by string) (fleetwatch.DriftAlert, error) {
+	st, err := p.state(pool, backend)
+	if err != nil {
+		return fleetwatch.DriftAlert{}, err
+	}
+	st.run.Lock()
+	defer st.run.Unlock()
+	if err := p.load(ctx, st); err != nil {
+		return fleetwatch.DriftAlert{}, err
+	}
+	if err := p.s.Store.Save(ctx, pool, backend, nil); err != nil {
+		return fleetwatch.DriftAlert{}, fmt.Errorf("probes: clear baseline of %s/%s: %w", pool, backend, err)
+	}
+	now := p.s.Now()
+	p.mu.Lock()
+	prev := st.snap.Status
+	st.mon.Rebaseline(now)
+	st.peer, st.peerSince = fleetwatch.DriftOK, now
+	p.refreshLocked(st)
+	p.mu.Unlock()
+	a := RebaselineAlert(pool, backend, p.suite, prev, by, now)
+	p.emit(a)
+	p.notifyStatus(st)
+	p.comparePeers(ctx, pool)
+	return a, nil
+}
+
+// RebaselineAlert is the record of an operator's re-baseline: status
+// "unknown" (the backend enrols again), Extra action "rebaseline".
+func RebaselineAlert(pool, backend string, s *Suite, prev fleetwatch.DriftStatus, by string, now time.Time) fleetwatch.DriftAlert {
+	if by == "" {
+		by = "an operator"
+	}
+	if prev == "" {
+		prev = fleetwatch.DriftUnknown
+	}
+	return fleetwatch.DriftAlert{V: fleetwatch.ProtocolVersion, Pool: pool, Backend: backend, At: fleetwatch.At(now),
+		Status: fleetwatch.DriftUnknown, Previous: prev, Against: fleetwatch.AgainstBaseline, Suite: s.Name,
+		Evidence: fleetwatch.DriftEvidence{Prompts: len(s.Prompts), ModelIDs: []string{},
+			Extra: map[string]any{"action": "rebaseline", "requested_by": by}},
+		Reason: "re-baseline requested by " + by + ": the baseline was dropped and enrolment restarts"}
+}
+
+// BackendStatus is one backend's drift state, for `drift status`, the
+// review and metrics.
+type BackendStatus struct {
+	Pool    string                 `json:"pool"`
+	Backend string                 `json:"backend"`
+	Status  fleetwatch.DriftStatus `json:"status"` // worst of Baseline and Peers
+	Since   time.Time              `json:"since"`
+	// Baseline is the status against its own baseline, Peers against the
+	// other backends of the pool.
+	Baseline        fleetwatch.DriftStatus `json:"baseline"`
+	BaselineSince   time.Time              `json:"baseline_since"`
+	Peers           fleetwatch.DriftStatus `json:"peers"`
+	PeersSince      time.Time              `json:"peers_since"`
+	Enrolling       bool                   `json:"enrolling"`
+	EnrolCycles     int                    `json:"enrol_cycles"`
+	BaselineCycles  int                    `json:"baseline_cycles"`
+	BaselineCreated time.Time              `json:"baseline_created"`
+	Logprobs        bool                   `json:"logprobs"`
+	Score           float64                `json:"score"`
+	Threshold       float64                `json:"threshold"`
+	Z               float64                `json:"-"` // last S2 z, NaN when none
+	CUSUM           float64                `json:"cusum"`
+	Caps            Capabilities           `json:"capabilities"`
+	LastCycle       time.Time              `json:"last_cycle"`
+	LastError       string                 `json:"last_error,omitempty"`
+	LastErrorKind   string                 `json:"last_error_kind,omitempty"`
+	LastErrorAt     time.Time              `json:"last_error_at"`
+	Errors          int                    `json:"errors"`
+}
+
+// Statuses returns every target's drift state, in target order.
+func (p *Prober) Statuses() []BackendStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]BackendStatus, 0, len(p.order))
+	for _, k := range p.order {
+		out = append(out, p.backends[k].snap)
+	}
+	return out
+}
+
+// jittered shifts a schedule by a fixed offset.
+type jittered struct {
+	inner  cron.Schedule
+	offset time.Duration
+}
+
+func (j jittered) Next(t time.Time) time.Time { return j.inner.Next(t.Add(-j.offset)).Add(j.offset) }
+
+// Run schedules every target's cycles with robfig/cron (Recover and
+// SkipIfStillRunning set explicitly, so a panicking or slow cycle neither
+// kills the scheduler nor piles up) until ctx is done or Close is called,
+// then waits for running cycles to finish.
+func (p *Prober) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return ErrClosed
+	}
+	p.cancel = cancel
+	p.mu.Unlock()
+	logger := cronLogger{p.s.Logf}
+	c := cron.New(cron.WithChain(cron.Recover(logger)), cron.WithLogger(logger))
+	for _, k := range p.order {
+		st := p.backends[k]
+		job := cron.NewChain(cron.SkipIfStillRunning(logger)).Then(cron.FuncJob(func() {
+			_ = p.ProbeBackend(ctx, st.t.Pool, st.t.Backend) // reported to the Sink
+		}))
+		c.Schedule(jittered{p.sched, st.offset}, job)
+	}
+	c.Start()
+	<-ctx.Done()
+	<-c.Stop().Done()
+	return nil
+}
+
+// Close stops Run. It is idempotent.
+func (p *Prober) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.cancel != nil {
+		p.cancel()
+	}
+	return nil
+}
+
+// cronLogger adapts Logf to cron.Logger.
+type cronLogger struct{ logf func(string, ...any) }
+
+func (l cronLogger) Info(string, ...any) {}
+func (l cronLogger) Error(err error, msg string, kv ...any) {
+	l.logf("probes: cron: %s: %v %v", msg, err, kv)
+}
+
+type discardSink struct{}
+
+func (discardSink) Alert(fleetwatch.DriftAlert)                   {}
+func (discardSink) Status(string, string, fleetwatch.DriftStatus) {}
+func (discardSink) ProbeError(string, string, error)              {}
+
+// memStore is the in-memory BaselineStore used when none is given.
+type memStore struct {
+	mu sync.Mutex // guards m
+	m  map[backendKey][]byte
+}
+
+func (s *memStore) Load(_ context.Context, pool, backend string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.m[backendKey{pool, backend}]
+	if !ok {
+		return nil, ErrNoBaseline
+	}
+	return d, nil
+}
+
+func (s *memStore) Save(_ context.Context, pool, backend string, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[backendKey{pool, backend}] = data
+	return nil
+}
+
+// sortStatuses orders statuses by pool then backend.
+func sortStatuses(s []BackendStatus) {
+	sort.Slice(s, func(i, j int) bool {
+		if s[i].Pool != s[j].Pool {
+			return s[i].Pool < s[j].Pool
+		}
+		return s[i].Backend < s[j].Backend
+	})
+}
