@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+func TestFakeCommandScriptsIncidents(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr routeBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runFake(ctx, []string{"--backend", "a=127.0.0.1:0", "--backend", "b=127.0.0.1:0",
+			"--admin", "127.0.0.1:0", "--model", "llama"}, &stdout, &stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("fake: %v\n%s", err, stderr.String())
+		}
+	})
+	urlRe := regexp.MustCompile(`fake: (backend b|admin) on (http://\S+)`)
+	urls := map[string]string{}
+	routeEventually(t, "fake to listen", func() bool {
+		for _, m := range urlRe.FindAllStringSubmatch(stdout.String(), -1) {
+			urls[m[1]] = m[2]
+		}
+		return len(urls) == 2
+	})
+	c := newRouteClient(t, urls["backend b"])
+	c.http.Transport = &http.Transport{DisableKeepAlives: true}
+	if r, err := c.post("/v1/completions", map[string]any{"prompt": "x"}); err != nil || r.status != 200 ||
+		!strings.Contains(string(r.body), `"model":"llama"`) {
+		t.Fatalf("healthy: %v %d %s", err, r.status, r.body)
+	}
+	admin := newRouteClient(t, urls["admin"])
+	if r, err := admin.post("/admin/b/behavior", map[string]any{"refuse": true}); err != nil || r.status != 200 {
+		t.Fatalf("admin: %v %d %s", err, r.status, r.body)
+	}
+	if _, err := c.post("/v1/completions", map[string]any{"prompt": "x"}); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("refusing backend: error %v, want connection refused", err)
+	}
+	if r, err := admin.post("/admin/b/behavior", map[string]any{"refuse": false, "throttle_rate": 1}); err != nil || r.status != 200 {
+		t.Fatalf("admin: %v %d", err, r.status)
+	}
+	if r, err := c.post("/v1/completions", map[string]any{"prompt": "x"}); err != nil || r.status != 429 {
+		t.Errorf("throttling backend: %v status %d, want 429", err, r.status)
+	}
+	if r, err := admin.post("/admin/nope/behavior", map[string]any{}); err != nil || r.status != 404 {
+		t.Errorf("unknown backend: %v status %d, want 404", err, r.status)
+	}
+}
