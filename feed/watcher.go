@@ -1,0 +1,528 @@
+package feed
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// Sentinel errors of the watcher.
+var (
+	// ErrMalformed is wrapped by the error describing a snapshot the
+	// watcher ignored.
+	ErrMalformed = errors.New("feed: malformed snapshot")
+	// ErrWatcherClosed is returned by Run after Close.
+	ErrWatcherClosed = errors.New("feed: watcher closed")
+	// ErrWatcherRunning is returned by a second concurrent Run.
+	ErrWatcherRunning = errors.New("feed: watcher already running")
+)
+
+// WatcherSettings configures a Watcher. The zero value follows every pool
+// under the default prefix and reads the KV bucket when JetStream is there.
+type WatcherSettings struct {
+	// Prefix is the subject prefix. If empty, fleetwatch.DefaultPrefix.
+	Prefix string
+	// Pools lists the pools to follow. If empty, every pool is followed
+	// (fw.decisions.> and every key of the bucket).
+	Pools []string
+	// NoKV follows the subjects only: no KV read at start or on reconnect.
+	NoKV bool
+	// Now is the clock used for Received and staleness. If nil, time.Now.
+	Now func() time.Time
+	// OnUpdate is called with every snapshot the watcher applies, after
+	// View already returns it, on Run's goroutine, in order, outside any
+	// lock. The snapshot is shared: do not modify it. If nil, nothing is
+	// called.
+	OnUpdate func(*fleetwatch.Snapshot)
+	// Buffer is how many snapshot messages may wait for Run's goroutine
+	// before nats.go drops them (counted). If zero, 4096 is used.
+	Buffer int
+	// Metrics receives the watcher's counters. If nil, a private set.
+	Metrics *metrics.Set
+	// Logf receives operational messages. If nil, nothing is logged.
+	Logf func(format string, args ...any)
+}
+
+// View is what a router knows about one pool.
+type View struct {
+	// Snapshot is the newest snapshot applied; shared and immutable.
+	Snapshot *fleetwatch.Snapshot
+	// Received is when the watcher applied it (WatcherSettings.Now).
+	Received time.Time
+	// Stale reports whether the snapshot is older than at + ttl_ms now;
+	// apply Effective(Snapshot, now) rather than Snapshot then.
+	Stale bool
+}
+
+// watched is the immutable record of one pool's newest snapshot.
+type watched struct {
+	snap     *fleetwatch.Snapshot
+	received time.Time
+}
+
+// poolSlots maps a pool id to its slot. The map is copied when a pool
+// appears (rare) and never modified after it is published; each slot is
+// swapped atomically when its pool's snapshot changes (often).
+type poolSlots map[string]*atomic.Pointer[watched]
+
+// Watcher follows decision snapshots for a router (the feed client).
+//
+// Run subscribes to the decision subjects, reads the KV bucket for the
+// current state (so a router that starts late, or was disconnected, has it
+// at once), and applies snapshots in (epoch, seq) order, dropping any that
+// is not newer than the one it has (fleetwatch.Snapshot.NewerThan). After a
+// reconnect nats.go re-establishes the subscription and the watcher reads
+// the KV again, retrying with backoff while JetStream is not back. Every
+// update happens on Run's goroutine; View reads are lock-free.
+type Watcher struct {
+	nc       *nats.Conn
+	settings WatcherSettings // with defaults applied
+	subjects fleetwatch.Subjects
+	follow   map[string]bool // the pools followed; nil: all
+
+	pools  atomic.Pointer[poolSlots]
+	synced chan struct{} // closed after the first KV read (or when there is no KV)
+
+	applied   *metrics.Counter
+	older     *metrics.Counter
+	malformed *metrics.Counter
+	dropped   *metrics.Counter
+	kvReads   *metrics.Counter
+	kvErrors  *metrics.Counter
+
+	// mu guards running and done.
+	mu      sync.Mutex
+	running bool
+	done    chan struct{}
+	closed  chan struct{}
+	once    sync.Once
+}
+
+// NewWatcher returns a Watcher on nc. It does no I/O; Run does.
+func NewWatcher(nc *nats.Conn, s WatcherSettings) (*Watcher, error) {
+	if nc == nil {
+		return nil, errors.New("feed: nil connection")
+	}
+	if s.Prefix != "" {
+		if err := fleetwatch.ValidatePrefix(s.Prefix); err != nil {
+			return nil, fmt.Errorf("feed: %w", err)
+		}
+	}
+	w := &Watcher{
+		nc:       nc,
+		subjects: fleetwatch.Subjects{Prefix: s.Prefix},
+		synced:   make(chan struct{}),
+		closed:   make(chan struct{}),
+	}
+	if len(s.Pools) > 0 {
+		w.follow = make(map[string]bool, len(s.Pools))
+		for _, p := range s.Pools {
+			if err := fleetwatch.ValidatePoolID(p); err != nil {
+				return nil, fmt.Errorf("feed: %w", err)
+			}
+			w.follow[p] = true
+		}
+		s.Pools = append([]string(nil), s.Pools...)
+	}
+	if s.Now == nil {
+		s.Now = time.Now
+	}
+	if s.OnUpdate == nil {
+		s.OnUpdate = func(*fleetwatch.Snapshot) {}
+	}
+	if s.Buffer <= 0 {
+		s.Buffer = 4096
+	}
+	if s.Logf == nil {
+		s.Logf = func(string, ...any) {}
+	}
+	if s.Metrics == nil {
+		s.Metrics = metrics.NewSet()
+	}
+	w.settings = s
+	set := s.Metrics
+	w.applied = set.GetOrCreateCounter("fleetwatch_feed_snapshots_applied_total")
+	w.older = set.GetOrCreateCounter("fleetwatch_feed_snapshots_older_total")
+	w.malformed = set.GetOrCreateCounter("fleetwatch_feed_snapshots_malformed_total")
+	w.dropped = set.GetOrCreateCounter("fleetwatch_feed_snapshots_dropped_total")
+	w.kvReads = set.GetOrCreateCounter("fleetwatch_feed_kv_reads_total")
+	w.kvErrors = set.GetOrCreateCounter("fleetwatch_feed_kv_read_errors_total")
+	empty := poolSlots{}
+	w.pools.Store(&empty)
+	return w, nil
+}
+
+// View returns the newest snapshot of pool and whether there is one. It is
+// lock-free and allocation-free, for the request path.
+func (w *Watcher) View(pool string) (View, bool) {
+	slot := (*w.pools.Load())[pool]
+	if slot == nil {
+		return View{}, false
+	}
+	e := slot.Load()
+	return View{Snapshot: e.snap, Received: e.received, Stale: Stale(e.snap, w.settings.Now())}, true
+}
+
+// Pools returns the ids of the pools the watcher has a snapshot of.
+func (w *Watcher) Pools() []string {
+	m := *w.pools.Load()
+	ids := make([]string, 0, len(m))
+	for id := range m {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// Synced is closed once Run has read the KV bucket for the first time (or
+// found that there is none), so that a caller can wait for the current
+// state before it serves requests.
+func (w *Watcher) Synced() <-chan struct{} { return w.synced }
+
+// Run follows the snapshots until ctx is done or Close is called, and then
+// unsubscribes and returns nil. It returns an error when it cannot
+// subscribe, ErrWatcherRunning when another Run is active, and
+// ErrWatcherClosed after Close.
+func (w *Watcher) Run(ctx context.Context) error {
+	w.mu.Lock()
+	select {
+	case <-w.closed:
+		w.mu.Unlock()
+		return ErrWatcherClosed
+	default:
+	}
+	if w.running {
+		w.mu.Unlock()
+		return ErrWatcherRunning
+	}
+	w.running = true
+	done := make(chan struct{})
+	w.done = done
+	w.mu.Unlock()
+	defer func() {
+		w.mu.Lock()
+		w.running = false
+		w.mu.Unlock()
+		close(done)
+	}()
+
+	// Status events first, so that a reconnect during start-up is seen.
+	status := w.nc.StatusChanged(nats.CONNECTED)
+	defer w.nc.RemoveStatusListener(status)
+
+	msgs := make(chan *nats.Msg, w.settings.Buffer)
+	subs, err := w.subscribe(msgs)
+	if err != nil {
+		return err
+	}
+	lastDropped := make([]int, len(subs))
+	defer func() {
+		w.countDropped(subs, lastDropped)
+		for _, sub := range subs {
+			_ = sub.Unsubscribe()
+		}
+	}()
+
+	kv := newKVReader(w)
+	retry := time.NewTimer(0)
+	if !retry.Stop() {
+		<-retry.C
+	}
+	defer retry.Stop()
+	readKV := func() {
+		if wait, ok := kv.read(ctx); !ok {
+			retry.Reset(wait)
+		}
+		w.markSynced()
+	}
+	readKV()
+
+	dropTicker := time.NewTicker(time.Second)
+	defer dropTicker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-w.closed:
+			return nil
+		case msg := <-msgs:
+			w.handleMsg(msg)
+		case <-status:
+			w.settings.Logf("feed: reconnected; reading the current decisions again")
+			kv.reset()
+			readKV()
+		case <-retry.C:
+			readKV()
+		case <-dropTicker.C:
+			w.countDropped(subs, lastDropped)
+		}
+	}
+}
+
+func (w *Watcher) markSynced() {
+	select {
+	case <-w.synced:
+	default:
+		close(w.synced)
+	}
+}
+
+// subscribe subscribes to the followed pools' subjects, delivering into msgs.
+func (w *Watcher) subscribe(msgs chan *nats.Msg) ([]*nats.Subscription, error) {
+	subjects := []string{w.subjects.DecisionsWildcard()}
+	if w.follow != nil {
+		subjects = subjects[:0]
+		for _, p := range w.settings.Pools {
+			subjects = append(subjects, w.subjects.Decisions(p))
+		}
+	}
+	var subs []*nats.Subscription
+	for _, subject := range subjects {
+		sub, err := w.nc.ChanSubscribe(subject, msgs)
+		if err != nil {
+			for _, s := range subs {
+				_ = s.Unsubscribe()
+			}
+			return nil, fmt.Errorf("feed: subscribe %s: %w", subject, err)
+		}
+		subs = append(subs, sub)
+	}
+	return subs, nil
+}
+
+// countDropped adds the snapshot messages nats.go dropped on subs since
+// the last call (last holds the counts already added) to the dropped metric.
+func (w *Watcher) countDropped(subs []*nats.Subscription, last []int) {
+	for i, sub := range subs {
+		if n, err := sub.Dropped(); err == nil && n > last[i] {
+			w.dropped.Add(n - last[i])
+			last[i] = n
+		}
+	}
+}
+
+// handleMsg applies a snapshot received on a decisions subject.
+func (w *Watcher) handleMsg(msg *nats.Msg) {
+	pool, ok := w.subjects.DecisionsPool(msg.Subject)
+	if !ok {
+		return
+	}
+	snap, err := decodeSnapshot(msg.Data, pool)
+	if err != nil {
+		w.malformed.Inc()
+		w.settings.Logf("feed: ignoring snapshot on %s: %v", msg.Subject, err)
+		return
+	}
+	w.apply(snap)
+}
+
+// apply makes snap the pool's current snapshot when it is newer, and then
+// calls OnUpdate. It runs on Run's goroutine only, the single writer.
+func (w *Watcher) apply(snap *fleetwatch.Snapshot) bool {
+	if w.follow != nil && !w.follow[snap.Pool] {
+		return false
+	}
+	m := *w.pools.Load()
+	slot := m[snap.Pool]
+	if slot != nil && !snap.NewerThan(slot.Load().snap) {
+		w.older.Inc()
+		return false
+	}
+	e := &watched{snap: snap, received: w.settings.Now()}
+	if slot == nil {
+		next := make(poolSlots, len(m)+1)
+		for k, v := range m {
+			next[k] = v
+		}
+		slot = new(atomic.Pointer[watched])
+		slot.Store(e)
+		next[snap.Pool] = slot
+		w.pools.Store(&next)
+	} else {
+		slot.Store(e)
+	}
+	w.applied.Inc()
+	w.settings.OnUpdate(snap)
+	return true
+}
+
+// decodeSnapshot decodes and checks a snapshot published for pool. It
+// accepts unknown fields (forward compatibility) but not a snapshot a
+// router could not act on.
+func decodeSnapshot(data []byte, pool string) (*fleetwatch.Snapshot, error) {
+	var snap fleetwatch.Snapshot
+	if err := json.Unmarshal(data, &snap); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if err := checkSnapshot(&snap, pool); err != nil {
+		return nil, err
+	}
+	return &snap, nil
+}
+
+func checkSnapshot(s *fleetwatch.Snapshot, pool string) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case s.V != fleetwatch.ProtocolVersion:
+		return bad("v = %d", s.V)
+	case s.Pool != pool:
+		return bad("pool %q published for pool %q", s.Pool, pool)
+	case fleetwatch.ValidatePoolID(s.Pool) != nil:
+		return bad("invalid pool id %q", s.Pool)
+	case s.Epoch == "":
+		return bad("no epoch")
+	case s.At.IsZero():
+		return bad("no at")
+	case s.TTLMs < 0:
+		return bad("ttl_ms = %d", s.TTLMs)
+	case s.Mode != fleetwatch.ModeBalance && s.Mode != fleetwatch.ModeFailover:
+		return bad("mode %q", s.Mode)
+	case s.AllOpen != fleetwatch.AllOpenShed && s.AllOpen != fleetwatch.AllOpenSpread:
+		return bad("all_open %q", s.AllOpen)
+	}
+	for i := range s.Backends {
+		b := &s.Backends[i]
+		switch {
+		case b.Backend == "":
+			return bad("backend %d has no id", i)
+		case b.State != fleetwatch.StateClosed && b.State != fleetwatch.StateOpen && b.State != fleetwatch.StateHalfOpen:
+			return bad("backend %q: state %q", b.Backend, b.State)
+		case math.IsNaN(b.Weight) || b.Weight < 0 || b.Weight > 1:
+			return bad("backend %q: weight %v", b.Backend, b.Weight)
+		}
+	}
+	return nil
+}
+
+// Close stops a running Run and waits for it to return. It is safe to call
+// more than once, from any goroutine but OnUpdate's (Run calls it).
+func (w *Watcher) Close() {
+	w.once.Do(func() { close(w.closed) })
+	w.mu.Lock()
+	done := w.done
+	w.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// kvReader reads the decisions bucket for Run: it binds the bucket lazily
+// (the publisher may create it after the router starts) and backs off while
+// JetStream is unavailable.
+type kvReader struct {
+	w       *Watcher
+	kv      jetstream.KeyValue
+	off     bool          // no JetStream, or NoKV: nothing to read
+	backoff time.Duration // next retry wait
+}
+
+const (
+	kvReadTimeout = 5 * time.Second
+	kvMinBackoff  = 100 * time.Millisecond
+	kvMaxBackoff  = 5 * time.Second
+)
+
+func newKVReader(w *Watcher) *kvReader {
+	return &kvReader{w: w, off: w.settings.NoKV, backoff: kvMinBackoff}
+}
+
+// reset forgets the bound bucket after a reconnect: the server may be a new
+// one whose bucket must be bound again.
+func (r *kvReader) reset() {
+	r.kv = nil
+	r.off = r.w.settings.NoKV
+	r.backoff = kvMinBackoff
+}
+
+// read applies every followed key's current value. It returns false and
+// how long to wait before trying again when the read failed.
+func (r *kvReader) read(ctx context.Context) (retryAfter time.Duration, ok bool) {
+	if r.off {
+		return 0, true
+	}
+	ctx, cancel := context.WithTimeout(ctx, kvReadTimeout)
+	defer cancel()
+	err := r.readOnce(ctx)
+	switch {
+	case err == nil:
+		r.w.kvReads.Inc()
+		r.backoff = kvMinBackoff
+		return 0, true
+	case errors.Is(err, errNoJetStream):
+		r.off = true
+		r.w.settings.Logf("feed: JetStream not available: following %s only", r.w.subjects.DecisionsWildcard())
+		return 0, true
+	case errors.Is(err, jetstream.ErrBucketNotFound):
+		// No publisher has created the bucket yet: the subjects will
+		// carry the first snapshots within a heartbeat.
+		r.w.kvReads.Inc()
+		return 0, true
+	case ctx.Err() != nil && errors.Is(err, context.Canceled):
+		return 0, true
+	}
+	r.w.kvErrors.Inc()
+	wait := r.backoff
+	r.backoff = min(2*r.backoff, kvMaxBackoff)
+	r.w.settings.Logf("feed: reading %s failed (retrying in %v): %v", r.w.subjects.BucketDecisions(), wait, err)
+	return wait, false
+}
+
+func (r *kvReader) readOnce(ctx context.Context) error {
+	if r.kv == nil {
+		js, err := jetstream.New(r.w.nc)
+		if err != nil {
+			return err
+		}
+		if err := jetStreamAvailable(ctx, js); err != nil {
+			return err
+		}
+		kv, err := js.KeyValue(ctx, r.w.subjects.BucketDecisions())
+		if err != nil {
+			return err
+		}
+		r.kv = kv
+	}
+	var watcher jetstream.KeyWatcher
+	var err error
+	if r.w.follow == nil {
+		watcher, err = r.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	} else {
+		watcher, err = r.kv.WatchFiltered(ctx, r.w.settings.Pools, jetstream.IgnoreDeletes())
+	}
+	if err != nil {
+		return err
+	}
+	defer func() { _ = watcher.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case entry, ok := <-watcher.Updates():
+			if !ok {
+				return errors.New("feed: kv watch ended")
+			}
+			if entry == nil {
+				return nil // every current value has been delivered
+			}
+			snap, err := decodeSnapshot(entry.Value(), entry.Key())
+			if err != nil {
+				r.w.malformed.Inc()
+				r.w.settings.Logf("feed: ignoring %s[%s]: %v", r.w.subjects.BucketDecisions(), entry.Key(), err)
+				continue
+			}
+			r.w.apply(snap)
+		}
+	}
+}
