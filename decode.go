@@ -47,7 +47,10 @@ import (
 type Decoder struct {
 	strings [numTables]internTable
 	buf     []byte // scratch for strings with escapes
-	batch   Event  // the event DecodeBatch passes to its callback
+	// fieldErrs holds the failure of each field of the object being
+	// decoded, until a later duplicate key replaces it.
+	fieldErrs [numFields]failure
+	batch     Event // the event DecodeBatch passes to its callback
 }
 
 const maxNesting = 10000
@@ -207,6 +210,33 @@ func fieldOf(key []byte) field {
 	return noField
 }
 
+// keysByFirstByte lists the known fields by the first byte of their name.
+var keysByFirstByte = func() (t [256][]field) {
+	for k := range numFields {
+		c := fieldNames[k][0]
+		t[c] = append(t[c], k)
+	}
+	return t
+}()
+
+// knownKey matches the key whose opening quote is data[pos] against the
+// known field names directly, sparing a scan and a lookup for the keys of a
+// typical event. It returns the field and the offset just past the closing
+// quote, or next == 0 when the key is not a known name written plainly.
+func knownKey(data []byte, pos int) (k field, next int) {
+	if pos+1 >= len(data) {
+		return noField, 0
+	}
+	for _, k := range keysByFirstByte[data[pos+1]] {
+		name := fieldNames[k]
+		end := pos + 1 + len(name)
+		if end < len(data) && data[end] == '"' && string(data[pos+1:end]) == name {
+			return k, end + 1
+		}
+	}
+	return noField, 0
+}
+
 // failure is a decode error before it becomes a *DecodeError, so that the
 // success path allocates nothing. err == nil means no failure.
 type failure struct {
@@ -304,7 +334,10 @@ func (d *Decoder) DecodeBatch(data []byte, fn func(line []byte, ev *Event, err e
 // the smallest offset is returned.
 func (d *Decoder) object(data []byte, pos int, ev *Event) (int, failure) {
 	*ev = Event{}
-	var fieldErrs [numFields]failure
+	// fieldErrs[k] is meaningful only where bit k of errMask is set, which
+	// spares zeroing the array for every event.
+	fieldErrs := &d.fieldErrs
+	var errMask uint32
 	objStart := pos
 	if pos >= len(data) || data[pos] != '{' {
 		return pos, syntaxError(pos)
@@ -317,28 +350,39 @@ func (d *Decoder) object(data []byte, pos int, ev *Event) (int, failure) {
 			if pos >= len(data) || data[pos] != '"' {
 				return pos, syntaxError(pos)
 			}
-			key, next, ok := d.readString(data, pos)
-			if !ok {
-				return next, syntaxError(next)
+			k, next := knownKey(data, pos)
+			if next == 0 { // an unknown key, or one with escapes
+				var key []byte
+				var ok bool
+				key, next, ok = d.readString(data, pos)
+				if !ok {
+					return next, syntaxError(next)
+				}
+				k = fieldOf(key)
 			}
 			pos = skipSpace(data, next)
 			if pos >= len(data) || data[pos] != ':' {
 				return pos, syntaxError(pos)
 			}
 			pos = skipSpace(data, pos+1)
-			k := fieldOf(key)
 			var fe failure
 			if k == noField {
+				var ok bool
 				pos, ok = skipValue(data, pos, 0)
 				if !ok {
 					return pos, syntaxError(pos)
 				}
 			} else {
 				fe, pos = d.value(data, pos, k, ev)
-				if fe.err == ErrBadJSON {
+				switch fe.err {
+				case nil:
+					errMask &^= 1 << k
+				case ErrBadJSON:
 					return pos, fe
+				default:
+					errMask |= 1 << k
+					fieldErrs[k] = fe
 				}
-				fieldErrs[k] = fe
 			}
 			pos = skipSpace(data, pos)
 			if pos >= len(data) {
@@ -354,15 +398,16 @@ func (d *Decoder) object(data []byte, pos int, ev *Event) (int, failure) {
 			pos = skipSpace(data, pos+1)
 		}
 	}
-	first := failure{off: math.MaxInt}
-	for _, fe := range fieldErrs {
-		if fe.err != nil && fe.off < first.off {
-			first = fe
+	if errMask != 0 {
+		first := failure{off: math.MaxInt}
+		for k, fe := range fieldErrs {
+			if errMask&(1<<k) != 0 && fe.off < first.off {
+				first = fe
+			}
 		}
+		return pos, first
 	}
 	switch {
-	case first.err != nil:
-		return pos, first
 	case ev.Pool == "":
 		return pos, failure{err: ErrMissingField, field: fieldPool, off: objStart}
 	case ev.Backend == "":
