@@ -1,0 +1,160 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// routes is serve's HTTP API: /metrics (Prometheus text), /healthz,
+// /api/decisions (every pool's current snapshot) and the status page.
+func (s *daemon) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		s.metrics.WritePrometheus(w)
+		metrics.WriteProcessMetrics(w)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		status, code := "ok", http.StatusOK
+		if s.nc == nil || !s.nc.IsConnected() {
+			status, code = "nats disconnected", http.StatusServiceUnavailable
+		}
+		w.WriteHeader(code)
+		json.NewEncoder(w).Encode(map[string]any{
+			"status": status, "nats": s.nc != nil && s.nc.IsConnected(), "jetstream": s.js != nil,
+		})
+	})
+	mux.HandleFunc("GET /api/decisions", func(w http.ResponseWriter, r *http.Request) {
+		snaps := s.Snapshots()
+		if pool := r.URL.Query().Get("pool"); pool != "" {
+			kept := snaps[:0]
+			for _, snap := range snaps {
+				if snap.Pool == pool {
+					kept = append(kept, snap)
+				}
+			}
+			snaps = kept
+		}
+		if snaps == nil {
+			snaps = []fleetwatch.Snapshot{}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(snaps)
+	})
+	s.statusRoutes(mux)
+	return mux
+}
+
+// registerAnalyzerMetrics writes the per-backend series at scrape time from
+// the current snapshots, so removed backends leave no stale series.
+func (s *daemon) registerAnalyzerMetrics() {
+	s.metrics.RegisterMetricsWriter(func(w io.Writer) {
+		snaps := s.Snapshots()
+		backends := 0
+		for _, snap := range snaps {
+			backends += len(snap.Backends)
+		}
+		metrics.WriteGaugeUint64(w, "fleetwatch_pools", uint64(len(snaps)))
+		metrics.WriteGaugeUint64(w, "fleetwatch_backends", uint64(backends))
+		writeBackendGauges(w, snaps)
+		st := s.an.Stats()
+		for cause, n := range st.HeldByGate {
+			metrics.WriteCounterUint64(w, fmt.Sprintf(`fleetwatch_analyzer_held_total{by="gate",cause=%q}`, cause), uint64(n))
+		}
+		metrics.WriteCounterUint64(w, `fleetwatch_analyzer_held_total{by="cap",cause="any"}`, uint64(st.HeldByCap))
+	})
+}
+
+// backendGauges are the per-backend series, in the order written.
+var backendGauges = []struct {
+	name  string
+	value func(b *fleetwatch.Backend) (float64, bool)
+}{
+	{"fleetwatch_backend_state", func(b *fleetwatch.Backend) (float64, bool) { return stateValue(b.State), true }},
+	{"fleetwatch_backend_weight", func(b *fleetwatch.Backend) (float64, bool) { return b.Weight, true }},
+	{"fleetwatch_backend_ewma_ttft_ms", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.EWMATTFTMs) }},
+	{"fleetwatch_backend_p50_ttft_ms", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.P50TTFTMs) }},
+	{"fleetwatch_backend_p95_ttft_ms", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.P95TTFTMs) }},
+	{"fleetwatch_backend_success_rate", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.SuccessRate) }},
+	{"fleetwatch_backend_rate_429", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.Rate429) }},
+	{"fleetwatch_backend_requests", func(b *fleetwatch.Backend) (float64, bool) { return float64(b.Requests), true }},
+	{"fleetwatch_backend_drift", func(b *fleetwatch.Backend) (float64, bool) { return driftValue(b.Drift), true }},
+}
+
+func writeBackendGauges(w io.Writer, snaps []fleetwatch.Snapshot) {
+	for _, g := range backendGauges {
+		for _, snap := range snaps {
+			for i := range snap.Backends {
+				b := &snap.Backends[i]
+				if v, ok := g.value(b); ok {
+					metrics.WriteGaugeFloat64(w, fmt.Sprintf("%s{pool=%s,backend=%s}", g.name, promLabel(snap.Pool), promLabel(b.Backend)), v)
+				}
+			}
+		}
+	}
+}
+
+func opt(v *float64) (float64, bool) {
+	if v == nil {
+		return 0, false
+	}
+	return *v, true
+}
+
+// stateValue encodes a breaker state for the fleetwatch_backend_state gauge.
+func stateValue(s fleetwatch.State) float64 {
+	switch s {
+	case fleetwatch.StateHalfOpen:
+		return 1
+	case fleetwatch.StateOpen:
+		return 2
+	}
+	return 0
+}
+
+// driftValue encodes a drift status for the fleetwatch_backend_drift gauge.
+func driftValue(d fleetwatch.DriftStatus) float64 {
+	switch d {
+	case fleetwatch.DriftOK:
+		return 0
+	case fleetwatch.DriftSuspect:
+		return 1
+	case fleetwatch.DriftDrifted:
+		return 2
+	}
+	return -1
+}
+
+// promLabel quotes v as a Prometheus label value: backslash, double quote
+// and newline escaped, as the text exposition format requires.
+func promLabel(v string) string {
+	if !strings.ContainsAny(v, "\\\"\n") {
+		return `"` + v + `"`
+	}
+	var b strings.Builder
+	b.WriteByte('"')
+	for _, r := range v {
+		switch r {
+		case '\\':
+			b.WriteString(`\\`)
+		case '"':
+			b.WriteString(`\"`)
+		case '\n':
+			b.WriteString(`\n`)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
+}
