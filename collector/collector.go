@@ -357,6 +357,7 @@ func (c *Collector) subscribe() ([]*worker, error) {
 				return nil, fmt.Errorf("collector: subscribe %s: %w", subject, err)
 			}
 			w.sub = sub
+			w.slow = sub.StatusChanged(nats.SubscriptionSlowConsumer)
 			workers = append(workers, w)
 		}
 	}

@@ -75,12 +75,13 @@ func (m *collectorMetrics) reject(r fleetwatch.Reason) *metrics.Counter {
 // events are counted when their batch is handed to the sink, so a Stats
 // taken while Run is active lags by up to Settings.FlushInterval.
 type Stats struct {
-	Messages uint64                         // messages received
-	Accepted [fleetwatch.NumOutcomes]uint64 // accepted events by Outcome ([0] unused)
-	Rejected map[fleetwatch.Reason]uint64   // rejected events by reason, every reason present
-	Skewed   uint64                         // events whose ts was replaced by the arrival time
-	Dropped  uint64                         // messages nats.go dropped (slow consumer)
-	Batches  uint64                         // batches handed to the sink
+	Messages     uint64                         // messages received
+	Accepted     [fleetwatch.NumOutcomes]uint64 // accepted events by Outcome ([0] unused)
+	Rejected     map[fleetwatch.Reason]uint64   // rejected events by reason, every reason present
+	Skewed       uint64                         // events whose ts was replaced by the arrival time
+	Dropped      uint64                         // messages nats.go dropped (slow consumer); an NDJSON message holds several events
+	SlowConsumer uint64                         // slow-consumer episodes nats.go reported
+	Batches      uint64                         // batches handed to the sink
 
 	StreamPublished       uint64 // NDJSON batches republished for FW_OUTCOMES
 	StreamPublishedEvents uint64 // events in them
@@ -117,6 +118,7 @@ func (c *Collector) Stats() Stats {
 		Rejected:              make(map[fleetwatch.Reason]uint64, len(m.rejects)),
 		Skewed:                m.skewed.Get(),
 		Dropped:               m.dropped.Get(),
+		SlowConsumer:          m.slowConsumer.Get(),
 		Batches:               m.batches.Get(),
 		StreamPublished:       m.streamPublished.Get(),
 		StreamPublishedEvents: m.streamPublishedEvents.Get(),

@@ -35,8 +35,12 @@ type worker struct {
 	events   [fleetwatch.NumOutcomes]uint64
 
 	// lastDropped is the subscription's drop count already added to the
-	// metric; touched only by Run's goroutine.
+	// metric, and slow receives the subscription's slow-consumer episodes
+	// (nats.go reports one each time the subscription falls behind, also
+	// to the connection's async error handler). Touched only by Run's
+	// goroutine.
 	lastDropped int
+	slow        <-chan nats.SubStatus
 }
 
 // streamBatch is one pool's NDJSON on its way to fw.accepted.<pool>.
@@ -204,8 +208,17 @@ func (w *worker) flush(stream bool) {
 }
 
 // countDropped adds the messages nats.go dropped on this subscription since
-// the last call to the dropped metric. It runs on Run's goroutine.
+// the last call to the dropped metric, and counts slow-consumer episodes. It
+// runs on Run's goroutine.
 func (w *worker) countDropped() {
+	for episodes := true; episodes; {
+		select {
+		case <-w.slow:
+			w.c.m.slowConsumer.Inc()
+		default:
+			episodes = false
+		}
+	}
 	n, err := w.sub.Dropped()
 	if err != nil || n <= w.lastDropped {
 		return

@@ -1,0 +1,137 @@
+package collector
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+)
+
+// countingSink counts events and keeps nothing: the cheapest possible
+// analyzer, so that the benchmark measures the collector.
+type countingSink struct{ n atomic.Int64 }
+
+func (s *countingSink) Observe(batch []fleetwatch.Event) bool {
+	s.n.Add(int64(len(batch)))
+	return false
+}
+
+// benchEvent is a representative outcome event of about 256 bytes.
+func benchEvent(i int) fleetwatch.Event {
+	return fleetwatch.Event{
+		Pool: "meta-llama/Llama-3.1-70B-Instruct", Backend: fmt.Sprintf("vllm-%d.pool.internal:8000", i%8),
+		TS: time.Now().UTC(), Status: 200, HasStatus: true, Outcome: fleetwatch.OutcomeOK,
+		TTFTMs: 183.2 + float64(i%100), HasTTFT: true, DurationMs: 2300.5, HasDuration: true,
+		InputTokens: 1200, OutputTokens: 350, Prefix: "9f2c1a44", CacheHit: true,
+		Fingerprint: "fp_44709d6fcb", Source: "edge-3",
+	}
+}
+
+// BenchmarkCollectorThroughput publishes b.N outcome events over a real
+// embedded NATS server as fast as one client can, and measures how fast
+// they come out of the other end:
+//
+//   - plain-subscriber: the baseline, a nats.go subscriber that only counts
+//     messages (same pending limits as the collector);
+//   - collector-nojs: the collector without JetStream capture;
+//   - collector-jetstream: the collector republishing accepted events for
+//     FW_OUTCOMES (the default deployment);
+//   - collector-ndjson100: the collector with events batched 100 per
+//     message, as the router publishes them.
+//
+// events/s is end to end (publish to sink); dropped is what nats.go dropped
+// because a subscription fell behind. Run with a fixed count, e.g.
+// -benchtime=400000x, so every variant sees the same burst.
+func BenchmarkCollectorThroughput(b *testing.B) {
+	single := fleetwatch.AppendEvent(nil, ptr(benchEvent(0)))
+	var ndjson []byte
+	for i := 0; i < 100; i++ {
+		ndjson = fleetwatch.AppendEvent(ndjson, ptr(benchEvent(i)))
+		ndjson = append(ndjson, '\n')
+	}
+	b.Run("plain-subscriber", func(b *testing.B) {
+		url, _ := feedtest.NewServer(b, feedtest.WithoutJetStream())
+		nc := feedtest.Connect(b, url)
+		var got atomic.Int64
+		sub, err := nc.Subscribe("fw.outcomes.>", func(*nats.Msg) { got.Add(1) })
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := sub.SetPendingLimits(DefaultPendingMsgs, DefaultPendingBytes); err != nil {
+			b.Fatal(err)
+		}
+		nc.SetErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+		if err := nc.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		runThroughput(b, url, single, 1, func() (events, dropped int64) {
+			d, _ := sub.Dropped()
+			return got.Load(), int64(d)
+		})
+	})
+	for _, v := range []struct {
+		name     string
+		opts     []feedtest.Option
+		payload  []byte
+		perMsg   int
+		settings Settings
+	}{
+		{"collector-nojs", []feedtest.Option{feedtest.WithoutJetStream()}, single, 1, Settings{}},
+		{"collector-jetstream", nil, single, 1, Settings{}},
+		{"collector-ndjson100", nil, ndjson, 100, Settings{}},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			url, _ := feedtest.NewServer(b, v.opts...)
+			nc := feedtest.Connect(b, url)
+			nc.SetErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+			sink := &countingSink{}
+			c, _ := startCollector(b, nc, sink, v.settings)
+			runThroughput(b, url, v.payload, v.perMsg, func() (events, dropped int64) {
+				return sink.n.Load(), int64(c.Stats().Dropped) * int64(v.perMsg)
+			})
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// runThroughput publishes ceil(b.N/perMsg) copies of payload and waits until
+// every event has come out (or been counted as dropped).
+func runThroughput(b *testing.B, url string, payload []byte, perMsg int, progress func() (events, dropped int64)) {
+	pub := feedtest.Connect(b, url)
+	msgs := (b.N + perMsg - 1) / perMsg
+	want := int64(msgs * perMsg)
+	b.SetBytes(int64(len(payload) / perMsg))
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := 0; i < msgs; i++ {
+		if err := pub.Publish("fw.outcomes.bench", payload); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := pub.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	var events, dropped int64
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		events, dropped = progress()
+		if events+dropped >= want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(events)/elapsed.Seconds(), "events/s")
+	b.ReportMetric(float64(dropped), "dropped")
+	if events+dropped < want {
+		b.Errorf("only %d of %d events accounted for (%d dropped)", events+dropped, want, dropped)
+	}
+}
