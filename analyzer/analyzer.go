@@ -25,6 +25,10 @@ type Analyzer struct {
 	pools     map[string]*pool
 	poolOrder []*pool // sorted by id; nil when it must be rebuilt
 	configs   map[string]*PoolConfig
+	// retiredSeq keeps the last seq of forgotten pools, so that a pool
+	// that comes back continues its seq within the epoch (a router drops a
+	// snapshot whose seq is not newer than the last it applied).
+	retiredSeq map[string]uint64
 
 	// hasNow is true once Evaluate or Snapshots ran; lastNow is the latest
 	// now they saw, the reference for clamping future events.
@@ -84,6 +88,7 @@ func New(cfg Config) (*Analyzer, error) {
 		rng:        rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		pools:      make(map[string]*pool, len(cfg.Pools)),
 		configs:    make(map[string]*PoolConfig, len(cfg.Pools)),
+		retiredSeq: make(map[string]uint64),
 	}
 	a.stats.init()
 	for i := range cfg.Pools {
@@ -112,7 +117,9 @@ func (a *Analyzer) newPool(id string) *pool {
 		tolerance: fleetwatch.DefaultAffinityTolerance,
 		settings:  a.global,
 		backends:  make(map[string]*backend),
+		seq:       a.retiredSeq[id],
 	}
+	delete(a.retiredSeq, id)
 	if pc, ok := a.configs[id]; ok {
 		p.configured = true
 		p.settings = a.global.Override(pc.Settings)
@@ -174,7 +181,8 @@ func (a *Analyzer) sortedPools() []*pool {
 
 // Observe counts a batch of events. Their TS must be filled (the collector
 // uses the arrival time when an event has none); an event with a zero TS is
-// counted at the latest Evaluate's now. Events for pools and backends not
+// counted at the latest Evaluate's now (and dropped before the first
+// Evaluate, counted in Stats.DroppedNoTime). Events for pools and backends not
 // seen before create them with the global defaults. Events older than the
 // window are counted in Stats and dropped; events further in the future than
 // two heartbeats past the latest Evaluate's now go in the newest bucket that
@@ -197,10 +205,14 @@ func (a *Analyzer) Observe(batch []fleetwatch.Event) (urgent bool) {
 			a.stats.observed[ev.Outcome]++
 		}
 		ts := ev.TS
-		if a.hasNow {
-			if ts.IsZero() {
-				ts = a.lastNow
-			} else if lead := a.lastNow.Add(2 * p.settings.Heartbeat); ts.After(lead) {
+		switch {
+		case ts.IsZero() && !a.hasNow:
+			a.stats.DroppedNoTime++ // no reference to count it at
+			continue
+		case ts.IsZero():
+			ts = a.lastNow
+		case a.hasNow:
+			if lead := a.lastNow.Add(2 * p.settings.Heartbeat); ts.After(lead) {
 				ts = lead
 				a.stats.ClampedFuture++
 			}
@@ -285,7 +297,9 @@ func (a *Analyzer) Evaluate(now time.Time) Evaluation {
 	pools := a.sortedPools()
 	var dropped []string
 	for _, p := range pools {
+		first := len(ev.Transitions)
 		gone := a.evaluatePool(p, now, &ev)
+		slices.SortStableFunc(ev.Transitions[first:], func(x, y Transition) int { return cmpString(x.Backend, y.Backend) })
 		sig := p.decisions()
 		due := !p.published || now.Sub(p.publishedAt) >= p.settings.Heartbeat-p.settings.Heartbeat/10
 		if gone || due || !slices.Equal(sig, p.signature) {
@@ -298,6 +312,7 @@ func (a *Analyzer) Evaluate(now time.Time) Evaluation {
 		}
 	}
 	for _, id := range dropped {
+		a.retiredSeq[id] = a.pools[id].seq
 		delete(a.pools, id)
 		a.poolOrder = nil
 		a.lastPool, a.lastBackend = nil, nil

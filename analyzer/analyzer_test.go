@@ -162,6 +162,10 @@ func TestObserveUrgent(t *testing.T) {
 
 func TestEventTime(t *testing.T) {
 	a := newAnalyzer(t, Config{})
+	a.Observe([]fleetwatch.Event{{Pool: "p", Backend: "x", Outcome: fail}}) // no ts and no clock yet
+	if st := a.Stats(); st.DroppedNoTime != 1 || st.Observed[fail] != 1 {
+		t.Errorf("event without time before the first Evaluate: %+v", st)
+	}
 	a.Observe(series("p", "x", ok, 10, at(5*time.Second), 5*time.Second, 200))
 	a.Evaluate(at(10 * time.Second))
 	a.Observe([]fleetwatch.Event{
@@ -300,6 +304,12 @@ func TestExpiry(t *testing.T) {
 	a.Observe(series("q", "y", ok, 2, at(11*time.Minute), time.Second, 200))
 	if d := backendOf(t, a, "q", "y", at(11*time.Minute+2*time.Second)); d.Requests != 2 || d.EWMATTFTMs == nil {
 		t.Errorf("returned backend: %+v", d)
+	}
+	// The pool that comes back continues its seq: routers drop a snapshot
+	// whose seq is not newer within the same epoch.
+	ev = a.Evaluate(at(11*time.Minute + 3*time.Second))
+	if len(ev.Snapshots) != 2 || ev.Snapshots[1].Pool != "q" || ev.Snapshots[1].Seq != 3 {
+		t.Errorf("returned pool snapshots: %+v", ev.Snapshots)
 	}
 }
 

@@ -123,6 +123,9 @@
 // A backend that is not configured and sent no event for longer than Expiry
 // is dropped (a transition with cause expired and To ""); a pool that is
 // not configured and has no backend left gets one last, empty snapshot and
-// is forgotten. SetDrift ignores pools and backends the analyzer does not
-// know.
+// is forgotten, except for its seq: if it comes back, its seq continues, so
+// routers that hold its last snapshot accept the new ones. SetDrift ignores
+// pools and backends the analyzer does not know. An event without a TS is
+// counted at the latest Evaluate's now, or dropped (Stats.DroppedNoTime)
+// before the first Evaluate.
 package analyzer

@@ -88,17 +88,36 @@ func (h *histogram) remove(bin uint16) {
 // the bin holding the ceil(q*total)-th smallest sample. ok is false when the
 // histogram is empty.
 func (h *histogram) quantile(q float64) (v float64, ok bool) {
-	if h == nil || h.total == 0 {
+	var out [1]float64
+	if !h.quantiles([]float64{q}, out[:]) {
 		return 0, false
 	}
-	rank := uint64(math.Ceil(q * float64(h.total)))
-	rank = max(rank, 1)
+	return out[0], true
+}
+
+// quantiles computes the quantiles qs (ascending) into out in one pass over
+// the bins; false when the histogram is empty.
+func (h *histogram) quantiles(qs []float64, out []float64) bool {
+	if h == nil || h.total == 0 {
+		return false
+	}
+	next := 0
+	rank := func(q float64) uint64 { return max(uint64(math.Ceil(q*float64(h.total))), 1) }
+	want := rank(qs[0])
 	var seen uint64
 	for i, c := range h.counts {
 		seen += uint64(c)
-		if seen >= rank {
-			return binValue(i), true
+		for seen >= want {
+			out[next] = binValue(i)
+			next++
+			if next == len(qs) {
+				return true
+			}
+			want = rank(qs[next])
 		}
 	}
-	return binValue(numBins - 1), true
+	for ; next < len(qs); next++ {
+		out[next] = binValue(numBins - 1)
+	}
+	return true
 }

@@ -34,6 +34,9 @@ type Stats struct {
 	// StaleGeneration counts events older than their backend's current
 	// breaker generation (dropped: they must not re-trip or close it).
 	StaleGeneration uint64
+	// DroppedNoTime counts events without a TS observed before the first
+	// Evaluate (there is no clock to count them at).
+	DroppedNoTime uint64
 	// ClampedFuture counts events more than two heartbeats ahead of the
 	// latest Evaluate, counted in the newest bucket.
 	ClampedFuture uint64

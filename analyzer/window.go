@@ -225,9 +225,9 @@ func (w *window) stats() windowStats {
 			}
 		}
 	}
-	if p50, ok := w.ttft.quantile(0.50); ok {
-		s.p50, s.hasTTFT = p50, true
-		s.p95, _ = w.ttft.quantile(0.95)
+	var q [2]float64
+	if w.ttft.quantiles([]float64{0.50, 0.95}, q[:]) {
+		s.p50, s.p95, s.hasTTFT = q[0], q[1], true
 	}
 	return s
 }

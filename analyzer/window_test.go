@@ -25,10 +25,10 @@ func TestWindow(t *testing.T) {
 	adv := func(sec int) windowOp { return windowOp{advance: true, sec: sec} }
 	type want struct {
 		ok, fail, thr, canceled uint64
-		requests, counted      uint64
-		maxRetryMs             float64
-		samples                uint64
-		dropped                int
+		requests, counted       uint64
+		maxRetryMs              float64
+		samples                 uint64
+		dropped                 int
 	}
 	tests := []struct {
 		name string
