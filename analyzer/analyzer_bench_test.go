@@ -80,7 +80,9 @@ func BenchmarkObserve(b *testing.B) {
 // BenchmarkObserveBaseline is the floor Observe is compared with: the same
 // batches, a mutex, a two-level map lookup and a counter increment per event.
 func BenchmarkObserveBaseline(b *testing.B) {
-	type counter struct{ byOutcome [fleetwatch.NumOutcomes]uint64 }
+	type counter struct {
+		byOutcome [fleetwatch.NumOutcomes]uint64
+	}
 	mu := new(sync.Mutex)
 	counts := map[string]map[string]*counter{}
 	runObserveBench(b, func(batch []fleetwatch.Event) {
