@@ -174,6 +174,7 @@ func TestRejectsByReason(t *testing.T) {
 		{"1e400 ttft", `{"pool":"p","backend":"b","ttft_ms":1e400}`, fleetwatch.ReasonOutOfRange},
 		{"300-byte backend id", `{"pool":"p","backend":"` + strings.Repeat("x", 300) + `"}`, fleetwatch.ReasonInvalidBackend},
 		{"unknown v", `{"v":2,"pool":"p","backend":"b"}`, fleetwatch.ReasonBadVersion},
+		{"with a source", `{"source":"edge-9","pool":"p","backend":"b","ttft_ms":-5}`, fleetwatch.ReasonOutOfRange},
 	}
 	url, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, url)
@@ -202,6 +203,9 @@ func TestRejectsByReason(t *testing.T) {
 		}
 		if notice.Code != tt.want || notice.Subject != "fw.outcomes.proxy" || notice.V != 1 || notice.Reason == "" {
 			t.Errorf("%s: notice = %+v, want code %s on fw.outcomes.proxy", tt.name, notice, tt.want)
+		}
+		if wantSource := map[bool]string{true: "edge-9"}[strings.Contains(tt.line, "edge-9")]; notice.Source != wantSource {
+			t.Errorf("%s: source = %q, want %q", tt.name, notice.Source, wantSource)
 		}
 		if wantSample := tt.line[:min(len(tt.line), fleetwatch.MaxSampleLen)]; notice.Sample != wantSample {
 			t.Errorf("%s: sample = %q, want %q", tt.name, notice.Sample, wantSample)
@@ -498,7 +502,7 @@ func storedEvents(t *testing.T, nc *nats.Conn) (events int, messages int) {
 func TestJetStreamCaptureAndReplay(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, url)
-	clock := &fakeClock{now: time.Now().UTC().Truncate(time.Millisecond)}
+	clock := &fakeClock{now: time.Now()} // not truncated: the collector stamps with ms precision
 	sink := &recordingSink{}
 	c, stop := startCollector(t, nc, sink, Settings{Now: clock.Now, StreamBatchBytes: 4096})
 	if !c.JetStream() {
@@ -581,5 +585,34 @@ func TestJetStreamCaptureAndReplay(t *testing.T) {
 	})
 	if err != nil || n != 0 {
 		t.Errorf("Replay from the future = %d, %v; want 0, nil", n, err)
+	}
+}
+
+func TestReplaySince(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	sink := &recordingSink{}
+	c, _ := startCollector(t, nc, sink, Settings{})
+
+	publish(t, nc, "fw.outcomes", `{"pool":"p","backend":"before","status":200}`)
+	waitFor(t, "the first event stored", func() bool { n, _ := storedEvents(t, nc); return n == 1 })
+	time.Sleep(20 * time.Millisecond) // the stream's clock must move past the first event
+	since := time.Now()
+	time.Sleep(20 * time.Millisecond)
+	publish(t, nc, "fw.outcomes", "{\"pool\":\"p\",\"backend\":\"after\",\"status\":200}\n{\"pool\":\"q\",\"backend\":\"after\",\"status\":500}")
+	waitFor(t, "all events stored", func() bool { n, _ := storedEvents(t, nc); return n == 3 })
+
+	var backends []string
+	n, err := c.Replay(t.Context(), since, func(batch []fleetwatch.Event) {
+		for _, ev := range batch {
+			backends = append(backends, ev.Pool+"/"+ev.Backend)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(backends)
+	if diff := cmp.Diff([]string{"p/after", "q/after"}, backends); diff != "" || n != 2 {
+		t.Errorf("Replay since the middle returned %d events (-want +got):\n%s", n, diff)
 	}
 }

@@ -2,6 +2,7 @@ package collector
 
 import (
 	"bytes"
+	"errors"
 	"sync"
 	"time"
 
@@ -66,7 +67,9 @@ func newWorker(c *Collector) *worker {
 // accumulate the accepted ones, and hand over whatever filled up.
 func (w *worker) onMsg(msg *nats.Msg) {
 	w.subject = msg.Subject
-	w.arrival = w.c.settings.Now()
+	// The protocol's precision is the millisecond: an event stamped with
+	// its arrival time reads back the same from FW_OUTCOMES.
+	w.arrival = w.c.settings.Now().UTC().Truncate(time.Millisecond)
 
 	w.mu.Lock()
 	w.messages++
@@ -89,9 +92,13 @@ func (w *worker) onLine(line []byte, ev *fleetwatch.Event, err error) {
 		if reason == "" {
 			reason = fleetwatch.ReasonBadJSON
 		}
+		var source string
+		if de := (*fleetwatch.DecodeError)(nil); errors.As(err, &de) {
+			source = de.Source
+		}
 		n := min(len(line), fleetwatch.MaxSampleLen)
 		w.notices = append(w.notices, pendingReject{
-			err: err, reason: reason, source: ev.Source, sample: string(line[:n]),
+			err: err, reason: reason, source: source, sample: string(line[:n]),
 		})
 		return
 	}
