@@ -1,0 +1,324 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+)
+
+// buildFleetwatch builds the fleetwatch binary into a test directory.
+func buildFleetwatch(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fleetwatch")
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// startServe runs `fleetwatch serve` as a subprocess against natsURL. The
+// returned function stops it gracefully (SIGTERM) and is also called in
+// t.Cleanup; calling it twice is harmless.
+func startServe(t *testing.T, bin, configPath, natsURL string) (stop func()) {
+	t.Helper()
+	var stdout, stderr routeBuffer
+	cmd := exec.Command(bin, "serve", "--nats", natsURL, "--config", configPath, "--http", "127.0.0.1:0",
+		"--data", t.TempDir(), "--no-probes")
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cmd.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(20 * time.Second):
+				cmd.Process.Kill()
+				<-done
+			}
+		})
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			t.Logf("serve stdout:\n%s\nserve stderr:\n%s", stdout.String(), stderr.String())
+		}
+	})
+	routeEventually(t, "serve to start", func() bool { return strings.Contains(stdout.String(), "HTTP on") })
+	return stop
+}
+
+// decisionLog keeps the newest snapshot of a pool seen on NATS.
+type decisionLog struct {
+	mu   sync.Mutex
+	last *fleetwatch.Snapshot
+}
+
+func (d *decisionLog) state(backend string) fleetwatch.State {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.last == nil {
+		return ""
+	}
+	if b := d.last.Find(backend); b != nil {
+		return b.State
+	}
+	return ""
+}
+
+func (d *decisionLog) describe() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.last == nil {
+		return "no snapshot"
+	}
+	var b strings.Builder
+	for _, be := range d.last.Backends {
+		fmt.Fprintf(&b, "%s=%s w=%.2f (%s); ", be.Backend, be.State, be.Weight, be.Reason)
+	}
+	return b.String()
+}
+
+// loadResult is what one client request got.
+type loadResult struct {
+	phase   int
+	status  int
+	backend string
+	err     error
+}
+
+// loadGen sends requests from several workers until stopped; phase tags the
+// results.
+type loadGen struct {
+	phase   atomic.Int64
+	mu      sync.Mutex
+	results []loadResult
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func startLoad(t *testing.T, base string, workers int) *loadGen {
+	g := &loadGen{stop: make(chan struct{})}
+	for w := range workers {
+		g.wg.Add(1)
+		go func() { // exits when g.stop closes
+			defer g.wg.Done()
+			c := newRouteClient(t, base)
+			for i := 0; ; i++ {
+				select {
+				case <-g.stop:
+					return
+				default:
+				}
+				phase := int(g.phase.Load())
+				r, err := c.chat("", fmt.Sprintf("worker %d request %d", w, i), i%2 == 0)
+				g.mu.Lock()
+				g.results = append(g.results, loadResult{phase: phase, status: r.status, backend: r.backend, err: err})
+				g.mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	t.Cleanup(g.halt)
+	return g
+}
+
+func (g *loadGen) halt() {
+	select {
+	case <-g.stop:
+	default:
+		close(g.stop)
+	}
+	g.wg.Wait()
+}
+
+// count returns, for one phase, the requests, the failures (transport
+// errors and non-200s), and the 200s per backend.
+func (g *loadGen) count(phase int) (total, failed int, byBackend map[string]int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	byBackend = map[string]int{}
+	for _, r := range g.results {
+		if r.phase != phase {
+			continue
+		}
+		total++
+		if r.err != nil || r.status != 200 {
+			failed++
+			continue
+		}
+		byBackend[r.backend]++
+	}
+	return total, failed, byBackend
+}
+
+// TestRouteEndToEnd runs the real thing: `fleetwatch serve` as a
+// subprocess, four fake backends, the router in-process, and clients
+// sending several hundred streaming and non-streaming requests through
+// scripted incidents.
+func TestRouteEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: builds the binary and runs for several seconds")
+	}
+	bin := buildFleetwatch(t)
+	natsURL, ns := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, natsURL)
+	var decisions decisionLog
+	sub, err := nc.Subscribe(fleetwatch.Subjects{}.Decisions("llama"), func(m *nats.Msg) {
+		var s fleetwatch.Snapshot
+		if json.Unmarshal(m.Data, &s) == nil {
+			decisions.mu.Lock()
+			if s.NewerThan(decisions.last) {
+				decisions.last = &s
+			}
+			decisions.mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+
+	// b0 healthy, b1 refusing (later), b2 throttling, b3 fast-failing.
+	// Breakers stay open for at least two minutes, longer than the test: a
+	// half-open trickle is not what this test is about.
+	backends := startFakeBackends(t, 4)
+	for _, b := range backends {
+		b.SetBehavior(fakeai.Behavior{TTFT: 2 * time.Millisecond, TokenTime: 500 * time.Microsecond})
+	}
+	cfg := routeConfig(t, natsURL, backends, "    analyzer: {open_base: 2m}\n")
+	stopServe := startServe(t, bin, cfg, natsURL)
+	base := startRouteCmd(t, cfg)
+	routeEventually(t, "a first decision", func() bool { return decisions.state("b0") == fleetwatch.StateClosed })
+
+	// Phase 0, all healthy: requests sharing a system prompt stay on one
+	// backend.
+	c := newRouteClient(t, base)
+	for _, system := range []string{"you are a pirate", "you are a poet"} {
+		seen := map[string]int{}
+		for i := range 20 {
+			r, err := c.chat(system, fmt.Sprint("q", i), i%2 == 0)
+			if err != nil || r.status != 200 {
+				t.Fatalf("affinity request: %v %d", err, r.status)
+			}
+			seen[r.backend]++
+		}
+		if len(seen) != 1 {
+			t.Errorf("system prompt %q spread over %v, want one backend", system, seen)
+		}
+	}
+
+	// Phase 1: b3 fails fast (500 in about a millisecond), b2 throttles a
+	// third of its requests (below the 429 trip rate: it stays closed with a
+	// lower weight, and the ejection cap leaves room for b1 to open later).
+	backends[3].SetBehavior(fakeai.Behavior{InstantError: true})
+	backends[2].SetBehavior(fakeai.Behavior{ThrottleRate: 0.3, TTFT: 2 * time.Millisecond})
+	load := startLoad(t, base, 4)
+	load.phase.Store(1)
+	routeEventually(t, "b3's breaker to open: "+decisions.describe(), func() bool {
+		return decisions.state("b3") == fleetwatch.StateOpen
+	})
+	// Let the router apply it, then measure a phase with b3 open.
+	time.Sleep(200 * time.Millisecond)
+	b3Before := backends[3].Stats().Requests
+	load.phase.Store(2)
+	routeEventually(t, "600 requests with b3 open", func() bool { n, _, _ := load.count(2); return n >= 600 })
+	if decisions.state("b3") == fleetwatch.StateOpen {
+		if got := backends[3].Stats().Requests - b3Before; got != 0 {
+			t.Errorf("fast-failing b3 got %d requests while open", got)
+		}
+	}
+	_, failed, by := load.count(2)
+	if by["b3"] != 0 {
+		t.Errorf("fast-failing b3 served %d successful requests?", by["b3"])
+	}
+	if by["b2"] >= by["b0"] {
+		t.Errorf("throttling b2 served %d, healthy b0 %d: want a smaller share (%s)", by["b2"], by["b0"], decisions.describe())
+	}
+	if failed > 10 {
+		t.Errorf("%d client failures with b3 open, want few", failed)
+	}
+
+	// Phase 3: b1 starts refusing connections. After its breaker opens it
+	// gets nothing while open, and clients see only a few failures.
+	load.phase.Store(3)
+	backends[1].SetBehavior(fakeai.Behavior{Refuse: true})
+	routeEventually(t, "b1's breaker to open: "+decisions.describe(), func() bool {
+		return decisions.state("b1") == fleetwatch.StateOpen
+	})
+	time.Sleep(200 * time.Millisecond)
+	refused := attemptsTo(t, base, "b1")
+	load.phase.Store(4)
+	routeEventually(t, "200 requests with b1 open", func() bool { n, _, _ := load.count(4); return n >= 200 })
+	if decisions.state("b1") == fleetwatch.StateOpen {
+		if got := attemptsTo(t, base, "b1") - refused; got != 0 {
+			t.Errorf("refusing b1 got %d attempts while open", got)
+		}
+	}
+	_, failed3, _ := load.count(3)
+	_, failed4, _ := load.count(4)
+	if failed3+failed4 > 10 {
+		t.Errorf("%d+%d client failures around b1 refusing, want few", failed3, failed4)
+	}
+
+	// Phase 5: the feed goes silent: fleetwatch stops, then NATS. The router
+	// keeps serving on its last decisions (stale: open breakers whose
+	// open_until is ahead stay honoured, the rest get equal weights).
+	stopServe()
+	ns.Shutdown()
+	ns.WaitForShutdown()
+	load.phase.Store(5)
+	routeEventually(t, "200 requests with NATS down", func() bool { n, _, _ := load.count(5); return n >= 200 })
+	load.halt()
+	total5, failed5, by5 := load.count(5)
+	if by5["b0"] == 0 || failed5 > total5/10 {
+		t.Errorf("with NATS down: %d of %d failed, served by %v", failed5, total5, by5)
+	}
+	for p := range 6 {
+		n, f, by := load.count(p)
+		t.Logf("phase %d: %d requests, %d failed, 200s by backend %v", p, n, f, by)
+	}
+}
+
+// attemptsTo reads the router's /metrics and sums its attempts to backend.
+func attemptsTo(t *testing.T, base, backend string) int {
+	t.Helper()
+	c := newRouteClient(t, base)
+	resp, err := c.http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum int
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, "fleetwatch_route_attempts_total{") && strings.Contains(line, `backend="`+backend+`"`) {
+			var v int
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			sum += v
+		}
+	}
+	return sum
+}
