@@ -288,15 +288,13 @@ func maxDuration(a, b time.Duration) time.Duration {
 // that were open before a restart are open again.
 func (s *daemon) replay(ctx context.Context, window time.Duration) error {
 	start := time.Now()
-	var lastEval time.Time
 	n, err := s.col.Replay(ctx, start.Add(-window), func(batch []fleetwatch.Event) {
 		s.an.Observe(batch)
-		if len(batch) == 0 {
-			return
-		}
-		if t := batch[len(batch)-1].TS; t.Sub(lastEval) >= 100*time.Millisecond {
-			s.an.Evaluate(t)
-			lastEval = t
+		if len(batch) > 0 {
+			// Evaluate at the batch's event time, as the live loop would
+			// have: consecutive-failure trips and their open times are
+			// decided then, not at the restart.
+			s.an.Evaluate(batch[len(batch)-1].TS)
 		}
 	})
 	if n > 0 || err == nil {

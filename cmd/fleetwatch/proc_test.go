@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The fleetwatch binary is built once per test process and shared.
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+	binDir  string
+)
+
+// fleetwatchBinary returns the path of a freshly built fleetwatch binary.
+func fleetwatchBinary(t testing.TB) string {
+	t.Helper()
+	binOnce.Do(func() {
+		binDir, binErr = os.MkdirTemp("", "fleetwatch-bin-")
+		if binErr != nil {
+			return
+		}
+		binPath = filepath.Join(binDir, "fleetwatch")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer process and a reading test.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// proc is a fleetwatch subprocess.
+type proc struct {
+	t      testing.TB
+	cmd    *exec.Cmd
+	stdout syncBuffer
+	stderr syncBuffer
+	done   chan struct{}
+	err    error
+	// HTTPAddr is the address serve printed ("HTTP on http://ADDR"), or "".
+	HTTPAddr string
+	// NATSURL is the embedded NATS URL serve printed, or "".
+	NATSURL string
+}
+
+var (
+	httpLineRe = regexp.MustCompile(`HTTP on http://(\S+)`)
+	natsLineRe = regexp.MustCompile(`embedded NATS server at (\S+)`)
+)
+
+// startProc runs fleetwatch with args and stops it (SIGTERM, then SIGKILL)
+// in t.Cleanup. When wantHTTP is set it waits for serve's HTTP line.
+func startProc(t testing.TB, wantHTTP bool, args ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, done: make(chan struct{})}
+	p.cmd = exec.Command(fleetwatchBinary(t), args...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop()
+		if t.Failed() {
+			t.Logf("fleetwatch %s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), p.stdout.String(), p.stderr.String())
+		}
+	})
+	if wantHTTP {
+		eventually(t, 30*time.Second, "fleetwatch to print its HTTP address", func() bool {
+			select {
+			case <-p.done:
+				t.Fatalf("fleetwatch exited early: %v\nstderr:\n%s", p.err, p.stderr.String())
+			default:
+			}
+			m := httpLineRe.FindStringSubmatch(p.stdout.String())
+			if m == nil {
+				return false
+			}
+			p.HTTPAddr = m[1]
+			if n := natsLineRe.FindStringSubmatch(p.stdout.String()); n != nil {
+				p.NATSURL = n[1]
+			}
+			return true
+		})
+	}
+	return p
+}
+
+// stop sends SIGTERM and waits for the process to exit (SIGKILL after 20s).
+// It returns the exit error.
+func (p *proc) stop() error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		p.t.Errorf("fleetwatch did not exit 20s after SIGTERM; killing it")
+		p.cmd.Process.Kill()
+		<-p.done
+	}
+	return p.err
+}
+
+// eventually polls cond every 20ms until it holds or timeout passes. Time
+// bounds here are generous liveness limits, never performance assertions.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// freePort returns a loopback TCP port that was free a moment ago.
+func freePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
