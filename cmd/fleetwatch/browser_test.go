@@ -302,3 +302,43 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Errorf("page problem: %s", p)
 	}
 }
+
+// TestStatusPageWithServe opens the status page of a real `fleetwatch serve`
+// fed with outcome events over NATS, and watches a backend's breaker open
+// when its events turn to errors.
+func TestStatusPageWithServe(t *testing.T) {
+	ctx, problems := newBrowser(t)
+	p := startServeProcess(t, "prefix: fw\n", "--no-probes")
+	traffic := &outcomeTraffic{pool: "llama-3.1-70b", backends: []string{"vllm-a", "vllm-b", "vllm-c", xssBackend}, failing: map[string]bool{}}
+	traffic.start(t, p.natsURL)
+
+	navCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := chromedp.Do(navCtx, chromedp.Navigate(p.httpURL+"/")); err != nil {
+		t.Fatalf("navigate: %v", err)
+	}
+	waitFor(t, ctx, "4 closed backends", `[...document.querySelectorAll("tr[data-pool='llama-3.1-70b']")].filter(r => r.dataset.state === "closed").length === 4`, 30*time.Second)
+	if n := evalIn[int](t, ctx, `document.querySelectorAll("img, main script").length`); n != 0 {
+		t.Errorf("page holds %d img/script elements made from data", n)
+	}
+	ids := evalIn[[]string](t, ctx, `[...document.querySelectorAll("tr[data-pool='llama-3.1-70b'] td.id")].map(e => e.textContent)`)
+	if got, want := strings.Join(ids, "|"), strings.Join([]string{xssBackend, "vllm-a", "vllm-b", "vllm-c"}, "|"); got != want {
+		t.Errorf("backend ids shown %q, want %q", got, want)
+	}
+
+	traffic.setFailing("vllm-b", true)
+	waitFor(t, ctx, "vllm-b open", `(() => { const r = document.querySelector("tr[data-backend='vllm-b']"); return r && r.dataset.state === "open"; })()`, 15*time.Second)
+	reason := evalIn[string](t, ctx, `document.querySelector("tr[data-backend='vllm-b'] td.reason").textContent`)
+	if strings.TrimSpace(reason) == "" {
+		t.Error("the open backend shows no reason")
+	}
+	waitFor(t, ctx, "the transition listed", `document.getElementById("transitions").textContent.includes("vllm-b: closed → open")`, 10*time.Second)
+	summary := evalIn[string](t, ctx, `document.getElementById("ingest").textContent + " " + document.getElementById("rejects").textContent`)
+	if !strings.Contains(summary, "bad_json") {
+		t.Errorf("ingest and reject cards lack the bad_json rejects: %s", summary)
+	}
+	saveScreenshot(t, ctx, "status-page-serve.png")
+	for _, p := range problems.get() {
+		t.Errorf("page problem: %s", p)
+	}
+}

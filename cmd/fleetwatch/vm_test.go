@@ -13,14 +13,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/VictoriaMetrics/metrics"
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/dashboards"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 )
 
 const victoriaMetricsBin = "/usr/bin/victoria-metrics"
@@ -356,4 +361,327 @@ func TestDashboardsAgainstVictoriaMetricsInProcess(t *testing.T) {
 		t.Fatalf("control query: %+v, %v", r, err)
 	}
 	checkDashboardQueries(t, vm, "llama-3.1-70b")
+}
+
+// lockedBuffer is a bytes.Buffer safe for a process writing and a test reading.
+type lockedBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// buildServeBinary builds the fleetwatch binary into a test directory.
+func buildServeBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fleetwatch")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// serveProcess is a running `fleetwatch serve` subprocess with its embedded
+// NATS server.
+type serveProcess struct {
+	natsURL, httpURL string
+	logs             *lockedBuffer
+}
+
+var (
+	serveNATSLine = regexp.MustCompile(`embedded NATS server at (nats://\S+)`)
+	serveHTTPLine = regexp.MustCompile(`HTTP on (http://\S+)`)
+)
+
+// startServeProcess runs `fleetwatch serve` with config (YAML), an embedded
+// NATS server and an HTTP listener on random loopback ports, and stops it
+// (SIGTERM, then kill) in t.Cleanup.
+func startServeProcess(t *testing.T, config string, extraArgs ...string) *serveProcess {
+	t.Helper()
+	bin := buildServeBinary(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "fleetwatch.yaml")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"serve", "--config", cfgPath, "--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
+		"--data", filepath.Join(dir, "data")}, extraArgs...)
+	cmd := exec.Command(bin, args...)
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { // reaps the process
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("fleetwatch serve output:\n%s", logs.String())
+		}
+	})
+	p := &serveProcess{logs: logs}
+	deadline := time.Now().Add(30 * time.Second)
+	for p.natsURL == "" || p.httpURL == "" {
+		out := logs.String()
+		if m := serveNATSLine.FindStringSubmatch(out); m != nil {
+			p.natsURL = m[1]
+		}
+		if m := serveHTTPLine.FindStringSubmatch(out); m != nil {
+			p.httpURL = m[1]
+		}
+		select {
+		case <-exited:
+			t.Fatalf("fleetwatch serve exited:\n%s", out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleetwatch serve did not report its NATS and HTTP addresses:\n%s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return p
+}
+
+// outcomeTraffic publishes outcome events to a serve process the way a
+// proxy does: every tick, okPerTick ok events per healthy backend and as
+// many errors per failing backend, plus one malformed message.
+type outcomeTraffic struct {
+	pool     string
+	backends []string
+
+	mu      sync.Mutex // guards failing
+	failing map[string]bool
+}
+
+func (o *outcomeTraffic) setFailing(backend string, fail bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.failing[backend] = fail
+}
+
+func (o *outcomeTraffic) isFailing(backend string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.failing[backend]
+}
+
+// start publishes until t's cleanup; the goroutine exits on the cancel.
+func (o *outcomeTraffic) start(t *testing.T, natsURL string) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL, nats.Name("test-proxy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+		nc.Close()
+	})
+	const okPerTick = 10
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		subject := fleetwatch.Subjects{}.Outcomes() + ".test-proxy"
+		for n := 0; ; n++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			ts := fleetwatch.FormatTime(time.Now())
+			var batch bytes.Buffer
+			for i, b := range o.backends {
+				for k := range okPerTick {
+					if o.isFailing(b) {
+						fmt.Fprintf(&batch, `{"v":1,"pool":%q,"backend":%q,"ts":%q,"status":500,"outcome":"error","duration_ms":5}`+"\n", o.pool, b, ts)
+						continue
+					}
+					ttft := 120 + 40*i + (n+k)%30
+					fmt.Fprintf(&batch, `{"v":1,"pool":%q,"backend":%q,"ts":%q,"status":200,"outcome":"ok","ttft_ms":%d,"duration_ms":%d}`+"\n", o.pool, b, ts, ttft, ttft*5)
+				}
+			}
+			_ = nc.Publish(subject, batch.Bytes())
+			_ = nc.Publish(subject, []byte(`{"v":1,"pool":`)) // a reject
+		}
+	}()
+}
+
+// serveTestConfig makes breakers trip and recover within seconds, so that a
+// short test sees transitions, and probes every second: vllm-a and vllm-b
+// are fake OpenAI-compatible backends, vllm-c's URL refuses connections, so
+// its probes fail.
+func serveTestConfig(t *testing.T) string {
+	t.Helper()
+	fake := func(name string) string {
+		srv := httptest.NewServer(fakeai.New(fakeai.Settings{Name: name}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	return fmt.Sprintf(`analyzer:
+  heartbeat: 250ms
+  open_base: 1s
+  open_max: 2s
+pools:
+  - id: llama-3.1-70b
+    backends:
+      - id: vllm-a
+        url: %s
+      - id: vllm-b
+        url: %s
+      - id: vllm-c
+        url: http://%s
+probes:
+  schedule: "@every 1s"
+  timeout: 1s
+`, fake("vllm-a"), fake("vllm-b"), freeLoopbackAddr(t))
+}
+
+// TestDashboardsAgainstServe runs every dashboard query against a real
+// VictoriaMetrics scraping a real `fleetwatch serve` that receives traffic
+// with a backend failing on and off, and checks docs/METRICS.md against the
+// /metrics it exposes.
+func TestDashboardsAgainstServe(t *testing.T) {
+	requireTool(t, victoriaMetricsBin, "victoria-metrics")
+	p := startServeProcess(t, serveTestConfig(t))
+	traffic := &outcomeTraffic{pool: "llama-3.1-70b", backends: []string{"vllm-a", "vllm-b", "vllm-c"}, failing: map[string]bool{}}
+	traffic.start(t, p.natsURL)
+	ctx, cancel := context.WithCancel(context.Background())
+	flipped := make(chan struct{})
+	go func() { // toggles vllm-b's failures; exits on cancel
+		defer close(flipped)
+		tick := time.NewTicker(1500 * time.Millisecond)
+		defer tick.Stop()
+		for fail := true; ; fail = !fail {
+			traffic.setFailing("vllm-b", fail)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-flipped
+	})
+
+	vm := startVictoriaMetrics(t, strings.TrimPrefix(p.httpURL, "http://"))
+	vm.waitScrapes(t, 4)
+	// Wait for the first breaker transition to be scraped.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err := vm.query(`fleetwatch_breaker_transitions_total{pool="llama-3.1-70b"}`)
+		if err == nil && len(r.Result) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no breaker transition scraped after 30s (err %v)", err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	vm.waitScrapes(t, 8)
+	t.Run("queries", func(t *testing.T) { checkDashboardQueries(t, vm, "llama-3.1-70b") })
+	t.Run("METRICS.md", func(t *testing.T) { checkMetricsCatalogue(t, p.httpURL+"/metrics") })
+}
+
+// metricsCatalogue returns the metric names listed in the tables of the
+// "## fleetwatch serve" section of docs/METRICS.md.
+func metricsCatalogue(t *testing.T) map[string]bool {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "METRICS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := regexp.MustCompile("^\\| `(fleetwatch_[a-z0-9_]+)` \\|")
+	names := map[string]bool{}
+	in := false
+	for _, line := range strings.Split(string(data), "\n") {
+		if strings.HasPrefix(line, "## ") {
+			in = strings.TrimSpace(line) == "## fleetwatch serve"
+			continue
+		}
+		if m := row.FindStringSubmatch(line); in && m != nil {
+			if names[m[1]] {
+				t.Errorf("METRICS.md lists %s twice", m[1])
+			}
+			names[m[1]] = true
+		}
+	}
+	if len(names) == 0 {
+		t.Fatal("METRICS.md: no metric rows under \"## fleetwatch serve\"")
+	}
+	return names
+}
+
+// exposedMetrics returns the fleetwatch_* metric names of a /metrics page,
+// with a histogram's _bucket, _sum and _count series folded into its name.
+func exposedMetrics(t *testing.T, url string) map[string]bool {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := map[string]bool{}
+	for _, line := range strings.Split(string(body), "\n") {
+		if !strings.HasPrefix(line, "fleetwatch_") {
+			continue
+		}
+		name := line[:strings.IndexAny(line+" ", "{ ")]
+		raw[name] = true
+	}
+	names := map[string]bool{}
+	for name := range raw {
+		base := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if b, ok := strings.CutSuffix(name, suffix); ok && raw[b+"_bucket"] {
+				base = b
+			}
+		}
+		names[base] = true
+	}
+	return names
+}
+
+func checkMetricsCatalogue(t *testing.T, url string) {
+	listed := metricsCatalogue(t)
+	exposed := exposedMetrics(t, url)
+	for name := range listed {
+		if !exposed[name] {
+			t.Errorf("METRICS.md lists %s, which fleetwatch serve does not expose", name)
+		}
+	}
+	for name := range exposed {
+		if !listed[name] {
+			t.Errorf("fleetwatch serve exposes %s, which METRICS.md does not list", name)
+		}
+	}
 }
