@@ -55,10 +55,10 @@ type pool struct {
 	backends map[string]*backend
 	order    []*backend // sorted by id; nil when it must be rebuilt
 
-	seq         uint64
-	published   bool
-	publishedAt time.Time
-	signature   []decisionKey // the decisions of the last returned snapshot
+	seq       uint64
+	published bool          // a snapshot of the pool was returned
+	beatAt    time.Time     // the pool's last heartbeat, the anchor of the next
+	signature []decisionKey // the decisions of the last returned snapshot
 }
 
 // decisionKey is what makes a snapshot "changed" and published before the
@@ -298,13 +298,13 @@ func (a *Analyzer) Evaluate(now time.Time) Evaluation {
 	var dropped []string
 	for _, p := range pools {
 		first := len(ev.Transitions)
-		gone := a.evaluatePool(p, now, &ev)
+		beat := p.beat(now)
+		gone := a.evaluatePool(p, now, beat, &ev)
 		slices.SortStableFunc(ev.Transitions[first:], func(x, y Transition) int { return cmpString(x.Backend, y.Backend) })
 		sig := p.decisions()
-		due := !p.published || now.Sub(p.publishedAt) >= p.settings.Heartbeat-p.settings.Heartbeat/10
-		if gone || due || !slices.Equal(sig, p.signature) {
+		if gone || beat || !slices.Equal(sig, p.signature) {
 			p.seq++
-			p.published, p.publishedAt, p.signature = true, now, sig
+			p.published, p.signature = true, sig
 			ev.Snapshots = append(ev.Snapshots, a.snapshot(p, now))
 		}
 		if gone {
@@ -366,6 +366,30 @@ func (a *Analyzer) Epoch() string {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.epoch
+}
+
+// beat reports whether the pool's heartbeat is due at now, and if so moves
+// the anchor. Beats are anchored at the pool's first Evaluate (t, t+hb,
+// t+2hb, ...) and a beat may come a tenth of a heartbeat early, so that a
+// caller ticking at or faster than the heartbeat gets exactly one beat per
+// heartbeat whatever the jitter of its ticks. A caller that fell more than
+// two heartbeats behind re-anchors at now.
+func (p *pool) beat(now time.Time) bool {
+	hb := p.settings.Heartbeat
+	if !p.published {
+		p.beatAt = now
+		return true
+	}
+	next := p.beatAt.Add(hb)
+	if now.Before(next.Add(-hb / 10)) {
+		return false
+	}
+	if now.Sub(next) > hb {
+		p.beatAt = now
+	} else {
+		p.beatAt = next
+	}
+	return true
 }
 
 // advance moves every window of the pool to now and refreshes the views.

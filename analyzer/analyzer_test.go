@@ -206,6 +206,27 @@ func TestWeights(t *testing.T) {
 			t.Errorf("weights per heartbeat (-want +got):\n%s", diff)
 		}
 	})
+	t.Run("ticks faster than the heartbeat do not speed up or republish the ramp", func(t *testing.T) {
+		a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
+		openX(t, a)
+		a.Evaluate(at(36 * time.Second)) // half-open
+		a.Observe(series("p", "x", ok, 5, at(36100*time.Millisecond), 500*time.Millisecond, 200))
+		published := 0
+		var weights []float64
+		for ms := 37000; ms <= 41000; ms += 100 {
+			now := at(time.Duration(ms) * time.Millisecond)
+			published += len(a.Evaluate(now).Snapshots)
+			if ms%1000 == 0 {
+				weights = append(weights, backendOf(t, a, "p", "x", now).Weight)
+			}
+		}
+		if diff := cmp.Diff([]float64{0.30, 0.55, 0.80, 1, 1}, weights); diff != "" {
+			t.Errorf("weights per second (-want +got):\n%s", diff)
+		}
+		if published != 5 {
+			t.Errorf("%d snapshots in 41 ticks over 4s, want 5 (one per heartbeat)", published)
+		}
+	})
 	t.Run("shrinkage toward the pool prior", func(t *testing.T) {
 		// Peers at a 429 rate of 0.25 observe weight 0.5, the prior.
 		peers := concat(

@@ -80,7 +80,9 @@
 // open), and one backend may always open. When several trip at once the
 // worst (by how far past its threshold) open first. A held closed backend
 // stays closed with weight HalfOpenWeight and a reason "ejection cap held:
-// 3 of 6 already open (max_open_fraction 0.50); <the rule's reason>"; a held
+// 3 of 6 already open (max_open_fraction 0.50); <the rule's reason>" written
+// when the hold starts and kept while it lasts (so the snapshot does not
+// churn with the numbers); a held
 // half-open backend stays half-open and starts its probe over.
 //
 // # Weights
@@ -93,9 +95,10 @@
 // pool's closed backends with at least MinRequests counted requests (1 when
 // none), floored at HalfOpenWeight so a throttled backend keeps a trickle to
 // show its recovery. A backend's first weight is its target; afterwards a
-// closed backend's weight moves toward its target by at most MaxWeightStep
-// (0.25) per Heartbeat of elapsed time, so a recovered backend ramps up over
-// about four heartbeats instead of drawing every router at once. Weights are
+// closed backend's weight moves toward its target on the pool's heartbeat
+// (however often Evaluate runs), by MaxWeightStep (0.25) per heartbeat
+// elapsed since it last moved, so a recovered backend ramps up over about four heartbeats instead
+// of drawing every router at once. Weights are
 // rounded to 4 decimals. A backend not evaluated yet is published with
 // weight 1.
 //
@@ -103,9 +106,13 @@
 //
 // Evaluate returns a snapshot of every pool whose decisions (the set of
 // backends, a state, weight, reason, drift status or open_until) changed,
-// and of every pool whose last snapshot is at least a heartbeat old (with a
-// tolerance of a tenth of a heartbeat, so that a ticker firing a little
-// early does not skip a beat). Seq starts at 1 and grows by one per
+// and of every pool whose heartbeat is due. A pool's heartbeats are
+// anchored at its first Evaluate (t, t+hb, t+2hb, ...) and may come a tenth
+// of a heartbeat early, so a caller ticking every 100 ms gets exactly one
+// beat per heartbeat whatever the jitter of its ticks; a caller more than
+// two heartbeats late re-anchors. So no snapshot of a pool is ever more than
+// a heartbeat (plus the caller's tick) older than the previous one. Damped
+// weights move on the beat too. Seq starts at 1 and grows by one per
 // returned snapshot of a pool; Snapshots and Snapshot return the current
 // state with the last seq. Reasons are the last state change's, or the
 // ejection cap's while it holds a backend. Since is when the backend entered

@@ -34,7 +34,7 @@ type trip struct {
 // evaluatePool applies the rules to one pool at now. gone reports that the
 // pool is not configured and has no backend left, so it is forgotten after
 // this (empty) snapshot.
-func (a *Analyzer) evaluatePool(p *pool, now time.Time, out *Evaluation) (gone bool) {
+func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluation) (gone bool) {
 	s := &p.settings
 	a.expire(p, now, out)
 	bs := p.sorted()
@@ -120,7 +120,7 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, out *Evaluation) (gone b
 		}
 	}
 
-	a.setWeights(p, bs, now)
+	a.setWeights(p, bs, now, beat)
 	return false
 }
 
@@ -208,12 +208,15 @@ func maxOpen(maxOpenFraction float64, n int) int {
 	return max(1, int(math.Floor(maxOpenFraction*float64(n)+1e-9)))
 }
 
+// holdByCap keeps b from opening. The reason is written when the hold
+// starts and kept while it lasts, so that the snapshot does not change at
+// every Evaluate while the numbers move.
 func (a *Analyzer) holdByCap(s *Settings, b *backend, open, n int, reason string) {
-	hold := fmt.Sprintf("ejection cap held: %d of %d already open (max_open_fraction %.2f); %s", open, n, s.MaxOpenFraction, reason)
-	if b.holdReason == "" {
-		a.stats.HeldByCap++
+	if b.holdReason != "" {
+		return
 	}
-	b.holdReason = hold
+	a.stats.HeldByCap++
+	b.holdReason = fmt.Sprintf("ejection cap held: %d of %d already open (max_open_fraction %.2f); %s", open, n, s.MaxOpenFraction, reason)
 }
 
 // openBreaker opens b for OpenBase x consecutive trips (capped, jittered),
@@ -334,9 +337,9 @@ func median(v []float64) float64 {
 // k = max(1, MinRequests/4), and floored at HalfOpenWeight so that a closed
 // backend keeps a trickle to show its recovery. Open and quarantined backends
 // get 0 and half-open and cap-held ones HalfOpenWeight at once; a closed
-// backend's weight moves toward its target by at most MaxWeightStep per
-// Heartbeat.
-func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time) {
+// backend's weight moves toward its target on the pool's heartbeat, by
+// MaxWeightStep per heartbeat elapsed since it last moved.
+func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time, beat bool) {
 	s := &p.settings
 	prior, priorN := 0.0, 0
 	for _, b := range bs {
@@ -366,8 +369,15 @@ func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time) {
 		}
 		w := target
 		if !immediate {
-			step := s.MaxWeightStep * float64(now.Sub(b.weightAt)) / float64(s.Heartbeat)
-			step = max(step, 0)
+			if !beat {
+				// Damped weights move on the pool's heartbeat only,
+				// however often the caller evaluates, so that a ramp
+				// neither speeds up nor republishes the pool at every
+				// tick.
+				continue
+			}
+			beats := math.Round(float64(now.Sub(b.weightAt)) / float64(s.Heartbeat))
+			step := s.MaxWeightStep * max(beats, 1)
 			w = min(max(target, b.weight-step), b.weight+step)
 		}
 		b.weight = math.Round(min(max(w, 0), 1)*1e4) / 1e4
