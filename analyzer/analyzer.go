@@ -188,6 +188,11 @@ func (a *Analyzer) sortedPools() []*pool {
 // two heartbeats past the latest Evaluate's now go in the newest bucket that
 // far ahead.
 //
+// An event without an outcome gets the one its status implies (as the
+// decoder does); an event with an outcome beyond the protocol's is dropped
+// (Stats.DroppedInvalid), and so is a TTFT outside [0, 1 h] as a latency
+// sample.
+//
 // It returns true when an event may have decided a breaker transition (a
 // consecutive-failure trip, or a half-open probe's verdict), so that the
 // caller can Evaluate at once instead of waiting for the heartbeat.
@@ -201,9 +206,15 @@ func (a *Analyzer) Observe(batch []fleetwatch.Event) (urgent bool) {
 			p, b = a.lookup(ev.Pool, ev.Backend)
 			a.lastPool, a.lastBackend = p, b
 		}
-		if int(ev.Outcome) < fleetwatch.NumOutcomes {
-			a.stats.observed[ev.Outcome]++
+		outcome := ev.Outcome
+		if outcome == fleetwatch.OutcomeUnset {
+			outcome = fleetwatch.OutcomeFromStatus(ev.Status) // the decoder's rule
 		}
+		if int(outcome) >= fleetwatch.NumOutcomes {
+			a.stats.DroppedInvalid++
+			continue
+		}
+		a.stats.observed[outcome]++
 		ts := ev.TS
 		switch {
 		case ts.IsZero() && !a.hasNow:
@@ -217,7 +228,7 @@ func (a *Analyzer) Observe(batch []fleetwatch.Event) (urgent bool) {
 				a.stats.ClampedFuture++
 			}
 		}
-		if a.observeOne(p, b, ev, ts) {
+		if a.observeOne(p, b, ev, outcome, ts) {
 			urgent = true
 		}
 	}

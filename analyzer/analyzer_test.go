@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -451,4 +452,59 @@ func rate49() []fleetwatch.Outcome {
 		}
 	}
 	return out
+}
+
+// TestObserveOddInputs: events the decoder would not produce are handled
+// without poisoning state.
+func TestObserveOddInputs(t *testing.T) {
+	tests := []struct {
+		name  string
+		event fleetwatch.Event
+		check func(t *testing.T, st Stats, d fleetwatch.Backend)
+	}{
+		{"no outcome: derived from the status", fleetwatch.Event{Status: 503},
+			func(t *testing.T, st Stats, d fleetwatch.Backend) {
+				if st.Observed[fail] != 1 || d.SuccessRate == nil || *d.SuccessRate != 2.0/3 {
+					t.Errorf("observed %v success %v", st.Observed, d.SuccessRate)
+				}
+			}},
+		{"unknown outcome: dropped", fleetwatch.Event{Outcome: fleetwatch.Outcome(99)},
+			func(t *testing.T, st Stats, d fleetwatch.Backend) {
+				if st.DroppedInvalid != 1 || d.Requests != 2 {
+					t.Errorf("dropped %d requests %d", st.DroppedInvalid, d.Requests)
+				}
+			}},
+		{"NaN TTFT: no sample", fleetwatch.Event{Outcome: ok, TTFTMs: math.NaN(), HasTTFT: true},
+			func(t *testing.T, st Stats, d fleetwatch.Backend) {
+				if d.EWMATTFTMs == nil || *d.EWMATTFTMs != 200 || d.Requests != 3 {
+					t.Errorf("ewma %v requests %d", d.EWMATTFTMs, d.Requests)
+				}
+			}},
+		{"negative TTFT: no sample", fleetwatch.Event{Outcome: ok, TTFTMs: -5, HasTTFT: true},
+			func(t *testing.T, st Stats, d fleetwatch.Backend) {
+				if d.EWMATTFTMs == nil || *d.EWMATTFTMs != 200 {
+					t.Errorf("ewma %v", d.EWMATTFTMs)
+				}
+			}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newAnalyzer(t, Config{})
+			a.Observe(series("p", "x", ok, 2, t0, time.Second, 200)) // the first is discounted
+			e := tt.event
+			e.Pool, e.Backend, e.TS = "p", "x", at(2*time.Second)
+			a.Observe([]fleetwatch.Event{e})
+			tt.check(t, a.Stats(), backendOf(t, a, "p", "x", at(3*time.Second)))
+		})
+	}
+	t.Run("a retry-after of a day is honoured for an hour", func(t *testing.T) {
+		a := newAnalyzer(t, Config{})
+		a.Observe(concat(healthy(200, "a", "b"), withRetry(series("p", "x", throttled, 30, t0, 10*time.Second, 0), 86_400_000)))
+		now := at(10 * time.Second)
+		a.Evaluate(now)
+		d := backendOf(t, a, "p", "x", now)
+		if d.State != fleetwatch.StateOpen || d.OpenUntil.Sub(now) != time.Hour || !strings.HasSuffix(d.Reason, "retry-after 1h0m0s") {
+			t.Errorf("x: %s until %v reason %q", d.State, d.OpenUntil, d.Reason)
+		}
+	})
 }

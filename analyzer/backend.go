@@ -80,9 +80,9 @@ func (b *backend) reason() string {
 	return b.stateReason
 }
 
-// observe applies one event (its time already clamped) and reports whether it
-// may have decided a breaker transition.
-func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, ts time.Time) (urgent bool) {
+// observeOne applies one event (its time already clamped, its outcome
+// valid) and reports whether it may have decided a breaker transition.
+func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome fleetwatch.Outcome, ts time.Time) (urgent bool) {
 	s := &p.settings
 	first := !b.seen
 	idle := !first && ts.Sub(b.lastSeen) > s.IdleGap
@@ -98,9 +98,13 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, ts time
 		return false
 	}
 
-	latency := ev.Latency()
+	// An ok TTFT outside the protocol's bounds (NaN, negative, beyond an
+	// hour) is no sample: one would poison the EWMA for good.
+	sample := outcome == fleetwatch.OutcomeOK && ev.HasTTFT &&
+		ev.TTFTMs >= 0 && ev.TTFTMs <= fleetwatch.MaxDurationMs
+	latency := sample && !ev.Cold
 	switch {
-	case ev.Outcome == fleetwatch.OutcomeOK && ev.HasTTFT && ev.Cold:
+	case sample && ev.Cold:
 		a.stats.LatencySamplesDiscounted.Cold++
 	case latency && first:
 		a.stats.LatencySamplesDiscounted.First++
@@ -118,7 +122,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, ts time
 		}
 		bin = binOf(ev.TTFTMs)
 	}
-	if !b.win.add(b.win.bucketOf(ts), ev.Outcome, latency, bin, ev.RetryAfterMs) {
+	if !b.win.add(b.win.bucketOf(ts), outcome, latency, bin, ev.RetryAfterMs) {
 		a.stats.DroppedOld++
 		return false
 	}
@@ -126,7 +130,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, ts time
 	switch b.state {
 	case fleetwatch.StateClosed:
 		switch {
-		case ev.Outcome.IsFailure():
+		case outcome.IsFailure():
 			b.run++
 			if b.run >= s.ConsecutiveFailures && b.runLatched == 0 {
 				b.runLatched = b.run
@@ -134,7 +138,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, ts time
 				// the heartbeat, not at every failure.
 				return b.holdReason == ""
 			}
-		case ev.Outcome == fleetwatch.OutcomeOK:
+		case outcome == fleetwatch.OutcomeOK:
 			b.run = 0
 		}
 		// throttled, canceled and client_error neither extend nor reset
@@ -144,13 +148,13 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, ts time
 			return false
 		}
 		switch {
-		case ev.Outcome.IsFailure():
+		case outcome.IsFailure():
 			b.verdict = verdictFailure
 			return true
-		case ev.Outcome == fleetwatch.OutcomeThrottled:
+		case outcome == fleetwatch.OutcomeThrottled:
 			b.verdict, b.verdictWait = verdictThrottled, ev.RetryAfterMs
 			return true
-		case ev.Outcome == fleetwatch.OutcomeOK:
+		case outcome == fleetwatch.OutcomeOK:
 			b.halfOpenOK++
 			if b.halfOpenOK >= s.HalfOpenSuccesses {
 				b.verdict = verdictClose

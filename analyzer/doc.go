@@ -53,7 +53,7 @@
 //     ok arriving before the next Evaluate does not undo the trip.
 //  2. failure_rate: failures / (ok + failures) >= FailureRate (0.5).
 //  3. throttled: rate_429 >= ThrottleRate (0.5); the open time is at least
-//     the largest retry_after_ms in the window.
+//     the largest retry_after_ms in the window (honoured up to one hour).
 //  4. slow: EWMA > SlowFactor (5) x the median EWMA of the pool's other
 //     backends that have one and are not open. One peer suffices (in a pool
 //     of two, two backends cannot each be five times slower than the other);

@@ -395,12 +395,17 @@ func observedWeight(s *Settings, v *windowStats) float64 {
 	return min(max(1-r/s.ThrottleRate, 0), 1)
 }
 
-// msDuration converts milliseconds to a Duration, rounded to the millisecond.
+// maxRetryAfter bounds the retry-after a 429 trip honours: a backend that
+// asks for a day is open for an hour, then probed.
+const maxRetryAfter = time.Hour
+
+// msDuration converts milliseconds to a Duration, rounded to the
+// millisecond, at most maxRetryAfter.
 func msDuration(ms float64) time.Duration {
 	if !(ms > 0) {
 		return 0
 	}
-	return time.Duration(math.Round(ms)) * time.Millisecond
+	return time.Duration(math.Round(min(ms, float64(maxRetryAfter/time.Millisecond)))) * time.Millisecond
 }
 
 // fmtDur formats a duration for reasons: "30s", "1m30s", "250ms".

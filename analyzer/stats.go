@@ -37,6 +37,9 @@ type Stats struct {
 	// DroppedNoTime counts events without a TS observed before the first
 	// Evaluate (there is no clock to count them at).
 	DroppedNoTime uint64
+	// DroppedInvalid counts events whose outcome is not one of the
+	// protocol's.
+	DroppedInvalid uint64
 	// ClampedFuture counts events more than two heartbeats ahead of the
 	// latest Evaluate, counted in the newest bucket.
 	ClampedFuture uint64
