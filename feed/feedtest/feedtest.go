@@ -10,7 +10,8 @@
 package feedtest
 
 import (
-	"net"
+	"net/url"
+	"strconv"
 	"testing"
 	"time"
 
@@ -72,9 +73,15 @@ func NewServer(t testing.TB, opts ...Option) (url string, srv *server.Server) {
 	return srv.ClientURL(), srv
 }
 
-// Port returns the client port of srv, for WithPort on a restart.
+// Port returns the client port of srv, for WithPort on a restart. It works
+// after srv was shut down too.
 func Port(srv *server.Server) int {
-	return srv.Addr().(*net.TCPAddr).Port
+	u, err := url.Parse(srv.ClientURL())
+	if err != nil {
+		return 0
+	}
+	port, _ := strconv.Atoi(u.Port())
+	return port
 }
 
 // Connect connects a client to url and closes it in t.Cleanup. The client
