@@ -71,8 +71,10 @@ type Target struct {
 	// APIKey is sent as a bearer token when not empty (the wiring reads it
 	// from the backend's api_key_env).
 	APIKey string
-	// Model is the request's model; "" asks /v1/models and uses the first id.
-	Model string
+	// Model is the request's model. If empty, the first of PreferModels
+	// that GET /v1/models lists is used, else its first id.
+	Model        string
+	PreferModels []string
 	// Endpoint is EndpointChat (default) or EndpointCompletions.
 	Endpoint string
 }
@@ -409,6 +411,11 @@ func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout 
 	}
 	cy.Identity.ModelIDs, cy.Identity.ModelRoot, cy.Identity.MaxModelLen = mi.IDs, mi.Root, mi.MaxModelLen
 	model := c.t.Model
+	for _, m := range c.t.PreferModels {
+		if model == "" && slices.Contains(mi.IDs, m) {
+			model = m
+		}
+	}
 	if model == "" && len(mi.IDs) > 0 {
 		model = mi.IDs[0]
 	}
