@@ -26,7 +26,8 @@ type Event struct {
 	Backend string // required; a valid backend id
 
 	// TS is when the outcome became known. The zero time means absent; the
-	// collector then uses the arrival time.
+	// collector then uses the arrival time. Decode returns it in UTC,
+	// truncated to the millisecond, the protocol's precision.
 	TS time.Time
 
 	Status    int     // HTTP status; 0 when no answer came

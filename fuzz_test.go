@@ -31,6 +31,7 @@ func FuzzDecode(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		checkBatchAgreesWithDecode(t, data)
 		var d Decoder
 		var got Event
 		err := d.Decode(data, &got)
@@ -55,6 +56,42 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("Decode(AppendEvent(ev)) for input %q (-want +got):\n%s", data, diff)
 		}
 	})
+}
+
+// checkBatchAgreesWithDecode runs DecodeBatch over data and checks that
+// every line it reports decodes alone the same way: an accepted line to the
+// same event, a rejected one with the same reason.
+func checkBatchAgreesWithDecode(t *testing.T, data []byte) {
+	t.Helper()
+	var batch, single Decoder
+	calls := 0
+	ok, bad := batch.DecodeBatch(data, func(line []byte, got *Event, gotErr error) {
+		calls++
+		if len(bytes.Trim(line, " \t\r\n")) == 0 {
+			t.Fatalf("DecodeBatch(%q) reported a blank line", data)
+		}
+		var want Event
+		wantErr := single.Decode(line, &want)
+		switch {
+		case gotErr == nil && wantErr != nil:
+			t.Fatalf("DecodeBatch(%q) accepted line %q, Decode says %v", data, line, wantErr)
+		case gotErr == nil:
+			if diff := cmp.Diff(want, *got); diff != "" {
+				t.Fatalf("DecodeBatch(%q) line %q (-Decode +DecodeBatch):\n%s", data, line, diff)
+			}
+		case errors.Is(gotErr, ErrBadJSON):
+			if !errors.Is(wantErr, ErrBadJSON) {
+				t.Fatalf("DecodeBatch(%q) line %q: %v, Decode says %v", data, line, gotErr, wantErr)
+			}
+		default:
+			if diff := cmp.Diff(viewError(wantErr), viewError(gotErr)); diff != "" {
+				t.Fatalf("DecodeBatch(%q) line %q error (-Decode +DecodeBatch):\n%s", data, line, diff)
+			}
+		}
+	})
+	if ok+bad != calls {
+		t.Fatalf("DecodeBatch(%q) = %d ok, %d bad, but fn was called %d times", data, ok, bad, calls)
+	}
 }
 
 // checkSyntaxAgreesWithEncodingJSON checks that Decode reports ErrBadJSON
