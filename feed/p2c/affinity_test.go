@@ -27,7 +27,6 @@ func TestAffinitySticks(t *testing.T) {
 			t.Fatalf("key %d: not sticky: %+v", key, first)
 		}
 		for range 5 {
-			p.Start(first.Backend) // load does not move a sticky key
 			if got := stickyFor(t, p, key); got != first {
 				t.Fatalf("key %d moved from %+v to %+v", key, first, got)
 			}
@@ -154,6 +153,37 @@ func TestAffinityTolerance(t *testing.T) {
 			p.Update(snap)
 			if got := stickyFor(t, p, 7); got.Sticky != tt.wantSticky {
 				t.Errorf("sticky = %v, want %v", got.Sticky, tt.wantSticky)
+			}
+		})
+	}
+}
+
+// Bounded load: a queue piling onto the sticky backend spills the prefix to
+// two choices before the EWMA rule can see it; with the bound disabled the
+// key stays.
+func TestAffinityBoundedLoad(t *testing.T) {
+	tests := []struct {
+		name       string
+		factor     float64
+		inFlight   int // on the sticky backend, nothing elsewhere
+		wantSticky bool
+	}{
+		{"idle", 0, 0, true},
+		{"one in flight of one: capacity ceil(2x2/4) = 1", 0, 1, false},
+		{"bound disabled", -1, 10, true},
+		{"generous factor: capacity ceil(8x4/4) = 8", 8, 3, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{now: t0}
+			p := newPicker(c, Settings{AffinityLoadFactor: tt.factor})
+			p.Update(pool(1, ids(4)...))
+			home := stickyFor(t, p, 99)
+			for range tt.inFlight {
+				p.Start(home.Backend)
+			}
+			if got := stickyFor(t, p, 99); got.Sticky != tt.wantSticky {
+				t.Errorf("sticky = %v, want %v (%+v)", got.Sticky, tt.wantSticky, got)
 			}
 		})
 	}

@@ -44,9 +44,11 @@ var (
 
 // Defaults of Settings.
 const (
-	DefaultLocalAlpha       = 0.2
-	DefaultRetryRatio       = 0.2
-	DefaultRetryFloorPerSec = 3.0
+	DefaultLocalAlpha = 0.2
+	// DefaultAffinityLoadFactor is Settings.AffinityLoadFactor's default.
+	DefaultAffinityLoadFactor = 2.0
+	DefaultRetryRatio         = 0.2
+	DefaultRetryFloorPerSec   = 3.0
 	// DefaultTTL is the staleness horizon used when a snapshot carries no
 	// ttl_ms (DESIGN.md's analyzer.ttl default).
 	DefaultTTL = 5 * time.Second
@@ -72,6 +74,14 @@ type Settings struct {
 	// median. If zero, the snapshot's affinity_tolerance is used, or
 	// fleetwatch.DefaultAffinityTolerance (2.5) when the snapshot has none.
 	AffinityTolerance float64
+	// AffinityLoadFactor bounds the load a prefix may pile onto its sticky
+	// backend: the sticky backend is kept only while the router's in-flight
+	// count on it is below ceil(AffinityLoadFactor x (total in flight + 1)
+	// / candidates), consistent hashing with bounded loads (Mirrokni,
+	// Thorup and Zadimoghaddam, SODA 2018). It catches what the EWMA rule
+	// sees only a heartbeat later: a queue building on the sticky backend.
+	// If zero, 2 is used; a negative value disables the bound.
+	AffinityLoadFactor float64
 	// LocalAlpha is the weight of the newest sample in the router's own
 	// EWMA of TTFT. If zero, 0.2 is used (the seed's alpha).
 	LocalAlpha float64
@@ -115,7 +125,9 @@ type Choice struct {
 type Picker struct {
 	score      Score
 	costWeight float64
-	tolerance  float64 // 0: from the snapshot
+	tolerance  float64      // 0: from the snapshot
+	loadFactor float64      // <= 0: no bound
+	total      atomic.Int64 // requests in flight over all backends
 	alpha      float64
 	now        func() time.Time
 	budget     *Budget
@@ -131,6 +143,7 @@ func New(s Settings) *Picker {
 		score:      s.Score,
 		costWeight: s.CostWeightPerMs,
 		tolerance:  s.AffinityTolerance,
+		loadFactor: s.AffinityLoadFactor,
 		alpha:      s.LocalAlpha,
 		now:        s.Now,
 	}
@@ -142,6 +155,9 @@ func New(s Settings) *Picker {
 	}
 	if p.alpha == 0 {
 		p.alpha = DefaultLocalAlpha
+	}
+	if p.loadFactor == 0 {
+		p.loadFactor = DefaultAffinityLoadFactor
 	}
 	if p.now == nil {
 		p.now = time.Now
@@ -197,6 +213,7 @@ func (l *local) observe(ttftMs, alpha float64) {
 func (p *Picker) Start(backend string) {
 	if l := p.lookup(backend); l != nil {
 		l.inFlight.Add(1)
+		p.total.Add(1)
 	}
 }
 
@@ -210,6 +227,8 @@ func (p *Picker) Done(backend string, outcome fleetwatch.Outcome, ttftMs float64
 	}
 	if l.inFlight.Add(-1) < 0 {
 		l.inFlight.Store(0)
+	} else {
+		p.total.Add(-1)
 	}
 	if outcome == fleetwatch.OutcomeOK && !cold && ttftMs >= 0 && !math.IsNaN(ttftMs) && !math.IsInf(ttftMs, 0) {
 		l.observe(ttftMs, p.alpha)

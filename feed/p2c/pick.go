@@ -72,7 +72,7 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, e
 		}
 		tbl = &st.spread
 	} else if req.HasPrefix {
-		if i := st.rendezvous(req.Prefix, st.sticky, len(st.sticky), ex); i >= 0 && p.keepSticky(st, i, false) {
+		if i := st.rendezvous(req.Prefix, st.sticky, len(st.sticky), ex); i >= 0 && p.keepSticky(st, i, len(st.sticky), false) {
 			return i, true, nil
 		}
 	}
@@ -100,7 +100,7 @@ func (p *Picker) pickStale(st *state, r Rand, req Request, ex int, now int64) (i
 	case st.mode == fleetwatch.ModeFailover:
 		return p.pickStaleFailover(st, r, ex, m)
 	case req.HasPrefix:
-		if i := st.rendezvous(req.Prefix, st.staleOrder, m, ex); i >= 0 && p.keepSticky(st, i, true) {
+		if i := st.rendezvous(req.Prefix, st.staleOrder, m, ex); i >= 0 && p.keepSticky(st, i, m, true) {
 			return i, true, nil
 		}
 	}
@@ -201,9 +201,16 @@ func (p *Picker) better(st *state, a, b int, stale bool) int {
 }
 
 // keepSticky applies the seed's affinity rule: keep the sticky backend while
-// its EWMA is below tolerance x the pool median. A backend with no EWMA is
-// scored at the median and so kept.
-func (p *Picker) keepSticky(st *state, i int, stale bool) bool {
+// its EWMA is below tolerance x the pool median (a backend with no EWMA is
+// scored at the median and so kept), and while its in-flight count stays
+// under the bounded-load capacity over the n candidates.
+func (p *Picker) keepSticky(st *state, i, n int, stale bool) bool {
+	if p.loadFactor > 0 && n > 0 {
+		capacity := math.Ceil(p.loadFactor * float64(p.total.Load()+1) / float64(n))
+		if float64(st.entries[i].local.inFlight.Load()) >= capacity {
+			return false
+		}
+	}
 	if math.IsNaN(st.median) {
 		return true
 	}
