@@ -57,8 +57,8 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 			d.EWMATTFTMs = ptr(b.ewma)
 			ewmas = append(ewmas, b.ewma)
 		}
-		if v.hasTTFT {
-			d.P50TTFTMs, d.P95TTFTMs = ptr(v.p50), ptr(v.p95)
+		if p50, p95, ok := b.win.ttftQuantiles(); ok {
+			d.P50TTFTMs, d.P95TTFTMs = ptr(p50), ptr(p95)
 		}
 		if r, ok := v.successRate(); ok {
 			d.SuccessRate = ptr(r)

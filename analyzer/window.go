@@ -171,8 +171,6 @@ type windowStats struct {
 	requests   uint64 // all outcomes
 	counted    uint64 // ok + error + timeout + throttled
 	maxRetryMs float64
-	p50, p95   float64
-	hasTTFT    bool
 }
 
 func (s *windowStats) ok() uint64        { return s.counts[fleetwatch.OutcomeOK] }
@@ -207,7 +205,8 @@ func (s *windowStats) rate429() (float64, bool) {
 	return float64(s.throttled()) / float64(s.counted), true
 }
 
-// stats reads the totals. The caller advances the window to now first.
+// stats reads the totals and the largest retry-after. The caller advances
+// the window to now first.
 func (w *window) stats() windowStats {
 	var s windowStats
 	s.counts = w.counts
@@ -217,7 +216,7 @@ func (w *window) stats() windowStats {
 			s.counted += c
 		}
 	}
-	if w.started {
+	if w.started && s.counts[fleetwatch.OutcomeThrottled] > 0 {
 		for i := range w.buckets {
 			b := &w.buckets[i]
 			if !b.empty() && b.num > w.head-w.size() && b.maxRetryMs > s.maxRetryMs {
@@ -225,9 +224,16 @@ func (w *window) stats() windowStats {
 			}
 		}
 	}
-	var q [2]float64
-	if w.ttft.quantiles([]float64{0.50, 0.95}, q[:]) {
-		s.p50, s.p95, s.hasTTFT = q[0], q[1], true
-	}
 	return s
+}
+
+// ttftQuantiles returns p50 and p95 of the window's TTFT samples; ok is
+// false when it has none. Only snapshots need them, so the rules do not pay
+// for them.
+func (w *window) ttftQuantiles() (p50, p95 float64, ok bool) {
+	var q [2]float64
+	if !w.ttft.quantiles([]float64{0.50, 0.95}, q[:]) {
+		return 0, 0, false
+	}
+	return q[0], q[1], true
 }

@@ -174,7 +174,7 @@ func TestWindowMatchesRecount(t *testing.T) {
 		t.Fatal("the scenario never used a dense bucket")
 	}
 	w.reset()
-	if s := w.stats(); s.requests != 0 || s.hasTTFT {
-		t.Fatalf("after reset: %d requests, hasTTFT %v", s.requests, s.hasTTFT)
+	if _, _, hasTTFT := w.ttftQuantiles(); w.stats().requests != 0 || hasTTFT {
+		t.Fatalf("after reset: %d requests, TTFT samples %v", w.stats().requests, hasTTFT)
 	}
 }
