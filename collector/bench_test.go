@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
@@ -82,6 +83,7 @@ func BenchmarkCollectorThroughput(b *testing.B) {
 		settings Settings
 	}{
 		{"collector-nojs", []feedtest.Option{feedtest.WithoutJetStream()}, single, 1, Settings{}},
+		{"collector-nojs-1sub", []feedtest.Option{feedtest.WithoutJetStream()}, single, 1, Settings{Subscriptions: 1}},
 		{"collector-jetstream", nil, single, 1, Settings{}},
 		{"collector-ndjson100", nil, ndjson, 100, Settings{}},
 	} {
@@ -133,5 +135,68 @@ func runThroughput(b *testing.B, url string, payload []byte, perMsg int, progres
 	b.ReportMetric(float64(dropped), "dropped")
 	if events+dropped < want {
 		b.Errorf("only %d of %d events accounted for (%d dropped)", events+dropped, want, dropped)
+	}
+}
+
+// BenchmarkWorkerOnMsg measures the collector's own CPU per event, without
+// NATS delivery: a subscription callback handling one message, decode
+// included, handing batches to a counting sink, with the republish for
+// FW_OUTCOMES off (nojs) and on (republish). The baseline is the decoder
+// alone on the same bytes, in the same run.
+func BenchmarkWorkerOnMsg(b *testing.B) {
+	single := fleetwatch.AppendEvent(nil, ptr(benchEvent(0)))
+	var ndjson []byte
+	for i := 0; i < 100; i++ {
+		ndjson = fleetwatch.AppendEvent(ndjson, ptr(benchEvent(i)))
+		ndjson = append(ndjson, '\n')
+	}
+	url, _ := feedtest.NewServer(b, feedtest.WithoutJetStream())
+	for _, v := range []struct {
+		name    string
+		payload []byte
+		perMsg  int
+	}{{"single", single, 1}, {"ndjson100", ndjson, 100}} {
+		b.Run(v.name+"/decoder-baseline", func(b *testing.B) {
+			var dec fleetwatch.Decoder
+			n := 0
+			count := func([]byte, *fleetwatch.Event, error) { n++ }
+			b.SetBytes(int64(len(v.payload)))
+			b.ReportAllocs()
+			for b.Loop() {
+				dec.DecodeBatch(v.payload, count)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*v.perMsg), "ns/event")
+		})
+		for _, stream := range []bool{false, true} {
+			name := v.name + "/collector-nojs"
+			if stream {
+				name = v.name + "/collector-republish"
+			}
+			b.Run(name, func(b *testing.B) {
+				nc := feedtest.Connect(b, url)
+				c, err := New(nc, &countingSink{}, Settings{NoJetStream: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if stream {
+					// Turn the republish path on: NDJSON encoding and a core
+					// publish on fw.accepted.<pool>, which no stream captures
+					// on this server.
+					if c.js, err = jetstream.New(nc); err != nil {
+						b.Fatal(err)
+					}
+				}
+				w := newWorker(c)
+				msg := &nats.Msg{Subject: "fw.outcomes.bench", Data: v.payload}
+				b.SetBytes(int64(len(v.payload)))
+				b.ReportAllocs()
+				for b.Loop() {
+					w.onMsg(msg) // full batches and 64 KiB stream buffers are handed over inside
+				}
+				w.flush(false)
+				w.flush(true)
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*v.perMsg), "ns/event")
+			})
+		}
 	}
 }

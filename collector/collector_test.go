@@ -616,3 +616,34 @@ func TestReplaySince(t *testing.T) {
 		t.Errorf("Replay since the middle returned %d events (-want +got):\n%s", n, diff)
 	}
 }
+
+func TestRunFlushesLastBatchOnStop(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	sink := &recordingSink{}
+	// Nothing is flushed by time: only the stop can hand the batch over.
+	c, stop := startCollector(t, nc, sink, Settings{FlushInterval: time.Hour, StreamFlushInterval: time.Hour, BatchSize: 1000})
+	publish(t, nc, "fw.outcomes.x", strings.Repeat(`{"pool":"p","backend":"b","status":200}`+"\n", 5))
+	publish(t, nc, "fw.outcomes", `{"pool":"q","backend":"b","status":200}`)
+	waitFor(t, "both messages delivered", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		var n int64
+		for _, w := range c.workers {
+			d, _ := w.sub.Delivered()
+			n += d
+		}
+		return n == 2
+	})
+	if got := sink.len(); got != 0 {
+		t.Fatalf("sink saw %d events before the stop", got)
+	}
+	stop()
+	if got := sink.len(); got != 6 {
+		t.Errorf("sink saw %d events after the stop, want 6", got)
+	}
+	if st := c.Stats(); st.Messages != 2 || st.AcceptedTotal() != 6 || st.StreamPublishedEvents != 6 {
+		t.Errorf("stats after the stop: %d messages, %d accepted, %d republished; want 2, 6, 6",
+			st.Messages, st.AcceptedTotal(), st.StreamPublishedEvents)
+	}
+}
