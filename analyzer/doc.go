@@ -66,7 +66,9 @@
 //
 // An open backend stays open OpenBase x n (n = consecutive trips, 30s, 60s,
 // 90s, ...), jittered by +-OpenJitter (10%, from Config.Seed) and capped at
-// OpenMax (5m). n resets when the backend closes after half-open. When the
+// OpenMax (5m). n resets once the backend has stayed closed for a whole
+// Window after closing; a backend that trips again within a window of
+// closing (it flaps) continues to 4 x 30s and so on. When the
 // open time is over, the backend is half_open with weight HalfOpenWeight and
 // an empty window (its probe is judged on its own traffic);
 // HalfOpenSuccesses (5) ok events in a row close it, and an error, a timeout

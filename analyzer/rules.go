@@ -46,6 +46,12 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 		if b.since.IsZero() {
 			b.since = now
 		}
+		if b.trips > 0 && b.state == fleetwatch.StateClosed && now.Sub(b.since) >= s.Window {
+			// Closed for a whole window without tripping: the next trip
+			// is a first trip again. A backend that flaps (trips again
+			// within a window of closing) keeps growing its open time.
+			b.trips = 0
+		}
 	}
 
 	// open -> half_open when the open time is over.
@@ -71,7 +77,6 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 		switch b.verdict {
 		case verdictClose:
 			reason := fmt.Sprintf("%d ok in a row while half-open", b.halfOpenOK)
-			b.trips = 0 // a backend that recovered starts its open times afresh
 			a.transition(p, b, fleetwatch.StateClosed, now, CauseRecovered, reason, out)
 		case verdictFailure, verdictThrottled:
 			cause, reason, minOpen := CauseHalfOpenFailure, "failure while half-open", time.Duration(0)

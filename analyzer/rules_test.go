@@ -445,37 +445,58 @@ func TestHalfOpen(t *testing.T) {
 	}
 }
 
-// TestTripCountResetsOnClose: open times grow while a backend keeps failing
-// its probes (30s, 60s, 90s) and start again at 30s once it has closed.
-func TestTripCountResetsOnClose(t *testing.T) {
-	a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
-	openX(t, a) // open 30s until t0+36s
-	now := at(36 * time.Second)
-	var openFor []time.Duration
-	for range 2 {
-		a.Evaluate(now) // half-open
-		a.Observe([]fleetwatch.Event{event("p", "x", fail, now.Add(time.Second), 0)})
-		now = now.Add(2 * time.Second)
-		a.Evaluate(now)
-		d := backendOf(t, a, "p", "x", now)
-		openFor = append(openFor, d.OpenUntil.Sub(now))
-		now = d.OpenUntil.Time
+// TestTripCount: open times grow while a backend keeps failing its probes
+// (30s, 60s, 90s), keep growing when it trips again within a window of
+// closing, and start again at 30s once it stayed closed for a whole window.
+func TestTripCount(t *testing.T) {
+	tests := []struct {
+		name         string
+		healthyAfter time.Duration // how long x stays closed before failing again
+		want         []time.Duration
+	}{
+		{"flapping within the window continues the count", 10 * time.Second,
+			[]time.Duration{time.Minute, 90 * time.Second, 2 * time.Minute}},
+		{"a healthy window starts afresh", 31 * time.Second,
+			[]time.Duration{time.Minute, 90 * time.Second, 30 * time.Second}},
 	}
-	a.Evaluate(now) // half-open
-	a.Observe(series("p", "x", ok, 5, now.Add(time.Second), time.Second, 200))
-	now = now.Add(10 * time.Second)
-	a.Evaluate(now)
-	if d := backendOf(t, a, "p", "x", now); d.State != fleetwatch.StateClosed {
-		t.Fatalf("x is %s, want closed", d.State)
-	}
-	a.Observe(series("p", "x", fail, 5, now.Add(time.Second), time.Second, 0))
-	now = now.Add(10 * time.Second)
-	a.Evaluate(now)
-	d := backendOf(t, a, "p", "x", now)
-	openFor = append(openFor, d.OpenUntil.Sub(now))
-	want := []time.Duration{time.Minute, 90 * time.Second, 30 * time.Second}
-	if diff := cmp.Diff(want, openFor); diff != "" {
-		t.Errorf("open times (-want +got):\n%s", diff)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
+			openX(t, a) // open 30s until t0+36s
+			now := at(36 * time.Second)
+			var openFor []time.Duration
+			for range 2 {
+				a.Evaluate(now) // half-open
+				a.Observe([]fleetwatch.Event{event("p", "x", fail, now.Add(time.Second), 0)})
+				now = now.Add(2 * time.Second)
+				a.Evaluate(now)
+				d := backendOf(t, a, "p", "x", now)
+				openFor = append(openFor, d.OpenUntil.Sub(now))
+				now = d.OpenUntil.Time
+			}
+			a.Evaluate(now) // half-open
+			a.Observe(series("p", "x", ok, 5, now.Add(time.Second), time.Second, 200))
+			now = now.Add(6 * time.Second)
+			a.Evaluate(now)
+			if d := backendOf(t, a, "p", "x", now); d.State != fleetwatch.StateClosed {
+				t.Fatalf("x is %s, want closed", d.State)
+			}
+			for elapsed := time.Second; elapsed <= tt.healthyAfter; elapsed += time.Second {
+				a.Evaluate(now.Add(elapsed))
+			}
+			now = now.Add(tt.healthyAfter)
+			a.Observe(series("p", "x", fail, 5, now.Add(time.Second), time.Second, 0))
+			now = now.Add(6 * time.Second)
+			a.Evaluate(now)
+			d := backendOf(t, a, "p", "x", now)
+			if d.OpenUntil == nil {
+				t.Fatalf("x is %s, want open", d.State)
+			}
+			openFor = append(openFor, d.OpenUntil.Sub(now))
+			if diff := cmp.Diff(tt.want, openFor); diff != "" {
+				t.Errorf("open times (-want +got):\n%s", diff)
+			}
+		})
 	}
 }
 
