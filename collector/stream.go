@@ -60,6 +60,9 @@ func (c *Collector) setupStream(ctx context.Context) error {
 // batch of up to StreamBatchBytes of events.
 const replayFetch = 64
 
+// replayNextTimeout bounds the wait for the next stored batch during Replay.
+const replayNextTimeout = 10 * time.Second
+
 // Replay reads the accepted events FW_OUTCOMES stored from since up to its
 // last message at the time of the call, and calls fn with the events of each
 // stored batch, in stream order. The batch is only valid during the call. An
@@ -121,7 +124,16 @@ func (c *Collector) Replay(ctx context.Context, since time.Time, fn func(batch [
 		batch = append(batch, *ev)
 	}
 	for {
-		msg, err := it.Next(jetstream.NextContext(ctx))
+		// Bound each wait: messages counted as pending may age out of
+		// the stream while the replay runs.
+		next, cancel := context.WithTimeout(ctx, replayNextTimeout)
+		msg, err := it.Next(jetstream.NextContext(next))
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			c.settings.Logf("collector: replay of %s ended early after %d events: no stored batch within %v",
+				c.stream, events, replayNextTimeout)
+			break
+		}
 		if err != nil {
 			return events, fmt.Errorf("collector: replay: %w", err)
 		}
