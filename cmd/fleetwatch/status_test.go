@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -107,21 +108,29 @@ func TestHistoryRecord(t *testing.T) {
 	gotA := pools[0].Backends[0].Series
 	wantA := statusSeries{
 		T:       []int64{ms(2), ms(3), ms(4)},
-		EWMA:    jsonFloats{102, 103, 104},
-		P95:     jsonFloats{200, 200, 200},
-		Success: jsonFloats{0.99, 0.2, 0.99},
-		Weight:  jsonFloats{1, 0, 1},
+		EWMA:    []float64{102, 103, 104},
+		P95:     []float64{200, 200, 200},
+		Success: []float64{0.99, 0.2, 0.99},
+		Weight:  []float64{1, 0, 1},
 		State:   []int8{0, 2, 0},
 	}
 	if diff := cmp.Diff(wantA, gotA, cmp.Comparer(func(x, y float64) bool { return x == y || math.IsNaN(x) && math.IsNaN(y) })); diff != "" {
 		t.Errorf("series of a, bounded to 3 points (-want +got):\n%s", diff)
 	}
-	gotB, err := json.Marshal(pools[0].Backends[1].Series.EWMA)
+	gotB, err := json.Marshal(pools[0].Backends[1].Series)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(gotB) != "[null,null,null]" {
-		t.Errorf("ewma of b = %s, want nulls", gotB)
+	wantB := fmt.Sprintf(`{"t":[%d,%d,%d],"ewma":[null,null,null],"p95":[400,400,400],"ok":[0.99,0.99,0.99],"w":[1,1,1],"s":[0,0,0]}`, ms(2), ms(3), ms(4))
+	if string(gotB) != wantB {
+		t.Errorf("series of b (no EWMA yet) encodes as\n%s\nwant\n%s", gotB, wantB)
+	}
+	var back statusSeries
+	if err := json.Unmarshal(gotB, &back); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(pools[0].Backends[1].Series, back, cmp.Comparer(func(x, y float64) bool { return x == y || math.IsNaN(x) && math.IsNaN(y) })); diff != "" {
+		t.Errorf("series round trip (-want +got):\n%s", diff)
 	}
 	wantRecent := []stateTransition{
 		{Pool: "p", Backend: "a", At: fleetwatch.At(statusT0.Add(4 * time.Second)), From: fleetwatch.StateOpen, To: fleetwatch.StateClosed},
@@ -256,4 +265,78 @@ func TestStatusRoutes(t *testing.T) {
 	if n := len(got.Pools[0].Backends[0].Series.T); n != 1 {
 		t.Errorf("alpha's backend has %d points, want 1", n)
 	}
+}
+
+// benchFleet is 200 backends in 4 pools with a full history of n points.
+func benchFleet(b *testing.B, points int) (*history, func(i int) []fleetwatch.Snapshot) {
+	b.Helper()
+	snapsAt := func(i int) []fleetwatch.Snapshot {
+		at := statusT0.Add(time.Duration(i) * time.Second)
+		var out []fleetwatch.Snapshot
+		for p := range 4 {
+			backends := make([]fleetwatch.Backend, 50)
+			for k := range backends {
+				backends[k] = testBackend(fmt.Sprintf("gpu-%d-%02d.example:8000", p, k), 150+float64((i+k)%40))
+			}
+			out = append(out, testSnapshot(fmt.Sprintf("pool-%d", p), uint64(i), at, backends...))
+		}
+		return out
+	}
+	h := newHistory(points)
+	for i := range points {
+		h.record(snapsAt(i))
+	}
+	return h, snapsAt
+}
+
+// BenchmarkHistoryRecord is serve's per-heartbeat cost of the status page:
+// one record of 200 backends into a full history.
+func BenchmarkHistoryRecord(b *testing.B) {
+	h, snapsAt := benchFleet(b, defaultHistoryPoints)
+	snaps := snapsAt(defaultHistoryPoints)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		for p := range snaps {
+			snaps[p].At = fleetwatch.At(statusT0.Add(time.Duration(defaultHistoryPoints+i) * time.Second))
+		}
+		h.record(snaps)
+	}
+}
+
+// BenchmarkStatusJSON measures /api/status for 200 backends: the first
+// request of a page (all 600 points per backend) and the ones it makes every
+// second after (the points since its last request). The baseline is
+// encoding the same snapshots alone, which is what /api/decisions costs.
+func BenchmarkStatusJSON(b *testing.B) {
+	h, snapsAt := benchFleet(b, defaultHistoryPoints)
+	snaps := snapsAt(defaultHistoryPoints - 1)
+	encode := func(b *testing.B, since uint64) {
+		b.ReportAllocs()
+		var n int
+		for b.Loop() {
+			var resp statusResponse
+			resp.Pools, resp.HistorySeq, resp.Transitions = h.status(snaps, since, statusT0)
+			data, err := json.Marshal(resp)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n = len(data)
+		}
+		b.ReportMetric(float64(n), "bytes/response")
+	}
+	b.Run("baseline-snapshots-only", func(b *testing.B) {
+		b.ReportAllocs()
+		var n int
+		for b.Loop() {
+			data, err := json.Marshal(snaps)
+			if err != nil {
+				b.Fatal(err)
+			}
+			n = len(data)
+		}
+		b.ReportMetric(float64(n), "bytes/response")
+	})
+	b.Run("full-history", func(b *testing.B) { encode(b, 0) })
+	b.Run("incremental", func(b *testing.B) { encode(b, uint64(defaultHistoryPoints-1)) })
 }

@@ -22,7 +22,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/VictoriaMetrics/metrics"
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/dashboards"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
@@ -193,14 +192,15 @@ func grafanaExpr(expr string, vars map[string]string) string {
 	return strings.NewReplacer(pairs...).Replace(expr)
 }
 
-// checkDashboardQueries runs every query of every dashboard against vm and
-// fails for each one that errors or returns no series.
-func checkDashboardQueries(t *testing.T, vm *victoriaMetrics, pool string) {
+// dashboardQueryProblems runs every query of every dashboard against vm
+// and returns one line for each that errors or returns no series.
+func dashboardQueryProblems(t *testing.T, vm *victoriaMetrics, pool string) []string {
 	t.Helper()
 	list, err := dashboards.Grafana()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var problems []string
 	vars := map[string]string{"pool": pool, "backend": ".*"}
 	for _, d := range list {
 		qs, err := d.Queries()
@@ -210,17 +210,17 @@ func checkDashboardQueries(t *testing.T, vm *victoriaMetrics, pool string) {
 		for _, q := range qs {
 			name := fmt.Sprintf("%s/%s %q %s", d.UID, q.Kind, q.Title, q.RefID)
 			if q.Datasource != "${datasource}" {
-				t.Errorf("%s: data source %q, want ${datasource}", name, q.Datasource)
+				problems = append(problems, fmt.Sprintf("%s: data source %q, want ${datasource}", name, q.Datasource))
 			}
 			if q.Kind == "variable" {
 				metric, label, ok := parseLabelValues(grafanaExpr(q.Expr, vars))
 				if !ok {
-					t.Errorf("%s: not a label_values(metric, label) query: %s", name, q.Expr)
+					problems = append(problems, fmt.Sprintf("%s: not a label_values(metric, label) query: %s", name, q.Expr))
 					continue
 				}
 				values, err := vm.labelValues(metric, label)
 				if err != nil || len(values) == 0 {
-					t.Errorf("%s: label_values(%s, %s) = %v, %v", name, metric, label, values, err)
+					problems = append(problems, fmt.Sprintf("%s: label_values(%s, %s) = %v, %v", name, metric, label, values, err))
 				}
 				continue
 			}
@@ -228,11 +228,33 @@ func checkDashboardQueries(t *testing.T, vm *victoriaMetrics, pool string) {
 			r, err := vm.query(expr)
 			switch {
 			case err != nil:
-				t.Errorf("%s: %v", name, err)
+				problems = append(problems, fmt.Sprintf("%s: %v", name, err))
 			case len(r.Result) == 0:
-				t.Errorf("%s: no data for %s", name, expr)
+				problems = append(problems, fmt.Sprintf("%s: no data for %s", name, expr))
 			}
 		}
+	}
+	return problems
+}
+
+// checkDashboardQueries waits until every dashboard query returns data, and
+// fails with the ones that still do not after limit (series such as the
+// decision latency appear only once their event has happened).
+func checkDashboardQueries(t *testing.T, vm *victoriaMetrics, pool string, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		problems := dashboardQueryProblems(t, vm, pool)
+		if len(problems) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			for _, p := range problems {
+				t.Error(p)
+			}
+			return
+		}
+		time.Sleep(time.Second)
 	}
 }
 
@@ -248,119 +270,6 @@ func parseLabelValues(expr string) (metric, label string, ok bool) {
 		return "", "", false
 	}
 	return strings.TrimSpace(inner[:i]), strings.TrimSpace(inner[i+1:]), true
-}
-
-// scrapeFixture is an in-process /metrics endpoint with the series of
-// docs/METRICS.md: counters and histograms that move on every heartbeat,
-// and per-backend gauges written at scrape time from the current snapshots,
-// the way serve writes them.
-type scrapeFixture struct {
-	set *metrics.Set
-
-	mu    sync.Mutex // guards snaps
-	snaps []fleetwatch.Snapshot
-}
-
-func (f *scrapeFixture) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	f.set.WritePrometheus(w)
-	f.mu.Lock()
-	snaps := f.snaps
-	f.mu.Unlock()
-	states := map[fleetwatch.State]int{fleetwatch.StateClosed: 0, fleetwatch.StateHalfOpen: 1, fleetwatch.StateOpen: 2}
-	drift := map[fleetwatch.DriftStatus]int{fleetwatch.DriftUnknown: -1, fleetwatch.DriftOK: 0, fleetwatch.DriftSuspect: 1, fleetwatch.DriftDrifted: 2}
-	gauge := func(name, pool, backend string, v float64) {
-		fmt.Fprintf(w, "%s{pool=%q,backend=%q} %g\n", name, pool, backend, v)
-	}
-	n := 0
-	for _, s := range snaps {
-		for _, b := range s.Backends {
-			n++
-			gauge("fleetwatch_backend_state", s.Pool, b.Backend, float64(states[b.State]))
-			gauge("fleetwatch_backend_weight", s.Pool, b.Backend, b.Weight)
-			gauge("fleetwatch_backend_ewma_ttft_ms", s.Pool, b.Backend, *b.EWMATTFTMs)
-			gauge("fleetwatch_backend_p50_ttft_ms", s.Pool, b.Backend, *b.P50TTFTMs)
-			gauge("fleetwatch_backend_p95_ttft_ms", s.Pool, b.Backend, *b.P95TTFTMs)
-			gauge("fleetwatch_backend_success_rate", s.Pool, b.Backend, *b.SuccessRate)
-			gauge("fleetwatch_backend_rate_429", s.Pool, b.Backend, *b.Rate429)
-			gauge("fleetwatch_backend_requests", s.Pool, b.Backend, float64(b.Requests))
-			gauge("fleetwatch_backend_drift", s.Pool, b.Backend, float64(drift[b.Drift]))
-			gauge("fleetwatch_drift_score", s.Pool, b.Backend, 0.5)
-		}
-	}
-	fmt.Fprintf(w, "fleetwatch_pools %d\nfleetwatch_backends %d\n", len(snaps), n)
-}
-
-// beat moves every counter as one heartbeat of a busy fleetwatch would.
-func (f *scrapeFixture) beat(snaps []fleetwatch.Snapshot, flip bool) {
-	s := f.set
-	s.GetOrCreateCounter("fleetwatch_ingest_messages_total").Add(50)
-	s.GetOrCreateCounter(`fleetwatch_ingest_events_total{outcome="ok"}`).Add(90)
-	s.GetOrCreateCounter(`fleetwatch_ingest_events_total{outcome="error"}`).Add(10)
-	s.GetOrCreateCounter(`fleetwatch_ingest_rejects_total{reason="bad_json"}`).Add(1)
-	s.GetOrCreateCounter("fleetwatch_ingest_skewed_total").Inc()
-	s.GetOrCreateCounter("fleetwatch_ingest_dropped_total").Add(0)
-	s.GetOrCreateCounter("fleetwatch_ingest_batches_total").Add(5)
-	s.GetOrCreateCounter("fleetwatch_stream_published_total").Add(2)
-	s.GetOrCreateCounter("fleetwatch_rejects_published_total").Inc()
-	s.GetOrCreateCounter("fleetwatch_rejects_suppressed_total").Add(0)
-	s.GetOrCreateGauge("fleetwatch_collector_jetstream", nil).Set(1)
-	s.GetOrCreateCounter("fleetwatch_decisions_published_total").Add(len(snaps))
-	s.GetOrCreateCounter("fleetwatch_decisions_publish_errors_total").Add(0)
-	s.GetOrCreateCounter("fleetwatch_kv_put_errors_total").Add(0)
-	s.GetOrCreateHistogram("fleetwatch_decision_latency_seconds").Update(0.004)
-	s.GetOrCreateHistogram("fleetwatch_evaluate_duration_seconds").Update(0.0002)
-	s.GetOrCreateCounter(`fleetwatch_analyzer_held_total{by="gate",cause="error_rate"}`).Inc()
-	s.GetOrCreateCounter("fleetwatch_probe_cycles_total").Inc()
-	s.GetOrCreateCounter(`fleetwatch_probe_errors_total{pool="llama-3.1-70b",backend="vllm-b",kind="timeout"}`).Inc()
-	s.GetOrCreateCounter(`fleetwatch_drift_alerts_total{status="drifted"}`).Add(0)
-	if flip {
-		s.GetOrCreateCounter(`fleetwatch_breaker_transitions_total{pool="llama-3.1-70b",backend="vllm-b",to="open",cause="error_rate"}`).Inc()
-	}
-	f.mu.Lock()
-	f.snaps = snaps
-	f.mu.Unlock()
-}
-
-func TestDashboardsAgainstVictoriaMetricsInProcess(t *testing.T) {
-	requireTool(t, victoriaMetricsBin, "victoria-metrics")
-	f := &scrapeFixture{set: metrics.NewSet()}
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan struct{})
-	beat := func(i int) {
-		b := testBackend("vllm-b", 210)
-		if i%4 >= 2 {
-			b = openBackend(b, time.Now(), "error rate 0.80 >= 0.50 over 40 requests in 30s")
-		}
-		f.beat([]fleetwatch.Snapshot{testSnapshot("llama-3.1-70b", uint64(i), time.Now(), testBackend("vllm-a", 180), b)}, i%4 == 2)
-	}
-	beat(0)
-	go func() { // owned by the test; exits on cancel
-		defer close(stopped)
-		tick := time.NewTicker(500 * time.Millisecond)
-		defer tick.Stop()
-		for i := 1; ; i++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				beat(i)
-			}
-		}
-	}()
-	srv := httptest.NewServer(f)
-	t.Cleanup(func() {
-		srv.Close()
-		cancel()
-		<-stopped
-	})
-	vm := startVictoriaMetrics(t, strings.TrimPrefix(srv.URL, "http://"))
-	vm.waitScrapes(t, 4)
-	// A control: a series that does not exist gives no data, so an empty
-	// answer is detected rather than taken for success.
-	if r, err := vm.query("fleetwatch_no_such_series"); err != nil || len(r.Result) != 0 {
-		t.Fatalf("control query: %+v, %v", r, err)
-	}
-	checkDashboardQueries(t, vm, "llama-3.1-70b")
 }
 
 // lockedBuffer is a bytes.Buffer safe for a process writing and a test reading.
@@ -591,6 +500,11 @@ func TestDashboardsAgainstServe(t *testing.T) {
 
 	vm := startVictoriaMetrics(t, strings.TrimPrefix(p.httpURL, "http://"))
 	vm.waitScrapes(t, 4)
+	// A control: a series that does not exist gives no data, so an empty
+	// answer is detected rather than taken for success.
+	if r, err := vm.query("fleetwatch_no_such_series"); err != nil || len(r.Result) != 0 {
+		t.Fatalf("control query: %+v, %v", r, err)
+	}
 	// Wait for the first breaker transition to be scraped.
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -604,7 +518,7 @@ func TestDashboardsAgainstServe(t *testing.T) {
 		time.Sleep(250 * time.Millisecond)
 	}
 	vm.waitScrapes(t, 8)
-	t.Run("queries", func(t *testing.T) { checkDashboardQueries(t, vm, "llama-3.1-70b") })
+	t.Run("queries", func(t *testing.T) { checkDashboardQueries(t, vm, "llama-3.1-70b", 30*time.Second) })
 	t.Run("METRICS.md", func(t *testing.T) { checkMetricsCatalogue(t, p.httpURL+"/metrics") })
 }
 
