@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -174,13 +175,14 @@ func (w *Watcher) View(pool string) (View, bool) {
 	return View{Snapshot: e.snap, Received: e.received, Stale: Stale(e.snap, w.settings.Now())}, true
 }
 
-// Pools returns the ids of the pools the watcher has a snapshot of.
+// Pools returns the sorted ids of the pools the watcher has a snapshot of.
 func (w *Watcher) Pools() []string {
 	m := *w.pools.Load()
 	ids := make([]string, 0, len(m))
 	for id := range m {
 		ids = append(ids, id)
 	}
+	slices.Sort(ids)
 	return ids
 }
 

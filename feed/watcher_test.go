@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
@@ -92,6 +93,15 @@ func TestWatcherReadsKVAtStart(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("views after start (-want +got):\n%s", diff)
+			}
+			var wantPools []string
+			for _, pool := range []string{p2.Pool, "p1"} { // sorted
+				if tt.want[pool] != nil {
+					wantPools = append(wantPools, pool)
+				}
+			}
+			if diff := cmp.Diff(wantPools, w.Pools(), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("Pools() (-want +got):\n%s", diff)
 			}
 		})
 	}
