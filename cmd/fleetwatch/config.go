@@ -17,6 +17,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
 )
 
 // Config is the YAML configuration file of DESIGN.md "Configuration". Every
@@ -66,6 +67,8 @@ type AnalyzerConfig struct {
 	Heartbeat           *Duration `yaml:"heartbeat"`
 	TTL                 *Duration `yaml:"ttl"`
 	Expiry              *Duration `yaml:"expiry"`
+	MaxWeightStep       *float64  `yaml:"max_weight_step"` // weight change per heartbeat; default 0.25
+	OpenJitter          *float64  `yaml:"open_jitter"`     // relative jitter of open times; default 0.1, negative: none
 }
 
 // PoolConfig is one pool of interchangeable backends.
@@ -338,6 +341,17 @@ func (c *Config) Validate(lines map[string]int, file string) error {
 			}
 		}
 	}
+	// The analyzer checks the ranges of its settings, global and per pool,
+	// and names the key; add the line.
+	if ac, err := c.analyzerConfig(); err != nil {
+		return fail("analyzer", "%v", err)
+	} else if _, err := analyzer.New(ac); err != nil {
+		var se *analyzer.SettingError
+		if errors.As(err, &se) {
+			return fail(se.Key, "%s: %s", se.Value, se.Problem)
+		}
+		return fail("analyzer", "%v", err)
+	}
 	if c.Probes.Schedule != "" {
 		if _, err := cronParser.Parse(c.Probes.Schedule); err != nil {
 			return fail("probes.schedule", "%q: %v", c.Probes.Schedule, err)
@@ -367,60 +381,37 @@ func parentKey(k string) string {
 	return ""
 }
 
+// validate rejects an explicit zero where zero is not a valid value: the
+// analyzer reads zero as "use the default", which would silently ignore
+// what the file says. Ranges are checked by the analyzer itself (see
+// Config.Validate), so there is one definition of each bound.
 func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args ...any) error) error {
-	pos := func(name string, d *Duration) error {
-		if d != nil && d.Duration <= 0 {
-			return fail(key+"."+name, "%v: must be > 0", d.Duration)
-		}
-		return nil
-	}
 	for _, c := range []struct {
 		name string
-		d    *Duration
-	}{{"window", a.Window}, {"bucket", a.Bucket}, {"idle_gap", a.IdleGap}, {"open_base", a.OpenBase},
-		{"open_max", a.OpenMax}, {"heartbeat", a.Heartbeat}, {"ttl", a.TTL}, {"expiry", a.Expiry}} {
-		if err := pos(c.name, c.d); err != nil {
-			return err
+		zero bool
+	}{
+		{"window", a.Window != nil && a.Window.Duration == 0},
+		{"bucket", a.Bucket != nil && a.Bucket.Duration == 0},
+		{"idle_gap", a.IdleGap != nil && a.IdleGap.Duration == 0},
+		{"open_base", a.OpenBase != nil && a.OpenBase.Duration == 0},
+		{"open_max", a.OpenMax != nil && a.OpenMax.Duration == 0},
+		{"heartbeat", a.Heartbeat != nil && a.Heartbeat.Duration == 0},
+		{"ttl", a.TTL != nil && a.TTL.Duration == 0},
+		{"expiry", a.Expiry != nil && a.Expiry.Duration == 0},
+		{"min_requests", a.MinRequests != nil && *a.MinRequests == 0},
+		{"consecutive_failures", a.ConsecutiveFailures != nil && *a.ConsecutiveFailures == 0},
+		{"half_open_successes", a.HalfOpenSuccesses != nil && *a.HalfOpenSuccesses == 0},
+		{"failure_rate", a.FailureRate != nil && *a.FailureRate == 0},
+		{"throttle_rate", a.ThrottleRate != nil && *a.ThrottleRate == 0},
+		{"slow_factor", a.SlowFactor != nil && *a.SlowFactor == 0},
+		{"ewma_alpha", a.EWMAAlpha != nil && *a.EWMAAlpha == 0},
+		{"half_open_weight", a.HalfOpenWeight != nil && *a.HalfOpenWeight == 0},
+		{"max_open_fraction", a.MaxOpenFraction != nil && *a.MaxOpenFraction == 0},
+		{"max_weight_step", a.MaxWeightStep != nil && *a.MaxWeightStep == 0},
+	} {
+		if c.zero {
+			return fail(key+"."+c.name, "0: must be > 0")
 		}
-	}
-	rate := func(name string, v *float64, lo, hi float64, loOpen bool) error {
-		if v == nil {
-			return nil
-		}
-		if *v > hi || *v < lo || (loOpen && *v == lo) || *v != *v {
-			op := ">="
-			if loOpen {
-				op = ">"
-			}
-			return fail(key+"."+name, "%v: must be %s %v and <= %v", *v, op, lo, hi)
-		}
-		return nil
-	}
-	for _, c := range []struct {
-		name   string
-		v      *float64
-		lo, hi float64
-		loOpen bool
-	}{{"failure_rate", a.FailureRate, 0, 1, true}, {"throttle_rate", a.ThrottleRate, 0, 1, true},
-		{"ewma_alpha", a.EWMAAlpha, 0, 1, true}, {"half_open_weight", a.HalfOpenWeight, 0, 1, true},
-		{"max_open_fraction", a.MaxOpenFraction, 0, 1, false}, {"slow_factor", a.SlowFactor, 1, 1e6, true}} {
-		if err := rate(c.name, c.v, c.lo, c.hi, c.loOpen); err != nil {
-			return err
-		}
-	}
-	for _, c := range []struct {
-		name string
-		v    *int
-	}{{"min_requests", a.MinRequests}, {"consecutive_failures", a.ConsecutiveFailures}, {"half_open_successes", a.HalfOpenSuccesses}} {
-		if c.v != nil && *c.v < 1 {
-			return fail(key+"."+c.name, "%d: must be >= 1", *c.v)
-		}
-	}
-	if a.Window != nil && a.Bucket != nil && a.Window.Duration < a.Bucket.Duration {
-		return fail(key+".window", "%v: must be at least the bucket (%v)", a.Window.Duration, a.Bucket.Duration)
-	}
-	if a.OpenBase != nil && a.OpenMax != nil && a.OpenMax.Duration < a.OpenBase.Duration {
-		return fail(key+".open_max", "%v: must be at least open_base (%v)", a.OpenMax.Duration, a.OpenBase.Duration)
 	}
 	return nil
 }

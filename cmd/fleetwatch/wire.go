@@ -46,6 +46,11 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setFloat(&s.EWMAAlpha, a.EWMAAlpha)
 	setFloat(&s.HalfOpenWeight, a.HalfOpenWeight)
 	setFloat(&s.MaxOpenFraction, a.MaxOpenFraction)
+	setFloat(&s.MaxWeightStep, a.MaxWeightStep)
+	setFloat(&s.OpenJitter, a.OpenJitter)
+	if a.OpenJitter != nil && *a.OpenJitter == 0 {
+		s.OpenJitter = -1 // "open_jitter: 0" means none; the analyzer reads 0 as the default
+	}
 	return s
 }
 
