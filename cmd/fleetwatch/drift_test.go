@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+)
+
+func TestDriftUsage(t *testing.T) {
+	for _, args := range [][]string{
+		nil,
+		{"nope"},
+		{"rebaseline", "only-pool"},
+		{"review", "extra-arg"},
+	} {
+		var out, errOut bytes.Buffer
+		if err := runDrift(t.Context(), args, &out, &errOut); !errors.Is(err, errUsage) {
+			t.Errorf("drift %v: err %v, want errUsage", args, err)
+		}
+	}
+	var out, errOut bytes.Buffer
+	if err := runDrift(t.Context(), []string{"rebaseline", "bad..pool", "b"}, &out, &errOut); !errors.Is(err, fleetwatch.ErrInvalidPool) {
+		t.Errorf("invalid pool: %v", err)
+	}
+}
+
+func TestDriftSimSmoke(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := runDrift(t.Context(), []string{"sim", "--cycles", "4", "--backends", "1", "--trials", "1", "--peer-trials", "1", "--max-delay", "1"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("drift sim: %v (%s)", err, errOut.String())
+	}
+	for _, want := range []string{
+		"## Null (unchanged backend, and fp16 rounding)",
+		"| 0.1 | fp16 | 4 | 0 |",
+		"| swap | 0.003 | 1/1 [0.03, 1.00] |",
+		"| swap | load | 1/1 [0.03, 1.00] |",
+		"| q4-like | 0.1 | 1/1 [0.03, 1.00] |",
+		"| q4-like | 0.03 | 1/1 [0.03, 1.00] |", // peers: named
+		"- q8-like: KL 0.00",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("sim output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestDriftRebaselineWithoutServe(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := fleetwatch.Subjects{}
+	kv, err := openBaselines(t.Context(), js, subj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (kvBaselines{kv}).Save(t.Context(), "p", "b", []byte(`{"v":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	if err := runDrift(t.Context(), []string{"rebaseline", "--nats", url, "--by", "bob", "p", "b"}, &out, &errOut); err != nil {
+		t.Fatalf("rebaseline: %v (%s)", err, errOut.String())
+	}
+	if data, err := (kvBaselines{kv}).Load(t.Context(), "p", "b"); err != nil || len(data) != 0 {
+		t.Errorf("baseline after rebaseline: %q %v, want empty", data, err)
+	}
+	alerts, _, err := readDrift(t.Context(), js, subj, time.Now().Add(-time.Hour))
+	if err != nil || len(alerts) != 1 {
+		t.Fatalf("alerts %+v %v, want the re-baseline", alerts, err)
+	}
+	if a := alerts[0]; a.Status != fleetwatch.DriftUnknown || a.Evidence.Extra["requested_by"] != "bob" || a.Suite != "default-v1" {
+		t.Errorf("re-baseline alert %+v", a)
+	}
+	out.Reset()
+	if err := runDrift(t.Context(), []string{"status", "--nats", url}, &out, &errOut); err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	if !strings.Contains(out.String(), "no running serve answered") || !regexpLine(out.String(), "p", "b", "unknown") {
+		t.Errorf("status without serve:\n%s", out.String())
+	}
+}
