@@ -115,6 +115,8 @@ type daemon struct {
 	// onTransition, when set, is called (outside any lock) for every breaker
 	// transition; demo uses it to narrate.
 	onTransition func(analyzer.Transition)
+	// onAlert, when set, is called for every drift alert (demo narrates).
+	onAlert func(fleetwatch.DriftAlert)
 
 	mu       sync.Mutex // guards lastSnap, urgentAt, alerts
 	lastSnap map[string]fleetwatch.Snapshot

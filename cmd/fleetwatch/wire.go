@@ -140,8 +140,23 @@ func (s *daemon) statusRoutes(mux *http.ServeMux) { statusRoutes(mux, s, s.hist)
 
 func (s *daemon) recordHistory(snaps []fleetwatch.Snapshot) { s.hist.record(snaps) }
 
-// startProbes starts the drift probes and the review schedule.
+// startProbes starts the drift probes and the review schedule; drift
+// statuses flow into the analyzer (and so into the snapshots) and alerts
+// into the status page.
 func (s *daemon) startProbes(ctx context.Context) (func(), error) {
-	s.logf("drift probes: not wired yet")
-	return func() {}, nil
+	return startProbes(ctx, probeDeps{
+		cfg:      s.cfg,
+		nc:       s.nc,
+		js:       s.js,
+		prefix:   s.cfg.Prefix,
+		setDrift: s.an.SetDrift,
+		metrics:  s.metrics,
+		logf:     s.logf,
+		onAlert: func(a fleetwatch.DriftAlert) {
+			s.noteAlert(a)
+			if s.onAlert != nil {
+				s.onAlert(a)
+			}
+		},
+	})
 }
