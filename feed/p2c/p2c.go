@@ -45,6 +45,8 @@ var (
 // Defaults of Settings.
 const (
 	DefaultLocalAlpha = 0.2
+	// DefaultSlowOutlierFactor is Settings.SlowOutlierFactor's default.
+	DefaultSlowOutlierFactor = 5.0
 	// DefaultAffinityLoadFactor is Settings.AffinityLoadFactor's default.
 	DefaultAffinityLoadFactor = 2.0
 	DefaultRetryRatio         = 0.2
@@ -82,6 +84,12 @@ type Settings struct {
 	// sees only a heartbeat later: a queue building on the sticky backend.
 	// If zero, 2 is used; a negative value disables the bound.
 	AffinityLoadFactor float64
+	// SlowOutlierFactor is the outlier guard of the two-choice comparison:
+	// a candidate whose EWMA TTFT has reached this multiple of the pool
+	// median has its score multiplied by EWMA / (factor x median) (see
+	// docs/EVALUATION.md for why). If zero, 5 is used (the analyzer's
+	// slow_factor default); a negative value turns the guard off.
+	SlowOutlierFactor float64
 	// LocalAlpha is the weight of the newest sample in the router's own
 	// EWMA of TTFT. If zero, 0.2 is used (the seed's alpha).
 	LocalAlpha float64
@@ -127,6 +135,7 @@ type Picker struct {
 	costWeight float64
 	tolerance  float64      // 0: from the snapshot
 	loadFactor float64      // <= 0: no bound
+	slowFactor float64      // <= 0: no outlier guard
 	total      atomic.Int64 // requests in flight over all backends
 	alpha      float64
 	now        func() time.Time
@@ -144,6 +153,7 @@ func New(s Settings) *Picker {
 		costWeight: s.CostWeightPerMs,
 		tolerance:  s.AffinityTolerance,
 		loadFactor: s.AffinityLoadFactor,
+		slowFactor: s.SlowOutlierFactor,
 		alpha:      s.LocalAlpha,
 		now:        s.Now,
 	}
@@ -155,6 +165,9 @@ func New(s Settings) *Picker {
 	}
 	if p.alpha == 0 {
 		p.alpha = DefaultLocalAlpha
+	}
+	if p.slowFactor == 0 {
+		p.slowFactor = DefaultSlowOutlierFactor
 	}
 	if p.loadFactor == 0 {
 		p.loadFactor = DefaultAffinityLoadFactor

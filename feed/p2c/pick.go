@@ -192,12 +192,28 @@ func (p *Picker) better(st *state, a, b int, stale bool) int {
 		eb = ea
 	}
 	A, B := &st.entries[a], &st.entries[b]
-	sa := p.score(int(A.local.inFlight.Load()), ea, A.cost, p.costWeight)
-	sb := p.score(int(B.local.inFlight.Load()), eb, B.cost, p.costWeight)
+	sa := p.score(int(A.local.inFlight.Load()), ea, A.cost, p.costWeight) * p.slowPenalty(st, ea)
+	sb := p.score(int(B.local.inFlight.Load()), eb, B.cost, p.costWeight) * p.slowPenalty(st, eb)
 	if sb < sa {
 		return b
 	}
 	return a
+}
+
+// slowPenalty is the outlier guard: a candidate whose EWMA has reached
+// slowFactor times the pool median has its score multiplied by
+// EWMA / (slowFactor x median), which is 1 at the line and grows with the
+// excess. An in-flight score alone gives a backend five times slower an
+// equal share at equal occupancy; the guard tilts the comparison away from
+// it, yet it still wins when the other candidate is far busier, which keeps
+// its EWMA fresh so that it can recover. 1 for every other candidate, and
+// when the guard is off or the median unknown.
+func (p *Picker) slowPenalty(st *state, ewma float64) float64 {
+	line := p.slowFactor * st.median
+	if p.slowFactor <= 0 || math.IsNaN(line) || ewma < line {
+		return 1
+	}
+	return ewma / line
 }
 
 // keepSticky applies the seed's affinity rule: keep the sticky backend while

@@ -464,3 +464,41 @@ func TestPickAllocs(t *testing.T) {
 		t.Errorf("stale Pick allocates %v times", a)
 	}
 }
+
+// The outlier guard: a candidate at or beyond 5x the pool median has its
+// in-flight score scaled by EWMA / (5 x median); it still wins against a far
+// busier candidate.
+func TestSlowOutlierGuard(t *testing.T) {
+	tests := []struct {
+		name     string
+		factor   float64
+		fastBusy int // in flight on "fast"; "slow" has none
+		slowEWMA float64
+		wantSlow bool
+	}{
+		{"guard: 10x median scores double", 0, 1, 2000, false},  // fast 2 vs slow 1 x 2
+		{"guard: far busier fast loses", 0, 2, 2000, true},      // fast 3 vs slow 2
+		{"below the line: in-flight decides", 0, 1, 900, true},  // fast 2 vs slow 1
+		{"guard off: in-flight decides", -1, 1, 2000, true},     // fast 2 vs slow 1
+		{"factor 20: 10x is not an outlier", 20, 1, 2000, true}, // fast 2 vs slow 1
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{now: t0}
+			p := newPicker(c, Settings{Score: InFlightScore, SlowOutlierFactor: tt.factor})
+			// The median of (200, 200, slow) is 200.
+			p.Update(pool(1, backend("fast", 200), backend("other", 200), backend("slow", tt.slowEWMA)))
+			for range tt.fastBusy {
+				p.Start("fast")
+			}
+			// fast is [0,1), slow is [2,3): draw fast, then slow.
+			got, err := p.Pick(&scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (got.Backend == "slow") != tt.wantSlow {
+				t.Errorf("picked %s, want slow=%v", got.Backend, tt.wantSlow)
+			}
+		})
+	}
+}

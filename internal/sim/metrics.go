@@ -1,0 +1,243 @@
+package sim
+
+import (
+	"errors"
+	"math"
+	"slices"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+// Result is what one run measured.
+type Result struct {
+	Scenario string
+	Policy   string
+	Seed     uint64
+	Backends []string
+
+	Requests  int // client requests
+	Failed    int // requests that did not succeed (after any retries)
+	Attempts  int // attempts sent to backends
+	Retries   int // attempts after the first
+	Shed      int // requests refused by the picker (shed, no backend)
+	Refused   int // retries refused by the retry budget
+	ErrorRate float64
+
+	// Client TTFT of successful requests (arrival to first token,
+	// retries included), ms.
+	TTFTP50, TTFTP95, TTFTP99 float64
+
+	// WatchShare is the share of attempts sent to the scenario's watched
+	// backend in its watch window; NaN without one.
+	WatchShare float64
+	// Imbalance is max/mean backend occupancy (running + waiting),
+	// averaged over samples every 250 ms; ImbalanceP95 its 95th
+	// percentile. MaxMinP95 is the 95th percentile of max/min occupancy
+	// (min floored at 1): "one backend N times as loaded as another".
+	Imbalance, ImbalanceP95, MaxMinP95 float64
+	// CacheHitRate is the share of started prefixed attempts that hit the
+	// backend's prefix cache; NaN without prefixes.
+	CacheHitRate float64
+	// RetriesPerRequest and AttemptsPerRequest measure retry load.
+	RetriesPerRequest, AttemptsPerRequest float64
+	// WindowAttemptsPerRequest is attempts sent during the watch window
+	// per request arriving in it: the load multiplier of an incident.
+	WindowAttemptsPerRequest float64
+	// BudgetLimit is the most retries fleetwatch's budgets allow for this
+	// run's first attempts (20% plus 3/s per router).
+	BudgetLimit float64
+	// Oscillation is the standard deviation over seconds of a backend's
+	// share of the attempts of each second, averaged over backends: 0 for
+	// steady shares; about 0.43 for a pool of 4 whose traffic goes all to
+	// one backend, then all to another. Sampling noise alone gives a few
+	// hundredths at these rates.
+	Oscillation float64
+	// Ejections counts how often the scenario's quiet backend was taken
+	// out: breaker opened (feed policies) or cooled down (litellm).
+	Ejections int
+	// Shares[t][b] is backend b's share of the attempts of second t.
+	Shares [][]float64
+	// Events is the number of simulated events processed.
+	Events int64
+}
+
+// metrics accumulates a run's measurements.
+type metrics struct {
+	n            int
+	requests     int
+	failed       int
+	attempts     int
+	retries      int
+	shed         int
+	refusedRetry int
+	ttfts        []float64
+	perSecond    [][]int // [second][backend] attempts
+	watchIdx     int
+	watchFrom    float64
+	watchTo      float64
+	watchHits    int
+	watchTotal   int
+	windowReqs   int
+	imbalance    []float64
+	maxMin       []float64
+	prefixStarts int
+	cacheHits    int
+	opened       []int
+	quietIdx     int
+}
+
+func (m *metrics) init(s *sim) {
+	m.n = len(s.ids)
+	m.watchIdx = slices.Index(s.ids, s.sc.Watch)
+	m.watchFrom, m.watchTo = ms(s.sc.WatchFrom), ms(s.sc.WatchTo)
+	if m.watchTo == 0 {
+		m.watchTo = s.end
+	}
+	m.quietIdx = slices.Index(s.ids, s.sc.Quiet)
+	m.opened = make([]int, m.n)
+	m.perSecond = make([][]int, int(s.end/1000)+1)
+}
+
+func (m *metrics) attempt(s *sim, b int) {
+	m.attempts++
+	sec := int(s.now / 1000)
+	if sec < len(m.perSecond) {
+		if m.perSecond[sec] == nil {
+			m.perSecond[sec] = make([]int, m.n)
+		}
+		m.perSecond[sec][b]++
+	}
+	if s.now >= m.watchFrom && s.now < m.watchTo {
+		m.watchTotal++
+		if b == m.watchIdx {
+			m.watchHits++
+		}
+	}
+}
+
+func (m *metrics) refused(err error) {
+	if errors.Is(err, p2c.ErrRetryBudget) {
+		m.refusedRetry++
+		return
+	}
+	m.shed++
+}
+
+func (m *metrics) outcome(*attempt) {}
+
+func (m *metrics) success(ttft float64) { m.ttfts = append(m.ttfts, ttft) }
+
+func (m *metrics) sample(s *sim) {
+	sum, hi, lo := 0, 0, math.MaxInt
+	for _, be := range s.backends {
+		occ := be.busy + be.waiting
+		sum += occ
+		hi = max(hi, occ)
+		lo = min(lo, occ)
+	}
+	if sum == 0 {
+		return
+	}
+	mean := float64(sum) / float64(len(s.backends))
+	m.imbalance = append(m.imbalance, float64(hi)/mean)
+	m.maxMin = append(m.maxMin, float64(hi)/float64(max(lo, 1)))
+}
+
+func (m *metrics) snapshot(*sim, *fleetwatch.Snapshot) {}
+
+func (s *sim) result(seed uint64) *Result {
+	m := &s.m
+	r := &Result{
+		Scenario: s.sc.Name, Policy: s.policy, Seed: seed,
+		Backends: s.ids,
+		Requests: m.requests, Failed: m.failed, Attempts: m.attempts,
+		Retries: m.retries, Shed: m.shed, Refused: m.refusedRetry,
+		WatchShare: math.NaN(), CacheHitRate: math.NaN(),
+		Events: s.events,
+	}
+	if m.requests > 0 {
+		r.ErrorRate = float64(m.failed) / float64(m.requests)
+		r.RetriesPerRequest = float64(m.retries) / float64(m.requests)
+		r.AttemptsPerRequest = float64(m.attempts) / float64(m.requests)
+	}
+	r.BudgetLimit = budgetLimit(m.requests, len(s.routers), s.sc.Duration)
+	slices.Sort(m.ttfts)
+	r.TTFTP50, r.TTFTP95, r.TTFTP99 = quantile(m.ttfts, 0.50), quantile(m.ttfts, 0.95), quantile(m.ttfts, 0.99)
+	if m.watchIdx >= 0 && m.watchTotal > 0 {
+		r.WatchShare = float64(m.watchHits) / float64(m.watchTotal)
+	}
+	if m.windowReqs > 0 {
+		r.WindowAttemptsPerRequest = float64(m.watchTotal) / float64(m.windowReqs)
+	}
+	r.Imbalance = mean(m.imbalance)
+	slices.Sort(m.imbalance)
+	r.ImbalanceP95 = quantile(m.imbalance, 0.95)
+	slices.Sort(m.maxMin)
+	r.MaxMinP95 = quantile(m.maxMin, 0.95)
+	if m.prefixStarts > 0 {
+		r.CacheHitRate = float64(m.cacheHits) / float64(m.prefixStarts)
+	}
+	r.Shares = make([][]float64, len(m.perSecond))
+	perBackend := make([][]float64, m.n)
+	for t, counts := range m.perSecond {
+		share := make([]float64, m.n)
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		if total > 0 {
+			for b, c := range counts {
+				share[b] = float64(c) / float64(total)
+				perBackend[b] = append(perBackend[b], share[b])
+			}
+		}
+		r.Shares[t] = share
+	}
+	sum := 0.0
+	for _, v := range perBackend {
+		sum += stddev(v)
+	}
+	r.Oscillation = sum / float64(m.n)
+	if m.quietIdx >= 0 {
+		r.Ejections = m.opened[m.quietIdx]
+		for _, rt := range s.routers {
+			if l, ok := rt.(*liteLLM); ok {
+				r.Ejections += l.cooldowns[m.quietIdx]
+			}
+		}
+	}
+	return r
+}
+
+// quantile is the nearest-rank quantile of sorted values; NaN when empty.
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return math.NaN()
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[max(0, min(i, len(sorted)-1))]
+}
+
+func mean(v []float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	sum := 0.0
+	for _, x := range v {
+		sum += x
+	}
+	return sum / float64(len(v))
+}
+
+func stddev(v []float64) float64 {
+	if len(v) < 2 {
+		return 0
+	}
+	m := mean(v)
+	sum := 0.0
+	for _, x := range v {
+		sum += (x - m) * (x - m)
+	}
+	return math.Sqrt(sum / float64(len(v)))
+}

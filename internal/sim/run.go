@@ -1,0 +1,497 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+// poolID is the simulated pool's id.
+const poolID = "sim"
+
+// heartbeatMs is the analyzer's heartbeat (the default, 1 s) and the
+// latency-greedy policy's refresh period.
+const heartbeatMs = 1000
+
+// sampleMs is how often backend occupancy is sampled for the imbalance.
+const sampleMs = 250
+
+// simBase is virtual time zero as a wall-clock time, for the analyzer and
+// the picker.
+var simBase = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// sim is one run: one scenario, one policy, one seed.
+type sim struct {
+	sc      Scenario
+	policy  string
+	now     float64 // virtual ms
+	end     float64
+	queue   eventQueue
+	seq     uint64
+	timeout float64
+
+	ids      []string
+	backends []*backend
+	routers  []router
+	global   *globalLatency
+	an       *analyzer.Analyzer
+	evBuf    []fleetwatch.Event
+	urgent   bool // an urgent evaluation is scheduled
+
+	workload *rand.Rand // arrivals and sizes: identical for every policy
+	service  *rand.Rand // incident coin flips
+	burstOn  bool
+	nextID   int
+
+	m      metrics
+	events int64
+}
+
+// Run simulates sc under policy with seed and returns the measurements. The
+// same (sc, policy, seed) gives the same Result.
+func Run(sc Scenario, policy string, seed uint64) (*Result, error) {
+	s, err := newSim(sc, policy, seed)
+	if err != nil {
+		return nil, err
+	}
+	s.run()
+	return s.result(seed), nil
+}
+
+func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
+	if len(sc.Backends) == 0 {
+		return nil, errors.New("sim: scenario has no backends")
+	}
+	if sc.Workload.RatePerSec <= 0 {
+		return nil, errors.New("sim: workload rate must be > 0")
+	}
+	if sc.Routers == 0 {
+		sc.Routers = 1
+	}
+	s := &sim{
+		sc:       sc,
+		policy:   policy,
+		end:      ms(sc.Duration),
+		timeout:  ms(sc.ClientTimeout),
+		workload: rand.New(rand.NewPCG(seed, 0x5eed0001)),
+		service:  rand.New(rand.NewPCG(seed, 0x5eed0002)),
+	}
+	if s.timeout == 0 {
+		s.timeout = 30000
+	}
+	n := len(sc.Backends)
+	s.global = &globalLatency{live: make([]float64, n), published: make([]float64, n)}
+	pc := analyzer.PoolConfig{ID: poolID}
+	for i, spec := range sc.Backends {
+		spec = spec.withDefaults()
+		if spec.ID == "" {
+			spec.ID = fmt.Sprintf("b%d", i)
+		}
+		s.ids = append(s.ids, spec.ID)
+		be := &backend{spec: spec, cache: lru{size: spec.CacheSize}, fingerprint: "fp_a"}
+		for j := range sc.Incidents {
+			if sc.Incidents[j].Backend == spec.ID {
+				be.incidents = append(be.incidents, &sc.Incidents[j])
+			}
+		}
+		be.counted = make([]int, len(be.incidents))
+		s.backends = append(s.backends, be)
+		pc.Backends = append(pc.Backends, analyzer.BackendConfig{ID: spec.ID, Priority: spec.Priority})
+	}
+	if usesFeed(policy) {
+		settings := FleetwatchAnalyzer
+		if sc.Analyzer != (analyzer.Settings{}) {
+			settings = sc.Analyzer
+		}
+		if policy == FWDefaultAnalyzer {
+			settings = analyzer.Settings{}
+		}
+		an, err := analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
+		if err != nil {
+			return nil, err
+		}
+		s.an = an
+	}
+	for r := range sc.Routers {
+		rt, err := newRouter(policy, env{
+			ids:    s.ids,
+			rng:    rand.New(rand.NewPCG(seed, uint64(r+1)<<32|0x70)),
+			now:    func() float64 { return s.now },
+			wall:   func() time.Time { return s.wall() },
+			global: s.global,
+		})
+		if err != nil {
+			return nil, err
+		}
+		s.routers = append(s.routers, rt)
+	}
+	s.m.init(s)
+	return s, nil
+}
+
+func (s *sim) wall() time.Time { return simBase.Add(dur(s.now)) }
+
+func (s *sim) schedule(e event) {
+	s.seq++
+	e.seq = s.seq
+	s.queue.push(e)
+}
+
+func (s *sim) run() {
+	s.schedule(event{at: 0, kind: evHeartbeat})
+	s.schedule(event{at: 0, kind: evSample})
+	s.schedule(event{at: s.interArrival(), kind: evArrival})
+	for i := range s.sc.Incidents {
+		if in := &s.sc.Incidents[i]; in.Kind == Drift && in.To > 0 {
+			s.schedule(event{at: ms(in.To), kind: evDrift, b: slices.Index(s.ids, in.Backend)})
+		}
+	}
+	for len(s.queue.items) > 0 {
+		e := s.queue.pop()
+		if e.at > s.end {
+			break
+		}
+		s.now = e.at
+		s.events++
+		switch e.kind {
+		case evArrival:
+			s.arrive()
+		case evAnswer:
+			s.complete(e.att)
+		case evDone:
+			s.finishService(e.att)
+		case evTimeout:
+			s.timeoutAttempt(e.att)
+		case evHeartbeat:
+			s.heartbeat()
+			s.schedule(event{at: s.now + heartbeatMs, kind: evHeartbeat})
+		case evUrgent:
+			s.urgent = false
+			s.evaluate()
+		case evSample:
+			s.m.sample(s)
+			s.schedule(event{at: s.now + sampleMs, kind: evSample})
+		case evDrift:
+			if s.an != nil && e.b >= 0 {
+				s.an.SetDrift(poolID, s.ids[e.b], fleetwatch.DriftDrifted)
+				s.evaluate()
+			}
+		}
+	}
+}
+
+// interArrival draws the time to the next arrival (Poisson, optionally
+// modulated by bursts).
+func (s *sim) interArrival() float64 {
+	w := &s.sc.Workload
+	rate := w.RatePerSec
+	if w.Bursty {
+		factor, on, off := w.BurstFactor, ms(w.BurstOn), ms(w.BurstOff)
+		if factor == 0 {
+			factor = 3
+		}
+		if on == 0 {
+			on = 5000
+		}
+		if off == 0 {
+			off = 15000
+		}
+		phase := math.Mod(s.now, on+off)
+		if phase < on {
+			rate *= factor
+		} else {
+			// Keep the mean: on x factor + off x low = (on + off).
+			rate *= math.Max(0.05, (on+off-on*factor)/off)
+		}
+	}
+	return s.now + s.workload.ExpFloat64()/rate*1000
+}
+
+func (s *sim) arrive() {
+	w := &s.sc.Workload
+	req := &request{
+		id:           s.nextID,
+		router:       s.workload.IntN(len(s.routers)),
+		arrival:      s.now,
+		promptTokens: drawLogNormal(s.workload, w.PromptTokens),
+		outputTokens: drawLogNormal(s.workload, w.OutputTokens),
+	}
+	if w.Prefixes > 0 {
+		req.prefix = mix64(uint64(s.workload.IntN(w.Prefixes)) + 0x1234)
+		req.hasPrefix = true
+		req.promptTokens += w.PrefixTokens
+	}
+	s.nextID++
+	s.schedule(event{at: s.interArrival(), kind: evArrival})
+	s.m.requests++
+	if s.now >= s.m.watchFrom && s.now < s.m.watchTo {
+		s.m.windowReqs++
+	}
+	s.send(req, -1)
+}
+
+// send makes one attempt of req; exclude is the backend just tried.
+func (s *sim) send(req *request, exclude int) {
+	rt := s.routers[req.router]
+	b, err := rt.pick(req, exclude)
+	if err != nil {
+		s.m.refused(err)
+		s.fail(req)
+		return
+	}
+	req.attempts++
+	if req.attempts > 1 {
+		s.m.retries++
+	}
+	att := &attempt{req: req, backend: b, sent: s.now}
+	rt.start(b)
+	s.m.attempt(s, b)
+	s.admit(att)
+}
+
+// admit is the backend receiving an attempt.
+func (s *sim) admit(att *attempt) {
+	be := s.backends[att.backend]
+	t := dur(s.now)
+	for i, in := range be.incidents {
+		if !in.active(t) {
+			continue
+		}
+		switch in.Kind {
+		case FailFast, Throttle:
+			if in.Count > 0 && be.counted[i] >= in.Count {
+				continue
+			}
+			if in.Rate > 0 && s.service.Float64() >= in.Rate {
+				continue
+			}
+			be.counted[i]++
+			if in.Kind == FailFast {
+				s.answer(att, 500, 1)
+			} else {
+				s.answer(att, 429, 1)
+			}
+			return
+		case Stall:
+			att.stalled = true
+		}
+	}
+	switch {
+	case be.busy < be.spec.Slots:
+		s.startService(be, att)
+	case be.waiting < be.spec.Queue:
+		att.queued = true
+		be.queue = append(be.queue, att)
+		be.waiting++
+	default:
+		s.answer(att, 429, 1)
+		return
+	}
+	s.schedule(event{at: att.sent + s.timeout, kind: evTimeout, att: att})
+}
+
+// answer schedules an immediate answer (an error or a 429) after delayMs.
+func (s *sim) answer(att *attempt, status int, delayMs float64) {
+	att.status = status
+	att.outcome = fleetwatch.OutcomeFromStatus(status)
+	s.schedule(event{at: s.now + delayMs, kind: evAnswer, att: att})
+}
+
+// speed is the backend's time multiplier now.
+func (s *sim) speed(be *backend) float64 {
+	f := be.spec.Speed
+	t := dur(s.now)
+	for _, in := range be.incidents {
+		if in.Kind == Slow || in.Kind == Fast {
+			f *= in.speedFactor(t)
+		}
+	}
+	return f
+}
+
+func (s *sim) startService(be *backend, att *attempt) {
+	be.busy++
+	att.inSlot = true
+	req := att.req
+	if req.hasPrefix {
+		att.cacheHit = be.cache.touch(req.prefix)
+		s.m.prefixStarts++
+		if att.cacheHit {
+			s.m.cacheHits++
+		}
+	}
+	if att.stalled {
+		return // the timeout ends it
+	}
+	spec := &be.spec
+	extra := 0.0
+	if spec.ColdMs > 0 && ((!be.served && spec.StartsCold) || (be.served && s.now-be.lastServed > ms(spec.ColdIdle))) {
+		extra = spec.ColdMs
+		att.cold = true
+	}
+	be.served, be.lastServed = true, s.now
+	uncached := req.promptTokens
+	if att.cacheHit {
+		uncached -= s.sc.Workload.PrefixTokens
+	}
+	speed := s.speed(be)
+	prefill := (spec.PrefillBaseMs + spec.PrefillPerTokenMs*float64(uncached)) * speed
+	decode := float64(req.outputTokens) * spec.DecodePerTokenMs * speed *
+		(1 + spec.BatchPenalty*float64(be.busy-1)/float64(spec.Slots))
+	att.firstToken = s.now + extra + prefill
+	att.gotFirst = true
+	s.schedule(event{at: att.firstToken + decode, kind: evDone, att: att})
+}
+
+// release frees a slot and starts the next waiting attempt.
+func (s *sim) release(be *backend) {
+	be.busy--
+	for be.queueHead < len(be.queue) {
+		next := be.queue[be.queueHead]
+		be.queue[be.queueHead] = nil
+		be.queueHead++
+		if !next.queued {
+			continue // timed out while waiting
+		}
+		next.queued = false
+		be.waiting--
+		s.startService(be, next)
+		break
+	}
+	if be.queueHead > 256 && be.queueHead*2 > len(be.queue) {
+		be.queue = append(be.queue[:0], be.queue[be.queueHead:]...)
+		be.queueHead = 0
+	}
+}
+
+func (s *sim) finishService(att *attempt) {
+	if att.done {
+		return
+	}
+	att.status, att.outcome = 200, fleetwatch.OutcomeOK
+	s.release(s.backends[att.backend])
+	s.complete(att)
+}
+
+func (s *sim) timeoutAttempt(att *attempt) {
+	if att.done || (att.gotFirst && att.firstToken <= s.now) {
+		return // answered, or streaming: the timeout is on the first token
+	}
+	be := s.backends[att.backend]
+	switch {
+	case att.queued:
+		att.queued = false
+		be.waiting--
+	case att.inSlot:
+		s.release(be)
+	}
+	att.status, att.outcome = 504, fleetwatch.OutcomeTimeout
+	s.complete(att)
+}
+
+// complete delivers an attempt's outcome to its router, the feed and the
+// client.
+func (s *sim) complete(att *attempt) {
+	att.done = true
+	req := att.req
+	ttft := 0.0
+	if att.outcome == fleetwatch.OutcomeOK {
+		ttft = att.firstToken - att.sent
+		s.global.observe(att.backend, ttft)
+	} else {
+		s.global.observe(att.backend, s.now-att.sent)
+	}
+	s.routers[req.router].finish(att, ttft)
+	if s.an != nil {
+		s.observe(att, ttft)
+	}
+	s.m.outcome(att)
+	switch {
+	case att.outcome == fleetwatch.OutcomeOK:
+		req.finished = true
+		s.m.success(att.firstToken - req.arrival)
+	case req.attempts <= s.sc.Retries:
+		s.send(req, att.backend)
+	default:
+		s.fail(req)
+	}
+}
+
+func (s *sim) fail(req *request) {
+	req.finished = true
+	s.m.failed++
+}
+
+// observe sends the attempt's outcome event to the analyzer, as a proxy
+// would publish it.
+func (s *sim) observe(att *attempt, ttft float64) {
+	be := s.backends[att.backend]
+	ev := fleetwatch.Event{
+		Pool: poolID, Backend: s.ids[att.backend], TS: s.wall(),
+		Status: att.status, HasStatus: true, Outcome: att.outcome,
+		DurationMs: s.now - att.sent, HasDuration: true,
+		InputTokens: int64(att.req.promptTokens), CacheHit: att.cacheHit,
+		Fingerprint: be.fingerprintAt(dur(att.sent)),
+	}
+	if att.outcome == fleetwatch.OutcomeOK {
+		ev.TTFTMs, ev.HasTTFT = ttft, true
+		ev.OutputTokens = int64(att.req.outputTokens)
+	}
+	if att.outcome == fleetwatch.OutcomeThrottled {
+		ev.RetryAfterMs = 1000
+	}
+	s.evBuf = append(s.evBuf[:0], ev)
+	if s.an.Observe(s.evBuf) && !s.urgent {
+		s.urgent = true
+		s.schedule(event{at: s.now, kind: evUrgent})
+	}
+}
+
+func (be *backend) fingerprintAt(t time.Duration) string {
+	for _, in := range be.incidents {
+		if in.Kind == Drift && t >= in.From {
+			return "fp_b"
+		}
+	}
+	return be.fingerprint
+}
+
+func (s *sim) heartbeat() {
+	s.global.publish()
+	s.evaluate()
+}
+
+// evaluate runs the analyzer and hands its snapshots to every router.
+func (s *sim) evaluate() {
+	if s.an == nil {
+		return
+	}
+	ev := s.an.Evaluate(s.wall())
+	for _, tr := range ev.Transitions {
+		if tr.To == fleetwatch.StateOpen {
+			s.m.opened[slices.Index(s.ids, tr.Backend)]++
+		}
+	}
+	for i := range ev.Snapshots {
+		snap := &ev.Snapshots[i]
+		s.m.snapshot(s, snap)
+		for _, rt := range s.routers {
+			rt.update(snap)
+		}
+	}
+}
+
+// budgetLimit is the most retries fleetwatch's budgets could allow in this
+// run: per router, the ratio of its first attempts plus the floor over the
+// run plus the initial second.
+func budgetLimit(firstAttempts int, routers int, d time.Duration) float64 {
+	return p2c.DefaultRetryRatio*float64(firstAttempts) +
+		float64(routers)*p2c.DefaultRetryFloorPerSec*(d.Seconds()+1)
+}

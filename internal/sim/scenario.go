@@ -1,0 +1,221 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/fleetwatch/fleetwatch/analyzer"
+)
+
+// Scenario is one simulated situation: a fleet, its traffic, its routers and
+// what goes wrong.
+type Scenario struct {
+	Name        string
+	Description string
+	// Duration is the simulated time. Tests may shorten it (Shorten).
+	Duration time.Duration
+	// Routers is how many independent routers share the traffic, each with
+	// its own policy instance and local view. If zero, 1 is used.
+	Routers  int
+	Backends []BackendSpec
+	Workload Workload
+	// Incidents change backends' behaviour over time.
+	Incidents []Incident
+	// Retries is how many times a client retries a failed attempt on
+	// another backend (0: never).
+	Retries int
+	// ClientTimeout fails an attempt with no first token after this long.
+	// If zero, 30s is used.
+	ClientTimeout time.Duration
+	// Policies are the policies compared. If empty, StandardPolicies.
+	Policies []string
+	// Watch names a backend whose share of attempts between WatchFrom and
+	// WatchTo is reported as Result.WatchShare (the broken host of an
+	// incident); "" for none.
+	Watch              string
+	WatchFrom, WatchTo time.Duration
+	// Analyzer overrides the analyzer's settings (zero fields: the
+	// defaults, as in production).
+	Analyzer analyzer.Settings
+	// Quiet names a low-traffic backend whose ejections (breaker opened,
+	// LiteLLM cooldown) are counted in Result.Ejections.
+	Quiet string
+}
+
+// BackendSpec is one simulated inference server with continuous batching:
+// up to Slots sequences decode together, more wait in a queue, and a full
+// queue answers 429. Time to first token is the queue wait plus prefill
+// (which grows with the prompt tokens not found in the prefix cache); decode
+// time grows with the output tokens and, mildly, with the batch occupancy.
+type BackendSpec struct {
+	ID string
+	// Slots is the concurrency limit. If zero, 8 is used.
+	Slots int
+	// Queue is how many requests may wait for a slot; one more is answered
+	// 429. If zero, 4 x Slots is used.
+	Queue int
+	// PrefillBaseMs is the fixed part of prefill. If zero, 20 is used.
+	PrefillBaseMs float64
+	// PrefillPerTokenMs is the prefill time per uncached prompt token. If
+	// zero, 0.1 is used.
+	PrefillPerTokenMs float64
+	// DecodePerTokenMs is the time per generated token at an empty batch.
+	// If zero, 10 is used.
+	DecodePerTokenMs float64
+	// BatchPenalty slows decode by (1 + BatchPenalty x busy/Slots). If
+	// zero, 0.5 is used.
+	BatchPenalty float64
+	// Speed multiplies every time (2: twice as slow). If zero, 1 is used.
+	Speed float64
+	// CacheSize is the number of prefixes the prefix cache (LRU) holds. If
+	// zero, 16 is used.
+	CacheSize int
+	// ColdMs is the extra time of the first request after ColdIdle without
+	// requests (scale to zero), and of the very first one when StartsCold.
+	ColdMs     float64
+	ColdIdle   time.Duration // if zero, 60s is used
+	StartsCold bool
+	// Priority is the backend's failover priority.
+	Priority int
+}
+
+func (b BackendSpec) withDefaults() BackendSpec {
+	def := func(v *float64, d float64) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if b.Slots == 0 {
+		b.Slots = 8
+	}
+	if b.Queue == 0 {
+		b.Queue = 4 * b.Slots
+	}
+	def(&b.PrefillBaseMs, 20)
+	def(&b.PrefillPerTokenMs, 0.1)
+	def(&b.DecodePerTokenMs, 10)
+	def(&b.BatchPenalty, 0.5)
+	def(&b.Speed, 1)
+	if b.CacheSize == 0 {
+		b.CacheSize = 16
+	}
+	if b.ColdIdle == 0 {
+		b.ColdIdle = time.Minute
+	}
+	return b
+}
+
+// Workload is the traffic: arrivals and request sizes.
+type Workload struct {
+	// RatePerSec is the mean arrival rate (Poisson).
+	RatePerSec float64
+	// Bursty modulates the rate: BurstFactor x the rate for BurstOn, then
+	// a rate that keeps the mean for BurstOff (a two-state MMPP).
+	Bursty      bool
+	BurstFactor float64       // if zero, 3 is used
+	BurstOn     time.Duration // if zero, 5s is used
+	BurstOff    time.Duration // if zero, 15s is used
+	// PromptTokens and OutputTokens are log-normal with these medians and
+	// log-space sigmas, clamped to [Min, Max]: heavy-tailed over two to
+	// three orders of magnitude.
+	PromptTokens Dist
+	OutputTokens Dist
+	// Prefixes is the number of distinct shared prefixes (system prompts),
+	// equally popular; 0 for none. Each is PrefixTokens long and part of
+	// the prompt.
+	Prefixes     int
+	PrefixTokens int
+}
+
+// Dist is a clamped log-normal distribution.
+type Dist struct {
+	Median, Sigma, Min, Max float64
+}
+
+// IncidentKind is what goes wrong with a backend.
+type IncidentKind int
+
+// Incident kinds.
+const (
+	// FailFast answers 500 at once (the fast-failure trap), for a share
+	// Rate of requests (1 if zero), or only Count requests when Count > 0.
+	FailFast IncidentKind = iota + 1
+	// Stall accepts requests and never answers; clients time out.
+	Stall
+	// Throttle answers 429 at once for a share Rate of requests (or
+	// Count requests).
+	Throttle
+	// Slow multiplies the backend's times by Factor, reached linearly over
+	// Ramp from From (a slow degradation when Ramp > 0).
+	Slow
+	// Drift changes the backend's artefact at From; the drift probe
+	// detects it at To and the analyzer quarantines it (weight 0).
+	Drift
+	// Fast multiplies the backend's times by Factor < 1 from From (a
+	// backend that becomes fast).
+	Fast
+)
+
+func (k IncidentKind) String() string {
+	switch k {
+	case FailFast:
+		return "fail-fast"
+	case Stall:
+		return "stall"
+	case Throttle:
+		return "throttle"
+	case Slow:
+		return "slow"
+	case Drift:
+		return "drift"
+	case Fast:
+		return "fast"
+	}
+	return "unknown"
+}
+
+// Incident is one change of a backend's behaviour between From and To (To
+// zero: until the end).
+type Incident struct {
+	Backend  string
+	Kind     IncidentKind
+	From, To time.Duration
+	Rate     float64
+	Count    int
+	Factor   float64
+	Ramp     time.Duration
+}
+
+func (in *Incident) active(t time.Duration) bool {
+	return t >= in.From && (in.To == 0 || t < in.To)
+}
+
+// speedFactor is the Slow/Fast multiplier at t.
+func (in *Incident) speedFactor(t time.Duration) float64 {
+	if !in.active(t) {
+		return 1
+	}
+	if in.Ramp > 0 && t < in.From+in.Ramp {
+		frac := float64(t-in.From) / float64(in.Ramp)
+		return 1 + (in.Factor-1)*frac
+	}
+	return in.Factor
+}
+
+// Shorten returns a copy of s running for d instead, with every incident
+// time scaled by the same ratio. Tests use it to stay fast with the same
+// code as the command.
+func (s Scenario) Shorten(d time.Duration) Scenario {
+	if d <= 0 || d >= s.Duration {
+		return s
+	}
+	ratio := float64(d) / float64(s.Duration)
+	scale := func(t time.Duration) time.Duration { return time.Duration(float64(t) * ratio) }
+	s.Duration = d
+	s.Incidents = append([]Incident(nil), s.Incidents...)
+	for i := range s.Incidents {
+		in := &s.Incidents[i]
+		in.From, in.To, in.Ramp = scale(in.From), scale(in.To), scale(in.Ramp)
+	}
+	s.WatchFrom, s.WatchTo = scale(s.WatchFrom), scale(s.WatchTo)
+	return s
+}

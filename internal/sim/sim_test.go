@@ -1,0 +1,234 @@
+package sim
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+)
+
+// seeds are the seeds every claim must hold for.
+var seeds = []uint64{1, 2, 3, 4, 5}
+
+// testDuration shortens the long scenarios in tests (the same code as the
+// command, less simulated time).
+const testDuration = 4 * time.Minute
+
+func scenario(t *testing.T, name string) Scenario {
+	t.Helper()
+	sc, ok := ScenarioByName(name)
+	if !ok {
+		t.Fatalf("no scenario %q", name)
+	}
+	return sc.Shorten(testDuration)
+}
+
+// runs runs sc for every policy and seed, in parallel, and returns
+// results[policy][seed index].
+func runs(t *testing.T, sc Scenario, policies ...string) map[string][]*Result {
+	t.Helper()
+	out := make(map[string][]*Result, len(policies))
+	for _, p := range policies {
+		out[p] = make([]*Result, len(seeds))
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for _, p := range policies {
+		for i, seed := range seeds {
+			wg.Go(func() {
+				r, err := Run(sc, p, seed)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+					return
+				}
+				out[p][i] = r
+			})
+		}
+	}
+	wg.Wait()
+	for _, err := range errs {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestDeterministic(t *testing.T) {
+	sc := scenario(t, FastFailure)
+	for _, p := range []string{Fleetwatch, LiteLLM, P2CLocal} {
+		a, err := Run(sc, p, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := Run(sc, p, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(a, b, cmpopts.EquateNaNs()); diff != "" {
+			t.Errorf("%s: two runs with seed 7 differ (-first +second):\n%s", p, diff)
+		}
+		c, err := Run(sc, p, 8)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.TTFTP50 == c.TTFTP50 && a.Attempts == c.Attempts {
+			t.Errorf("%s: seeds 7 and 8 gave the same run; the seed is not used", p)
+		}
+	}
+}
+
+// Mixed-cost steady state: fleetwatch's p99 TTFT is at most half of
+// round-robin's, with equal and with unequal backend speeds.
+func TestMixedCost(t *testing.T) {
+	for _, name := range []string{MixedEqual, MixedUnequal} {
+		t.Run(name, func(t *testing.T) {
+			res := runs(t, scenario(t, name), RoundRobin, Fleetwatch, LeastConn)
+			for i, seed := range seeds {
+				fw, rr, lc := res[Fleetwatch][i], res[RoundRobin][i], res[LeastConn][i]
+				t.Logf("seed %d: p99 fleetwatch %.0f, round-robin %.0f (%.2fx), least-conn %.0f", seed, fw.TTFTP99, rr.TTFTP99, fw.TTFTP99/rr.TTFTP99, lc.TTFTP99)
+				if fw.TTFTP99 > 0.5*rr.TTFTP99 {
+					t.Errorf("seed %d: fleetwatch p99 %.0f ms > 0.5 x round-robin's %.0f ms", seed, fw.TTFTP99, rr.TTFTP99)
+				}
+				if fw.ErrorRate > rr.ErrorRate+0.001 {
+					t.Errorf("seed %d: fleetwatch error rate %.4f > round-robin's %.4f", seed, fw.ErrorRate, rr.ErrorRate)
+				}
+			}
+		})
+	}
+}
+
+// The fast-failure trap: latency-greedy sends most traffic into the host
+// that fails instantly; fleetwatch's breaker keeps it under 2%.
+func TestFastFailureTrap(t *testing.T) {
+	res := runs(t, scenario(t, FastFailure), LatencyGreedy, Fleetwatch)
+	for i, seed := range seeds {
+		greedy, fw := res[LatencyGreedy][i], res[Fleetwatch][i]
+		t.Logf("seed %d: share to the broken host: latency-greedy %.3f, fleetwatch %.4f", seed, greedy.WatchShare, fw.WatchShare)
+		if greedy.WatchShare <= 0.5 {
+			t.Errorf("seed %d: latency-greedy sent %.3f to the broken host, want > 0.5", seed, greedy.WatchShare)
+		}
+		if fw.WatchShare >= 0.02 {
+			t.Errorf("seed %d: fleetwatch sent %.4f to the broken host, want < 0.02", seed, fw.WatchShare)
+		}
+	}
+}
+
+// The herd: with 16 routers and one backend turning fast, fleetwatch's
+// per-backend shares oscillate at most a third as much as latency-greedy's.
+func TestHerd(t *testing.T) {
+	res := runs(t, scenario(t, Herd), LatencyGreedy, Fleetwatch)
+	for i, seed := range seeds {
+		greedy, fw := res[LatencyGreedy][i], res[Fleetwatch][i]
+		t.Logf("seed %d: oscillation latency-greedy %.3f, fleetwatch %.3f", seed, greedy.Oscillation, fw.Oscillation)
+		if fw.Oscillation > greedy.Oscillation/3 {
+			t.Errorf("seed %d: fleetwatch oscillation %.3f > 1/3 of latency-greedy's %.3f", seed, fw.Oscillation, greedy.Oscillation)
+		}
+	}
+}
+
+// A single failure on a quiet backend: fleetwatch's min-requests gate never
+// ejects it; LiteLLM's cooldown does (on the 429).
+func TestLowTrafficSingleFailure(t *testing.T) {
+	res := runs(t, scenario(t, LowTraffic), LiteLLM, Fleetwatch)
+	for i, seed := range seeds {
+		lite, fw := res[LiteLLM][i], res[Fleetwatch][i]
+		t.Logf("seed %d: ejections litellm %d, fleetwatch %d; fleetwatch share after the failure %.3f", seed, lite.Ejections, fw.Ejections, fw.WatchShare)
+		if fw.Ejections != 0 {
+			t.Errorf("seed %d: fleetwatch ejected the quiet backend %d times", seed, fw.Ejections)
+		}
+		if fw.WatchShare < 0.15 {
+			t.Errorf("seed %d: the quiet backend got %.3f of fleetwatch's traffic after its failure, want about 1/3", seed, fw.WatchShare)
+		}
+		if lite.Ejections == 0 {
+			t.Errorf("seed %d: the litellm policy never cooled the quiet backend down", seed)
+		}
+	}
+}
+
+// Retries in an incident: fleetwatch's retries stay within its budget,
+// while unbudgeted retries multiply the load.
+func TestRetryBudget(t *testing.T) {
+	res := runs(t, scenario(t, RetryStorm), Fleetwatch, FWUnbudgeted, Random)
+	for i, seed := range seeds {
+		fw, unb, rnd := res[Fleetwatch][i], res[FWUnbudgeted][i], res[Random][i]
+		t.Logf("seed %d: retries fleetwatch %d (limit %.0f), unbudgeted %d; incident load x%.2f vs x%.2f (random x%.2f)",
+			seed, fw.Retries, fw.BudgetLimit, unb.Retries, fw.WindowAttemptsPerRequest, unb.WindowAttemptsPerRequest, rnd.WindowAttemptsPerRequest)
+		if float64(fw.Retries) > fw.BudgetLimit {
+			t.Errorf("seed %d: fleetwatch made %d retries, budget limit %.0f", seed, fw.Retries, fw.BudgetLimit)
+		}
+		if unb.WindowAttemptsPerRequest < 1.5 || rnd.WindowAttemptsPerRequest < 1.5 {
+			t.Errorf("seed %d: unbudgeted incident load x%.2f / x%.2f, want >= 1.5", seed, unb.WindowAttemptsPerRequest, rnd.WindowAttemptsPerRequest)
+		}
+		if fw.WindowAttemptsPerRequest > 1.3 {
+			t.Errorf("seed %d: fleetwatch incident load x%.2f, want <= 1.3", seed, fw.WindowAttemptsPerRequest)
+		}
+	}
+}
+
+// Shared prompt, sticky backend 5x slower: fleetwatch keeps at least 90% of
+// always-sticky's cache hit rate with at most half its p99.
+func TestSharedPromptAffinity(t *testing.T) {
+	res := runs(t, scenario(t, SharedPrompt), AlwaysSticky, Fleetwatch, Random)
+	for i, seed := range seeds {
+		st, fw, rnd := res[AlwaysSticky][i], res[Fleetwatch][i], res[Random][i]
+		t.Logf("seed %d: hit rate fleetwatch %.3f, always-sticky %.3f, random %.3f; p99 %.0f vs %.0f", seed, fw.CacheHitRate, st.CacheHitRate, rnd.CacheHitRate, fw.TTFTP99, st.TTFTP99)
+		if fw.CacheHitRate < 0.9*st.CacheHitRate {
+			t.Errorf("seed %d: fleetwatch hit rate %.3f < 0.9 x always-sticky's %.3f", seed, fw.CacheHitRate, st.CacheHitRate)
+		}
+		if fw.TTFTP99 > 0.5*st.TTFTP99 {
+			t.Errorf("seed %d: fleetwatch p99 %.0f > 0.5 x always-sticky's %.0f", seed, fw.TTFTP99, st.TTFTP99)
+		}
+		if rnd.CacheHitRate >= fw.CacheHitRate {
+			t.Errorf("seed %d: random's hit rate %.3f >= fleetwatch's %.3f: the scenario does not reward affinity", seed, rnd.CacheHitRate, fw.CacheHitRate)
+		}
+	}
+}
+
+// Every scenario runs every one of its policies.
+func TestEveryScenarioRuns(t *testing.T) {
+	for _, sc := range Scenarios() {
+		sc = sc.Shorten(time.Minute)
+		for _, p := range PoliciesOf(sc) {
+			r, err := Run(sc, p, 1)
+			if err != nil {
+				t.Fatalf("%s/%s: %v", sc.Name, p, err)
+			}
+			if r.Requests == 0 || r.Attempts < r.Requests-r.Shed {
+				t.Errorf("%s/%s: %d requests, %d attempts", sc.Name, p, r.Requests, r.Attempts)
+			}
+			if math.IsNaN(r.TTFTP50) && r.Failed < r.Requests {
+				t.Errorf("%s/%s: no TTFT though %d requests succeeded", sc.Name, p, r.Requests-r.Failed)
+			}
+		}
+	}
+}
+
+func TestShorten(t *testing.T) {
+	sc := Scenario{Duration: 4 * time.Minute, WatchFrom: time.Minute,
+		Incidents: []Incident{{From: time.Minute, To: 2 * time.Minute, Ramp: 40 * time.Second}}}
+	got := sc.Shorten(2 * time.Minute)
+	want := Scenario{Duration: 2 * time.Minute, WatchFrom: 30 * time.Second,
+		Incidents: []Incident{{From: 30 * time.Second, To: time.Minute, Ramp: 20 * time.Second}}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Shorten (-want +got):\n%s", diff)
+	}
+	if sc.Incidents[0].From != time.Minute {
+		t.Error("Shorten changed the original's incidents")
+	}
+}
+
+func TestUnknownPolicy(t *testing.T) {
+	if _, err := Run(scenario(t, FastFailure), "no-such-policy", 1); err == nil {
+		t.Error("Run with an unknown policy: no error")
+	}
+}
+
+var _ = fmt.Sprint
