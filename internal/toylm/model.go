@@ -361,29 +361,26 @@ func sample(lp []float64, temperature float64, r *rand.Rand) int {
 	return len(lp) - 1
 }
 
-// topK returns the k most likely tokens, most likely first. EOS is shown as
-// the empty string, as an OpenAI-compatible server would show a special
-// token it does not render.
+// topK returns the k most likely tokens, most likely first (ties: lower id
+// first). EOS is shown as the empty string, as an OpenAI-compatible server
+// would show a special token it does not render. A linear scan with a small
+// insertion buffer: k is at most 20, the vocabulary a few hundred.
 func (m *Model) topK(lp []float64, k int) []fakeai.TopLogprob {
 	k = min(k, len(lp))
-	idx := make([]int, 0, k+1)
-	for i := range lp {
-		pos, _ := slices.BinarySearchFunc(idx, i, func(a, b int) int {
-			switch {
-			case lp[a] > lp[b]:
-				return -1
-			case lp[a] < lp[b]:
-				return 1
-			}
-			return a - b
-		})
-		if pos >= k {
+	idx := make([]int, 0, k)
+	for i, v := range lp {
+		if len(idx) == k && v <= lp[idx[k-1]] {
 			continue
 		}
-		idx = slices.Insert(idx, pos, i)
-		if len(idx) > k {
-			idx = idx[:k]
+		pos := len(idx)
+		for pos > 0 && v > lp[idx[pos-1]] {
+			pos--
 		}
+		if len(idx) < k {
+			idx = append(idx, 0)
+		}
+		copy(idx[pos+1:], idx[pos:len(idx)-1])
+		idx[pos] = i
 	}
 	out := make([]fakeai.TopLogprob, len(idx))
 	for i, t := range idx {

@@ -120,3 +120,21 @@ func TestNoLogprobsAndFingerprintPassThrough(t *testing.T) {
 		t.Errorf("completion %+v: want NoLogprobs, fp_x and 2+3 prompt tokens", c)
 	}
 }
+
+func TestTopKMatchesASort(t *testing.T) {
+	m := New(Config{Vocab: 128, Hidden: 16})
+	lp := make([]float64, 128)
+	for i := range lp {
+		lp[i] = -float64((i*37)%128) / 10 // a permutation, with no ties
+	}
+	lp[5], lp[9] = 0.5, 0.5 // one tie: lower id first
+	got := m.topK(lp, 6)
+	want := []fakeai.TopLogprob{
+		{Token: m.tokens[5], Logprob: 0.5}, {Token: m.tokens[9], Logprob: 0.5},
+		{Token: m.tokens[0], Logprob: 0}, {Token: m.tokens[45], Logprob: -0.1},
+		{Token: m.tokens[90], Logprob: -0.2}, {Token: m.tokens[7], Logprob: -0.3},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("topK (-want +got):\n%s", diff)
+	}
+}
