@@ -375,6 +375,7 @@ func (rt *router) deliver(ctx context.Context, w http.ResponseWriter, resp *http
 // finish reports an attempt: the picker's local signals, metrics, and the
 // outcome event.
 func (rt *router) finish(a *attempt, ev *fleetwatch.Event) {
+	ev.TS = time.Now() // when the outcome became known
 	a.pool.picker.Done(a.backend.id, ev.Outcome, ev.TTFTMs, ev.Cold)
 	rt.metrics.attempt(a.pool.id, a.backend.id, ev.Status).Inc()
 	rt.events.Enqueue(*ev)
@@ -384,7 +385,6 @@ func (rt *router) event(a *attempt, prefix string) fleetwatch.Event {
 	return fleetwatch.Event{
 		Pool:    a.pool.id,
 		Backend: a.backend.id,
-		TS:      time.Now(),
 		Cold:    a.cold,
 		Prefix:  prefix,
 		Source:  rt.source,
@@ -428,6 +428,9 @@ func copyRequestHeaders(dst, src http.Header) {
 	dst.Del("Accept-Encoding") // let the transport negotiate, so streams stay readable
 }
 
+// copyBuffers holds the 32 KiB buffers bodies are copied through.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
 // responseMeta is what the router learns from a response body on its way
 // through.
 type responseMeta struct {
@@ -445,7 +448,9 @@ type responseMeta struct {
 // from the backend (io.EOF is not an error).
 func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta) (writeErr, readErr error) {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -477,7 +482,9 @@ func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta) (writ
 // fingerprint from its first maxMetaScan bytes.
 func plainCopy(w io.Writer, body io.Reader, meta *responseMeta) (writeErr, readErr error) {
 	var kept bytes.Buffer
-	buf := make([]byte, 32<<10)
+	bp := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(bp)
+	buf := *bp
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {

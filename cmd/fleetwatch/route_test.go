@@ -44,7 +44,7 @@ func (b *routeBuffer) String() string {
 }
 
 // waitFor polls cond until it holds or a generous timeout passes.
-func routeEventually(t *testing.T, what string, cond func() bool) {
+func routeEventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
@@ -56,7 +56,7 @@ func routeEventually(t *testing.T, what string, cond func() bool) {
 }
 
 // fakeBackends starts n fake backends named b0, b1, ...
-func startFakeBackends(t *testing.T, n int) []*fakeai.Server {
+func startFakeBackends(t testing.TB, n int) []*fakeai.Server {
 	t.Helper()
 	out := make([]*fakeai.Server, n)
 	for i := range out {
@@ -72,7 +72,7 @@ func startFakeBackends(t *testing.T, n int) []*fakeai.Server {
 
 // routeConfig writes a config with one pool "llama" (model alias
 // "llama-3.1-70b") whose backends are the fakes, and returns its path.
-func routeConfig(t *testing.T, natsURL string, backends []*fakeai.Server, extra string) string {
+func routeConfig(t testing.TB, natsURL string, backends []*fakeai.Server, extra string) string {
 	t.Helper()
 	var b strings.Builder
 	fmt.Fprintf(&b, "nats: {url: %q}\npools:\n  - id: llama\n    models: [llama-3.1-70b]\n%s    backends:\n", natsURL, extra)
@@ -88,7 +88,7 @@ func routeConfig(t *testing.T, natsURL string, backends []*fakeai.Server, extra 
 
 // startRouteCmd runs `fleetwatch route` in-process on a free port and
 // returns its base URL; it stops in t.Cleanup.
-func startRouteCmd(t *testing.T, configPath string, args ...string) string {
+func startRouteCmd(t testing.TB, configPath string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	var stdout, stderr routeBuffer
@@ -160,7 +160,7 @@ func (l *routeEventLog) snapshot() []fleetwatch.Event {
 
 // client sends OpenAI requests to the router.
 type routeClient struct {
-	t    *testing.T
+	t    testing.TB
 	base string
 	http *http.Client
 }
@@ -227,7 +227,7 @@ func (c *routeClient) post(path string, body any) (routeReply, error) {
 	return r, nil
 }
 
-func newRouteClient(t *testing.T, base string) *routeClient {
+func newRouteClient(t testing.TB, base string) *routeClient {
 	return &routeClient{t: t, base: base, http: &http.Client{Timeout: 30 * time.Second}}
 }
 

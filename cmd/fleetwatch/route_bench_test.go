@@ -1,0 +1,127 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+)
+
+// BenchmarkRouteOverhead measures the latency route adds. Every
+// millisecond (open loop, whatever earlier requests are doing) it sends one
+// request straight to a fake backend and one through route to the same
+// backend, so both see ~1,000 req/s and the same machine noise. It reports
+// p50 and p99 of each, in microseconds from each request's scheduled start
+// (so queueing counts), and the ratios route/direct. Run with
+// -benchtime=5000x for 5 s:
+//
+//	go test -run '^$' -bench BenchmarkRouteOverhead -benchtime=5000x -benchmem ./cmd/fleetwatch/
+func BenchmarkRouteOverhead(b *testing.B) {
+	natsURL, _ := feedtest.NewServer(b)
+	backends := startFakeBackends(b, 1)
+	routeURL := startRouteCmd(b, routeConfig(b, natsURL, backends, ""))
+	body := []byte(`{"model":"llama","messages":[{"role":"system","content":"be brief"},` +
+		`{"role":"user","content":"hello there"}],"max_tokens":4}`)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+	post := func(url string) bool {
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return false
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}
+	targets := []string{backends[0].URL(), routeURL}
+	for range 200 { // warm the connection pools
+		for _, u := range targets {
+			post(u)
+		}
+	}
+	lat := [2][]time.Duration{make([]time.Duration, b.N), make([]time.Duration, b.N)}
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	const interval = time.Millisecond
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		due := start.Add(time.Duration(i) * interval)
+		if d := time.Until(due); d > 0 {
+			time.Sleep(d)
+		}
+		for k, u := range targets {
+			wg.Add(1)
+			go func() { // one request; exits when it is answered
+				defer wg.Done()
+				if !post(u) {
+					failed.Add(1)
+				}
+				lat[k][i] = time.Since(due)
+			}()
+		}
+	}
+	wg.Wait()
+	b.StopTimer()
+	if n := failed.Load(); n > 0 {
+		b.Fatalf("%d of %d requests failed", n, 2*b.N)
+	}
+	pct := func(l []time.Duration, q float64) float64 {
+		return float64(l[min(len(l)-1, int(q*float64(len(l))))].Nanoseconds()) / 1e3
+	}
+	for k := range lat {
+		slices.Sort(lat[k])
+	}
+	b.ReportMetric(pct(lat[0], 0.50), "direct-p50-us")
+	b.ReportMetric(pct(lat[0], 0.99), "direct-p99-us")
+	b.ReportMetric(pct(lat[1], 0.50), "route-p50-us")
+	b.ReportMetric(pct(lat[1], 0.99), "route-p99-us")
+	b.ReportMetric(pct(lat[1], 0.50)/pct(lat[0], 0.50), "p50-ratio")
+	b.ReportMetric(pct(lat[1], 0.99)/pct(lat[0], 0.99), "p99-ratio")
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s-each")
+}
+
+func countTrue(bs []bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// BenchmarkRouteSequential is the closed-loop baseline of the overhead: one
+// request at a time, straight to the fake backend and through route, so
+// ns/op differ by route's cost per request (and B/op, allocs/op are the
+// client's plus, for route, the proxy's).
+//
+//	go test -run '^$' -bench BenchmarkRouteSequential -benchmem ./cmd/fleetwatch/
+func BenchmarkRouteSequential(b *testing.B) {
+	natsURL, _ := feedtest.NewServer(b)
+	backends := startFakeBackends(b, 1)
+	routeURL := startRouteCmd(b, routeConfig(b, natsURL, backends, ""))
+	body := []byte(`{"model":"llama","messages":[{"role":"system","content":"be brief"},` +
+		`{"role":"user","content":"hello there"}],"max_tokens":4}`)
+	for _, tc := range []struct{ name, url string }{{"direct", backends[0].URL()}, {"route", routeURL}} {
+		b.Run(tc.name, func(b *testing.B) {
+			client := &http.Client{Transport: &http.Transport{}}
+			for b.Loop() {
+				resp, err := client.Post(tc.url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+}
