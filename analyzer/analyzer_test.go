@@ -175,9 +175,13 @@ func TestEventTime(t *testing.T) {
 		{Pool: "p", Backend: "x", Outcome: clientErr},        // no ts: counted at the latest now
 		event("p", "x", fail, at(11500*time.Millisecond), 0), // slightly ahead: counted as is
 	})
+	a.Observe([]fleetwatch.Event{event("p", "x", ok, at(-time.Minute), 9999)}) // old: no EWMA sample either
 	st := a.Stats()
-	if st.ClampedFuture != 1 || st.DroppedOld != 1 {
-		t.Errorf("clamped %d dropped %d, want 1 and 1", st.ClampedFuture, st.DroppedOld)
+	if st.ClampedFuture != 1 || st.DroppedOld != 2 {
+		t.Errorf("clamped %d dropped %d, want 1 and 2", st.ClampedFuture, st.DroppedOld)
+	}
+	if d := backendOf(t, a, "p", "x", at(13*time.Second)); *d.EWMATTFTMs != 200 {
+		t.Errorf("an old event moved the EWMA to %v", *d.EWMATTFTMs)
 	}
 	// At 13s the window still holds the events of 5s..10s: the skewed event
 	// did not push it 4 minutes ahead.

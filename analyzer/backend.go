@@ -84,6 +84,13 @@ func (b *backend) reason() string {
 // valid) and reports whether it may have decided a breaker transition.
 func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome fleetwatch.Outcome, ts time.Time) (urgent bool) {
 	s := &p.settings
+	num := b.win.bucketOf(ts)
+	if !b.win.accepts(num) {
+		// Older than the window: it says nothing about now, not even that
+		// the backend is alive.
+		a.stats.DroppedOld++
+		return false
+	}
 	first := !b.seen
 	idle := !first && ts.Sub(b.lastSeen) > s.IdleGap
 	if first || ts.After(b.lastSeen) {
@@ -122,10 +129,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		}
 		bin = binOf(ev.TTFTMs)
 	}
-	if !b.win.add(b.win.bucketOf(ts), outcome, latency, bin, ev.RetryAfterMs) {
-		a.stats.DroppedOld++
-		return false
-	}
+	b.win.add(num, outcome, latency, bin, ev.RetryAfterMs)
 
 	switch b.state {
 	case fleetwatch.StateClosed:

@@ -118,6 +118,10 @@ func (w *window) evict(b *bucket) {
 	b.sampleCounts = 0
 }
 
+// accepts reports whether an event in bucket num would be counted: it is
+// not older than the window.
+func (w *window) accepts(num int64) bool { return !w.started || num > w.head-w.size() }
+
 // add counts one event in bucket num, moving the head forward when num is
 // newer. latency tells whether bin is a TTFT sample. It returns false (and
 // counts nothing) when num is older than the window.
