@@ -2,8 +2,10 @@ package fleetwatch
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // jsonEvent is the baseline: the outcome event as a plain struct for
@@ -46,6 +48,43 @@ func BenchmarkDecode(b *testing.B) { benchmarkDecode(b, compactExample) }
 // BenchmarkDecodeMinimal decodes an event of pool, backend, status and
 // ttft_ms only.
 func BenchmarkDecodeMinimal(b *testing.B) { benchmarkDecode(b, minimalEvent) }
+
+// BenchmarkDecodeVaried decodes 1024 different events in turn: 32
+// backends, 8 sources, 1024 prefixes, varying numbers and times. Unlike
+// BenchmarkDecode, where every id equals the previous event's, the ids are
+// found by a map lookup in the intern tables, as in a real stream.
+func BenchmarkDecodeVaried(b *testing.B) {
+	const n = 1024
+	var events [n][]byte
+	size := 0
+	for i := range n {
+		e := protocolExampleEvent()
+		e.Backend = fmt.Sprintf("vllm-%d.gpu.internal:8000", i%32)
+		e.Source = fmt.Sprintf("edge-%d", i%8)
+		e.Prefix = fmt.Sprintf("%016x", uint64(i)*0x9e3779b97f4a7c15)
+		e.TS = e.TS.Add(time.Duration(i) * 7 * time.Millisecond)
+		e.TTFTMs, e.DurationMs = 100+float64(i%977)/10, 2000+float64(i)
+		e.InputTokens, e.OutputTokens = int64(500+i), int64(i%400)
+		events[i] = AppendEvent(nil, &e)
+		size += len(events[i])
+	}
+	var d Decoder
+	var e Event
+	for i := range n { // fill the intern tables: the steady state
+		if err := d.Decode(events[i], &e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.SetBytes(int64(size / n))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if err := d.Decode(events[i%n], &e); err != nil {
+			b.Fatal(err)
+		}
+		i++
+	}
+}
 
 // BenchmarkDecodeEncodingJSON is the baseline for BenchmarkDecode:
 // encoding/json into a plain struct, same bytes, no validation.

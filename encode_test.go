@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"pgregory.net/rapid"
 )
 
 func TestAppendEvent(t *testing.T) {
@@ -201,4 +202,28 @@ func countByte(b []byte, c byte) int {
 		}
 	}
 	return n
+}
+
+func TestAppendTimeMatchesAppendTime(t *testing.T) {
+	for _, ts := range []time.Time{
+		time.Date(2026, 12, 2, 7, 50, 0, 123_456_789, time.UTC),
+		time.Date(2026, 12, 2, 9, 50, 0, 999_999_999, time.FixedZone("", 7200)),
+		time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(999, 2, 28, 23, 59, 59, 1e6, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999e6, time.UTC),
+		time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(-1, 12, 31, 0, 0, 0, 0, time.UTC),
+		time.UnixMilli(1764661800123),
+	} {
+		if got, want := string(appendTime(nil, ts)), string(AppendTime(nil, ts)); got != want {
+			t.Errorf("appendTime(%v) = %s, AppendTime says %s", ts, got, want)
+		}
+	}
+	rapid.Check(t, func(t *rapid.T) {
+		ts := time.Unix(rapid.Int64Range(-70e9, 300e9).Draw(t, "sec"), rapid.Int64Range(0, 1e9-1).Draw(t, "nsec"))
+		if got, want := string(appendTime(nil, ts)), string(AppendTime(nil, ts)); got != want {
+			t.Fatalf("appendTime(%v) = %s, AppendTime says %s", ts, got, want)
+		}
+	})
 }
