@@ -30,7 +30,7 @@ func FuzzDecode(f *testing.F) {
 		ev(`"v":2`), ev(`"status":1000`), ev(`"status":200.0`), ev(`"outcome":"x"`), ev(`"outcome":"client_error"`),
 		ev(`"ts":"2026-02-30T00:00:00Z"`), ev(`"ts":"0000-01-01T00:00:00+01:00"`), ev(`"input_tokens":1.5`),
 		ev(`"output_tokens":9223372036854775808`), ev(`"cold":1`), ev(`"cache_hit":true`, `"cold":null`),
-		ev(`"retry_after_ms":3600001`), ev(`"duration_ms":"5"`), ev(`"prefix":"`+strings.Repeat("x", 129)+`"`),
+		ev(`"retry_after_ms":3600001`), ev(`"duration_ms":"5"`), ev(`"prefix":"` + strings.Repeat("x", 129) + `"`),
 		"{\"pool\":\"p\",\"backend\":\"b\",\"fingerprint\":\"\xff\"}", `{"pool":"a..b","backend":"b"}`,
 		`{"p\u006fol":"p","b\u0061ckend":"\u00e9\ud83d\ude00"}`, "{\"pool\":\"p\",\"backend\":\"b\"}\n\n{\"pool\":\"q\"}\r\n",
 	} {
