@@ -79,7 +79,9 @@
 //
 // The ejection cap: a backend may open only while the pool keeps at least
 // 1 - MaxOpenFraction of its backends not open (half-open counts as not
-// open), and one backend may always open. When several trip at once the
+// open; the pool is every backend in its snapshot, quiet configured ones
+// included), and one backend may always open: at most
+// max(1, floor(MaxOpenFraction x n)) are open. When several trip at once the
 // worst (by how far past its threshold) open first. A held closed backend
 // stays closed with weight HalfOpenWeight and a reason "ejection cap held:
 // 3 of 6 already open (max_open_fraction 0.50); <the rule's reason>" written
@@ -137,4 +139,38 @@
 // pools and backends the analyzer does not know. An event without a TS is
 // counted at the latest Evaluate's now, or dropped (Stats.DroppedNoTime)
 // before the first Evaluate.
+//
+// # Decisions where DESIGN.md is silent
+//
+//   - The consecutive run: ok resets it; throttled, canceled and
+//     client_error neither extend nor reset it; a run that reached the
+//     threshold is latched until Evaluate.
+//   - The gate counts ok + error + timeout + throttled. A reason's "over N
+//     requests" is the denominator of the rate it quotes.
+//   - Slowness compares with the median of the other backends that are not
+//     open; one such peer suffices; the backend itself is left out.
+//   - Order of rules and of openings under the cap: consecutive,
+//     failure_rate, throttled, slow for one backend; the worst first across
+//     backends (how far past its threshold, then id).
+//   - Half-open: the window restarts empty; a 429 reopens like a failure;
+//     the first decisive event wins; the cap also holds a reopening.
+//   - Open time: jitter +-10% (OpenJitter, from Config.Seed) then the cap
+//     at OpenMax; the trip count resets after a healthy window once closed;
+//     retry-after honoured up to one hour.
+//   - Weights: shrinkage k = MinRequests/4; prior = mean observed weight of
+//     the pool's evaluated closed backends; floor HalfOpenWeight for closed
+//     backends; held by the cap = HalfOpenWeight at once; MaxWeightStep 0.25
+//     per heartbeat on the pool's beat; rounded to 4 decimals; quarantine
+//     applies to drifted only (not suspect).
+//   - Generations: an event whose ts is before its backend's last
+//     transition is dropped (Stats.StaleGeneration).
+//   - Time: future events clamped to two heartbeats past the latest
+//     Evaluate; events older than the window dropped before they touch
+//     anything; events without ts counted at the latest Evaluate.
+//   - Heartbeats anchored per pool with a tenth of a heartbeat of early
+//     tolerance; Seq continues for a pool that is forgotten and comes back.
+//   - Epoch: ULID layout from the first Evaluate's now and Config.Seed.
+//   - Observe's urgent: a consecutive-failure latch (unless the cap holds
+//     the backend) or a half-open verdict; rate-based trips wait for the
+//     caller's next Evaluate.
 package analyzer
