@@ -81,7 +81,9 @@
 // 1 - MaxOpenFraction of its backends not open (half-open counts as not
 // open; the pool is every backend in its snapshot, quiet configured ones
 // included), and one backend may always open: at most
-// max(1, floor(MaxOpenFraction x n)) are open. When several trip at once the
+// max(1, floor(MaxOpenFraction x n)) are open. The cap is checked when a
+// backend would open; a pool that shrinks (expiry) does not close open
+// backends early. When several trip at once the
 // worst (by how far past its threshold) open first. A held closed backend
 // stays closed with weight HalfOpenWeight and a reason "ejection cap held:
 // 3 of 6 already open (max_open_fraction 0.50); <the rule's reason>" written
