@@ -45,8 +45,8 @@ import (
 //   - Nesting of skipped values deeper than 10000 is ErrBadJSON, as in
 //     encoding/json.
 type Decoder struct {
-	strings [numTables]internTable
-	buf     []byte // scratch for strings with escapes
+	tables [numTables]internTable
+	buf    []byte // scratch for strings with escapes
 	// fieldErrs holds the failure of each field of the object being
 	// decoded, until a later duplicate key replaces it.
 	fieldErrs [numFields]failure
@@ -66,7 +66,7 @@ const (
 	numTables
 )
 
-// Bounds of one internTable. Five full tables hold about 10 MiB.
+// Bounds of one internTable: at most 2 MiB of strings each, plus the map.
 const (
 	maxInterned      = 65536
 	maxInternedBytes = 2 << 20
@@ -145,66 +145,12 @@ var fieldNames = [numFields]string{
 	fieldCacheHit: "cache_hit", fieldFingerprint: "fingerprint", fieldSource: "source",
 }
 
-// fieldOf returns the field named key, noField for an unknown key. It
-// switches on the length first, so that a key costs one or two short
-// comparisons; string(key) in a comparison neither copies nor allocates.
+// fieldOf returns the field named key, noField for an unknown key. It is
+// the slow path behind knownKey, for unknown keys and keys with escapes.
 func fieldOf(key []byte) field {
-	switch len(key) {
-	case 1:
-		if string(key) == "v" {
-			return fieldV
-		}
-	case 2:
-		if string(key) == "ts" {
-			return fieldTS
-		}
-	case 4:
-		switch string(key) {
-		case "pool":
-			return fieldPool
-		case "cold":
-			return fieldCold
-		}
-	case 6:
-		switch string(key) {
-		case "status":
-			return fieldStatus
-		case "prefix":
-			return fieldPrefix
-		case "source":
-			return fieldSource
-		}
-	case 7:
-		switch string(key) {
-		case "backend":
-			return fieldBackend
-		case "outcome":
-			return fieldOutcome
-		case "ttft_ms":
-			return fieldTTFT
-		}
-	case 9:
-		if string(key) == "cache_hit" {
-			return fieldCacheHit
-		}
-	case 11:
-		switch string(key) {
-		case "duration_ms":
-			return fieldDuration
-		case "fingerprint":
-			return fieldFingerprint
-		}
-	case 12:
-		if string(key) == "input_tokens" {
-			return fieldInputTokens
-		}
-	case 13:
-		if string(key) == "output_tokens" {
-			return fieldOutputTokens
-		}
-	case 14:
-		if string(key) == "retry_after_ms" {
-			return fieldRetryAfter
+	for k, name := range fieldNames {
+		if string(key) == name { // compares lengths first; no allocation
+			return field(k)
 		}
 	}
 	return noField
@@ -544,7 +490,7 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 func (d *Decoder) setString(ev *Event, k field, s []byte) error {
 	switch k {
 	case fieldPool:
-		t := &d.strings[tablePool]
+		t := &d.tables[tablePool]
 		v, ok := t.lookup(s)
 		if !ok {
 			if !validPoolID(s) {
@@ -555,7 +501,7 @@ func (d *Decoder) setString(ev *Event, k field, s []byte) error {
 		}
 		ev.Pool = v
 	case fieldBackend:
-		t := &d.strings[tableBackend]
+		t := &d.tables[tableBackend]
 		v, ok := t.lookup(s)
 		if !ok {
 			if !validBackendID(s) {
@@ -602,7 +548,7 @@ func (d *Decoder) setString(ev *Event, k field, s []byte) error {
 // boundedString validates and interns a free-form string of at most max
 // bytes of valid UTF-8.
 func (d *Decoder) boundedString(table int, s []byte, max int) (string, error) {
-	t := &d.strings[table]
+	t := &d.tables[table]
 	if v, ok := t.lookup(s); ok {
 		return v, nil
 	}

@@ -477,7 +477,7 @@ func TestDecodeInternTableBounded(t *testing.T) {
 			t.Fatalf("Backend = %q, want %q", e.Backend, want)
 		}
 	}
-	table := &d.strings[tableBackend]
+	table := &d.tables[tableBackend]
 	if n := len(table.m); n > maxInterned {
 		t.Errorf("intern table holds %d ids, want at most %d", n, maxInterned)
 	}
