@@ -1,0 +1,238 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/sim"
+)
+
+func init() {
+	register("sim", "compare routing policies in the deterministic simulator (tables, CSV, SVG charts)", runSim)
+}
+
+// simVariants are the picker and analyzer variants --variants adds to every
+// scenario, for the choice of the defaults.
+var simVariants = []string{sim.FWSeed, sim.FWSqrt, sim.FWNoGuard, sim.FWDefaultAnalyzer}
+
+// runSim runs the simulator's scenarios and prints one table per scenario;
+// with --out it also writes results.csv, tables.md, shares-<scenario>.csv
+// and two SVG charts per scenario. The output on stdout depends only on the
+// flags (the same seed gives the same tables); timing goes to stderr.
+func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
+	scenario := fs.String("scenario", "", "run only the scenarios named (comma-separated); \"list\" lists them; default all")
+	seed := fs.Uint64("seed", 1, "random seed of the first run")
+	seeds := fs.Int("seeds", 1, "number of seeds (seed, seed+1, ...); tables show the median over seeds, CSV every run")
+	out := fs.String("out", "", "directory for CSV, Markdown and SVG files (none when empty)")
+	duration := fs.Duration("duration", 0, "shorten every scenario to this simulated duration (incident times scale); 0 keeps each scenario's")
+	policies := fs.String("policies", "", "comma-separated policies to compare instead of each scenario's own")
+	variants := fs.Bool("variants", false, "also run the picker's score variants and the default-analyzer variant: "+strings.Join(simVariants, ", "))
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--variants]")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "fleetwatch sim: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	if *seeds < 1 {
+		fmt.Fprintln(stderr, "fleetwatch sim: --seeds must be >= 1")
+		return errUsage
+	}
+	all := sim.Scenarios()
+	if *scenario == "list" {
+		for _, sc := range all {
+			fmt.Fprintf(stdout, "%-16s %s\n", sc.Name, sc.Description)
+		}
+		return nil
+	}
+	scenarios, err := selectScenarios(all, *scenario)
+	if err != nil {
+		fmt.Fprintf(stderr, "fleetwatch sim: %v\n", err)
+		return errUsage
+	}
+	for i := range scenarios {
+		scenarios[i] = scenarios[i].Shorten(*duration)
+		switch {
+		case *policies != "":
+			scenarios[i].Policies = strings.Split(*policies, ",")
+		case *variants:
+			scenarios[i].Policies = append(slices.Clone(sim.PoliciesOf(scenarios[i])), simVariants...)
+		}
+	}
+
+	start := time.Now()
+	results, err := runScenarios(ctx, scenarios, *seed, *seeds)
+	if err != nil {
+		return err
+	}
+	elapsed := time.Since(start)
+
+	var tables strings.Builder
+	requests := 0
+	for i, sc := range scenarios {
+		var medians []*sim.Result
+		for _, runs := range results[i] {
+			medians = append(medians, sim.Median(runs))
+			for _, r := range runs {
+				requests += r.Requests
+			}
+		}
+		if err := sim.WriteTable(&tables, sc, medians); err != nil {
+			return err
+		}
+	}
+	if *seeds > 1 {
+		fmt.Fprintf(stdout, "Medians over seeds %d to %d.\n\n", *seed, *seed+uint64(*seeds)-1)
+	}
+	if _, err := io.WriteString(stdout, tables.String()); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "fleetwatch sim: %d runs, %d simulated requests in %.2fs (%.0f requests per wall second)\n",
+		countRuns(results), requests, elapsed.Seconds(), float64(requests)/elapsed.Seconds())
+	if *out != "" {
+		if err := writeSimFiles(*out, scenarios, results, tables.String()); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "fleetwatch sim: wrote %s\n", *out)
+	}
+	return nil
+}
+
+func selectScenarios(all []sim.Scenario, names string) ([]sim.Scenario, error) {
+	if names == "" {
+		return all, nil
+	}
+	var out []sim.Scenario
+	for _, name := range strings.Split(names, ",") {
+		sc, ok := sim.ScenarioByName(strings.TrimSpace(name))
+		if !ok {
+			return nil, fmt.Errorf("unknown scenario %q (fleetwatch sim --scenario list)", name)
+		}
+		out = append(out, sc)
+	}
+	return out, nil
+}
+
+// runScenarios runs every (scenario, policy, seed) on GOMAXPROCS workers and
+// returns results[scenario][policy][seed]. Each run is deterministic, so
+// the schedule does not change the results.
+func runScenarios(ctx context.Context, scenarios []sim.Scenario, seed uint64, seeds int) ([][][]*sim.Result, error) {
+	type job struct{ s, p, k int }
+	results := make([][][]*sim.Result, len(scenarios))
+	var jobs []job
+	for s, sc := range scenarios {
+		pols := sim.PoliciesOf(sc)
+		results[s] = make([][]*sim.Result, len(pols))
+		for p := range pols {
+			results[s][p] = make([]*sim.Result, seeds)
+			for k := range seeds {
+				jobs = append(jobs, job{s, p, k})
+			}
+		}
+	}
+	var (
+		mu    sync.Mutex
+		first error
+		next  int
+		wg    sync.WaitGroup
+	)
+	for range runtime.GOMAXPROCS(0) {
+		wg.Go(func() {
+			for {
+				mu.Lock()
+				if next >= len(jobs) || first != nil || ctx.Err() != nil {
+					mu.Unlock()
+					return
+				}
+				j := jobs[next]
+				next++
+				mu.Unlock()
+				sc := scenarios[j.s]
+				r, err := sim.Run(sc, sim.PoliciesOf(sc)[j.p], seed+uint64(j.k))
+				mu.Lock()
+				if err != nil && first == nil {
+					first = err
+				}
+				results[j.s][j.p][j.k] = r
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if first != nil {
+		return nil, first
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return results, nil
+}
+
+func countRuns(results [][][]*sim.Result) int {
+	n := 0
+	for _, s := range results {
+		for _, p := range s {
+			n += len(p)
+		}
+	}
+	return n
+}
+
+// writeSimFiles writes results.csv (every run), tables.md, and per scenario
+// shares-<name>.csv, <name>-share.svg and <name>-ttft.svg (first seed).
+func writeSimFiles(dir string, scenarios []sim.Scenario, results [][][]*sim.Result, tables string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	write := func(name string, fill func(io.Writer) error) error {
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		if err := fill(f); err != nil {
+			f.Close()
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		return f.Close()
+	}
+	var flat []*sim.Result
+	for _, s := range results {
+		for _, p := range s {
+			flat = append(flat, p...)
+		}
+	}
+	if err := write("results.csv", func(w io.Writer) error { return sim.WriteCSV(w, flat, true) }); err != nil {
+		return err
+	}
+	if err := write("tables.md", func(w io.Writer) error { _, err := io.WriteString(w, tables); return err }); err != nil {
+		return err
+	}
+	var errs []error
+	for i, sc := range scenarios {
+		var firsts []*sim.Result
+		for _, runs := range results[i] {
+			firsts = append(firsts, runs[0])
+		}
+		errs = append(errs,
+			write("shares-"+sc.Name+".csv", func(w io.Writer) error { return sim.WriteSharesCSV(w, firsts) }),
+			write(sc.Name+"-share.svg", func(w io.Writer) error { return sim.WriteShareSVG(w, sc, firsts) }),
+			write(sc.Name+"-ttft.svg", func(w io.Writer) error { return sim.WriteTTFTSVG(w, sc, firsts) }),
+		)
+	}
+	return errors.Join(errs...)
+}
