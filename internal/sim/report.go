@@ -292,7 +292,9 @@ func Median(rs []*Result) *Result {
 		}
 		return (v[len(v)/2-1] + v[len(v)/2]) / 2
 	}
-	medInt := func(get func(*Result) int) int { return int(math.Round(med(func(r *Result) float64 { return float64(get(r)) }))) }
+	medInt := func(get func(*Result) int) int {
+		return int(math.Round(med(func(r *Result) float64 { return float64(get(r)) })))
+	}
 	out.Requests = medInt(func(r *Result) int { return r.Requests })
 	out.Failed = medInt(func(r *Result) int { return r.Failed })
 	out.Attempts = medInt(func(r *Result) int { return r.Attempts })
