@@ -527,6 +527,16 @@ func TestJetStreamCaptureAndReplay(t *testing.T) {
 		publish(t, nc, "fw.outcomes", string(payload))
 		want += perBatch
 	}
+	// Republished verbatim, encoded afresh, or both: an unknown field, a
+	// pretty-printed object spanning lines, a skewed ts, a ts to the
+	// millisecond and one with more digits.
+	publish(t, nc, "fw.outcomes.odd",
+		`{"pool":"p3","backend":"verbatim","status":200,"ts":"`+fleetwatch.FormatTime(clock.Now())+`","extra":{"a":[1,2]}}`,
+		"{\n  \"pool\": \"p3\",\n  \"backend\": \"pretty\",\n  \"status\": 500\n}",
+		`{"pool":"p3","backend":"skewed","status":200,"ts":"2000-01-01T00:00:00Z"}`,
+		`{"pool":"p3","backend":"nanos","status":200,"ts":"`+clock.Now().UTC().Format(time.RFC3339Nano)+`"}`)
+	want += 4
+
 	waitFor(t, "accepted events", func() bool { return sink.len() == want })
 	stop() // flushes the last republished batches
 	if err := nc.Flush(); err != nil {

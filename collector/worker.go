@@ -102,7 +102,7 @@ func (w *worker) onLine(line []byte, ev *fleetwatch.Event, err error) {
 		})
 		return
 	}
-	w.stamp(ev)
+	restamped := w.stamp(ev)
 
 	batch := w.batchLocked()
 	*batch = append(*batch, *ev)
@@ -112,22 +112,24 @@ func (w *worker) onLine(line []byte, ev *fleetwatch.Event, err error) {
 		w.batch = nil
 	}
 	if w.c.js != nil {
-		w.appendStreamLocked(ev)
+		w.appendStreamLocked(ev, line, restamped)
 	}
 }
 
 // stamp applies the protocol's time rules: an absent ts becomes the arrival
 // time, and a ts more than MaxSkew from the collector's clock is replaced by
-// it and counted.
-func (w *worker) stamp(ev *fleetwatch.Event) {
+// it and counted. It reports whether ts was set.
+func (w *worker) stamp(ev *fleetwatch.Event) (restamped bool) {
 	if ev.TS.IsZero() {
 		ev.TS = w.arrival
-		return
+		return true
 	}
 	if d := ev.TS.Sub(w.arrival); d > fleetwatch.MaxSkew || d < -fleetwatch.MaxSkew {
 		ev.TS = w.arrival
 		w.c.m.skewed.Inc()
+		return true
 	}
+	return false
 }
 
 func (w *worker) batchLocked() *[]fleetwatch.Event {
@@ -138,16 +140,23 @@ func (w *worker) batchLocked() *[]fleetwatch.Event {
 	return w.batch
 }
 
-// appendStreamLocked adds ev to its pool's NDJSON for FW_OUTCOMES, with its
-// final timestamp, so that a replay sees what the analyzer saw.
-func (w *worker) appendStreamLocked(ev *fleetwatch.Event) {
+// appendStreamLocked adds ev to its pool's NDJSON for FW_OUTCOMES with its
+// final timestamp, so that a replay sees what the analyzer saw. When the
+// collector kept the event's own ts, the line as the proxy sent it already
+// decodes to ev and is copied verbatim (encoding costs as much as decoding);
+// otherwise, or when the object spans several lines, ev is encoded afresh.
+func (w *worker) appendStreamLocked(ev *fleetwatch.Event, line []byte, restamped bool) {
 	buf := w.pools[ev.Pool]
 	if buf == nil {
 		buf = w.c.streamPool.Get().(*[]byte)
 		*buf = (*buf)[:0]
 		w.pools[ev.Pool] = buf
 	}
-	*buf = fleetwatch.AppendEvent(*buf, ev)
+	if !restamped && bytes.IndexByte(line, '\n') < 0 {
+		*buf = append(*buf, line...)
+	} else {
+		*buf = fleetwatch.AppendEvent(*buf, ev)
+	}
 	*buf = append(*buf, '\n')
 	if len(*buf) >= w.c.settings.StreamBatchBytes {
 		w.readyOut = append(w.readyOut, streamBatch{pool: ev.Pool, buf: buf, events: countLines(*buf)})
