@@ -18,8 +18,10 @@
 // messages), which one-event-per-message traffic overruns near 90k msgs/s on
 // a small machine. Batches of up to 64 KiB cut the stream's message rate by
 // two orders of magnitude, and what a restarted analyzer needs is the
-// validated events with their final timestamps anyway. Replay reads them
-// back. Without JetStream the collector runs without capture and replay.
+// validated events with their final timestamps anyway: each line is the
+// proxy's own when the collector kept its ts, and the event re-encoded with
+// the arrival time otherwise. Replay reads them back. Without JetStream the
+// collector runs without capture and replay.
 package collector
 
 import (
