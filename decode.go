@@ -219,58 +219,83 @@ func (d *Decoder) Decode(data []byte, ev *Event) error {
 	return nil
 }
 
-// DecodeBatch decodes a payload of one JSON object or of NDJSON (objects
-// one per line; blank lines are skipped) and calls fn once per object or
-// bad line, in order, with the object's bytes, the decoded event and nil,
-// or with the bad line, a partly filled event and a *DecodeError whose
-// Offset counts from the start of line. A bad line rejects that line alone.
+// DecodeBatch decodes a payload that is either one JSON object, which may
+// span lines (a pretty-printed event), or NDJSON: objects one per line,
+// blank lines skipped. It calls fn once per object or bad line, in order,
+// with the object's bytes, the decoded event and nil, or with the bad line,
+// a partly filled event and a *DecodeError whose Offset counts from the
+// start of line. A bad line rejects that line alone; two objects on one
+// line make a bad line.
 //
 // ev and line are only valid during the call: ev is reused for the next
-// one. An object may span several lines (a pretty-printed single event);
-// after a JSON syntax error decoding resumes on the next line. Two objects
-// on one line are a syntax error.
+// one. Every line is scanned at most twice, so a hostile payload (say,
+// thousands of lines that each open an array) costs time linear in its
+// size.
 func (d *Decoder) DecodeBatch(data []byte, fn func(line []byte, ev *Event, err error)) (ok, bad int) {
 	ev := &d.batch
-	pos := 0
-	for {
-		pos = skipSpace(data, pos)
-		if pos >= len(data) {
-			return ok, bad
-		}
-		start := pos
-		end, f := d.object(data, start, ev)
-		if f.err != ErrBadJSON {
-			rest := end
-			for rest < len(data) && (data[rest] == ' ' || data[rest] == '\t' || data[rest] == '\r') {
-				rest++
-			}
-			if rest < len(data) && data[rest] != '\n' {
-				f = syntaxError(rest)
-			} else {
-				pos = rest
-			}
-		}
-		if f.err == ErrBadJSON {
-			end = len(data)
-			if i := bytes.IndexByte(data[start:], '\n'); i >= 0 {
-				end = start + i
-			}
-			pos = end
-		}
-		line := bytes.TrimRight(data[start:end], " \t\r")
-		if f.err == ErrBadJSON && f.off > start+len(line) {
-			// The object ran past its line: point at the line's end,
-			// as Decode of the line alone would.
-			f.off = start + len(line)
-		}
-		if f.err != nil {
-			bad++
-			fn(line, ev, d.errorOf(f, start, ev))
-		} else {
+	report := func(line []byte, f failure) {
+		if f.err == nil {
 			ok++
 			fn(line, ev, nil)
+			return
+		}
+		if f.off > len(line) { // past trailing blanks the line does not show
+			f.off = len(line)
+		}
+		bad++
+		fn(line, ev, d.errorOf(f, 0, ev))
+	}
+
+	start := skipSpace(data, 0)
+	if start == len(data) {
+		return 0, 0
+	}
+	// Try the whole payload as one object first: that is the only way an
+	// object may span lines.
+	end, f := d.object(data, start, ev)
+	lineEnd := len(data)
+	if i := bytes.IndexByte(data[start:], '\n'); i >= 0 {
+		lineEnd = start + i
+	}
+	next := 0 // where NDJSON decoding starts
+	switch {
+	case f.err != ErrBadJSON && skipSpace(data, end) == len(data):
+		report(data[start:end], f)
+		return ok, bad
+	case f.err != ErrBadJSON && end <= lineEnd && onlyBlanks(data[end:lineEnd]):
+		// The first line of NDJSON: keep its result.
+		report(data[start:end], f)
+		next = lineEnd + 1
+	}
+
+	for next < len(data) {
+		lineEnd := len(data)
+		if i := bytes.IndexByte(data[next:], '\n'); i >= 0 {
+			lineEnd = next + i
+		}
+		line := bytes.Trim(data[next:lineEnd], " \t\r")
+		next = lineEnd + 1
+		if len(line) == 0 {
+			continue
+		}
+		end, f := d.object(line, 0, ev)
+		if f.err != ErrBadJSON && end != len(line) {
+			f = syntaxError(skipSpace(line, end))
+		}
+		report(line, f)
+	}
+	return ok, bad
+}
+
+// onlyBlanks reports whether b holds nothing but spaces, tabs and carriage
+// returns.
+func onlyBlanks(b []byte) bool {
+	for _, c := range b {
+		if c != ' ' && c != '\t' && c != '\r' {
+			return false
 		}
 	}
+	return true
 }
 
 // object decodes the object at data[pos:] into ev. It returns the offset

@@ -632,6 +632,30 @@ func TestDecodeBatch(t *testing.T) {
 			}, 1, 2,
 		},
 		{
+			"pretty objects are not NDJSON",
+			"{\n\"pool\":\"p\",\"backend\":\"a\"}\n" + good("b"),
+			[]call{
+				{Line: "{", Err: ErrBadJSON, Offset: 1},
+				{Line: `"pool":"p","backend":"a"}`, Err: ErrBadJSON},
+				{Line: good("b"), Backend: "b"},
+			}, 1, 2,
+		},
+		{
+			"lines that each open an array",
+			strings.Repeat(`{"x":[`+"\n", 3) + good("a"),
+			[]call{
+				{Line: `{"x":[`, Err: ErrBadJSON, Offset: 6},
+				{Line: `{"x":[`, Err: ErrBadJSON, Offset: 6},
+				{Line: `{"x":[`, Err: ErrBadJSON, Offset: 6},
+				{Line: good("a"), Backend: "a"},
+			}, 1, 3,
+		},
+		{
+			"leading blanks on a line",
+			good("a") + "\n \t" + good("b") + "\n",
+			[]call{{Line: good("a"), Backend: "a"}, {Line: good("b"), Backend: "b"}}, 2, 0,
+		},
+		{
 			"missing field and trailing spaces",
 			`{"pool":"p"}  ` + "\n" + good("a") + "\t \r\n",
 			[]call{
