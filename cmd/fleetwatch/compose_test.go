@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -581,5 +583,65 @@ func checkDeployPermissions(t *testing.T, url string) {
 	defer delCancel()
 	if err := rJS.DeleteKeyValue(delCtx, subj.BucketDecisions()); err == nil {
 		t.Error("router deleted the decisions bucket")
+	}
+}
+
+// TestDeployNATSWithServe runs a real `fleetwatch serve` as the fleetwatch
+// user of deploy/nats/nats.conf: it must start, take the proxy's outcome
+// events and publish decisions that the router user reads from the KV
+// bucket, without a single permissions violation.
+func TestDeployNATSWithServe(t *testing.T) {
+	conf := filepath.Join(repoRoot(t), "deploy", "nats", "nats.conf")
+	url := startDebianDeployNATS(t, conf)
+	p := startServeProcessEnv(t, "prefix: fw\n",
+		[]string{"NATS_USER=fleetwatch", "NATS_PASSWORD=" + natsPasswords["FLEETWATCH_NATS_PASSWORD"]},
+		"--nats", url)
+
+	proxy, proxyErrs := connectAs(t, url, "proxy")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	router, routerErrs := connectAs(t, url, "router")
+	js, err := jetstream.New(router)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := fleetwatch.Subjects{}
+	var snap fleetwatch.Snapshot
+	for {
+		ts := fleetwatch.FormatTime(time.Now())
+		for _, b := range []string{"vllm-a", "vllm-b"} {
+			ev := fmt.Sprintf(`{"v":1,"pool":"deploy-pool","backend":%q,"ts":%q,"status":200,"outcome":"ok","ttft_ms":150}`, b, ts)
+			if err := proxy.Publish(subj.Outcomes()+".proxy-1", []byte(ev)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if kv, err := js.KeyValue(ctx, subj.BucketDecisions()); err == nil {
+			if e, err := kv.Get(ctx, "deploy-pool"); err == nil {
+				if err := json.Unmarshal(e.Value(), &snap); err != nil {
+					t.Fatalf("decision in the KV bucket: %v: %s", err, e.Value())
+				}
+				if len(snap.Backends) == 2 {
+					break
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("no decision for deploy-pool with 2 backends in %s (last %+v)", subj.BucketDecisions(), snap)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	if snap.Pool != "deploy-pool" || snap.Backends[0].Backend != "vllm-a" {
+		t.Errorf("decision %+v", snap)
+	}
+	for _, errs := range []*asyncErrors{proxyErrs, routerErrs} {
+		errs.mu.Lock()
+		for _, err := range errs.errs {
+			t.Errorf("client error: %v", err)
+		}
+		errs.mu.Unlock()
+	}
+	if out := p.logs.String(); strings.Contains(strings.ToLower(out), "permission") {
+		t.Errorf("fleetwatch serve reports a permission problem:\n%s", out)
 	}
 }

@@ -326,6 +326,14 @@ var (
 // (SIGTERM, then kill) in t.Cleanup.
 func startServeProcess(t *testing.T, config string, extraArgs ...string) *serveProcess {
 	t.Helper()
+	return startServeProcessEnv(t, config, nil, extraArgs...)
+}
+
+// startServeProcessEnv is startServeProcess with extra environment
+// variables. With --nats among extraArgs it uses that server instead of an
+// embedded one.
+func startServeProcessEnv(t *testing.T, config string, env []string, extraArgs ...string) *serveProcess {
+	t.Helper()
 	bin := buildServeBinary(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "fleetwatch.yaml")
@@ -335,6 +343,7 @@ func startServeProcess(t *testing.T, config string, extraArgs ...string) *serveP
 	args := append([]string{"serve", "--config", cfgPath, "--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
 		"--data", filepath.Join(dir, "data")}, extraArgs...)
 	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
 	logs := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -358,6 +367,11 @@ func startServeProcess(t *testing.T, config string, extraArgs ...string) *serveP
 		}
 	})
 	p := &serveProcess{logs: logs}
+	for i, a := range extraArgs {
+		if a == "--nats" && i+1 < len(extraArgs) {
+			p.natsURL = extraArgs[i+1]
+		}
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	for p.natsURL == "" || p.httpURL == "" {
 		out := logs.String()
