@@ -312,6 +312,7 @@ func buildServeBinary(t *testing.T) string {
 // serveProcess is a running `fleetwatch serve` subprocess with its embedded
 // NATS server.
 type serveProcess struct {
+	bin              string // the fleetwatch binary, for further subcommands
 	natsURL, httpURL string
 	logs             *lockedBuffer
 }
@@ -366,7 +367,7 @@ func startServeProcessEnv(t *testing.T, config string, env []string, extraArgs .
 			t.Logf("fleetwatch serve output:\n%s", logs.String())
 		}
 	})
-	p := &serveProcess{logs: logs}
+	p := &serveProcess{bin: bin, logs: logs}
 	for i, a := range extraArgs {
 		if a == "--nats" && i+1 < len(extraArgs) {
 			p.natsURL = extraArgs[i+1]
@@ -541,13 +542,13 @@ func TestDashboardsAgainstServe(t *testing.T) {
 	}
 	vm.waitScrapes(t, 8)
 	t.Run("queries", func(t *testing.T) { checkDashboardQueries(t, vm, "llama-3.1-70b", 30*time.Second) })
-	t.Run("METRICS.md", func(t *testing.T) { checkMetricsCatalogue(t, p.httpURL+"/metrics") })
+	t.Run("METRICS.md", func(t *testing.T) { checkMetricsCatalogue(t, "## fleetwatch serve", p.httpURL+"/metrics") })
 }
 
-// metricsCatalogue returns the metric names listed in the tables of the
-// "## fleetwatch serve" section of docs/METRICS.md, each with whether it is
+// metricsCatalogue returns the metric names listed in the tables of a
+// section ("## fleetwatch serve") of docs/METRICS.md, each with whether it is
 // always exposed (false for a type marked "conditional").
-func metricsCatalogue(t *testing.T) map[string]bool {
+func metricsCatalogue(t *testing.T, section string) map[string]bool {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "METRICS.md"))
 	if err != nil {
@@ -558,7 +559,7 @@ func metricsCatalogue(t *testing.T) map[string]bool {
 	in := false
 	for _, line := range strings.Split(string(data), "\n") {
 		if strings.HasPrefix(line, "## ") {
-			in = strings.TrimSpace(line) == "## fleetwatch serve"
+			in = strings.TrimSpace(line) == section
 			continue
 		}
 		if m := row.FindStringSubmatch(line); in && m != nil {
@@ -569,7 +570,7 @@ func metricsCatalogue(t *testing.T) map[string]bool {
 		}
 	}
 	if len(names) == 0 {
-		t.Fatal("METRICS.md: no metric rows under \"## fleetwatch serve\"")
+		t.Fatalf("METRICS.md: no metric rows under %q", section)
 	}
 	return names
 }
@@ -608,17 +609,94 @@ func exposedMetrics(t *testing.T, url string) map[string]bool {
 	return names
 }
 
-func checkMetricsCatalogue(t *testing.T, url string) {
-	listed := metricsCatalogue(t)
+func checkMetricsCatalogue(t *testing.T, section, url string) {
+	listed := metricsCatalogue(t, section)
 	exposed := exposedMetrics(t, url)
 	for name, always := range listed {
 		if always && !exposed[name] {
-			t.Errorf("METRICS.md lists %s, which fleetwatch serve does not expose", name)
+			t.Errorf("METRICS.md (%s) lists %s, which is not exposed", section, name)
 		}
 	}
 	for name := range exposed {
 		if _, ok := listed[name]; !ok {
-			t.Errorf("fleetwatch serve exposes %s, which METRICS.md does not list", name)
+			t.Errorf("%s is exposed, but METRICS.md (%s) does not list it", name, section)
 		}
 	}
+}
+
+var routeListenLine = regexp.MustCompile(`route: listening on (http://\S+)`)
+
+// TestMetricsCatalogueRoute checks the "fleetwatch route" section of
+// docs/METRICS.md against the /metrics of a real `fleetwatch route` that
+// follows a real serve and has proxied requests to a healthy and a failing
+// fake backend.
+func TestMetricsCatalogueRoute(t *testing.T) {
+	healthy := httptest.NewServer(fakeai.New(fakeai.Settings{Name: "ok"}))
+	t.Cleanup(healthy.Close)
+	failing := httptest.NewServer(fakeai.New(fakeai.Settings{Name: "bad", Behavior: fakeai.Behavior{ErrorRate: 1}}))
+	t.Cleanup(failing.Close)
+	config := fmt.Sprintf(`pools:
+  - id: llama
+    models: [llama]
+    backends:
+      - id: ok
+        url: %s
+      - id: bad
+        url: %s
+`, healthy.URL, failing.URL)
+	p := startServeProcess(t, config, "--no-probes")
+	bin := p.bin
+	cfgPath := filepath.Join(t.TempDir(), "route.yaml")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "route", "--nats", p.natsURL, "--config", cfgPath, "--listen", "127.0.0.1:0", "--source", "catalogue-test")
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { // reaps the process
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("fleetwatch route output:\n%s", logs.String())
+		}
+	})
+	var base string
+	deadline := time.Now().Add(30 * time.Second)
+	for base == "" {
+		if m := routeListenLine.FindStringSubmatch(logs.String()); m != nil {
+			base = m[1]
+		}
+		select {
+		case <-exited:
+			t.Fatalf("fleetwatch route exited:\n%s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleetwatch route did not report its address:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for i := range 40 {
+		body := fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
+		res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+	}
+	checkMetricsCatalogue(t, "## fleetwatch route", base+"/metrics")
 }
