@@ -233,17 +233,19 @@ func (d *Decoder) Decode(data []byte, ev *Event) error {
 // size.
 func (d *Decoder) DecodeBatch(data []byte, fn func(line []byte, ev *Event, err error)) (ok, bad int) {
 	ev := &d.batch
-	report := func(line []byte, f failure) {
+	// report passes on the result for line, which starts at data[base]
+	// (line's own offset 0 when base is 0).
+	report := func(line []byte, base int, f failure) {
 		if f.err == nil {
 			ok++
 			fn(line, ev, nil)
 			return
 		}
-		if f.off > len(line) { // past trailing blanks the line does not show
-			f.off = len(line)
+		if f.off-base > len(line) { // past trailing blanks the line does not show
+			f.off = base + len(line)
 		}
 		bad++
-		fn(line, ev, d.errorOf(f, 0, ev))
+		fn(line, ev, d.errorOf(f, base, ev))
 	}
 
 	start := skipSpace(data, 0)
@@ -260,11 +262,11 @@ func (d *Decoder) DecodeBatch(data []byte, fn func(line []byte, ev *Event, err e
 	next := 0 // where NDJSON decoding starts
 	switch {
 	case f.err != ErrBadJSON && skipSpace(data, end) == len(data):
-		report(data[start:end], f)
+		report(data[start:end], start, f)
 		return ok, bad
 	case f.err != ErrBadJSON && end <= lineEnd && onlyBlanks(data[end:lineEnd]):
 		// The first line of NDJSON: keep its result.
-		report(data[start:end], f)
+		report(data[start:end], start, f)
 		next = lineEnd + 1
 	}
 
@@ -282,7 +284,7 @@ func (d *Decoder) DecodeBatch(data []byte, fn func(line []byte, ev *Event, err e
 		if f.err != ErrBadJSON && end != len(line) {
 			f = syntaxError(skipSpace(line, end))
 		}
-		report(line, f)
+		report(line, 0, f)
 	}
 	return ok, bad
 }

@@ -651,6 +651,16 @@ func TestDecodeBatch(t *testing.T) {
 			}, 1, 3,
 		},
 		{
+			"offsets count from the object, not the payload",
+			"\n  " + ev(`"ttft_ms":-1`) + "\n",
+			[]call{{Line: ev(`"ttft_ms":-1`), Backend: "b", Err: ErrOutOfRange, Field: "ttft_ms", Offset: 36}}, 0, 1,
+		},
+		{
+			"offsets of a missing field",
+			" {} ",
+			[]call{{Line: "{}", Err: ErrMissingField, Field: "pool"}}, 0, 1,
+		},
+		{
 			"leading blanks on a line",
 			good("a") + "\n \t" + good("b") + "\n",
 			[]call{{Line: good("a"), Backend: "a"}, {Line: good("b"), Backend: "b"}}, 2, 0,
