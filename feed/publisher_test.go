@@ -166,3 +166,42 @@ func TestPublisherClosedConnection(t *testing.T) {
 		t.Errorf("publish errors = %d, want 1", got)
 	}
 }
+
+func TestPublisherAfterServerRestart(t *testing.T) {
+	store := t.TempDir()
+	url, srv := feedtest.NewServer(t, feedtest.WithStoreDir(store))
+	nc := feedtest.Connect(t, url)
+	p, err := NewPublisher(t.Context(), nc, PublisherSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(t.Context(), feedtest.Snapshot("p", "e", 1, t0)); err != nil {
+		t.Fatal(err)
+	}
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	url2, _ := feedtest.NewServer(t, feedtest.WithStoreDir(store), feedtest.WithPort(feedtest.Port(srv)))
+
+	// The heartbeat keeps publishing; once the client is back, puts succeed.
+	checker := feedtest.Connect(t, url2)
+	js, _ := jetstream.New(checker)
+	seq := uint64(1)
+	waitFor(t, "a snapshot in the restarted server's KV", func() bool {
+		seq++
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		defer cancel()
+		if err := p.Publish(ctx, feedtest.Snapshot("p", "e", seq, t0)); err != nil {
+			return false
+		}
+		kv, err := js.KeyValue(ctx, "fw_decisions")
+		if err != nil {
+			return false
+		}
+		entry, err := kv.Get(ctx, "p")
+		if err != nil {
+			return false
+		}
+		var got fleetwatch.Snapshot
+		return json.Unmarshal(entry.Value(), &got) == nil && got.Seq == seq
+	})
+}

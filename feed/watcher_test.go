@@ -284,3 +284,42 @@ func TestNewWatcherRejectsBadPool(t *testing.T) {
 		t.Errorf("error = %v, want ErrInvalidPool", err)
 	}
 }
+
+func TestWatcherCountsDroppedSnapshots(t *testing.T) {
+	url, _ := feedtest.NewServer(t, feedtest.WithoutJetStream())
+	nc := feedtest.Connect(t, url)
+	nc.SetErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}) // slow-consumer notices expected
+	release := make(chan struct{})
+	w := startWatcher(t, nc, WatcherSettings{Buffer: 1, OnUpdate: func(*fleetwatch.Snapshot) { <-release }})
+
+	script := feedtest.NewScript(t, feedtest.Connect(t, url), "")
+	const n = 200
+	for seq := uint64(1); seq <= n; seq++ {
+		script.PublishRaw("p", mustJSON(t, feedtest.Snapshot("p", "e", seq, t0, feedtest.Closed("a"))))
+	}
+	script.PublishSubject() // flush
+	if err := nc.Flush(); err != nil { // everything has reached the watcher's client
+		t.Fatal(err)
+	}
+	close(release)
+	// Every snapshot is applied, ignored as older, or counted as dropped
+	// (the drop count is collected once a second).
+	waitFor(t, "all snapshots accounted for", func() bool {
+		return w.applied.Get()+w.older.Get()+w.dropped.Get() == n
+	})
+	if w.dropped.Get() == 0 {
+		t.Error("no drops counted with a buffer of 1 and a blocked OnUpdate")
+	}
+	if _, seq := seqOf(w, "p"); seq == 0 {
+		t.Error("no snapshot applied")
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
