@@ -297,8 +297,11 @@ func TestWatcherCountsDroppedSnapshots(t *testing.T) {
 	for seq := uint64(1); seq <= n; seq++ {
 		script.PublishRaw("p", mustJSON(t, feedtest.Snapshot("p", "e", seq, t0, feedtest.Closed("a"))))
 	}
-	script.PublishSubject() // flush
-	if err := nc.Flush(); err != nil { // everything has reached the watcher's client
+	// Once the publisher's connection is flushed, the server has every
+	// snapshot; once the watcher's is, its client has handled them all
+	// (queued or dropped).
+	script.PublishSubject()
+	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	close(release)
