@@ -65,13 +65,6 @@ func (h *histogram) add(bin uint16) {
 	h.total++
 }
 
-func (h *histogram) addAll(o *histogram) {
-	for i, c := range o.counts {
-		h.counts[i] += c
-	}
-	h.total += o.total
-}
-
 func (h *histogram) subAll(o *histogram) {
 	for i, c := range o.counts {
 		h.counts[i] -= c

@@ -208,11 +208,6 @@ func (a *Analyzer) canOpen(s *Settings, open, n int) bool {
 	return open == 0 || float64(open+1) <= s.MaxOpenFraction*float64(n)+1e-9
 }
 
-// maxOpen is the most backends of a pool of n that the cap lets open at once.
-func maxOpen(maxOpenFraction float64, n int) int {
-	return max(1, int(math.Floor(maxOpenFraction*float64(n)+1e-9)))
-}
-
 // holdByCap keeps b from opening. The reason is written when the hold
 // starts and kept while it lasts, so that the snapshot does not change at
 // every Evaluate while the numbers move.

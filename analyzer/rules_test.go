@@ -588,3 +588,31 @@ func TestEjectionCapReason(t *testing.T) {
 		t.Errorf("d after the cap freed: %s %q, transitions %+v", d.State, d.Reason, ev.Transitions)
 	}
 }
+
+func TestMedianWithout(t *testing.T) {
+	tests := []struct {
+		name   string
+		peers  peers // sorted
+		own    float64
+		want   float64
+		wantOK bool
+	}{
+		{"no other backend", peers{200}, 200, 0, false},
+		{"no backend", nil, 200, 0, false},
+		{"one other", peers{200, 1200}, 1200, 200, true},
+		{"two others: their mean", peers{100, 200, 300}, 200, 200, true},
+		{"two others below", peers{100, 300, 1200}, 1200, 200, true},
+		{"three others: the middle", peers{100, 200, 300, 1200}, 1200, 200, true},
+		{"own is the lowest", peers{100, 200, 300, 400}, 100, 300, true},
+		{"duplicates of own", peers{200, 200, 200}, 200, 200, true},
+		{"own is not a peer (open)", peers{100, 200, 300}, 5000, 200, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := tt.peers.medianWithout(tt.own)
+			if got != tt.want || ok != tt.wantOK {
+				t.Errorf("medianWithout(%v) = %v %v, want %v %v", tt.own, got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+}
