@@ -276,13 +276,17 @@ type Evaluation struct {
 
 // Transition is one breaker state change.
 type Transition struct {
-	Pool, Backend string
-	From, To      fleetwatch.State // To is "" when the backend expired
-	At            time.Time
-	Reason        string // the sentence with the numbers
-	Generation    uint64 // the backend's generation after the change
+	Pool    string           `json:"pool"`
+	Backend string           `json:"backend"`
+	From    fleetwatch.State `json:"from"`
+	To      fleetwatch.State `json:"to"` // "" when the backend expired
+	At      time.Time        `json:"at"`
+	// Reason is the sentence with the numbers.
+	Reason string `json:"reason"`
+	// Generation is the backend's breaker generation after the change.
+	Generation uint64 `json:"generation"`
 	// Cause is one of the Cause* constants.
-	Cause string
+	Cause string `json:"cause"`
 }
 
 // Causes of transitions, the keys of Stats.Trips and Stats.HeldByGate.
