@@ -3,10 +3,13 @@ package main
 import (
 	"errors"
 	"os"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.yaml.in/yaml/v3"
 )
 
 func TestConfigDesignExample(t *testing.T) {
@@ -101,4 +104,73 @@ func TestConfigFileMissing(t *testing.T) {
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("err = %v, want os.ErrNotExist", err)
 	}
+}
+
+// TestConfigDocExample keeps docs/CONFIG.md true: its full example must
+// load, and every key of the configuration types must appear in it.
+func TestConfigDocExample(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/CONFIG.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(doc)
+	start := strings.Index(text, "```yaml\n")
+	end := strings.Index(text[start+8:], "```")
+	if start < 0 || end < 0 {
+		t.Fatal("docs/CONFIG.md has no yaml example")
+	}
+	example := text[start+8 : start+8+end]
+	cfg, err := parseConfig([]byte(example), "docs/CONFIG.md")
+	if err != nil {
+		t.Fatalf("the example of docs/CONFIG.md does not load: %v", err)
+	}
+	if cfg.Analyzer.OpenJitter == nil || cfg.Probes.EnrolMin == nil {
+		t.Errorf("example lost keys: %+v", cfg.Analyzer)
+	}
+	lines := keyLines(mustNode(t, example))
+	for _, key := range yamlKeys(reflect.TypeOf(Config{}), "") {
+		if _, ok := lines[key]; !ok {
+			t.Errorf("docs/CONFIG.md's example does not show key %s", key)
+		}
+	}
+}
+
+func mustNode(t *testing.T, s string) *yaml.Node {
+	t.Helper()
+	var n yaml.Node
+	if err := yaml.Unmarshal([]byte(s), &n); err != nil {
+		t.Fatal(err)
+	}
+	return &n
+}
+
+// yamlKeys lists the dotted key paths of a config type, with slices shown
+// by their first element.
+func yamlKeys(t reflect.Type, prefix string) []string {
+	var keys []string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		name := strings.Split(f.Tag.Get("yaml"), ",")[0]
+		if name == "" || name == "-" {
+			continue
+		}
+		key := name
+		if prefix != "" {
+			key = prefix + "." + name
+		}
+		keys = append(keys, key)
+		ft := f.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		switch {
+		case ft == reflect.TypeOf(AnalyzerConfig{}) && prefix != "":
+			// A pool's analyzer block has the keys of the global one.
+		case ft.Kind() == reflect.Struct && ft != reflect.TypeOf(Duration{}):
+			keys = append(keys, yamlKeys(ft, key)...)
+		case ft.Kind() == reflect.Slice && ft.Elem().Kind() == reflect.Struct:
+			keys = append(keys, yamlKeys(ft.Elem(), key+"[0]")...)
+		}
+	}
+	return keys
 }
