@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 )
 
 // repoRoot is the module root, two levels above this package.
@@ -633,6 +636,46 @@ func TestDeployNATSWithServe(t *testing.T) {
 	}
 	if snap.Pool != "deploy-pool" || snap.Backends[0].Backend != "vllm-a" {
 		t.Errorf("decision %+v", snap)
+	}
+
+	// The reference router runs as the router user: it reads the decisions
+	// (KV and subject) and publishes its outcome events.
+	backend := httptest.NewServer(fakeai.New(fakeai.Settings{Name: "vllm-a"}))
+	t.Cleanup(backend.Close)
+	cfgPath := filepath.Join(t.TempDir(), "route.yaml")
+	routeCfg := fmt.Sprintf("pools:\n  - id: deploy-pool\n    models: [deploy]\n    backends:\n      - id: vllm-a\n        url: %s\n", backend.URL)
+	if err := os.WriteFile(cfgPath, []byte(routeCfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := startRouteProcess(t, p.bin, []string{"NATS_USER=router", "NATS_PASSWORD=" + natsPasswords["ROUTER_NATS_PASSWORD"]},
+		"--nats", url, "--config", cfgPath, "--source", "deploy-router")
+	for {
+		if n, _ := metricValue(t, base+"/metrics", "fleetwatch_feed_snapshots_applied_total"); n > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the router applied no decision")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"deploy","messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Errorf("request through the router: %s", res.Status)
+	}
+	for {
+		if n, _ := metricValue(t, base+"/metrics", "fleetwatch_route_events_published_total"); n > 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("the router published no outcome event")
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	for _, errs := range []*asyncErrors{proxyErrs, routerErrs} {
 		errs.mu.Lock()

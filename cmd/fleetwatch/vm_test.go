@@ -650,7 +650,25 @@ func TestMetricsCatalogueRoute(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "route", "--nats", p.natsURL, "--config", cfgPath, "--listen", "127.0.0.1:0", "--source", "catalogue-test")
+	base := startRouteProcess(t, bin, nil, "--nats", p.natsURL, "--config", cfgPath, "--source", "catalogue-test")
+	for i := range 40 {
+		body := fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
+		res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+	}
+	checkMetricsCatalogue(t, "## fleetwatch route", base+"/metrics")
+}
+
+// startRouteProcess runs `fleetwatch route` on a random loopback port and
+// returns its base URL; it stops in t.Cleanup.
+func startRouteProcess(t *testing.T, bin string, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"route", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
 	logs := &lockedBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
@@ -669,15 +687,18 @@ func TestMetricsCatalogueRoute(t *testing.T) {
 			_ = cmd.Process.Kill()
 			<-exited
 		}
+		out := logs.String()
 		if t.Failed() {
-			t.Logf("fleetwatch route output:\n%s", logs.String())
+			t.Logf("fleetwatch route output:\n%s", out)
+		}
+		if strings.Contains(strings.ToLower(out), "permission") {
+			t.Errorf("fleetwatch route reports a permission problem:\n%s", out)
 		}
 	})
-	var base string
 	deadline := time.Now().Add(30 * time.Second)
-	for base == "" {
+	for {
 		if m := routeListenLine.FindStringSubmatch(logs.String()); m != nil {
-			base = m[1]
+			return m[1]
 		}
 		select {
 		case <-exited:
@@ -689,14 +710,28 @@ func TestMetricsCatalogueRoute(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	for i := range 40 {
-		body := fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
-		res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, res.Body)
-		res.Body.Close()
+}
+
+// metricValue returns the value of one series (name with labels, exactly as
+// exposed) of a /metrics page, and false when it is absent.
+func metricValue(t *testing.T, url, series string) (float64, bool) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
 	}
-	checkMetricsCatalogue(t, "## fleetwatch route", base+"/metrics")
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err == nil {
+				return f, true
+			}
+		}
+	}
+	return 0, false
 }
