@@ -33,6 +33,9 @@ type routeOptions struct {
 	idleGap     time.Duration
 	retryRatio  float64
 	maxBody     int64
+	// headerTimeout bounds the wait for a backend's response headers; 0:
+	// none (a hanging backend holds the request until the client gives up).
+	headerTimeout time.Duration
 }
 
 // runRoute is `fleetwatch route`: an OpenAI-compatible reverse proxy that
@@ -53,6 +56,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&o.idleGap, "idle-gap", 5*time.Minute, "silence after which this router marks its next request to a backend cold")
 	fs.Float64Var(&o.retryRatio, "retry-ratio", p2c.DefaultRetryRatio, "retries allowed per first attempt (the retry budget)")
 	fs.Int64Var(&o.maxBody, "max-body", 32<<20, "largest request body accepted, in bytes")
+	fs.DurationVar(&o.headerTimeout, "header-timeout", 0, "give up on a backend that sends no response headers within this time (a timeout outcome, retried); 0: wait as long as the client does")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -161,12 +165,12 @@ func newRouter(pools map[string]*routePool, o routeOptions) *router {
 		maxBody:     o.maxBody,
 		metrics:     newRouteMetrics(),
 		client: &http.Client{Transport: &http.Transport{
-			Proxy:               nil, // a router talks to its backends directly
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        1024,
-			MaxIdleConnsPerHost: 256,
-			IdleConnTimeout:     90 * time.Second,
-			ForceAttemptHTTP2:   false,
+			Proxy:                 nil, // a router talks to its backends directly
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:          1024,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: o.headerTimeout,
 		}},
 	}
 	if rt.maxBody <= 0 {

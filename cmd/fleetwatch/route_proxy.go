@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -276,7 +277,7 @@ func (rt *router) classify(ctx context.Context, resp *http.Response, err error, 
 		case ctx.Err() != nil: // the client went away
 			ev.Outcome = fleetwatch.OutcomeCanceled
 			return false
-		case errors.Is(err, context.DeadlineExceeded):
+		case isTimeout(err):
 			ev.Outcome = fleetwatch.OutcomeTimeout
 		default:
 			ev.Outcome = fleetwatch.OutcomeError
@@ -291,6 +292,13 @@ func (rt *router) classify(ctx context.Context, resp *http.Response, err error, 
 		return true
 	}
 	return false
+}
+
+// isTimeout reports whether err is a timeout (a deadline, or the transport's
+// response header timeout).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // answerFailure gives the client the last failure when no retry follows:
@@ -309,10 +317,13 @@ func (rt *router) answerFailure(w http.ResponseWriter, a *attempt, resp *http.Re
 		rt.metrics.clientCode(a.pool.id, 499).Inc()
 		return
 	}
-	rt.metrics.clientCode(a.pool.id, http.StatusBadGateway).Inc()
+	status, typ := http.StatusBadGateway, "bad_gateway"
+	if isTimeout(err) {
+		status, typ = http.StatusGatewayTimeout, "gateway_timeout"
+	}
+	rt.metrics.clientCode(a.pool.id, status).Inc()
 	w.Header().Set("X-Fleetwatch-Backend", a.backend.id)
-	openAIError(w, http.StatusBadGateway, "bad_gateway",
-		fmt.Sprintf("route: backend %s of pool %s: %v", a.backend.id, a.pool.id, err))
+	openAIError(w, status, typ, fmt.Sprintf("route: backend %s of pool %s: %v", a.backend.id, a.pool.id, err))
 }
 
 func copyResponseHeaders(dst, src http.Header, a *attempt) {

@@ -434,3 +434,32 @@ func TestRouteClientCancellationReachesTheBackend(t *testing.T) {
 	}
 	routeEventually(t, "the backend to see the cancellation", func() bool { return backends[0].Stats().Canceled == 1 })
 }
+
+func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
+	natsURL, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, natsURL)
+	log := collectRouteEvents(t, nc)
+	backends := startFakeBackends(t, 2)
+	backends[0].SetBehavior(fakeai.Behavior{Hang: true})
+	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""), "--header-timeout", "100ms", "--retry-ratio", "10")
+	c := newRouteClient(t, base)
+	// Until the picker has tried the hanging backend at least once, every
+	// request must still be answered by b1.
+	for i := 0; i < 20 || backends[0].Stats().Requests == 0; i++ {
+		r, err := c.chat("", fmt.Sprint(i), false)
+		if err != nil || r.status != 200 || r.backend != "b1" {
+			t.Fatalf("request %d: %v status %d from %q", i, err, r.status, r.backend)
+		}
+		if i > 1000 {
+			t.Fatal("the picker never chose b0")
+		}
+	}
+	routeEventually(t, "a timeout event for b0", func() bool {
+		for _, ev := range log.snapshot() {
+			if ev.Backend == "b0" && ev.Outcome == fleetwatch.OutcomeTimeout && ev.Status == 0 && ev.HasStatus {
+				return true
+			}
+		}
+		return false
+	})
+}
