@@ -286,6 +286,12 @@
   }
 
   async function poll() {
+    if (document.hidden) {
+      // A background tab asks for nothing; the next visible poll gets every
+      // point it missed (within the server's bound) through ?since=.
+      setTimeout(poll, POLL_MS);
+      return;
+    }
     try {
       const res = await fetch("api/status?since=" + state.since, { cache: "no-store" });
       if (!res.ok) throw new Error("HTTP " + res.status);
