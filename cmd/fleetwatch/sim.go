@@ -71,7 +71,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		case *policies != "":
 			scenarios[i].Policies = strings.Split(*policies, ",")
 		case *variants:
-			scenarios[i].Policies = append(slices.Clone(sim.PoliciesOf(scenarios[i])), simVariants...)
+			pols := slices.Clone(sim.PoliciesOf(scenarios[i]))
+			for _, v := range simVariants {
+				if !slices.Contains(pols, v) {
+					pols = append(pols, v)
+				}
+			}
+			scenarios[i].Policies = pols
 		}
 	}
 

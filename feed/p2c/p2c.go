@@ -8,11 +8,21 @@
 // grpc-go's weighted balancers are: the two candidates are distinct and
 // sampled with probability proportional to the snapshot's weight, from a
 // cumulative weight table built once per snapshot and binary-searched per
-// pick. Affinity uses rendezvous (highest-random-weight) hashing (Thaler and
+// pick. The score is pluggable (Score); the default ranks by the router's
+// own in-flight count, because in the simulator the seed's
+// (inFlight+1) x EWMA(TTFT), which counts the queue twice, lost to it in
+// every steady state (docs/EVALUATION.md). A slow-outlier guard keeps the
+// latency signal where it pays: a candidate whose EWMA has reached five
+// times the pool median has its score scaled by the excess.
+//
+// Affinity uses rendezvous (highest-random-weight) hashing (Thaler and
 // Ravishankar, "Using Name-Based Mappings to Increase Hit Rates", 1998), so
-// removing one backend moves only the prefixes it held. The retry budget is a
-// token bucket in the manner of Finagle's RetryBudget: every first attempt
-// deposits a fraction of a token, every retry withdraws a whole one.
+// removing one backend moves only the prefixes it held; the sticky backend
+// is kept under the seed's tolerance rule (EWMA below 2.5 x the median) and
+// a load bound, consistent hashing with bounded loads (Mirrokni, Thorup and
+// Zadimoghaddam, SODA 2018). The retry budget is a token bucket in the
+// manner of Finagle's RetryBudget: every first attempt deposits a fraction
+// of a token, every retry withdraws a whole one.
 //
 // The package is pure: it imports only the module root, takes randomness as
 // a parameter and reads the clock through Settings.Now. Discovery (the

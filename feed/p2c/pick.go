@@ -87,6 +87,14 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, e
 	if b < 0 {
 		return a, false, nil
 	}
+	// A down-weighted second candidate joins the comparison only with
+	// probability weight/maxWeight. Otherwise, in a pool of two, the
+	// distinct second draw would always be the half-open backend and its
+	// empty queue (an instant failure has no in-flight time) would win every
+	// comparison: weights would mean nothing.
+	if w := tbl.weight(b); w < tbl.maxWeight && unitFloat(r.Uint64())*tbl.maxWeight >= w {
+		return a, false, nil
+	}
 	return p.better(st, a, b, false), false, nil
 }
 

@@ -165,6 +165,26 @@ func TestHalfOpenTrickle(t *testing.T) {
 	}
 }
 
+// In a pool of two, the half-open backend is always the other candidate;
+// its empty queue must not win every comparison: it gets at most about
+// twice its weight's share even when it looks best.
+func TestHalfOpenInPoolOfTwo(t *testing.T) {
+	bs := []fleetwatch.Backend{backend("a", 200), backend("h", 200)}
+	bs[1].State, bs[1].Weight = fleetwatch.StateHalfOpen, 0.05
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, bs...))
+	for range 5 {
+		p.Start("a") // a is busy; h looks idle (it fails instantly)
+	}
+	const n = 100000
+	got := counts(p, seeded(9), Request{}, n)
+	share := float64(got["h"]) / n
+	if share < 0.04 || share > 0.11 {
+		t.Errorf("half-open share in a pool of two = %.4f, want between 0.04 and 0.11 (weight share 0.048)", share)
+	}
+}
+
 func TestOpenNeverChosen(t *testing.T) {
 	bs := ids(5)
 	bs[1].State, bs[1].Weight, bs[1].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(30*time.Second))

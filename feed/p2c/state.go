@@ -25,8 +25,9 @@ type entry struct {
 // by binary search. An entry outside the candidate set has weight 0 and is
 // never chosen.
 type table struct {
-	cum      []float64 // cum[i] = sum of weights of entries 0..i
-	positive int       // entries with weight > 0
+	cum       []float64 // cum[i] = sum of weights of entries 0..i
+	positive  int       // entries with weight > 0
+	maxWeight float64   // the largest weight
 }
 
 func (t *table) weight(i int) float64 {
@@ -212,6 +213,7 @@ func newTable(weights []float64) table {
 		if w > 0 {
 			sum += w
 			t.positive++
+			t.maxWeight = max(t.maxWeight, w)
 		}
 		t.cum[i] = sum
 	}

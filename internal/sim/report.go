@@ -13,7 +13,7 @@ import (
 // valid Markdown).
 func WriteTable(w io.Writer, sc Scenario, results []*Result) error {
 	cols := []string{"policy", "requests", "errors", "p50 ms", "p95 ms", "p99 ms", "watched share",
-		"imbalance", "imb p95", "max/min p95", "cache hits", "retries/req", "incident load", "oscillation", "ejections"}
+		"imbalance", "imb p95", "max/min p95", "cache hits", "retries/req", "attempts/req in incident", "oscillation", "ejections"}
 	rows := [][]string{cols}
 	for _, r := range results {
 		rows = append(rows, []string{
@@ -58,7 +58,7 @@ func WriteTable(w io.Writer, sc Scenario, results []*Result) error {
 }
 
 func loadOf(r *Result) string {
-	if r.WindowAttemptsPerRequest == 0 {
+	if r.WindowAttemptsPerRequest == 0 || r.Retries == 0 {
 		return "-"
 	}
 	return fmt.Sprintf("x%.2f", r.WindowAttemptsPerRequest)
