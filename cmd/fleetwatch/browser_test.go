@@ -193,6 +193,9 @@ func (f *fleetFixture) beat(now time.Time) {
 	small[3].State, small[3].Weight, small[3].Reason = fleetwatch.StateHalfOpen, 0.05, "open time 30s elapsed"
 	if f.openB.Load() {
 		small[1] = openBackend(small[1], now, "error rate 0.80 >= 0.50 over 40 requests in 30s")
+		// The hostile id also moves, so that it appears in the transitions
+		// list, with a hostile reason.
+		small[3] = openBackend(small[3], now, xssBackend)
 	}
 	big := make([]fleetwatch.Backend, 196)
 	for i := range big {
@@ -209,8 +212,11 @@ func (f *fleetFixture) beat(now time.Time) {
 func startFleetFixture(t *testing.T) (*fleetFixture, *httptest.Server) {
 	f := &fleetFixture{
 		src: &fixedStatus{
-			ingest: ingestCounts{Received: 12000, Accepted: 11890, Rejected: 110, RejectsByReason: map[string]int64{"ttft_ms out of range": 100, "invalid backend": 10}},
-			alerts: []fleetwatch.DriftAlert{{V: 1, Pool: "llama-3.1-70b", Backend: "vllm-c", At: fleetwatch.At(time.Now().Add(-time.Minute)), Status: fleetwatch.DriftDrifted, Previous: fleetwatch.DriftOK, Score: 7.3, Threshold: 3, Reason: "greedy output changed on 9 of 16 prompts"}},
+			ingest: ingestCounts{Received: 12000, Accepted: 11890, Rejected: 110, RejectsByReason: map[string]int64{"ttft_ms out of range": 100, "invalid backend": 9, xssBackend: 1}},
+			alerts: []fleetwatch.DriftAlert{
+				{V: 1, Pool: "llama-3.1-70b", Backend: "vllm-c", At: fleetwatch.At(time.Now().Add(-time.Minute)), Status: fleetwatch.DriftDrifted, Previous: fleetwatch.DriftOK, Score: 7.3, Threshold: 3, Reason: "greedy output changed on 9 of 16 prompts"},
+				{V: 1, Pool: "llama-3.1-70b", Backend: xssBackend, At: fleetwatch.At(time.Now().Add(-2 * time.Minute)), Status: fleetwatch.DriftSuspect, Previous: fleetwatch.DriftOK, Score: 3.1, Threshold: 3, Reason: xssBackend},
+			},
 			next:   time.Now().Add(3 * time.Hour),
 		},
 		hist:    newHistory(0),
@@ -289,6 +295,19 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Errorf("reason cell %q lacks the reason", reason)
 	}
 	waitFor(t, ctx, "the transition listed", `document.getElementById("transitions").textContent.includes("vllm-b: closed → open")`, 10*time.Second)
+
+	// The hostile id and reason, now in the transitions, alerts and reject
+	// lists too, are still only text.
+	waitFor(t, ctx, "the hostile transition listed", `document.getElementById("transitions").textContent.includes("half_open → open")`, 10*time.Second)
+	if n := evalIn[int](t, ctx, `document.querySelectorAll("img, script:not([src])").length`); n != 0 {
+		t.Errorf("page holds %d img or inline script elements made from data", n)
+	}
+	if v := evalIn[bool](t, ctx, `window.__xss !== undefined`); v {
+		t.Error("a backend id ran script")
+	}
+	if n := evalIn[int](t, ctx, `document.body.textContent.split(`+"`"+xssBackend+"`"+`).length - 1`); n < 4 {
+		t.Errorf("the hostile id appears %d times as text, want it in the row, transition, alert and reject lists", n)
+	}
 
 	// The filter box narrows 200 rows to the matches.
 	evalIn[chromedp.Void](t, ctx, `(() => { const f = document.getElementById("filter"); f.value = "gpu-01"; f.dispatchEvent(new Event("input")); })()`)
