@@ -16,7 +16,8 @@ import (
 	"github.com/fleetwatch/fleetwatch/dashboards"
 )
 
-// statusSource is what serve gives the status page. The lead implements it.
+// statusSource is what serve gives the status page (serve's daemon implements
+// it in wire.go; the tests use fixed snapshots).
 type statusSource interface {
 	Snapshots() []fleetwatch.Snapshot          // current snapshot of every pool
 	Ingest() ingestCounts                      // collector counters since start
