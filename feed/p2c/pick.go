@@ -72,7 +72,7 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, e
 		}
 		tbl = &st.spread
 	} else if req.HasPrefix {
-		if i := st.rendezvous(req.Prefix, st.sticky, len(st.sticky), ex); i >= 0 && p.keepSticky(st, i, len(st.sticky), false) {
+		if i := st.rendezvousFresh(req.Prefix, ex); i >= 0 && p.keepSticky(st, i, len(st.sticky), false) {
 			return i, true, nil
 		}
 	}
@@ -240,6 +240,22 @@ func (p *Picker) keepSticky(st *state, i, n int, stale bool) bool {
 	}
 	e := p.ewmaFor(st, i, stale)
 	return math.IsNaN(e) || e < st.tolerance*st.median
+}
+
+// rendezvousFresh is rendezvous over st.sticky, reading the ids' hashes
+// from the contiguous st.stickyHash (one cache line per eight backends).
+func (st *state) rendezvousFresh(key uint64, ex int) int {
+	best, bestHash := -1, uint64(0)
+	for k, h := range st.stickyHash {
+		i := st.sticky[k]
+		if i == ex {
+			continue
+		}
+		if v := mix64(key ^ h); best < 0 || v > bestHash {
+			best, bestHash = i, v
+		}
+	}
+	return best
 }
 
 // rendezvous returns the entry among cands[:m] (entry indices) with the

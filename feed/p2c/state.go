@@ -51,10 +51,11 @@ type state struct {
 	locals  map[string]*local // the entries' locals plus removed ones still in flight
 
 	// Fresh snapshot.
-	allOpen bool  // no backend is usable (every one open)
-	fresh   table // the candidates: balance = not open, by weight; failover = the active tier
-	spread  table // every backend, equal weights (all_open=spread)
-	sticky  []int // affinity candidates: closed, weight > 0, within fresh's candidates
+	allOpen    bool     // no backend is usable (every one open)
+	fresh      table    // the candidates: balance = not open, by weight; failover = the active tier
+	spread     table    // every backend, equal weights (all_open=spread)
+	sticky     []int    // affinity candidates: closed, weight > 0, within fresh's candidates
+	stickyHash []uint64 // stickyHash[k] is entries[sticky[k]].idHash
 
 	// Stale snapshot: every backend not open is a candidate, then open ones
 	// whose open_until has passed, with equal weights.
@@ -202,6 +203,7 @@ func (st *state) buildFresh() {
 		e := &st.entries[i]
 		if st.fresh.weight(i) > 0 && e.state == fleetwatch.StateClosed && e.weight > 0 {
 			st.sticky = append(st.sticky, i)
+			st.stickyHash = append(st.stickyHash, e.idHash)
 		}
 	}
 }
