@@ -5,8 +5,11 @@ import (
 	"io"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/fleetwatch/fleetwatch"
 )
 
 // routeMetrics are the router's own metrics, served on its /metrics in the
@@ -92,15 +95,34 @@ func (m *routeMetrics) budgetExhausted(pool string) *metrics.Counter {
 	return m.counter(counterKey{kind: kindBudget, pool: pool})
 }
 
-// write serves /metrics: the router's set, then per-backend in-flight gauges
-// computed now from the pools, so removed backends leave no stale series.
+// write serves /metrics: the router's set, then per-backend gauges computed
+// now from the pools, so removed backends leave no stale series:
+//
+//	fleetwatch_route_in_flight{pool,backend}      this router's requests in progress
+//	fleetwatch_route_backend_weight{pool,backend} the weight of the decision applied
+//	fleetwatch_route_backend_open{pool,backend}   1 when the decision applied is open
+//	fleetwatch_route_decision_age_seconds{pool}   age of the decision applied (-1: none yet)
 func (m *routeMetrics) write(w io.Writer, rt *router) {
 	m.set.WritePrometheus(w)
+	now := time.Now()
 	for _, id := range sortedKeys(rt.pools) {
 		p := rt.pools[id]
-		for _, b := range p.order {
-			fmt.Fprintf(w, "fleetwatch_route_in_flight{pool=%s,backend=%s} %d\n",
-				strconv.Quote(id), strconv.Quote(b), p.picker.InFlight(b))
+		pool := strconv.Quote(id)
+		snap := p.applied.Load()
+		age := -1.0
+		if snap.Epoch != configEpoch {
+			age = now.Sub(snap.At.Time).Seconds()
+		}
+		fmt.Fprintf(w, "fleetwatch_route_decision_age_seconds{pool=%s} %g\n", pool, age)
+		for _, b := range snap.Backends {
+			be := strconv.Quote(b.Backend)
+			open := 0
+			if b.State == fleetwatch.StateOpen {
+				open = 1
+			}
+			fmt.Fprintf(w, "fleetwatch_route_in_flight{pool=%s,backend=%s} %d\n", pool, be, p.picker.InFlight(b.Backend))
+			fmt.Fprintf(w, "fleetwatch_route_backend_weight{pool=%s,backend=%s} %g\n", pool, be, b.Weight)
+			fmt.Fprintf(w, "fleetwatch_route_backend_open{pool=%s,backend=%s} %d\n", pool, be, open)
 		}
 	}
 }

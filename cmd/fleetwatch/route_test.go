@@ -296,7 +296,14 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	}
 	metricsText, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`fleetwatch_route_requests_total{pool="llama",code="200"} 4`, `fleetwatch_route_events_published_total 4`} {
+	for _, want := range []string{
+		`fleetwatch_route_requests_total{pool="llama",code="200"} 4`,
+		`fleetwatch_route_events_published_total 4`,
+		`fleetwatch_route_decision_age_seconds{pool="llama"} -1`, // no decision yet
+		`fleetwatch_route_backend_weight{pool="llama",backend="b0"} 1`,
+		`fleetwatch_route_backend_open{pool="llama",backend="b1"} 0`,
+		`fleetwatch_route_pick_duration_seconds_count 4`,
+	} {
 		if !strings.Contains(string(metricsText), want) {
 			t.Errorf("metrics lack %q:\n%s", want, metricsText)
 		}
