@@ -53,6 +53,7 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		crossCheck(t, data, &got)
+		checkInvariants(t, &got)
 		enc := AppendEvent(nil, &got)
 		var back Event
 		if err := d.Decode(enc, &back); err != nil {
@@ -62,6 +63,33 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("Decode(AppendEvent(ev)) for input %q (-want +got):\n%s", data, diff)
 		}
 	})
+}
+
+// checkInvariants checks what every decoded event guarantees, by the
+// protocol's rules.
+func checkInvariants(t *testing.T, e *Event) {
+	t.Helper()
+	inRange := func(v float64) bool { return v >= 0 && v <= MaxDurationMs }
+	switch {
+	case ValidatePoolID(e.Pool) != nil:
+		t.Fatalf("decoded an invalid pool id %q", e.Pool)
+	case ValidateBackendID(e.Backend) != nil:
+		t.Fatalf("decoded an invalid backend id %q", e.Backend)
+	case e.Outcome == OutcomeUnset || e.Outcome.String() == "":
+		t.Fatalf("decoded outcome %d", e.Outcome)
+	case e.Status < 0 || e.Status > 999 || (!e.HasStatus && e.Status != 0):
+		t.Fatalf("decoded status %d (present %v)", e.Status, e.HasStatus)
+	case !inRange(e.TTFTMs) || !inRange(e.DurationMs) || !inRange(e.RetryAfterMs):
+		t.Fatalf("decoded times out of range: %v %v %v", e.TTFTMs, e.DurationMs, e.RetryAfterMs)
+	case e.InputTokens < 0 || e.OutputTokens < 0:
+		t.Fatalf("decoded negative tokens: %d %d", e.InputTokens, e.OutputTokens)
+	case len(e.Prefix) > MaxPrefixLen || len(e.Fingerprint) > MaxFingerprintLen || len(e.Source) > MaxSourceLen:
+		t.Fatalf("decoded an oversize string")
+	case !utf8.ValidString(e.Prefix) || !utf8.ValidString(e.Fingerprint) || !utf8.ValidString(e.Source):
+		t.Fatalf("decoded invalid UTF-8")
+	case !e.TS.IsZero() && (e.TS.Location() != time.UTC || e.TS.Nanosecond()%int(time.Millisecond) != 0):
+		t.Fatalf("decoded ts %v is not UTC milliseconds", e.TS)
+	}
 }
 
 // checkBatchAgreesWithDecode runs DecodeBatch over data and checks that
