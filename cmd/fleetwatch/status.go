@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"path"
 	"slices"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -47,6 +48,11 @@ const (
 	statusDriftAlerts = 20
 	// statusTopRejects is how many reject reasons the page lists.
 	statusTopRejects = 8
+	// statusPagePoints is how many points per backend the page asks for
+	// (?points=, SPARK_POINTS in app.js): three minutes at one heartbeat a
+	// second, about one point per pixel of a sparkline, and a first
+	// response a third the size of the whole history.
+	statusPagePoints = 180
 )
 
 // stateCode is a state as a number, the same encoding as the
@@ -208,10 +214,12 @@ func (s statusSeries) MarshalJSON() ([]byte, error) {
 		}
 		b = strconv.AppendInt(b, v, 10)
 	}
+	// Rounded to what a sparkline can show: 0.1 ms, and 1e-4 of a rate.
 	for _, col := range [...]struct {
-		name string
-		vals []float64
-	}{{"ewma", s.EWMA}, {"p95", s.P95}, {"ok", s.Success}, {"w", s.Weight}} {
+		name  string
+		vals  []float64
+		scale float64
+	}{{"ewma", s.EWMA, 10}, {"p95", s.P95, 10}, {"ok", s.Success, 1e4}, {"w", s.Weight, 1e4}} {
 		b = append(b, `],"`...)
 		b = append(b, col.name...)
 		b = append(b, `":[`...)
@@ -223,7 +231,7 @@ func (s statusSeries) MarshalJSON() ([]byte, error) {
 				b = append(b, "null"...)
 				continue
 			}
-			b = strconv.AppendFloat(b, v, 'g', -1, 64)
+			b = strconv.AppendFloat(b, math.Round(v*col.scale)/col.scale, 'g', -1, 64)
 		}
 	}
 	b = append(b, `],"s":[`...)
@@ -261,11 +269,22 @@ func (s *statusSeries) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-// since returns the backend's points added after record call seq, oldest first.
-func (ser *backendSeries) since(seq uint64) statusSeries {
+// since returns the backend's points added after record call seq, oldest
+// first, at most the newest limit of them.
+func (ser *backendSeries) since(seq uint64, limit int) statusSeries {
 	var out statusSeries
 	n := len(ser.points)
-	for i := 0; i < n; i++ {
+	// Points are in record order, so the first newer one is found by
+	// bisection: a page polling every second asks for one point of 600.
+	first := sort.Search(n, func(i int) bool { return ser.points[(ser.next+i)%n].seq > seq })
+	skip := max(first, n-limit)
+	if m := n - skip; m > 0 && ser.points[(ser.next+skip)%n].seq > seq {
+		out = statusSeries{
+			T: make([]int64, 0, m), EWMA: make([]float64, 0, m), P95: make([]float64, 0, m),
+			Success: make([]float64, 0, m), Weight: make([]float64, 0, m), State: make([]int8, 0, m),
+		}
+	}
+	for i := skip; i < n; i++ {
 		p := ser.points[(ser.next+i)%n]
 		if p.seq <= seq {
 			continue
@@ -312,7 +331,7 @@ type statusResponse struct {
 	Instance    string                  `json:"instance"` // changes when the server restarts
 	Now         fleetwatch.Time         `json:"now"`
 	HistorySeq  uint64                  `json:"history_seq"` // pass as ?since= to get only newer points
-	MaxPoints   int                     `json:"max_points"`
+	MaxPoints   int                     `json:"max_points"`  // points per backend a client should keep
 	Pools       []statusPool            `json:"pools"`
 	Ingest      ingestCounts            `json:"ingest"`
 	TopRejects  []rejectCount           `json:"top_rejects"`
@@ -322,8 +341,9 @@ type statusResponse struct {
 }
 
 // status builds the page's view of snaps. Points recorded after call since
-// are included (all of them for since = 0).
-func (h *history) status(snaps []fleetwatch.Snapshot, since uint64, now time.Time) ([]statusPool, uint64, []stateTransition) {
+// are included (all of them for since = 0), at most the newest limit per
+// backend.
+func (h *history) status(snaps []fleetwatch.Snapshot, since uint64, limit int, now time.Time) ([]statusPool, uint64, []stateTransition) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	pools := make([]statusPool, 0, len(snaps))
@@ -339,7 +359,7 @@ func (h *history) status(snaps []fleetwatch.Snapshot, since uint64, now time.Tim
 		for _, b := range s.Backends {
 			row := statusBackend{Backend: b}
 			if ser := h.series[seriesKey{s.Pool, b.Backend}]; ser != nil {
-				row.Series = ser.since(since)
+				row.Series = ser.since(since, limit)
 				if n := len(ser.transitions); n > 0 {
 					t := ser.transitions[n-1]
 					row.LastChange = &t
@@ -403,9 +423,18 @@ func statusRoutes(mux *http.ServeMux, src statusSource, h *history) {
 			}
 			since = n
 		}
+		limit := h.maxPoints
+		if v := r.URL.Query().Get("points"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 {
+				http.Error(w, "points: not a positive integer", http.StatusBadRequest)
+				return
+			}
+			limit = min(n, h.maxPoints)
+		}
 		now := time.Now()
-		resp := statusResponse{Instance: instance, Now: fleetwatch.At(now), MaxPoints: h.maxPoints}
-		resp.Pools, resp.HistorySeq, resp.Transitions = h.status(src.Snapshots(), since, now)
+		resp := statusResponse{Instance: instance, Now: fleetwatch.At(now), MaxPoints: limit}
+		resp.Pools, resp.HistorySeq, resp.Transitions = h.status(src.Snapshots(), since, limit, now)
 		resp.Ingest = src.Ingest()
 		resp.TopRejects = topRejects(resp.Ingest.RejectsByReason, statusTopRejects)
 		resp.DriftAlerts = src.DriftAlerts(statusDriftAlerts)

@@ -100,7 +100,7 @@ func TestHistoryRecord(t *testing.T) {
 	// The same snapshot again adds nothing.
 	h.record([]fleetwatch.Snapshot{testSnapshot("p", 4, statusT0.Add(4*time.Second), a, b)})
 
-	pools, seq, recent := h.status([]fleetwatch.Snapshot{testSnapshot("p", 4, statusT0.Add(4*time.Second), a, b)}, 0, statusT0.Add(4*time.Second))
+	pools, seq, recent := h.status([]fleetwatch.Snapshot{testSnapshot("p", 4, statusT0.Add(4*time.Second), a, b)}, 0, 3, statusT0.Add(4*time.Second))
 	if seq != 6 {
 		t.Errorf("history seq = %d, want 6", seq)
 	}
@@ -144,9 +144,21 @@ func TestHistoryRecord(t *testing.T) {
 	}
 
 	// Incremental: only the points after record call 5.
-	pools, _, _ = h.status([]fleetwatch.Snapshot{testSnapshot("p", 4, statusT0, a, b)}, 4, statusT0)
-	if diff := cmp.Diff([]int64{ms(4)}, pools[0].Backends[0].Series.T); diff != "" {
-		t.Errorf("points since record 4 (-want +got):\n%s", diff)
+	for _, tc := range []struct {
+		since uint64
+		limit int
+		want  []int64
+	}{
+		{since: 4, limit: 3, want: []int64{ms(4)}},
+		{since: 3, limit: 3, want: []int64{ms(3), ms(4)}},
+		{since: 0, limit: 2, want: []int64{ms(3), ms(4)}},
+		{since: 3, limit: 1, want: []int64{ms(4)}},
+		{since: 6, limit: 3, want: nil},
+	} {
+		pools, _, _ = h.status([]fleetwatch.Snapshot{testSnapshot("p", 4, statusT0, a, b)}, tc.since, tc.limit, statusT0)
+		if diff := cmp.Diff(tc.want, pools[0].Backends[0].Series.T); diff != "" {
+			t.Errorf("points since record %d, at most %d (-want +got):\n%s", tc.since, tc.limit, diff)
+		}
 	}
 }
 
@@ -206,6 +218,8 @@ func TestStatusRoutes(t *testing.T) {
 		{"GET", "/nothing", 404, "", ""},
 		{"POST", "/api/status", 405, "", ""},
 		{"GET", "/api/status?since=x", 400, "", ""},
+		{"GET", "/api/status?points=0", 400, "", ""},
+		{"GET", "/api/status?since=0&points=1", 200, "application/json", `"max_points":1`},
 		{"GET", "/api/status", 200, "application/json", `"pool":"alpha"`},
 	}
 	for _, tc := range tests {
@@ -311,12 +325,12 @@ func BenchmarkHistoryRecord(b *testing.B) {
 func BenchmarkStatusJSON(b *testing.B) {
 	h, snapsAt := benchFleet(b, defaultHistoryPoints)
 	snaps := snapsAt(defaultHistoryPoints - 1)
-	encode := func(b *testing.B, since uint64) {
+	encode := func(b *testing.B, since uint64, limit int) {
 		b.ReportAllocs()
 		var n int
 		for b.Loop() {
 			var resp statusResponse
-			resp.Pools, resp.HistorySeq, resp.Transitions = h.status(snaps, since, statusT0)
+			resp.Pools, resp.HistorySeq, resp.Transitions = h.status(snaps, since, limit, statusT0)
 			data, err := json.Marshal(resp)
 			if err != nil {
 				b.Fatal(err)
@@ -337,6 +351,7 @@ func BenchmarkStatusJSON(b *testing.B) {
 		}
 		b.ReportMetric(float64(n), "bytes/response")
 	})
-	b.Run("full-history", func(b *testing.B) { encode(b, 0) })
-	b.Run("incremental", func(b *testing.B) { encode(b, uint64(defaultHistoryPoints-1)) })
+	b.Run("full-history-600", func(b *testing.B) { encode(b, 0, defaultHistoryPoints) })
+	b.Run("page-first-180", func(b *testing.B) { encode(b, 0, statusPagePoints) })
+	b.Run("incremental", func(b *testing.B) { encode(b, uint64(defaultHistoryPoints-1), statusPagePoints) })
 }

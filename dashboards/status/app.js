@@ -4,6 +4,7 @@
 "use strict";
 (function () {
   const POLL_MS = 1000;
+  const SPARK_POINTS = 180; // points per backend asked for: 3 minutes at 1 heartbeat/s
   const SPARK_W = 120, SPARK_H = 22;
   const SVG = "http://www.w3.org/2000/svg";
 
@@ -11,7 +12,7 @@
   const state = {
     instance: "",
     since: 0,           // history_seq of the last response: the server sends newer points only
-    maxPoints: 600,
+    maxPoints: SPARK_POINTS,
     series: new Map(),  // pool \0 backend -> {t, ewma, p95, ok, w, s}
     poolEls: new Map(), // pool -> {details, summary parts, tbody}
     collapsed: new Set(),
@@ -293,7 +294,7 @@
       return;
     }
     try {
-      const res = await fetch("api/status?since=" + state.since, { cache: "no-store" });
+      const res = await fetch("api/status?since=" + state.since + "&points=" + SPARK_POINTS, { cache: "no-store" });
       if (!res.ok) throw new Error("HTTP " + res.status);
       const data = await res.json();
       if (state.instance !== "" && data.instance !== state.instance) {
