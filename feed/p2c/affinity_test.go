@@ -188,3 +188,69 @@ func TestAffinityBoundedLoad(t *testing.T) {
 		})
 	}
 }
+
+// The table updated across membership changes holds what a table built from
+// scratch for the final membership holds.
+func TestAffinityIncrementalMatchesFull(t *testing.T) {
+	all := ids(8)
+	steps := [][]int{ // which of the 8 backends are present
+		{0, 1, 2, 3, 4, 5, 6, 7},
+		{0, 1, 2, 4, 5, 6, 7},
+		{0, 1, 2, 4, 6, 7},
+		{0, 1, 2, 3, 4, 6, 7},
+		{1, 2, 3, 4, 5, 6},
+	}
+	pick := func(idx []int) []fleetwatch.Backend {
+		var bs []fleetwatch.Backend
+		for _, i := range idx {
+			bs = append(bs, all[i])
+		}
+		return bs
+	}
+	c := &clock{now: t0}
+	walked := newPicker(c, Settings{})
+	for i, step := range steps {
+		walked.Update(pool(uint64(i+1), pick(step)...))
+	}
+	direct := newPicker(c, Settings{})
+	direct.Update(pool(1, pick(steps[len(steps)-1])...))
+	for k := range uint64(3000) {
+		key := mix64(k)
+		if a, b := stickyFor(t, walked, key), stickyFor(t, direct, key); a != b {
+			t.Fatalf("key %d: incremental table says %+v, a fresh one %+v", k, a, b)
+		}
+	}
+}
+
+// The stale path computes the same sticky backend as the fresh table when
+// the candidates are the same.
+func TestAffinityStaleAgrees(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, ids(12)...))
+	fresh := make([]string, 500)
+	for k := range fresh {
+		fresh[k] = stickyFor(t, p, uint64(k)).Backend
+	}
+	c.Advance(time.Minute)
+	for k := range fresh {
+		if got := stickyFor(t, p, uint64(k)); got.Backend != fresh[k] || !got.Sticky {
+			t.Fatalf("key %d: stale %+v, fresh %s", k, got, fresh[k])
+		}
+	}
+}
+
+// A pool of 1,000 spreads keys over its backends within the slot table's
+// granularity.
+func TestAffinityLargePoolSpread(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, ids(1000)...))
+	owners := map[string]int{}
+	for k := range uint64(20000) {
+		owners[stickyFor(t, p, mix64(k)).Backend]++
+	}
+	if len(owners) < 950 {
+		t.Errorf("20,000 keys landed on %d of 1,000 backends", len(owners))
+	}
+}

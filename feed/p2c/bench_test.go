@@ -143,3 +143,31 @@ func BenchmarkPickParallel100(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkUpdate measures applying a snapshot (tables, affinity) for
+// pools of 8, 100 and 1,000: "same" keeps the membership (the affinity
+// table is shared), "churn" removes and re-adds one backend each time (the
+// table is updated incrementally).
+func BenchmarkUpdate(b *testing.B) {
+	for _, n := range []int{8, 100, 1000} {
+		bs := ids(n)
+		for _, mode := range []string{"same", "churn"} {
+			b.Run(fmt.Sprintf("%d/%s", n, mode), func(b *testing.B) {
+				p := New(Settings{})
+				full, less := pool(1, bs...), pool(1, bs[1:]...)
+				p.Update(full)
+				b.ReportAllocs()
+				seq := uint64(1)
+				for b.Loop() {
+					seq++
+					snap := full
+					if mode == "churn" && seq%2 == 0 {
+						snap = less
+					}
+					snap.Seq = seq // Update keeps nothing of the snapshot
+					p.Update(snap)
+				}
+			})
+		}
+	}
+}

@@ -12,7 +12,7 @@ import (
 // With a fresh snapshot: open backends are never candidates; in failover
 // mode only the lowest priority that has a backend not open is. A request
 // with a prefix goes to its sticky backend (rendezvous hashing over the
-// closed candidates with weight > 0) while that backend's EWMA TTFT is below
+// closed candidates with weight > 0, through a slot table; see affinity.go) while that backend's EWMA TTFT is below
 // the affinity tolerance times the pool median. Otherwise two distinct
 // candidates are sampled with probability proportional to their weight (a
 // weight of 0 is never sampled) and the one with the lower score wins, ties
@@ -72,7 +72,9 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, e
 		}
 		tbl = &st.spread
 	} else if req.HasPrefix {
-		if i := st.rendezvousFresh(req.Prefix, ex); i >= 0 && p.keepSticky(st, i, len(st.sticky), false) {
+		// The sticky backend of a retry that already failed there is not
+		// sticky; the retry goes through two choices.
+		if i := st.affinity.lookup(req.Prefix); i >= 0 && i != ex && p.keepSticky(st, i, len(st.sticky), false) {
 			return i, true, nil
 		}
 	}
@@ -108,7 +110,7 @@ func (p *Picker) pickStale(st *state, r Rand, req Request, ex int, now int64) (i
 	case st.mode == fleetwatch.ModeFailover:
 		return p.pickStaleFailover(st, r, ex, m)
 	case req.HasPrefix:
-		if i := st.rendezvous(req.Prefix, st.staleOrder, m, ex); i >= 0 && p.keepSticky(st, i, m, true) {
+		if i := st.rendezvousSlot(req.Prefix, st.staleOrder, m, ex); i >= 0 && p.keepSticky(st, i, m, true) {
 			return i, true, nil
 		}
 	}
@@ -240,39 +242,6 @@ func (p *Picker) keepSticky(st *state, i, n int, stale bool) bool {
 	}
 	e := p.ewmaFor(st, i, stale)
 	return math.IsNaN(e) || e < st.tolerance*st.median
-}
-
-// rendezvousFresh is rendezvous over st.sticky, reading the ids' hashes
-// from the contiguous st.stickyHash (one cache line per eight backends).
-func (st *state) rendezvousFresh(key uint64, ex int) int {
-	best, bestHash := -1, uint64(0)
-	for k, h := range st.stickyHash {
-		i := st.sticky[k]
-		if i == ex {
-			continue
-		}
-		if v := mix64(key ^ h); best < 0 || v > bestHash {
-			best, bestHash = i, v
-		}
-	}
-	return best
-}
-
-// rendezvous returns the entry among cands[:m] (entry indices) with the
-// highest hash of (key, backend id), skipping ex; -1 when there is none.
-// Removing one backend changes the winner only for the keys it won.
-func (st *state) rendezvous(key uint64, cands []int, m, ex int) int {
-	best, bestHash := -1, uint64(0)
-	for _, i := range cands[:m] {
-		if i == ex {
-			continue
-		}
-		h := mix64(key ^ st.entries[i].idHash)
-		if best < 0 || h > bestHash {
-			best, bestHash = i, h
-		}
-	}
-	return best
 }
 
 // sample draws one entry with probability proportional to its weight,

@@ -56,6 +56,7 @@ type state struct {
 	spread     table    // every backend, equal weights (all_open=spread)
 	sticky     []int    // affinity candidates: closed, weight > 0, within fresh's candidates
 	stickyHash []uint64 // stickyHash[k] is entries[sticky[k]].idHash
+	affinity   *affinityTable
 
 	// Stale snapshot: every backend not open is a candidate, then open ones
 	// whose open_until has passed, with equal weights.
@@ -157,6 +158,11 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	}
 	st.buildFresh()
 	st.buildStale()
+	var prevTable *affinityTable
+	if prev != nil {
+		prevTable = prev.affinity
+	}
+	st.affinity = buildAffinity(prevTable, st.sticky, st.stickyHash)
 	return st
 }
 

@@ -45,10 +45,11 @@ type sim struct {
 	evBuf    []fleetwatch.Event
 	urgent   bool // an urgent evaluation is scheduled
 
-	workload *rand.Rand // arrivals and sizes: identical for every policy
-	service  *rand.Rand // incident coin flips
-	burstOn  bool
-	nextID   int
+	workload   *rand.Rand // arrivals and sizes: identical for every policy
+	service    *rand.Rand // incident coin flips
+	burstOn    bool
+	prefixSalt uint64
+	nextID     int
 
 	m      metrics
 	events int64
@@ -76,12 +77,13 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 		sc.Routers = 1
 	}
 	s := &sim{
-		sc:       sc,
-		policy:   policy,
-		end:      ms(sc.Duration),
-		timeout:  ms(sc.ClientTimeout),
-		workload: rand.New(rand.NewPCG(seed, 0x5eed0001)),
-		service:  rand.New(rand.NewPCG(seed, 0x5eed0002)),
+		sc:         sc,
+		policy:     policy,
+		end:        ms(sc.Duration),
+		timeout:    ms(sc.ClientTimeout),
+		workload:   rand.New(rand.NewPCG(seed, 0x5eed0001)),
+		service:    rand.New(rand.NewPCG(seed, 0x5eed0002)),
+		prefixSalt: mix64(seed ^ 0x1234),
 	}
 	if s.timeout == 0 {
 		s.timeout = 30000
@@ -224,7 +226,9 @@ func (s *sim) arrive() {
 		outputTokens: drawLogNormal(s.workload, w.OutputTokens),
 	}
 	if w.Prefixes > 0 {
-		req.prefix = mix64(uint64(s.workload.IntN(w.Prefixes)) + 0x1234)
+		// The prefixes' hashes depend on the seed, so that each seed places
+		// them on backends differently.
+		req.prefix = mix64(uint64(s.workload.IntN(w.Prefixes)) + s.prefixSalt)
 		req.hasPrefix = true
 		req.promptTokens += w.PrefixTokens
 	}
