@@ -210,6 +210,7 @@
     const unhealthy = $("unhealthy").checked;
     const nowMs = data.now ? Date.parse(data.now) : Date.now();
     const seen = new Set();
+    const seenKeys = new Set();
     const order = [];
     for (const p of data.pools || []) {
       seen.add(p.pool);
@@ -218,6 +219,7 @@
       const rows = [];
       for (const b of p.backends || []) {
         n[b.state] = (n[b.state] || 0) + 1;
+        seenKeys.add(p.pool + "\u0000" + b.backend);
         const row = backendRow(p.pool, b, nowMs);
         if (unhealthy && b.state === "closed" && (b.drift === "ok" || b.drift === "unknown")) continue;
         if (!matches(filter, p.pool, b)) continue;
@@ -233,9 +235,9 @@
     for (const [name, els] of state.poolEls) {
       if (!seen.has(name)) state.poolEls.delete(name);
     }
+    // Forget the history of backends that left their pool.
     for (const key of state.series.keys()) {
-      const pool = key.slice(0, key.indexOf("\u0000"));
-      if (!seen.has(pool)) state.series.delete(key);
+      if (!seenKeys.has(key)) state.series.delete(key);
     }
     if (order.length === 0) {
       main.replaceChildren(el("p", "muted", "no pools yet: waiting for outcome events"));
