@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -29,16 +30,16 @@ var ErrNoBaseline = errors.New("probes: no baseline")
 // sequence and the mean top-k logprobs along it, plus the leave-one-out null
 // distribution of each statistic.
 type Baseline struct {
-	V         int       `json:"v"`
-	Pool      string    `json:"pool"`
-	Backend   string    `json:"backend"`
-	Suite     string    `json:"suite"`
-	SuiteHash string    `json:"suite_hash"`
-	Created   time.Time `json:"created"`
-	From      time.Time `json:"from"` // first enrolment cycle
-	To        time.Time `json:"to"`   // last enrolment cycle
-	Cycles    int       `json:"cycles"`
-	Logprobs  bool      `json:"logprobs"`
+	V         int              `json:"v"`
+	Pool      string           `json:"pool"`
+	Backend   string           `json:"backend"`
+	Suite     string           `json:"suite"`
+	SuiteHash string           `json:"suite_hash"`
+	Created   time.Time        `json:"created"`
+	From      time.Time        `json:"from"` // first enrolment cycle
+	To        time.Time        `json:"to"`   // last enrolment cycle
+	Cycles    int              `json:"cycles"`
+	Logprobs  bool             `json:"logprobs"`
 	Prompts   []PromptBaseline `json:"prompts"`
 	Null      NullModel        `json:"null"`
 	Identity  Identity         `json:"identity"`
@@ -72,14 +73,23 @@ type NullStat struct {
 	Values []float64 `json:"values"`
 }
 
-// Z standardises s.
-func (n NullStat) Z(s float64) float64 { return (s - n.Mu) / n.Sigma }
+// Z standardises s; NaN when there is no null (Sigma 0).
+func (n NullStat) Z(s float64) float64 {
+	if n.Sigma == 0 {
+		return math.NaN()
+	}
+	return (s - n.Mu) / n.Sigma
+}
 
 // NullModel holds the null distribution of every statistic.
 type NullModel struct {
 	S1 NullStat `json:"s1"`
 	S2 NullStat `json:"s2"`
 	S3 NullStat `json:"s3"`
+	// S4 is the null of the persistent delta, from every pair of
+	// enrolment cycles compared with the profile of the others (leave two
+	// out).
+	S4 NullStat `json:"s4"`
 }
 
 // Marshal encodes b for a BaselineStore.
@@ -229,15 +239,48 @@ func BuildBaseline(s *Suite, cycles []*Cycle, sigmaFloor float64) (*Baseline, er
 		s2 = append(s2, st.S2)
 		s3 = append(s3, st.S3)
 	}
+	// S4 compares two cycles: every pair of enrolment cycles against the
+	// profile of the others (leave two out); with 8 cycles, 28 values
+	var s4 []float64
+	if logprobs && len(cycles) >= 4 {
+		for i := range cycles {
+			for j := i + 1; j < len(cycles); j++ {
+				rest = rest[:0]
+				for k, c := range cycles {
+					if k != i && k != j {
+						rest = append(rest, c)
+					}
+				}
+				lto := &Baseline{Logprobs: true, Prompts: buildProfile(s, rest, true)}
+				// the baseline's own squared error shrinks as 1/cycles:
+				// scale to what the full baseline will show
+				m := persistentProduct(lto, cycles[j], cycles[i]) * float64(len(rest)) / float64(len(cycles))
+				s4 = append(s4, signedSqrt(m))
+			}
+		}
+	}
 	b.Null = NullModel{
 		S1: nullStat(s1, sigmaFloor),
 		S2: nullStat(s2, sigmaFloor),
 		S3: nullStat(s3, sigmaFloor),
+		S4: nullStat(s4, sigmaFloor),
 	}
 	return b, nil
 }
 
-func nullStat(values []float64, floor float64) NullStat {
+// nullStat summarises the null values; NaN values (a statistic that could
+// not be measured) are dropped, and with none left the NullStat is zero,
+// which Z reports as NaN.
+func nullStat(all []float64, floor float64) NullStat {
+	var values []float64
+	for _, v := range all {
+		if !math.IsNaN(v) {
+			values = append(values, v)
+		}
+	}
+	if len(values) == 0 {
+		return NullStat{}
+	}
 	mu := median(values)
 	dev := make([]float64, len(values))
 	for i, v := range values {

@@ -23,8 +23,9 @@ type Params struct {
 	CUSUMSlack float64
 	// CUSUMThreshold is h: the CUSUM alarms when C > h. If zero, 8.
 	CUSUMThreshold float64
-	// MinExcessNats is the absolute floor: the mean S2 - mu0 since the CUSUM
-	// left 0 must reach it (above fp16 rounding, below Q8). If zero, 0.005.
+	// MinExcessNats is the absolute floor: the mean excess since the CUSUM
+	// left 0, as a root mean square shift of the top-1 logprob, must reach
+	// it (above fp16 rounding, below Q8). If zero, 0.005.
 	MinExcessNats float64
 	// ConfirmZ is the z a suspect backend's next cycle needs to confirm
 	// (with the CUSUM still above h). If zero, 2.
@@ -95,9 +96,9 @@ type CUSUM struct {
 }
 
 // Update feeds one cycle's z and excess (S - mu0) and reports whether the
-// CUSUM alarms: C > h, the mean excess of the run >= the floor, and no
-// cooldown.
-func (c *CUSUM) Update(z, excess float64, p Params) bool {
+// CUSUM alarms: C > h, the mean excess of the run >= floor (in the
+// statistic's units), and no cooldown.
+func (c *CUSUM) Update(z, excess, floor float64, p Params) bool {
 	if math.IsNaN(z) {
 		return false
 	}
@@ -116,7 +117,7 @@ func (c *CUSUM) Update(z, excess float64, p Params) bool {
 		c.Cooldown--
 		return false
 	}
-	return c.C > p.CUSUMThreshold && c.MeanExcess() >= p.MinExcessNats
+	return c.C > p.CUSUMThreshold && c.MeanExcess() >= floor
 }
 
 // MeanExcess is the mean S - mu0 since C left zero (0 when it is zero).
@@ -202,19 +203,21 @@ func (d *Detector) Step(now time.Time, s Signal, p Params) (Transition, bool) {
 	return Transition{From: from, To: to, Signal: s}, true
 }
 
-// logprobSignal turns a logprob backend's statistics into a Signal, updating
-// the CUSUM on S2.
+// logprobSignal turns a logprob backend's statistics into a Signal: the
+// gross rule on S2 and S3, the CUSUM on S4 (the persistent delta), which
+// keeps run-to-run noise, however it varies from cycle to cycle, out of the
+// accumulated evidence.
 func logprobSignal(st Stats, null NullModel, cu *CUSUM, p Params) Signal {
-	z2, z3 := null.S2.Z(st.S2), null.S3.Z(st.S3)
-	ex2, ex3 := st.S2-null.S2.Mu, st.S3-null.S3.Mu
+	z2, z3, z4 := null.S2.Z(st.S2), null.S3.Z(st.S3), null.S4.Z(st.S4)
+	ex2, ex3, ex4 := st.S2-null.S2.Mu, st.S3-null.S3.Mu, st.S4-null.S4.Mu
 	gross2 := ex2 >= p.GrossNats && z2 >= p.GrossZ
 	gross3 := ex3 >= p.GrossNats && z3 >= p.GrossZ
-	alarm := cu.Update(z2, ex2, p)
+	alarm := cu.Update(z4, ex4, p.MinExcessNats, p)
 	s := Signal{
 		Gross:   gross2 || gross3,
 		Alarm:   alarm,
-		Confirm: z2 >= p.ConfirmZ || z3 >= p.ConfirmZ,
-		Quiet:   !(z2 >= p.QuietZ) && !(z3 >= p.QuietZ),
+		Confirm: z4 >= p.ConfirmZ || z2 >= p.ConfirmZ || z3 >= p.ConfirmZ,
+		Quiet:   !(z2 >= p.QuietZ) && !(z3 >= p.QuietZ) && !(z4 >= p.QuietZ),
 	}
 	switch {
 	case s.Gross:
@@ -223,8 +226,8 @@ func logprobSignal(st Stats, null NullModel, cu *CUSUM, p Params) Signal {
 			st.S2, null.S2.Mu, z2, st.S3, null.S3.Mu, z3)
 	default:
 		s.Score, s.Thresh = cu.C, p.CUSUMThreshold
-		s.Reason = fmt.Sprintf("CUSUM %.1f (threshold %.0f), mean excess %.4f nats (floor %.3f); S2 %.4f nats z %.1f, S3 z %.1f",
-			cu.C, p.CUSUMThreshold, cu.MeanExcess(), p.MinExcessNats, st.S2, z2, z3)
+		s.Reason = fmt.Sprintf("CUSUM %.1f (threshold %.0f) on the persistent delta: S4 %.4f nats (baseline %.4f, z %.1f), mean excess %.4f nats (floor %.3f); S2 %.4f nats z %.1f, S3 z %.1f",
+			cu.C, p.CUSUMThreshold, st.S4, null.S4.Mu, z4, cu.MeanExcess(), p.MinExcessNats, st.S2, z2, z3)
 	}
 	if st.Stable > 0 && st.Mismatched > 0 {
 		s.Reason += fmt.Sprintf("; greedy output changed on %d of %d stable prompts", st.Mismatched, st.Stable)

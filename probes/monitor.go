@@ -47,6 +47,7 @@ type Monitor struct {
 	det        Detector
 	recent     []*Cycle // last MMDWindow cycles, black-box backends
 	identity   *Identity
+	prev       *Cycle // the last judged cycle, for S4
 	last       Result
 }
 
@@ -83,7 +84,7 @@ func (m *Monitor) Last() Result { return m.last }
 
 // Rebaseline drops the baseline and restarts enrolment.
 func (m *Monitor) Rebaseline(now time.Time) {
-	m.baseline, m.enrolling, m.recent = nil, nil, nil
+	m.baseline, m.enrolling, m.recent, m.prev = nil, nil, nil, nil
 	m.det = Detector{Status: fleetwatch.DriftUnknown, Since: now}
 }
 
@@ -127,6 +128,8 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 		return r, ErrNoLogprobs
 	}
 	r.Stats = Measure(b, c)
+	r.Stats.S4 = PersistentDelta(b, c, m.prev)
+	m.prev = c
 	if b.Logprobs {
 		r.Signal = logprobSignal(r.Stats, b.Null, &m.det.CUSUM, m.p)
 	} else {

@@ -47,8 +47,11 @@ type PeerVerdict struct {
 	// Outlier is the backend that differs from the others (3 or more
 	// peers), or "".
 	Outlier string
-	// OutlierDistance is its median distance to the others; OthersDistance
-	// the median pairwise distance among the others.
+	// Candidate is the backend with the largest median distance to the
+	// others (3 or more peers), named Outlier only when the rule holds.
+	Candidate string
+	// OutlierDistance is the candidate's median distance to the others;
+	// OthersDistance the median pairwise distance among the others.
 	OutlierDistance, OthersDistance float64
 	// PairDiffers is set with exactly 2 peers whose distance is at least
 	// PeerMinNats; neither is blamed.
@@ -114,8 +117,9 @@ func ComparePeers(baselines map[string]*Baseline, p Params) PeerVerdict {
 			}
 		}
 		om := median(others)
+		v.Candidate, v.OutlierDistance, v.OthersDistance = best, bestMed, om
 		if bestMed >= p.PeerMinNats && bestMed >= p.PeerRatio*om {
-			v.Outlier, v.OutlierDistance, v.OthersDistance = best, bestMed, om
+			v.Outlier = best
 		}
 	}
 	return v

@@ -18,6 +18,9 @@ type Stats struct {
 	// first position over the union of both top-k sets. NaN without
 	// logprobs.
 	S3 float64
+	// S4 is the persistent delta against the previous cycle
+	// (PersistentDelta); NaN on the first cycle or without logprobs.
+	S4 float64
 	// Positions is how many positions S2 averaged.
 	Positions int
 	// ExactMatch is the share of all prompts whose sequence equals the mode.
@@ -66,7 +69,7 @@ func Measure(b *Baseline, c *Cycle) Stats {
 	if st.Stable > 0 {
 		st.S1 = float64(st.Mismatched) / float64(st.Stable)
 	}
-	st.S2, st.S3 = math.NaN(), math.NaN()
+	st.S2, st.S3, st.S4 = math.NaN(), math.NaN(), math.NaN()
 	if st.Positions > 0 {
 		st.S2 = sum2 / float64(st.Positions)
 	}
@@ -145,3 +148,52 @@ func median(xs []float64) float64 {
 }
 
 func nan() float64 { return math.NaN() }
+
+// PersistentDelta is S4, the part of the aligned top-1 delta that persists
+// from one cycle to the next: with d_t = lp_now - lp_base at each position
+// aligned with the mode in both cycles c and prev, m = mean(d_t x d_{t-1})
+// and S4 = sign(m) sqrt(|m|), in nats: the root mean square of the shift the
+// two cycles share. Run-to-run noise is independent between cycles and
+// averages out of the product, while a changed artefact shifts the same
+// positions the same way every cycle; so S4 sees a Q8-class change through
+// noise that swamps it in S2, and does not jump when one cycle is noisier
+// than the others (the load regime). Without a change, m still holds the
+// baseline's own squared error, about v/n for n enrolment cycles of noise
+// variance v; the leave-two-out null rescales its products by (n-2)/n so
+// that its mean is that of the full baseline. NaN without common positions.
+func PersistentDelta(b *Baseline, c, prev *Cycle) float64 {
+	return signedSqrt(persistentProduct(b, c, prev))
+}
+
+func signedSqrt(m float64) float64 { return math.Copysign(math.Sqrt(math.Abs(m)), m) }
+
+// persistentProduct is the m of PersistentDelta, in nats^2.
+func persistentProduct(b *Baseline, c, prev *Cycle) float64 {
+	if prev == nil || !b.Logprobs {
+		return math.NaN()
+	}
+	sum, n := 0.0, 0
+	for i := range b.Prompts {
+		pb := &b.Prompts[i]
+		a, p := c.Obs[i].Tokens, prev.Obs[i].Tokens
+		if !c.Obs[i].HasLogprobs || !prev.Obs[i].HasLogprobs {
+			continue
+		}
+		for j := range pb.Positions {
+			if j >= len(a) || j >= len(p) {
+				break
+			}
+			da := lookup(&a[j], pb.Mode[j]) - pb.Positions[j].Top1
+			dp := lookup(&p[j], pb.Mode[j]) - pb.Positions[j].Top1
+			sum += da * dp
+			n++
+			if a[j].Token != pb.Mode[j] || p[j].Token != pb.Mode[j] {
+				break
+			}
+		}
+	}
+	if n == 0 {
+		return math.NaN()
+	}
+	return sum / float64(n)
+}

@@ -11,7 +11,7 @@ import (
 	fleetwatch "github.com/fleetwatch/fleetwatch"
 )
 
-var approx = cmpopts.EquateApprox(0, 1e-9)
+var approx = cmp.Options{cmpopts.EquateApprox(0, 1e-9), cmpopts.EquateNaNs()}
 
 func tok(t string, lp float64, top ...Alt) Token { return Token{Token: t, Logprob: lp, Top: top} }
 
@@ -36,7 +36,7 @@ func TestMeasureHandComputed(t *testing.T) {
 			tok("a", -0.15, Alt{"a", -0.15}, Alt{"x", -1.9}, Alt{"y", -2.5}),
 			tok("b", -0.2, Alt{"b", -0.2}),
 			tok("d", -0.5, Alt{"d", -0.5}, Alt{"c", -0.9}), // first divergence: c is at -0.9
-			tok("e", -0.1),                                 // after the divergence: ignored
+			tok("e", -0.1), // after the divergence: ignored
 		}},
 		{HasLogprobs: true, Tokens: []Token{tok("z", -0.6, Alt{"z", -0.6}, Alt{"w", -0.9})}},
 	}}
@@ -48,6 +48,7 @@ func TestMeasureHandComputed(t *testing.T) {
 		// prompt a: a 0.05, x 0.1, y at the baseline floor |-2.5+3| = 0.5;
 		// prompt b: z 0.1, w 0.1
 		S3:         ((0.05+0.1+0.5)/3 + (0.1+0.1)/2) / 2,
+		S4:         math.NaN(), // needs a previous cycle
 		Positions:  4,
 		ExactMatch: 0.5,
 		Mismatched: 1, Stable: 1,
@@ -152,7 +153,7 @@ func TestCUSUM(t *testing.T) {
 				c.Reset(tc.reset)
 			}
 			for i, s := range tc.steps {
-				alarm := c.Update(s.z, s.excess, p)
+				alarm := c.Update(s.z, s.excess, p.MinExcessNats, p)
 				if math.Abs(c.C-s.wantC) > 1e-9 || alarm != s.alarm {
 					t.Fatalf("step %d: C = %v alarm %v, want %v %v", i, c.C, alarm, s.wantC, s.alarm)
 				}
@@ -316,5 +317,39 @@ func TestComparePeers(t *testing.T) {
 	v = ComparePeers(map[string]*Baseline{"a": mk(-0.1), "b": mk(-0.4)}, Params{})
 	if !v.PairDiffers || v.Pair != [2]string{"a", "b"} || v.Outlier != "" {
 		t.Errorf("two peers: %+v, want the pair reported, nobody named", v)
+	}
+}
+
+func TestPersistentDeltaHandComputed(t *testing.T) {
+	b := &Baseline{Logprobs: true, Prompts: []PromptBaseline{{ID: "p", Kind: KindStable, Mode: []string{"a", "b"},
+		Positions: []PositionBaseline{{Top1: -0.1, N: 8}, {Top1: -0.2, N: 8}}}}}
+	cyc := func(lpA, lpB float64) *Cycle {
+		return &Cycle{Obs: []Observation{{HasLogprobs: true, Tokens: []Token{tok("a", lpA), tok("b", lpB)}}}}
+	}
+	// deltas now (-0.1, -0.1), before (0.05, -0.2): products -0.005 and
+	// 0.02, mean 0.0075, S4 = sqrt(0.0075)
+	if got, want := PersistentDelta(b, cyc(-0.2, -0.3), cyc(-0.05, -0.4)), math.Sqrt(0.0075); math.Abs(got-want) > 1e-12 {
+		t.Errorf("S4 = %v, want %v", got, want)
+	}
+	// opposite shifts: a negative mean product gives a negative S4
+	if got, want := PersistentDelta(b, cyc(-0.2, -0.3), cyc(0, -0.1)), -math.Sqrt(0.01); math.Abs(got-want) > 1e-12 {
+		t.Errorf("S4 = %v, want %v", got, want)
+	}
+	if got := PersistentDelta(b, cyc(-0.2, -0.3), nil); !math.IsNaN(got) {
+		t.Errorf("S4 without a previous cycle = %v, want NaN", got)
+	}
+}
+
+func TestNullStatDropsNaN(t *testing.T) {
+	got := nullStat([]float64{math.NaN(), 1, 2, 3}, 0.002)
+	if diff := cmp.Diff(NullStat{Mu: 2, Sigma: 1.4826, Values: []float64{1, 2, 3}}, got, approx); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	empty := nullStat([]float64{math.NaN()}, 0.002)
+	if !math.IsNaN(empty.Z(1)) {
+		t.Errorf("Z without a null = %v, want NaN", empty.Z(1))
+	}
+	if _, err := (&Baseline{V: 1, Null: NullModel{S2: empty}}).Marshal(); err != nil {
+		t.Errorf("a baseline without an S2 null does not encode: %v", err)
 	}
 }

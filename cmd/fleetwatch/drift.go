@@ -371,7 +371,7 @@ func runDriftSim(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	fmt.Fprintf(stdout, "\n## Peers (3 backends, the last one serving the variant from the start; %d trials)\n", *peerTrials)
-	fmt.Fprintln(stdout, "\n| variant | sigma | outlier named (95% CP) | wrong backend named | median outlier distance | median others' distance |")
+	fmt.Fprintln(stdout, "\n| variant | sigma | outlier named (95% CP) | wrong backend named | median distance of the farthest backend | median distance among the others |")
 	fmt.Fprintln(stdout, "|---|---|---|---|---|---|")
 	for _, v := range variants {
 		if v.Name == "swap" || v.Name == "partial-q4-50%" {

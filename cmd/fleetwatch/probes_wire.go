@@ -54,9 +54,9 @@ type rebaselineRequest struct {
 
 // controlReply answers a control request.
 type controlReply struct {
-	OK       bool                    `json:"ok"`
-	Error    string                  `json:"error,omitempty"`
-	Alert    *fleetwatch.DriftAlert  `json:"alert,omitempty"`
+	OK       bool                   `json:"ok"`
+	Error    string                 `json:"error,omitempty"`
+	Alert    *fleetwatch.DriftAlert `json:"alert,omitempty"`
 	Statuses []probes.BackendStatus `json:"statuses,omitempty"`
 }
 

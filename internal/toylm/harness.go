@@ -71,8 +71,15 @@ func Variants(ref *Model) []Variant {
 type Harness struct {
 	Suite  *probes.Suite
 	Params probes.Params
-	// Enrol is the number of enrolment cycles. If zero, 8.
+	// Enrol is the minimum number of enrolment cycles. If zero, 8.
 	Enrol int
+	// Interval is the time between cycles. If zero, 5m (serve's default
+	// schedule).
+	Interval time.Duration
+	// EnrolMin is the minimum enrolment span. If zero, 2h (the default);
+	// negative: none. With the defaults enrolment sees 25 cycles and keeps
+	// the last 16, as serve does.
+	EnrolMin time.Duration
 	// Ref is the reference model. If nil, New(Config{}).
 	Ref *Model
 }
@@ -141,7 +148,16 @@ func (b *backend) setNoise() {
 }
 
 func (h *Harness) monitor(id string) *probes.Monitor {
-	return probes.NewMonitor("sim", id, probes.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: -1, Params: h.Params}, nil)
+	return probes.NewMonitor("sim", id, probes.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: h.EnrolMin, Params: h.Params}, nil)
+}
+
+// at is the time of cycle i.
+func (h *Harness) at(i int) time.Time {
+	iv := h.Interval
+	if iv == 0 {
+		iv = 5 * time.Minute
+	}
+	return epoch.Add(time.Duration(i) * iv)
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -150,7 +166,7 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func (h *Harness) enrol(m *probes.Monitor, b *backend) (int, error) {
 	for i := 0; ; i++ {
 		b.setNoise()
-		r, err := m.Observe(Cycle(h.Suite, b.c, epoch.Add(time.Duration(i)*time.Hour)), nil)
+		r, err := m.Observe(Cycle(h.Suite, b.c, h.at(i)), nil)
 		if err != nil {
 			return 0, err
 		}
@@ -192,7 +208,7 @@ func (h *Harness) Null(sigma float64, v *Variant, backends, cycles int, seed uin
 		}
 		for i := range cycles {
 			b.setNoise()
-			r, err := m.Observe(Cycle(h.Suite, b.c, epoch.Add(time.Duration(start+i)*time.Hour)), nil)
+			r, err := m.Observe(Cycle(h.Suite, b.c, h.at(start+i)), nil)
 			if err != nil {
 				return res, err
 			}
@@ -261,7 +277,7 @@ func (h *Harness) Power(v Variant, sigma float64, trials, maxCycles int, seed ui
 		sus, dr := 0, 0
 		for i := 1; i <= maxCycles && dr == 0; i++ {
 			b.setNoise()
-			r, err := m.Observe(Cycle(h.Suite, b.c, epoch.Add(time.Duration(start+i)*time.Hour)), nil)
+			r, err := m.Observe(Cycle(h.Suite, b.c, h.at(start+i)), nil)
 			if err != nil {
 				return res, err
 			}
@@ -286,8 +302,8 @@ type PeerResult struct {
 	Variant          string
 	Trials           int
 	Named, WrongName int
-	Distances        []float64 // the outlier's median distance per trial
-	OthersDistances  []float64
+	Distances        []float64 // the candidate's median distance per trial
+	OthersDistances  []float64 // the others' median pairwise distance per trial
 }
 
 // Peers enrols a pool of n backends where the last one serves v from the

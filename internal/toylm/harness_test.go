@@ -26,13 +26,14 @@ func testHarness(t *testing.T) (*Harness, map[string]Variant) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// serve's defaults: a cycle every 5 minutes, enrolment over 2 hours
 	return &Harness{Suite: s, Ref: New(Config{})}, variantsOnce()
 }
 
 func TestSwapCaughtInOneCycleAtEveryNoiseLevel(t *testing.T) {
 	h, vs := testHarness(t)
 	for _, sigma := range append(NoiseLevels, LoadRegime) {
-		r, err := h.Power(vs["swap"], sigma, 3, 1, 11)
+		r, err := h.Power(vs["swap"], sigma, 2, 1, 11)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +83,7 @@ func TestFP16NeverAlarms(t *testing.T) {
 
 func TestUnchangedBackendStaysOK(t *testing.T) {
 	h, _ := testHarness(t)
-	for _, sigma := range NoiseLevels {
+	for _, sigma := range append(NoiseLevels, LoadRegime) {
 		r, err := h.Null(sigma, nil, 2, 100, 15)
 		if err != nil {
 			t.Fatal(err)
@@ -96,7 +97,7 @@ func TestUnchangedBackendStaysOK(t *testing.T) {
 func TestQ4PeerAmongThreeIsNamed(t *testing.T) {
 	h, vs := testHarness(t)
 	for _, sigma := range NoiseLevels {
-		r, err := h.Peers(vs["q4-like"], sigma, 3, 2, 16)
+		r, err := h.Peers(vs["q4-like"], sigma, 3, 1, 16)
 		if err != nil {
 			t.Fatal(err)
 		}
