@@ -248,6 +248,21 @@ func (p *Picker) keepSticky(st *state, i, n int, stale bool) bool {
 // never s1 or s2 (entry indices, -1 for none), from the random bits u.
 // It returns -1 when no entry with positive weight is left.
 func (t *table) sample(u uint64, s1, s2 int) int {
+	if t.alias != nil {
+		// O(1) draws from the alias table, rejecting the skipped entries;
+		// a few rejections in a row (one entry holds most of the weight)
+		// fall back to the exact search below.
+		for range 4 {
+			i := int(uniformInt(u, len(t.prob)))
+			if float64(uint32(u))*0x1p-32 >= t.prob[i] {
+				i = int(t.alias[i])
+			}
+			if i != s1 && i != s2 {
+				return i
+			}
+			u = mix64(u + 0x9e3779b97f4a7c15)
+		}
+	}
 	n := len(t.cum)
 	left := t.positive
 	var w1, w2 float64

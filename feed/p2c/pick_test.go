@@ -522,3 +522,66 @@ func TestSlowOutlierGuard(t *testing.T) {
 		})
 	}
 }
+
+// The alias table (pools of aliasMin and more) draws in proportion to the
+// weights, never a weight of 0, never a skipped entry.
+func TestAliasSampling(t *testing.T) {
+	r := seeded(11)
+	weights := make([]float64, 100)
+	for i := range weights {
+		if i%10 != 3 {
+			weights[i] = 0.05 + r.Float64()
+		}
+	}
+	tbl := newTable(weights)
+	if tbl.alias == nil {
+		t.Fatal("no alias table for a pool of 100")
+	}
+	total := 0.0
+	for _, w := range weights {
+		total += w
+	}
+	const draws = 400000
+	got := make([]int, len(weights))
+	for range draws {
+		i := tbl.sample(r.Uint64(), 7, 42)
+		if i == 7 || i == 42 {
+			t.Fatalf("drew skipped entry %d", i)
+		}
+		got[i]++
+	}
+	rest := total - weights[7] - weights[42]
+	for i, w := range weights {
+		if i == 7 || i == 42 {
+			continue
+		}
+		if w == 0 {
+			if got[i] != 0 {
+				t.Errorf("entry %d has weight 0 and was drawn %d times", i, got[i])
+			}
+			continue
+		}
+		want := draws * w / rest
+		if math.Abs(float64(got[i])-want) > 5*math.Sqrt(want) {
+			t.Errorf("entry %d (weight %.3f): %d draws, want %.0f", i, w, got[i], want)
+		}
+	}
+}
+
+// When one entry holds nearly all the weight and is skipped, the alias
+// draws give up and the exact search still finds the others.
+func TestAliasFallback(t *testing.T) {
+	weights := make([]float64, 20)
+	weights[0] = 1
+	weights[5], weights[9] = 1e-6, 1e-6
+	tbl := newTable(weights)
+	r := seeded(12)
+	for range 1000 {
+		if i := tbl.sample(r.Uint64(), 0, -1); i != 5 && i != 9 {
+			t.Fatalf("drew %d, want 5 or 9", i)
+		}
+	}
+	if i := tbl.sample(r.Uint64(), 5, 9); i != 0 {
+		t.Errorf("drew %d with 5 and 9 skipped, want 0", i)
+	}
+}

@@ -28,7 +28,15 @@ type table struct {
 	cum       []float64 // cum[i] = sum of weights of entries 0..i
 	positive  int       // entries with weight > 0
 	maxWeight float64   // the largest weight
+	// Walker's alias table (Vose's construction), for pools larger than
+	// aliasMin: entry i is drawn with probability prob[i], else alias[i].
+	prob  []float64
+	alias []int32
 }
+
+// aliasMin is the pool size from which sampling uses the alias table (O(1))
+// rather than a binary search of the cumulative weights (O(log n)).
+const aliasMin = 17
 
 func (t *table) weight(i int) float64 {
 	if i <= 0 {
@@ -225,7 +233,58 @@ func newTable(weights []float64) table {
 		}
 		t.cum[i] = sum
 	}
+	if len(weights) >= aliasMin && t.positive > 0 {
+		t.buildAlias(weights, sum)
+	}
 	return t
+}
+
+// buildAlias builds the alias table by Vose's method ("A Linear Algorithm
+// for Generating Random Numbers with a Given Distribution", 1991).
+func (t *table) buildAlias(weights []float64, sum float64) {
+	n := len(weights)
+	t.prob = make([]float64, n)
+	t.alias = make([]int32, n)
+	scaled := make([]float64, n)
+	var small, large []int32
+	for i, w := range weights {
+		scaled[i] = max(w, 0) * float64(n) / sum
+		if scaled[i] < 1 {
+			small = append(small, int32(i))
+		} else {
+			large = append(large, int32(i))
+		}
+	}
+	for len(small) > 0 && len(large) > 0 {
+		s, l := small[len(small)-1], large[len(large)-1]
+		small = small[:len(small)-1]
+		t.prob[s], t.alias[s] = scaled[s], l
+		scaled[l] -= 1 - scaled[s]
+		if scaled[l] < 1 {
+			large = large[:len(large)-1]
+			small = append(small, l)
+		}
+	}
+	// What is left has probability 1 up to rounding.
+	for _, i := range large {
+		t.prob[i], t.alias[i] = 1, i
+	}
+	for _, i := range small {
+		if weights[i] > 0 {
+			t.prob[i], t.alias[i] = 1, i
+		} else { // a zero weight left over by rounding: never itself
+			t.prob[i], t.alias[i] = 0, int32(t.firstPositive(weights))
+		}
+	}
+}
+
+func (t *table) firstPositive(weights []float64) int {
+	for i, w := range weights {
+		if w > 0 {
+			return i
+		}
+	}
+	return 0
 }
 
 // buildStale orders the entries for the stale path: not-open ones first (in
