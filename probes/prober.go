@@ -539,13 +539,27 @@ func (p *Prober) Statuses() []BackendStatus {
 	return out
 }
 
-// jittered shifts a schedule by a fixed offset.
+// jittered shifts a schedule by a fixed offset. A wall-clock spec ("0 * * *
+// *") is shifted at every activation; an "@every" schedule counts from the
+// previous activation, so shifting its first one shifts them all (whole
+// seconds: robfig/cron rounds @every activations to the second). cron calls
+// Next from its one scheduling goroutine.
 type jittered struct {
-	inner  cron.Schedule
-	offset time.Duration
+	inner   cron.Schedule
+	offset  time.Duration
+	started bool
 }
 
-func (j jittered) Next(t time.Time) time.Time { return j.inner.Next(t.Add(-j.offset)).Add(j.offset) }
+func (j *jittered) Next(t time.Time) time.Time {
+	if _, every := j.inner.(cron.ConstantDelaySchedule); every {
+		if j.started {
+			return j.inner.Next(t)
+		}
+		j.started = true
+		return j.inner.Next(t).Add(j.offset)
+	}
+	return j.inner.Next(t.Add(-j.offset)).Add(j.offset)
+}
 
 // Run schedules every target's cycles with robfig/cron (Recover and
 // SkipIfStillRunning set explicitly, so a panicking or slow cycle neither
@@ -568,7 +582,7 @@ func (p *Prober) Run(ctx context.Context) error {
 		job := cron.NewChain(cron.SkipIfStillRunning(logger)).Then(cron.FuncJob(func() {
 			_ = p.ProbeBackend(ctx, st.t.Pool, st.t.Backend) // reported to the Sink
 		}))
-		c.Schedule(jittered{p.sched, st.offset}, job)
+		c.Schedule(&jittered{inner: p.sched, offset: st.offset}, job)
 	}
 	c.Start()
 	<-ctx.Done()
