@@ -216,12 +216,15 @@ func TestRouteEndToEnd(t *testing.T) {
 	// Breakers stay open for at least two minutes, longer than the test: a
 	// half-open trickle is not what this test is about. The ejection cap
 	// allows three of four open, so b2 tripping on its 429s does not keep
-	// b1 from opening later.
+	// b1 from opening later. Slowness is not under test either: on a loaded
+	// machine (and under -race) a 10ms TTFT can spike past 5x the median,
+	// so the slow trip is set far out of reach.
 	backends := startFakeBackends(t, 4)
+	healthy := fakeai.Behavior{TTFT: 10 * time.Millisecond, TokenTime: 500 * time.Microsecond}
 	for _, b := range backends {
-		b.SetBehavior(fakeai.Behavior{TTFT: 2 * time.Millisecond, TokenTime: 500 * time.Microsecond})
+		b.SetBehavior(healthy)
 	}
-	cfg := routeConfig(t, natsURL, backends, "    analyzer: {open_base: 2m, max_open_fraction: 0.75}\n")
+	cfg := routeConfig(t, natsURL, backends, "    analyzer: {open_base: 2m, max_open_fraction: 0.75, slow_factor: 50}\n")
 	stopServe := startServe(t, bin, cfg, natsURL)
 	base := startRouteCmd(t, cfg)
 	routeEventually(t, "a first decision", func() bool { return decisions.state("b0") == fleetwatch.StateClosed })
@@ -247,8 +250,10 @@ func TestRouteEndToEnd(t *testing.T) {
 	// of its requests (below the 429 trip rate of 50%, so it mostly stays
 	// closed with a lower weight; if a window trips it, its share is 0).
 	backends[3].SetBehavior(fakeai.Behavior{InstantError: true})
-	backends[2].SetBehavior(fakeai.Behavior{ThrottleRate: 0.4, TTFT: 2 * time.Millisecond})
-	load := startLoad(t, base, 4)
+	throttling := healthy
+	throttling.ThrottleRate = 0.4
+	backends[2].SetBehavior(throttling)
+	load := startLoad(t, base, 6)
 	load.phase.Store(1)
 	routeEventually(t, "b3's breaker to open: "+decisions.describe(), func() bool {
 		return decisions.state("b3") == fleetwatch.StateOpen
