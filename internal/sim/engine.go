@@ -105,7 +105,6 @@ type attempt struct {
 	inSlot     bool // holds a slot (started), as opposed to waiting or answered
 	queued     bool
 	cacheHit   bool
-	cold       bool
 	stalled    bool
 	status     int
 	outcome    fleetwatch.Outcome

@@ -5,7 +5,6 @@ import (
 	"math"
 	"slices"
 
-	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
@@ -124,8 +123,6 @@ func (m *metrics) refused(err error) {
 	m.shed++
 }
 
-func (m *metrics) outcome(*attempt) {}
-
 func (m *metrics) success(ttft float64) { m.ttfts = append(m.ttfts, ttft) }
 
 func (m *metrics) sample(s *sim) {
@@ -143,8 +140,6 @@ func (m *metrics) sample(s *sim) {
 	m.imbalance = append(m.imbalance, float64(hi)/mean)
 	m.maxMin = append(m.maxMin, float64(hi)/float64(max(lo, 1)))
 }
-
-func (m *metrics) snapshot(*sim, *fleetwatch.Snapshot) {}
 
 func (s *sim) result(seed uint64) *Result {
 	m := &s.m

@@ -47,7 +47,6 @@ type sim struct {
 
 	workload   *rand.Rand // arrivals and sizes: identical for every policy
 	service    *rand.Rand // incident coin flips
-	burstOn    bool
 	prefixSalt uint64
 	nextID     int
 
@@ -338,7 +337,6 @@ func (s *sim) startService(be *backend, att *attempt) {
 	extra := 0.0
 	if spec.ColdMs > 0 && ((!be.served && spec.StartsCold) || (be.served && s.now-be.lastServed > ms(spec.ColdIdle))) {
 		extra = spec.ColdMs
-		att.cold = true
 	}
 	be.served, be.lastServed = true, s.now
 	uncached := req.promptTokens
@@ -416,7 +414,6 @@ func (s *sim) complete(att *attempt) {
 	if s.an != nil {
 		s.observe(att, ttft)
 	}
-	s.m.outcome(att)
 	switch {
 	case att.outcome == fleetwatch.OutcomeOK:
 		req.finished = true
@@ -485,7 +482,6 @@ func (s *sim) evaluate() {
 	}
 	for i := range ev.Snapshots {
 		snap := &ev.Snapshots[i]
-		s.m.snapshot(s, snap)
 		for _, rt := range s.routers {
 			rt.update(snap)
 		}

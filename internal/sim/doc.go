@@ -1,0 +1,26 @@
+// Package sim is a deterministic discrete-event simulator of a fleet of LLM
+// inference backends and the routers in front of them, used to compare
+// routing policies (fleetwatch sim, docs/EVALUATION.md) and to choose the
+// picker's defaults.
+//
+// The simulation is a classic event-scheduling loop: one virtual clock, a
+// binary heap of events ordered by (time, sequence number), and PCG
+// generators seeded per run, so a (scenario, policy, seed) always gives the
+// same Result. Backends batch continuously: up to Slots sequences run at
+// once, the rest wait in a bounded FIFO queue, and a full queue answers 429;
+// time to first token is the queue wait plus a prefill that grows with the
+// prompt tokens not found in the backend's prefix cache (an LRU of prefix
+// hashes), and decode time grows with the output tokens and the batch
+// occupancy. Request sizes are log-normal and heavy-tailed; arrivals are
+// Poisson or a two-state modulated Poisson process. Incidents script
+// fast failures, stalls, 429 saturation, cold starts, slow degradation,
+// speed-ups and artefact changes.
+//
+// The fleetwatch policies run the real analyzer and the real feed/p2c
+// picker unchanged: every finished attempt becomes a fleetwatch.Event for
+// analyzer.Observe, and every virtual second (and at once when Observe says
+// a transition is urgent) analyzer.Evaluate's snapshots go to each router's
+// Picker.Update. The other policies (round-robin, random, least
+// connections, latency-greedy, the seed's local p2c, LiteLLM's cooldowns,
+// always-sticky) are re-implementations of their described behaviour.
+package sim
