@@ -198,16 +198,12 @@ func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
 			rt.answerFailure(w, a, resp, err)
 			return
 		}
-		switch {
-		case resp == nil:
+		if resp == nil || failed {
 			rt.finish(a, &ev)
 			rt.answerFailure(w, a, resp, err)
-		case failed:
-			rt.finish(a, &ev)
-			rt.answerFailure(w, a, resp, err)
-		default:
-			rt.deliver(ctx, w, resp, a, &ev)
+			return
 		}
+		rt.deliver(ctx, w, resp, a, &ev)
 		return
 	}
 }
