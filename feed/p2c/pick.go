@@ -22,7 +22,9 @@ import (
 // With a stale snapshot (now after at + ttl_ms) the picker fails static:
 // breakers whose open_until is still in the future stay honoured, every
 // other backend is a candidate with equal weight, and the router's own EWMA
-// is preferred over the snapshot's.
+// is preferred over the snapshot's. Affinity then uses the same slots over
+// these candidates (not in failover mode, where the lowest priority's
+// candidates are balanced by a scan of the pool: a degraded mode).
 //
 // A retry (req.Exclude or req.Retry set) withdraws a token from the retry
 // budget and fails with ErrRetryBudget when none is left; a first attempt
