@@ -289,7 +289,7 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 			d.logf("drift: control reply: %v", err)
 		}
 	}
-	runCtx, cancel := context.WithCancel(context.Background())
+	runCtx, cancel := context.WithCancel(ctx)
 	sub, err := d.nc.Subscribe(subj.Control(controlRebaseline), func(m *nats.Msg) {
 		var req rebaselineRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil {
