@@ -83,7 +83,11 @@ func BenchmarkRouteOverhead(b *testing.B) {
 	b.ReportMetric(pct(lat[1], 0.99), "route-p99-us")
 	b.ReportMetric(pct(lat[1], 0.50)/pct(lat[0], 0.50), "p50-ratio")
 	b.ReportMetric(pct(lat[1], 0.99)/pct(lat[0], 0.99), "p99-ratio")
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s-each")
+	rate := float64(b.N) / time.Since(start).Seconds()
+	b.ReportMetric(rate, "req/s-each")
+	if rate < 900 {
+		b.Logf("only %.0f req/s each: the machine could not keep the 1,000 req/s schedule, so this run measures the machine, not route", rate)
+	}
 }
 
 func countTrue(bs []bool) int {
