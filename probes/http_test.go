@@ -406,3 +406,67 @@ func TestProberRejectsBadSettings(t *testing.T) {
 		t.Errorf("unknown backend: %v", err)
 	}
 }
+
+// mapStore is a BaselineStore in a map, shared between two Probers to
+// play a restart.
+type mapStore struct {
+	mu sync.Mutex
+	m  map[string][]byte
+}
+
+func (s *mapStore) Load(_ context.Context, pool, backend string) ([]byte, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.m[pool+"/"+backend]
+	if !ok {
+		return nil, probes.ErrNoBaseline
+	}
+	return d, nil
+}
+
+func (s *mapStore) Save(_ context.Context, pool, backend string, data []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[pool+"/"+backend] = data
+	return nil
+}
+
+func TestBaselinesSurviveARestart(t *testing.T) {
+	_, hs := toyServer(t, toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.03}), fakeai.Behavior{})
+	store := &mapStore{m: map[string][]byte{}}
+	settings := probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}}, Store: store, Enrol: 3, EnrolMin: -1}
+	first, err := probes.New(settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := first.ProbeBackend(t.Context(), "p", "b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := newSink()
+	settings.Sink = sink
+	second, err := probes.New(settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.LoadBaselines(t.Context())
+	s := second.Statuses()[0]
+	if s.Enrolling || s.Status != fleetwatch.DriftOK || s.BaselineCycles != 3 || sink.statuses["b"] != fleetwatch.DriftOK {
+		t.Errorf("after a restart, before any cycle: %+v (sink %s), want the stored baseline, ok", s, sink.statuses["b"])
+	}
+	// a different suite forces enrolment again
+	other, err := probes.ParseSuite([]byte(`{"name":"other","prompts":[{"id":"a","kind":"stable","text":"Say hi."}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings.Suite = other
+	third, err := probes.New(settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	third.LoadBaselines(t.Context())
+	if s := third.Statuses()[0]; !s.Enrolling || s.Status != fleetwatch.DriftUnknown {
+		t.Errorf("with another suite: %+v, want enrolling", s)
+	}
+}

@@ -561,6 +561,21 @@ func (j *jittered) Next(t time.Time) time.Time {
 	return j.inner.Next(t.Add(-j.offset)).Add(j.offset)
 }
 
+// LoadBaselines loads every target's stored baseline now, so that statuses
+// (and Sink.Status) are known at start instead of after each backend's first
+// cycle. Run calls it; errors are reported as probe errors and the backend
+// tries again at its first cycle.
+func (p *Prober) LoadBaselines(ctx context.Context) {
+	for _, k := range p.order {
+		st := p.backends[k]
+		st.run.Lock()
+		if err := p.load(ctx, st); err != nil {
+			p.probeError(st, err)
+		}
+		st.run.Unlock()
+	}
+}
+
 // Run schedules every target's cycles with robfig/cron (Recover and
 // SkipIfStillRunning set explicitly, so a panicking or slow cycle neither
 // kills the scheduler nor piles up) until ctx is done or Close is called,
@@ -575,6 +590,7 @@ func (p *Prober) Run(ctx context.Context) error {
 	}
 	p.cancel = cancel
 	p.mu.Unlock()
+	p.LoadBaselines(ctx)
 	logger := cronLogger{p.s.Logf}
 	c := cron.New(cron.WithChain(cron.Recover(logger)), cron.WithLogger(logger))
 	for _, k := range p.order {
