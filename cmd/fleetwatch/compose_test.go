@@ -688,3 +688,43 @@ func TestDeployNATSWithServe(t *testing.T) {
 		t.Errorf("fleetwatch serve reports a permission problem:\n%s", out)
 	}
 }
+
+// TestDockerfile checks what can be checked without a Docker engine: a
+// multi-stage build, a non-root user and a cgo-free build of the command.
+// (Building it here would recompile every dependency without cgo, minutes
+// on a small machine; `CGO_ENABLED=0 go build ./cmd/fleetwatch` gives a
+// statically linked ELF, see docs/DEPLOY.md.)
+func TestDockerfile(t *testing.T) {
+	root := repoRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var froms, users []string
+	var build string
+	for _, line := range strings.Split(strings.ReplaceAll(string(data), "\\\n", " "), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		switch strings.ToUpper(fields[0]) {
+		case "FROM":
+			froms = append(froms, strings.Join(fields[1:], " "))
+		case "USER":
+			users = append(users, fields[1])
+		case "RUN":
+			if strings.Contains(line, "go build") {
+				build = line
+			}
+		}
+	}
+	if len(froms) < 2 {
+		t.Errorf("FROM %v: want a build stage and a runtime stage", froms)
+	}
+	if len(users) == 0 || strings.HasPrefix(users[len(users)-1], "0") || strings.HasPrefix(users[len(users)-1], "root") {
+		t.Errorf("USER %v: the runtime stage must not run as root", users)
+	}
+	if !strings.Contains(build, "CGO_ENABLED=0") || !strings.Contains(build, "./cmd/fleetwatch") {
+		t.Fatalf("build command %q: want CGO_ENABLED=0 go build ./cmd/fleetwatch", build)
+	}
+}
