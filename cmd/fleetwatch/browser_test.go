@@ -217,7 +217,7 @@ func startFleetFixture(t *testing.T) (*fleetFixture, *httptest.Server) {
 				{V: 1, Pool: "llama-3.1-70b", Backend: "vllm-c", At: fleetwatch.At(time.Now().Add(-time.Minute)), Status: fleetwatch.DriftDrifted, Previous: fleetwatch.DriftOK, Score: 7.3, Threshold: 3, Reason: "greedy output changed on 9 of 16 prompts"},
 				{V: 1, Pool: "llama-3.1-70b", Backend: xssBackend, At: fleetwatch.At(time.Now().Add(-2 * time.Minute)), Status: fleetwatch.DriftSuspect, Previous: fleetwatch.DriftOK, Score: 3.1, Threshold: 3, Reason: xssBackend},
 			},
-			next:   time.Now().Add(3 * time.Hour),
+			next: time.Now().Add(3 * time.Hour),
 		},
 		hist:    newHistory(0),
 		stopped: make(chan struct{}),
