@@ -169,7 +169,7 @@ func TestAffinityBoundedLoad(t *testing.T) {
 		wantSticky bool
 	}{
 		{"idle", 0, 0, true},
-		{"one in flight of one: capacity ceil(2x2/4) = 1", 0, 1, false},
+		{"one in flight of one: capacity ceil(1.5x2/4) = 1", 0, 1, false},
 		{"bound disabled", -1, 10, true},
 		{"generous factor: capacity ceil(8x4/4) = 8", 8, 3, true},
 	}

@@ -58,7 +58,7 @@ const (
 	// DefaultSlowOutlierFactor is Settings.SlowOutlierFactor's default.
 	DefaultSlowOutlierFactor = 5.0
 	// DefaultAffinityLoadFactor is Settings.AffinityLoadFactor's default.
-	DefaultAffinityLoadFactor = 2.0
+	DefaultAffinityLoadFactor = 1.5
 	DefaultRetryRatio         = 0.2
 	DefaultRetryFloorPerSec   = 3.0
 	// DefaultTTL is the staleness horizon used when a snapshot carries no
@@ -92,7 +92,7 @@ type Settings struct {
 	// / candidates), consistent hashing with bounded loads (Mirrokni,
 	// Thorup and Zadimoghaddam, SODA 2018). It catches what the EWMA rule
 	// sees only a heartbeat later: a queue building on the sticky backend.
-	// If zero, 2 is used; a negative value disables the bound.
+	// If zero, 1.5 is used; a negative value disables the bound.
 	AffinityLoadFactor float64
 	// SlowOutlierFactor is the outlier guard of the two-choice comparison:
 	// a candidate whose EWMA TTFT has reached this multiple of the pool

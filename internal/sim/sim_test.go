@@ -90,7 +90,10 @@ func TestDeterministic(t *testing.T) {
 func TestMixedCost(t *testing.T) {
 	for _, name := range []string{MixedEqual, MixedUnequal} {
 		t.Run(name, func(t *testing.T) {
-			res := runs(t, scenario(t, name), RoundRobin, Fleetwatch, LeastConn)
+			// The full 10 minutes: round-robin's p99 over 4 minutes
+			// depends too much on how many huge requests a seed draws.
+			sc, _ := ScenarioByName(name)
+			res := runs(t, sc, RoundRobin, Fleetwatch, LeastConn)
 			for i, seed := range seeds {
 				fw, rr, lc := res[Fleetwatch][i], res[RoundRobin][i], res[LeastConn][i]
 				t.Logf("seed %d: p99 fleetwatch %.0f, round-robin %.0f (%.2fx), least-conn %.0f", seed, fw.TTFTP99, rr.TTFTP99, fw.TTFTP99/rr.TTFTP99, lc.TTFTP99)
