@@ -55,3 +55,49 @@ func TestFakeCommandScriptsIncidents(t *testing.T) {
 		t.Errorf("unknown backend: %v status %d, want 404", err, r.status)
 	}
 }
+
+func TestFakeCommandSwapsTheToyArtefact(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var stdout, stderr routeBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- runFake(ctx, []string{"--backend", "a=127.0.0.1:0", "--admin", "127.0.0.1:0",
+			"--completer", "toy", "--toy-sigma", "0"}, &stdout, &stderr)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("fake: %v\n%s", err, stderr.String())
+		}
+	})
+	urlRe := regexp.MustCompile(`fake: (backend a|admin) on (http://\S+)`)
+	urls := map[string]string{}
+	routeEventually(t, "fake to listen", func() bool {
+		for _, m := range urlRe.FindAllStringSubmatch(stdout.String(), -1) {
+			urls[m[1]] = m[2]
+		}
+		return len(urls) == 2
+	})
+	c := newRouteClient(t, urls["backend a"])
+	admin := newRouteClient(t, urls["admin"])
+	greedy := func() string {
+		r, err := c.post("/v1/completions", map[string]any{"prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0})
+		if err != nil || r.status != 200 {
+			t.Fatalf("completion: %v %d", err, r.status)
+		}
+		return string(r.body[strings.Index(string(r.body), `"choices"`):])
+	}
+	ref := greedy()
+	if again := greedy(); again != ref {
+		t.Fatalf("greedy output of the reference is not stable:\n%s\n%s", ref, again)
+	}
+	if r, err := admin.post("/admin/a/artefact", map[string]any{"variant": "swap"}); err != nil || r.status != 200 {
+		t.Fatalf("artefact swap: %v %d %s", err, r.status, r.body)
+	}
+	if swapped := greedy(); swapped == ref {
+		t.Errorf("greedy output unchanged after swapping the artefact:\n%s", swapped)
+	}
+	if r, err := admin.post("/admin/a/artefact", map[string]any{"variant": "nope"}); err != nil || r.status != 400 {
+		t.Errorf("unknown variant: %v status %d, want 400", err, r.status)
+	}
+}
