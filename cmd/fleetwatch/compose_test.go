@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -211,9 +212,25 @@ func TestComposeFile(t *testing.T) {
 		} `yaml:"scrape_configs"`
 	}
 	readYAML(t, filepath.Join(root, "deploy", "victoriametrics", "scrape.yaml"), &scrape)
-	if len(scrape.ScrapeConfigs) != 1 || len(scrape.ScrapeConfigs[0].StaticConfigs) != 1 ||
-		strings.Join(scrape.ScrapeConfigs[0].StaticConfigs[0].Targets, ",") != "fleetwatch:8080" {
-		t.Errorf("scrape config %+v, want one job scraping fleetwatch:8080", scrape)
+	jobs := map[string]string{}
+	for _, sc := range scrape.ScrapeConfigs {
+		for _, st := range sc.StaticConfigs {
+			jobs[sc.JobName] += strings.Join(st.Targets, ",")
+		}
+	}
+	if diff := cmp.Diff(map[string]string{"fleetwatch": "fleetwatch:8080", "fleetwatch-route": "route:8090"}, jobs); diff != "" {
+		t.Errorf("scrape jobs (-want +got):\n%s", diff)
+	}
+	for job, target := range jobs {
+		service, port, _ := strings.Cut(target, ":")
+		s, ok := c.Services[service]
+		if !ok {
+			t.Errorf("job %s scrapes %s, which is no service", job, target)
+			continue
+		}
+		if !strings.Contains(strings.Join(s.Command, " "), ":"+port) && !(service == "fleetwatch" && port == "8080") {
+			t.Errorf("job %s scrapes port %s, which %s does not listen on (%v)", job, port, service, s.Command)
+		}
 	}
 	var ds struct {
 		Datasources []struct {

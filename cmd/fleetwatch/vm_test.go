@@ -48,21 +48,19 @@ type victoriaMetrics struct {
 }
 
 // startVictoriaMetrics starts Debian's victoria-metrics on a loopback port,
-// scraping target (host:port, path /metrics) every second. It stops in
-// t.Cleanup.
-func startVictoriaMetrics(t *testing.T, target string) *victoriaMetrics {
+// scraping each job's target (host:port, path /metrics) every second. It
+// stops in t.Cleanup.
+func startVictoriaMetrics(t *testing.T, jobs map[string]string) *victoriaMetrics {
 	t.Helper()
 	bin := requireTool(t, victoriaMetricsBin, "victoria-metrics")
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "scrape.yaml")
-	err := os.WriteFile(cfg, []byte(fmt.Sprintf(`scrape_configs:
-  - job_name: fleetwatch
-    scrape_interval: 1s
-    scrape_timeout: 1s
-    static_configs:
-      - targets: [%q]
-`, target)), 0o644)
-	if err != nil {
+	var config strings.Builder
+	config.WriteString("scrape_configs:\n")
+	for job, target := range jobs {
+		fmt.Fprintf(&config, "  - job_name: %q\n    scrape_interval: 1s\n    scrape_timeout: 1s\n    static_configs:\n      - targets: [%q]\n", job, target)
+	}
+	if err := os.WriteFile(cfg, []byte(config.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	addr := freeLoopbackAddr(t)
@@ -479,6 +477,7 @@ func serveTestConfig(t *testing.T) string {
   open_max: 2s
 pools:
   - id: llama-3.1-70b
+    models: [llama-3.1-70b]
     backends:
       - id: vllm-a
         url: %s
@@ -498,7 +497,8 @@ probes:
 // /metrics it exposes.
 func TestDashboardsAgainstServe(t *testing.T) {
 	requireTool(t, victoriaMetricsBin, "victoria-metrics")
-	p := startServeProcess(t, serveTestConfig(t))
+	config := serveTestConfig(t)
+	p := startServeProcess(t, config)
 	traffic := &outcomeTraffic{pool: "llama-3.1-70b", backends: []string{"vllm-a", "vllm-b", "vllm-c"}, failing: map[string]bool{}}
 	traffic.start(t, p.natsURL)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -521,7 +521,36 @@ func TestDashboardsAgainstServe(t *testing.T) {
 		<-flipped
 	})
 
-	vm := startVictoriaMetrics(t, strings.TrimPrefix(p.httpURL, "http://"))
+	// A router in front of the fake backends, with its own traffic.
+	cfgPath := filepath.Join(t.TempDir(), "route.yaml")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	route := startRouteProcess(t, p.bin, nil, "--nats", p.natsURL, "--config", cfgPath, "--source", "dashboards-test")
+	requests := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-requests
+	})
+	go func() { // requests through the router; exits on cancel
+		defer close(requests)
+		for i := 0; ctx.Err() == nil; i++ {
+			body := fmt.Sprintf(`{"model":"llama-3.1-70b","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
+			if res, err := http.Post(route+"/v1/chat/completions", "application/json", strings.NewReader(body)); err == nil {
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+
+	vm := startVictoriaMetrics(t, map[string]string{
+		"fleetwatch":       strings.TrimPrefix(p.httpURL, "http://"),
+		"fleetwatch-route": strings.TrimPrefix(route, "http://"),
+	})
 	vm.waitScrapes(t, 4)
 	// A control: a series that does not exist gives no data, so an empty
 	// answer is detected rather than taken for success.
