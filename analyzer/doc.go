@@ -1,8 +1,8 @@
 // Package analyzer turns outcome events into per-pool decision snapshots: it
 // keeps sliding windows per backend, an EWMA of time to first token, TTFT
 // histograms, a circuit breaker per backend with a min-requests gate and an
-// ejection cap, and the weights routers sample by (DESIGN.md "Analyzer
-// rules", PROTOCOL.md "Decision snapshot").
+// ejection cap, and the weights routers sample by (DESIGN.md "Analyzer rules",
+// PROTOCOL.md "Decision snapshot").
 //
 // It is pure logic: no I/O, no goroutines, no clock. Observe(batch) counts
 // events; Evaluate(now) applies the rules at the given time and returns the
@@ -44,8 +44,8 @@
 //
 // Failures are error and timeout; throttled has its own rate (rate_429 =
 // throttled / (ok + error + timeout + throttled)); canceled and client_error
-// are counted in requests only. A closed backend opens on the first rule
-// that fires, in this order:
+// are counted in requests only. A closed backend opens on the first rule that
+// fires, in this order:
 //
 //  1. consecutive: ConsecutiveFailures (5) failures in a row, at any volume.
 //     ok resets the run; throttled, canceled and client_error neither extend
@@ -59,84 +59,81 @@
 //     of two, two backends cannot each be five times slower than the other);
 //     a pool that slows down together trips nothing.
 //
-// Rules 2 to 4 are gated: they need MinRequests (20) counted requests in
-// the window. Below it a backend is "not evaluated", which is not healthy;
-// a rule that would have fired is counted in Stats.HeldByGate, once per
-// episode. A single failure on a quiet backend therefore never opens it.
+// Rules 2 to 4 are gated: they need MinRequests (20) counted requests in the
+// window. Below it a backend is "not evaluated", which is not healthy; a rule
+// that would have fired is counted in Stats.HeldByGate, once per episode. A
+// single failure on a quiet backend therefore never opens it.
 //
 // An open backend stays open OpenBase x n (n = consecutive trips, 30s, 60s,
 // 90s, ...), jittered by +-OpenJitter (10%, from Config.Seed) and capped at
-// OpenMax (5m). n resets once the backend has stayed closed for a whole
-// Window after closing; a backend that trips again within a window of
-// closing (it flaps) continues to 4 x 30s and so on. When the
-// open time is over, the backend is half_open with weight HalfOpenWeight and
-// an empty window (its probe is judged on its own traffic);
-// HalfOpenSuccesses (5) ok events in a row close it, and an error, a timeout
-// or a 429 reopens it with the next n (a 429 says it is not ready for
-// traffic; its retry-after is honoured). The first decisive event wins until
-// Evaluate applies it; Observe returns urgent so the caller can Evaluate at
-// once.
+// OpenMax (5m). n resets once the backend has stayed closed for a whole Window
+// after closing; a backend that trips again within a window of closing (it
+// flaps) continues to 4 x 30s and so on. When the open time is over, the
+// backend is half_open with weight HalfOpenWeight and an empty window (its
+// probe is judged on its own traffic); HalfOpenSuccesses (5) ok events in a
+// row close it, and an error, a timeout or a 429 reopens it with the next n
+// (a 429 says it is not ready for traffic; its retry-after is honoured). The
+// first decisive event wins until Evaluate applies it; Observe returns urgent
+// so the caller can Evaluate at once.
 //
 // The ejection cap: a backend may open only while the pool keeps at least
-// 1 - MaxOpenFraction of its backends not open (half-open counts as not
-// open; the pool is every backend in its snapshot, quiet configured ones
-// included), and one backend may always open: at most
-// max(1, floor(MaxOpenFraction x n)) are open. The cap is checked when a
-// backend would open; a pool that shrinks (expiry) does not close open
-// backends early. When several trip at once the
+// 1 - MaxOpenFraction of its backends not open (half-open counts as not open;
+// the pool is every backend in its snapshot, quiet configured ones included),
+// and one backend may always open: at most max(1, floor(MaxOpenFraction x n))
+// are open. The cap is checked when a backend would open; a pool that shrinks
+// (expiry) does not close open backends early. When several trip at once the
 // worst (by how far past its threshold) open first. A held closed backend
-// stays closed with weight HalfOpenWeight and a reason "ejection cap held:
-// 3 of 6 already open (max_open_fraction 0.50); <the rule's reason>" written
-// when the hold starts and kept while it lasts (so the snapshot does not
-// churn with the numbers); a held
-// half-open backend stays half-open and starts its probe over.
+// stays closed with weight HalfOpenWeight and a reason
+// "ejection cap held: 3 of 6 already open
+// (max_open_fraction 0.50); <the rule's reason>" written when the hold starts
+// and kept while it lasts (so the snapshot does not churn with the numbers); a
+// held half-open backend stays half-open and starts its probe over.
 //
 // # Weights
 //
-// Open, and drifted with Config.Quarantine: 0, at once. Half-open and held
-// by the cap: HalfOpenWeight, at once. Closed: the observed weight
-// 1 - rate_429/ThrottleRate (clipped to [0, 1]) shrunk toward the pool
-// prior, w = (n*w_obs + k*prior) / (n + k), n the counted requests in the
-// window, k = max(1, MinRequests/4), prior the mean observed weight of the
-// pool's closed backends with at least MinRequests counted requests (1 when
-// none), floored at HalfOpenWeight so a throttled backend keeps a trickle to
-// show its recovery. A backend's first weight is its target; afterwards a
-// closed backend's weight moves toward its target on the pool's heartbeat
-// (however often Evaluate runs), by MaxWeightStep (0.25) per heartbeat
-// elapsed since it last moved, so a recovered backend ramps up over about four heartbeats instead
-// of drawing every router at once. Weights are
-// rounded to 4 decimals. A backend not evaluated yet is published with
-// weight 1.
+// Open, and drifted with Config.Quarantine: 0, at once. Half-open and held by
+// the cap: HalfOpenWeight, at once. Closed: the observed weight
+// 1 - rate_429/ThrottleRate (clipped to [0, 1]) shrunk toward the pool prior,
+// w = (n*w_obs + k*prior) / (n + k), n the counted requests in the window,
+// k = max(1, MinRequests/4), prior the mean observed weight of the pool's
+// closed backends with at least MinRequests counted requests (1 when none),
+// floored at HalfOpenWeight so a throttled backend keeps a trickle to show its
+// recovery. A backend's first weight is its target; afterwards a closed
+// backend's weight moves toward its target on the pool's heartbeat (however
+// often Evaluate runs), by MaxWeightStep (0.25) per heartbeat elapsed since it
+// last moved, so a recovered backend ramps up over about four heartbeats
+// instead of drawing every router at once. Weights are rounded to 4 decimals.
+// A backend not evaluated yet is published with weight 1.
 //
 // # Snapshots
 //
 // Evaluate returns a snapshot of every pool whose decisions (the set of
-// backends, a state, weight, reason, drift status or open_until) changed,
-// and of every pool whose heartbeat is due. A pool's heartbeats are
-// anchored at its first Evaluate (t, t+hb, t+2hb, ...) and may come a tenth
-// of a heartbeat early, so a caller ticking every 100 ms gets exactly one
-// beat per heartbeat whatever the jitter of its ticks; a caller more than
-// two heartbeats late re-anchors. So no snapshot of a pool is ever more than
-// a heartbeat (plus the caller's tick) older than the previous one. Damped
-// weights move on the beat too. Seq starts at 1 and grows by one per
-// returned snapshot of a pool; Snapshots and Snapshot return the current
-// state with the last seq. Reasons are the last state change's, or the
-// ejection cap's while it holds a backend. Since is when the backend entered
-// its state (the first Evaluate for a backend that never changed).
+// backends, a state, weight, reason, drift status or open_until) changed, and
+// of every pool whose heartbeat is due. A pool's heartbeats are anchored at
+// its first Evaluate (t, t+hb, t+2hb, ...) and may come a tenth of a heartbeat
+// early, so a caller ticking every 100 ms gets exactly one beat per heartbeat
+// whatever the jitter of its ticks; a caller more than two heartbeats late
+// re-anchors. So no snapshot of a pool is ever more than a heartbeat (plus the
+// caller's tick) older than the previous one. Damped weights move on the beat
+// too. Seq starts at 1 and grows by one per returned snapshot of a pool;
+// Snapshots and Snapshot return the current state with the last seq. Reasons
+// are the last state change's, or the ejection cap's while it holds a backend.
+// Since is when the backend entered its state (the first Evaluate for a
+// backend that never changed).
 //
 // # Time
 //
 // Windows are keyed by event time. Events older than their backend's window
 // are dropped and counted (Stats.DroppedOld). An event more than two
-// heartbeats ahead of the latest Evaluate's now (upstream already replaces
-// ts beyond 5 minutes of skew) is counted in the bucket two heartbeats ahead
+// heartbeats ahead of the latest Evaluate's now (upstream already replaces ts
+// beyond 5 minutes of skew) is counted in the bucket two heartbeats ahead
 // (Stats.ClampedFuture), so a skewed proxy cannot push a window forward and
 // evict good data. Before the first Evaluate nothing is clamped.
 //
-// A backend that is not configured and sent no event for longer than Expiry
-// is dropped (a transition with cause expired and To ""); a pool that is
-// not configured and has no backend left gets one last, empty snapshot and
-// is forgotten, except for its seq: if it comes back, its seq continues, so
+// A backend that is not configured and sent no event for longer than Expiry is
+// dropped (a transition with cause expired and To ""); a pool that is not
+// configured and has no backend left gets one last, empty snapshot and is
+// forgotten, except for its seq: if it comes back, its seq continues, so
 // routers that hold its last snapshot accept the new ones. SetDrift ignores
 // pools and backends the analyzer does not know. An event without a TS is
 // counted at the latest Evaluate's now, or dropped (Stats.DroppedNoTime)
