@@ -616,3 +616,28 @@ func TestMedianWithout(t *testing.T) {
 		})
 	}
 }
+
+// TestObservedWeight: 429s lower the weight smoothly, reaching 0 only at the
+// throttle rate, where the backend opens.
+func TestObservedWeight(t *testing.T) {
+	s := Settings{}.WithDefaults()
+	tests := []struct {
+		ok, throttled uint64
+		want          float64
+	}{
+		{0, 0, 1},
+		{100, 0, 1},
+		{90, 10, 0.8},
+		{75, 25, 0.5},
+		{51, 49, 0.02},
+		{50, 50, 0},
+		{10, 90, 0},
+	}
+	for _, tt := range tests {
+		v := windowStats{counted: tt.ok + tt.throttled}
+		v.counts[ok], v.counts[throttled] = tt.ok, tt.throttled
+		if got := observedWeight(&s, &v); math.Abs(got-tt.want) > 1e-9 {
+			t.Errorf("%d ok, %d throttled: weight %v, want %v", tt.ok, tt.throttled, got, tt.want)
+		}
+	}
+}
