@@ -377,6 +377,12 @@ func (rt *router) deliver(ctx context.Context, w http.ResponseWriter, resp *http
 	ev.CacheHit = meta.cachedTokens > 0
 	ev.Fingerprint = meta.fingerprint
 	rt.finish(a, ev)
+	if readErr != nil && copyErr == nil && ctx.Err() == nil {
+		// The backend broke off: drop the client's connection too, so that it
+		// sees a cut answer rather than a short one that looks complete (as
+		// net/http/httputil.ReverseProxy does).
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // finish reports an attempt: the picker's local signals, metrics, and the

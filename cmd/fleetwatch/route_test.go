@@ -191,10 +191,8 @@ func (c *routeClient) post(path string, body any) (routeReply, error) {
 		return routeReply{}, err
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return routeReply{}, err
-	}
+	// A body cut off is returned as far as it came, with the read error.
+	data, readErr := io.ReadAll(resp.Body)
 	r := routeReply{status: resp.StatusCode, backend: resp.Header.Get("X-Fleetwatch-Backend"), body: data, header: resp.Header}
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		sc := bufio.NewScanner(bytes.NewReader(data))
@@ -224,7 +222,7 @@ func (c *routeClient) post(path string, body any) (routeReply, error) {
 			r.text = full.Choices[0].Message.Content
 		}
 	}
-	return r, nil
+	return r, readErr
 }
 
 func newRouteClient(t testing.TB, base string) *routeClient {
@@ -468,5 +466,58 @@ func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
 			}
 		}
 		return false
+	})
+}
+
+// TestRouteNeverRetriesAfterTheStreamBegan: a backend that dies mid-stream
+// leaves the client with a cut stream (it saw bytes: a retry would
+// duplicate them) whose connection drops, one attempt, and an error event.
+func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
+	natsURL, _ := feedtest.NewServer(t)
+	log := collectRouteEvents(t, feedtest.Connect(t, natsURL))
+	backends := startFakeBackends(t, 2)
+	backends[0].SetBehavior(fakeai.Behavior{BreakAfterTokens: 2})
+	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""), "--retry-ratio", "10")
+	c := newRouteClient(t, base)
+	cut, fromB1, requests := 0, 0, 0
+	for i := 0; cut < 3; i++ {
+		requests++
+		if i > 1000 {
+			t.Fatal("the picker never chose b0")
+		}
+		r, err := c.chat("", fmt.Sprint(i), true)
+		if err != nil && !(r.backend == "b0" && errors.Is(err, io.ErrUnexpectedEOF)) {
+			t.Fatal(err)
+		}
+		switch r.backend {
+		case "b0":
+			cut++
+			if !errors.Is(err, io.ErrUnexpectedEOF) {
+				t.Errorf("cut stream read error %v, want unexpected EOF", err)
+			}
+			if r.header.Get("X-Fleetwatch-Attempts") != "1" || strings.Contains(string(r.body), "[DONE]") ||
+				r.text != fmt.Sprintf("user: %d", i) {
+				t.Errorf("from b0: attempts %s, body %q: want one attempt and a stream cut after 2 tokens",
+					r.header.Get("X-Fleetwatch-Attempts"), r.body)
+			}
+		case "b1":
+			fromB1++
+			if r.status != 200 || !strings.Contains(string(r.body), "[DONE]") {
+				t.Errorf("from b1: status %d body %q", r.status, r.body)
+			}
+		}
+	}
+	if got := backends[1].Stats().Requests; got != int64(fromB1) {
+		t.Errorf("b1 got %d requests but answered %d clients: a retry after the stream began?", got, fromB1)
+	}
+	routeEventually(t, "one event per request", func() bool { return len(log.snapshot()) == requests })
+	routeEventually(t, "error events for the cut streams", func() bool {
+		n := 0
+		for _, ev := range log.snapshot() {
+			if ev.Backend == "b0" && ev.Outcome == fleetwatch.OutcomeError && ev.Status == 200 {
+				n++
+			}
+		}
+		return n == 3
 	})
 }

@@ -41,6 +41,11 @@ type Behavior struct {
 	// or the server closes.
 	Hang bool
 
+	// BreakAfterTokens, when > 0, drops the connection after that many
+	// generated tokens have been sent (streaming) or after half the body
+	// (non-streaming): a backend dying mid-answer. Counted as an error.
+	BreakAfterTokens int
+
 	// Refuse stops accepting connections: the listener is closed and open
 	// connections are dropped, so clients see "connection refused". Setting
 	// it back to false listens again on the same address. It only has an
@@ -114,6 +119,7 @@ type BehaviorPatch struct {
 	ThrottleRate         *float64 `json:"throttle_rate,omitempty"`
 	RetryAfterMs         *float64 `json:"retry_after_ms,omitempty"`
 	Hang                 *bool    `json:"hang,omitempty"`
+	BreakAfterTokens     *int     `json:"break_after_tokens,omitempty"`
 	Refuse               *bool    `json:"refuse,omitempty"`
 	ColdStartMs          *float64 `json:"cold_start_ms,omitempty"`
 	IdleGapMs            *float64 `json:"idle_gap_ms,omitempty"`
@@ -171,6 +177,12 @@ func (p BehaviorPatch) Apply(b Behavior) (Behavior, error) {
 		}
 		b.MaxConcurrent = *p.MaxConcurrent
 	}
+	if p.BreakAfterTokens != nil {
+		if *p.BreakAfterTokens < 0 {
+			return b, fmt.Errorf("%w: break_after_tokens = %d: must be >= 0", ErrBadBehavior, *p.BreakAfterTokens)
+		}
+		b.BreakAfterTokens = *p.BreakAfterTokens
+	}
 	flag(p.InstantError, &b.InstantError)
 	flag(p.Hang, &b.Hang)
 	flag(p.Refuse, &b.Refuse)
@@ -190,12 +202,12 @@ func PatchOf(b Behavior) BehaviorPatch {
 	ms := func(d time.Duration) *float64 { v := float64(d) / float64(time.Millisecond); return &v }
 	f := func(v float64) *float64 { return &v }
 	t := func(v bool) *bool { return &v }
-	mc, model, fp := b.MaxConcurrent, b.Model, b.Fingerprint
+	mc, model, fp, brk := b.MaxConcurrent, b.Model, b.Fingerprint, b.BreakAfterTokens
 	return BehaviorPatch{
 		TTFTMs: ms(b.TTFT), TTFTPerPromptTokenMs: ms(b.TTFTPerPromptToken), TokenTimeMs: ms(b.TokenTime),
 		ErrorRate: f(b.ErrorRate), InstantError: t(b.InstantError),
 		ThrottleRate: f(b.ThrottleRate), RetryAfterMs: ms(b.RetryAfter),
-		Hang: t(b.Hang), Refuse: t(b.Refuse),
+		Hang: t(b.Hang), Refuse: t(b.Refuse), BreakAfterTokens: &brk,
 		ColdStartMs: ms(b.ColdStart), IdleGapMs: ms(b.IdleGap),
 		MaxConcurrent: &mc, RejectOverLimit: t(b.RejectOverLimit),
 		Model: &model, Fingerprint: &fp,

@@ -444,6 +444,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 				base.Choices = []completionChoice{ch}
 			}
 			base.Usage = u
+			if a.b.BreakAfterTokens > 0 {
+				s.breakOff(w, base)
+			}
 			writeJSON(w, http.StatusOK, base)
 		}
 	}
@@ -452,6 +455,21 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	s.ok.Add(1)
+}
+
+// breakOff sends the first half of a non-streaming answer and drops the
+// connection.
+func (s *Server) breakOff(w http.ResponseWriter, v response) {
+	b, _ := jsonMarshal(v)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(http.StatusOK)
+	w.Write(b[:len(b)/2])
+	if f, ok := w.(http.Flusher); ok {
+		f.Flush()
+	}
+	s.errs.Add(1)
+	panic(http.ErrAbortHandler) // net/http drops the connection
 }
 
 func idPrefix(chat bool) string {
@@ -520,6 +538,10 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, base respons
 		offset += len(t.Token)
 		if !send(chunk) {
 			return false
+		}
+		if i+1 == b.BreakAfterTokens {
+			s.errs.Add(1)
+			panic(http.ErrAbortHandler) // net/http drops the connection
 		}
 	}
 	finish := c.FinishReason

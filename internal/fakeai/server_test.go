@@ -540,7 +540,8 @@ func TestAdminEndpoint(t *testing.T) {
 func TestBehaviorPatchRoundTrip(t *testing.T) {
 	b := Behavior{TTFT: 3 * time.Millisecond, ErrorRate: 0.25, ThrottleRate: 1, RetryAfter: 2 * time.Second,
 		Hang: true, ColdStart: time.Second, IdleGap: time.Minute, MaxConcurrent: 4, RejectOverLimit: true,
-		Model: "m", Fingerprint: "fp", TokenTime: time.Millisecond, TTFTPerPromptToken: time.Microsecond}
+		Model: "m", Fingerprint: "fp", TokenTime: time.Millisecond, TTFTPerPromptToken: time.Microsecond,
+		BreakAfterTokens: 3}
 	got, err := PatchOf(b).Apply(Behavior{})
 	if err != nil {
 		t.Fatal(err)
@@ -563,5 +564,33 @@ func TestBadRequest(t *testing.T) {
 	}
 	if st := srv.Stats(); st.BadRequests != 2 {
 		t.Errorf("bad requests %d, want 2", st.BadRequests)
+	}
+}
+
+func TestBreakAfterTokens(t *testing.T) {
+	srv := start(t, Settings{Behavior: Behavior{BreakAfterTokens: 2}})
+	ctx := testCtx(t)
+	for _, stream := range []bool{true, false} {
+		b, _ := json.Marshal(map[string]any{"prompt": "a b c d", "max_tokens": 8, "stream": stream})
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL()+"/v1/completions", bytes.NewReader(b))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !errors.Is(err, io.ErrUnexpectedEOF) && !(stream && err == nil) {
+			t.Errorf("stream=%v: read error %v, want the body cut off", stream, err)
+		}
+		if stream {
+			events := readSSE(t, bytes.NewReader(body))
+			if len(events) != 2 || strings.Contains(string(body), "[DONE]") {
+				t.Errorf("stream cut after %d events (%q), want 2 tokens and no [DONE]", len(events), body)
+			}
+		}
+	}
+	eventually(t, "both counted as errors", func() bool { st := srv.Stats(); return st.Errors == 2 && st.InFlight == 0 })
+	if st := srv.Stats(); st.OK != 0 {
+		t.Errorf("stats %+v: a broken answer counted ok", st)
 	}
 }
