@@ -89,6 +89,12 @@ func runWatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	subj := fleetwatch.Subjects{Prefix: cfg.Prefix}
+	if pool != "" {
+		logf("waiting for decisions on %s", subj.Decisions(pool))
+	} else {
+		logf("waiting for decisions on %s", subj.DecisionsWildcard())
+	}
 	watchDone := make(chan error, 1)
 	go func() { watchDone <- w.Run(ctx) }() // exits on ctx or Close
 	defer func() {
