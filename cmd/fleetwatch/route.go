@@ -43,6 +43,25 @@ type routeOptions struct {
 // backend of the pool serving the request's model, chosen by the pool's p2c
 // picker from fleetwatch's decisions, and publishes one outcome event per
 // attempt on <prefix>.outcomes.<source>.
+//
+// The pool is the one whose id or `models` list names the request's model;
+// with a single pool every model goes there, otherwise an unknown model is
+// a 404. GET /v1/models lists the configured model ids. Until a pool's first
+// decision arrives (and whenever its decision is stale) the picker routes
+// on equal weights and the router's own signals; open breakers whose
+// open_until is ahead stay honoured.
+//
+// Connect errors, 5xx and 429 are retried on another backend while the
+// client has seen nothing, within the retry budget and --max-attempts;
+// never once a byte has gone to the client. A backend that breaks off
+// mid-answer makes the router drop the client's connection too. When every
+// backend is open (all_open=shed) the answer is 503 with Retry-After.
+// Responses carry X-Fleetwatch-Backend and X-Fleetwatch-Attempts. The
+// router also serves /metrics (Prometheus text) and /healthz.
+//
+// Outcome events are queued and published in NDJSON batches (every 10ms or
+// 64 KiB) by one goroutine: a slow or absent NATS never delays a request;
+// a full queue drops events and counts them.
 func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("route", flag.ContinueOnError)
 	var nf natsFlags
