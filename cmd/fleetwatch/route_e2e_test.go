@@ -258,8 +258,8 @@ func TestRouteEndToEnd(t *testing.T) {
 	routeEventually(t, "b3's breaker to open: "+decisions.describe(), func() bool {
 		return decisions.state("b3") == fleetwatch.StateOpen
 	})
-	// Let the router apply it, then measure a phase with b3 open.
-	time.Sleep(200 * time.Millisecond)
+	// Wait for the router to apply it, then measure a phase with b3 open.
+	routeEventually(t, "the router to apply b3's open breaker", func() bool { return routeGauge(t, base, "open", "b3") == 1 })
 	b3Before := backends[3].Stats().Requests
 	load.phase.Store(2)
 	routeEventually(t, "600 requests with b3 open", func() bool { n, _, _ := load.count(2); return n >= 600 })
@@ -286,7 +286,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	routeEventually(t, "b1's breaker to open: "+decisions.describe(), func() bool {
 		return decisions.state("b1") == fleetwatch.StateOpen
 	})
-	time.Sleep(200 * time.Millisecond)
+	routeEventually(t, "the router to apply b1's open breaker", func() bool { return routeGauge(t, base, "open", "b1") == 1 })
 	refused := attemptsTo(t, base, "b1")
 	load.phase.Store(4)
 	routeEventually(t, "200 requests with b1 open", func() bool { n, _, _ := load.count(4); return n >= 200 })
@@ -326,8 +326,8 @@ func TestRouteEndToEnd(t *testing.T) {
 	}
 }
 
-// attemptsTo reads the router's /metrics and sums its attempts to backend.
-func attemptsTo(t *testing.T, base, backend string) int {
+// routeMetricsText scrapes the router's /metrics.
+func routeMetricsText(t *testing.T, base string) string {
 	t.Helper()
 	c := newRouteClient(t, base)
 	resp, err := c.http.Get(base + "/metrics")
@@ -339,8 +339,28 @@ func attemptsTo(t *testing.T, base, backend string) int {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return string(body)
+}
+
+// routeGauge reads fleetwatch_route_backend_<name>{pool="llama",backend=...}.
+func routeGauge(t *testing.T, base, name, backend string) float64 {
+	t.Helper()
+	prefix := fmt.Sprintf("fleetwatch_route_backend_%s{pool=\"llama\",backend=%q} ", name, backend)
+	for _, line := range strings.Split(routeMetricsText(t, base), "\n") {
+		if v, ok := strings.CutPrefix(line, prefix); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	return -1
+}
+
+// attemptsTo reads the router's /metrics and sums its attempts to backend.
+func attemptsTo(t *testing.T, base, backend string) int {
+	t.Helper()
 	var sum int
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(routeMetricsText(t, base), "\n") {
 		if strings.HasPrefix(line, "fleetwatch_route_attempts_total{") && strings.Contains(line, `backend="`+backend+`"`) {
 			var v int
 			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
