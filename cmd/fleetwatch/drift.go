@@ -318,7 +318,7 @@ func runDriftSim(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	ref := toylm.New(toylm.Config{})
 	h.Ref = ref
 	variants := toylm.Variants(ref)
-	fmt.Fprintf(stdout, "# fleetwatch drift sim (seed %d, suite %s, enrolment 8 cycles)\n\n", *seed, suite.Name)
+	fmt.Fprintf(stdout, "# fleetwatch drift sim (seed %d, suite %s; a cycle every 5 minutes, enrolment over 2 hours: 25 cycles, the newest 16 kept)\n\n", *seed, suite.Name)
 	fmt.Fprintln(stdout, "Calibration (measured KL against the reference, nats/token; greedy top-1 agreement):")
 	for _, v := range variants {
 		if m, ok := variantModel(v, ref); ok {
