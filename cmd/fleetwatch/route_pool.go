@@ -157,3 +157,19 @@ func (p *routePool) untried(tried []string) string {
 	}
 	return ""
 }
+
+// retryAfter is what a shed request is told to wait: until the first open
+// breaker of the pool half-opens, in whole seconds, at least 1 and at most
+// 300 (the analyzer's default open_max).
+func (p *routePool) retryAfter(now time.Time) int {
+	best := time.Duration(-1)
+	for _, b := range p.applied.Load().Backends {
+		if b.State == fleetwatch.StateOpen && b.OpenUntil != nil {
+			if d := b.OpenUntil.Sub(now); best < 0 || d < best {
+				best = d
+			}
+		}
+	}
+	secs := int((best + time.Second - 1) / time.Second)
+	return min(max(secs, 1), 300)
+}

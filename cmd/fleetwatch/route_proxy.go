@@ -235,10 +235,11 @@ func contains(ids []string, id string) bool {
 	return false
 }
 
-// shed answers a request for which no backend could be picked: 503 with
-// Retry-After, at once (fail fast, do not spin).
+// shed answers a request for which no backend could be picked: 503 at once
+// (fail fast, do not spin), with a Retry-After until the first breaker
+// half-opens.
 func (rt *router) shed(w http.ResponseWriter, pool *routePool, err error) {
-	w.Header().Set("Retry-After", "1")
+	w.Header().Set("Retry-After", strconv.Itoa(pool.retryAfter(time.Now())))
 	rt.metrics.clientCode(pool.id, http.StatusServiceUnavailable).Inc()
 	openAIError(w, http.StatusServiceUnavailable, "service_unavailable", "route: pool "+pool.id+": "+err.Error())
 }

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -371,14 +372,20 @@ func TestRouteFollowsDecisions(t *testing.T) {
 	}
 
 	// Every backend open with all_open=shed: 503 with Retry-After at once.
+	// Retry-After says when the first breaker half-opens (b1, in 20s).
 	allOpen := feedtest.Snapshot("llama", "e1", 2, now, feedtest.Open("b0", now.Add(time.Hour), "x"),
-		feedtest.Open("b1", now.Add(time.Hour), "x"), feedtest.Open("b2", now.Add(time.Hour), "x"))
+		feedtest.Open("b1", now.Add(20*time.Second), "x"), feedtest.Open("b2", now.Add(time.Hour), "x"))
 	allOpen.TTLMs = 3_600_000
 	script.Publish(allOpen)
+	var shed routeReply
 	routeEventually(t, "shedding", func() bool {
 		r, err := c.chat("", "x", false)
-		return err == nil && r.status == 503 && r.header.Get("Retry-After") != ""
+		shed = r
+		return err == nil && r.status == 503
 	})
+	if ra, err := strconv.Atoi(shed.header.Get("Retry-After")); err != nil || ra < 1 || ra > 20 {
+		t.Errorf("Retry-After %q, want 1..20 seconds", shed.header.Get("Retry-After"))
+	}
 }
 
 func TestRouteAffinityKeepsAPromptOnOneBackend(t *testing.T) {
