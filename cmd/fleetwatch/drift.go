@@ -304,21 +304,28 @@ func runDriftSim(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	maxDelay := fs.Int("max-delay", 10, "cycles a power trial waits for detection")
 	peerTrials := fs.Int("peer-trials", 20, "trials of the three-peer outlier test per noise level")
 	seed := fs.Uint64("seed", 1, "seed of every run")
+	enrol := fs.Int("enrol", 8, "minimum enrolment cycles (probes.enrol)")
+	enrolMin := fs.Duration("enrol-min", 2*time.Hour, "minimum enrolment span (probes.enrol_min); 0: none")
+	interval := fs.Duration("interval", 5*time.Minute, "time between cycles (the probe schedule)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	if *cycles < *backends || *backends < 1 || *trials < 1 {
-		return fmt.Errorf("drift sim: need --cycles >= --backends >= 1 and --trials >= 1")
+	if *cycles < *backends || *backends < 1 || *trials < 1 || *enrol < 3 || *interval <= 0 || *enrolMin < 0 {
+		return fmt.Errorf("drift sim: need --cycles >= --backends >= 1, --trials >= 1, --enrol >= 3, --interval > 0 and --enrol-min >= 0")
 	}
 	suite, err := probes.LoadSuite("")
 	if err != nil {
 		return err
 	}
-	h := &toylm.Harness{Suite: suite}
+	h := &toylm.Harness{Suite: suite, Enrol: *enrol, EnrolMin: *enrolMin, Interval: *interval}
+	if *enrolMin == 0 {
+		h.EnrolMin = -1
+	}
 	ref := toylm.New(toylm.Config{})
 	h.Ref = ref
 	variants := toylm.Variants(ref)
-	fmt.Fprintf(stdout, "# fleetwatch drift sim (seed %d, suite %s; a cycle every 5 minutes, enrolment over 2 hours: 25 cycles, the newest 16 kept)\n\n", *seed, suite.Name)
+	fmt.Fprintf(stdout, "# fleetwatch drift sim (seed %d, suite %s; a cycle every %v, enrolment of at least %d cycles over at least %v, the newest %d kept)\n\n",
+		*seed, suite.Name, *interval, *enrol, *enrolMin, 2**enrol)
 	fmt.Fprintln(stdout, "Calibration (measured KL against the reference, nats/token; greedy top-1 agreement):")
 	for _, v := range variants {
 		if m, ok := variantModel(v, ref); ok {

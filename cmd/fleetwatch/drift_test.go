@@ -33,7 +33,7 @@ func TestDriftUsage(t *testing.T) {
 
 func TestDriftSimSmoke(t *testing.T) {
 	var out, errOut bytes.Buffer
-	err := runDrift(t.Context(), []string{"sim", "--cycles", "4", "--backends", "1", "--trials", "1", "--peer-trials", "1", "--max-delay", "1"}, &out, &errOut)
+	err := runDrift(t.Context(), []string{"sim", "--cycles", "4", "--backends", "1", "--trials", "1", "--peer-trials", "1", "--max-delay", "1", "--enrol", "6", "--enrol-min", "0"}, &out, &errOut)
 	if err != nil {
 		t.Fatalf("drift sim: %v (%s)", err, errOut.String())
 	}
