@@ -379,9 +379,16 @@ const drainTimeout = 10 * time.Second
 // finished, and flushes what they left.
 func (c *Collector) drain(workers []*worker) {
 	var closed []<-chan nats.SubStatus
+	// Draining needs the server to acknowledge; with the connection down
+	// nothing more can arrive, so unsubscribe at once instead of waiting.
+	connected := c.nc.IsConnected()
 	for _, w := range workers {
 		w.countDropped()
 		ch := w.sub.StatusChanged(nats.SubscriptionClosed)
+		if !connected {
+			_ = w.sub.Unsubscribe()
+			continue
+		}
 		if err := w.sub.Drain(); err != nil {
 			// The connection is closed or the subscription already gone:
 			// nothing more will be delivered.

@@ -389,7 +389,11 @@ func (s *daemon) shutdown() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if s.an != nil && s.pub != nil && s.nc != nil && !s.nc.IsClosed() {
+	switch {
+	case s.an == nil || s.pub == nil || s.nc == nil:
+	case !s.nc.IsConnected():
+		s.logf("NATS unreachable: no final snapshot (routers keep the last one they have)")
+	default:
 		final := s.an.Snapshots(time.Now())
 		s.publish(ctx, final)
 		s.logf("published a final snapshot of %d pools", len(final))
@@ -402,6 +406,9 @@ func (s *daemon) shutdown() {
 
 func (s *daemon) shutdownNATS() {
 	if s.nc != nil && !s.nc.IsClosed() {
+		if !s.nc.IsConnected() {
+			s.nc.Close() // nothing to drain towards a server that is gone
+		}
 		s.nc.Drain()
 		deadline := time.Now().Add(3 * time.Second)
 		for !s.nc.IsClosed() && time.Now().Before(deadline) {

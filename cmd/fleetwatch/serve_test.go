@@ -415,3 +415,63 @@ func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// TestServeSurvivesNATSOutage stops the NATS server under a running serve:
+// /healthz reports it, serve keeps retrying, and once a server is back on
+// the same address events flow into decisions again. A SIGTERM while NATS
+// is down still ends serve.
+func TestServeSurvivesNATSOutage(t *testing.T) {
+	store := t.TempDir()
+	url, srv := feedtest.NewServer(t, feedtest.WithStoreDir(store))
+	port := feedtest.Port(srv)
+	p := startProc(t, true, "serve", "--nats", url, "--http", "127.0.0.1:0", "--data", t.TempDir(), "--no-probes")
+	health := func() int {
+		resp, err := http.Get("http://" + p.HTTPAddr + "/healthz")
+		if err != nil {
+			t.Fatalf("/healthz: %v", err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	eventually(t, 20*time.Second, "healthz 200", func() bool { return health() == 200 })
+
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	eventually(t, 20*time.Second, "healthz to report NATS down", func() bool { return health() == http.StatusServiceUnavailable })
+
+	url2, _ := feedtest.NewServer(t, feedtest.WithPort(port), feedtest.WithStoreDir(store))
+	if url2 != url {
+		t.Fatalf("restarted server at %s, want %s", url2, url)
+	}
+	eventually(t, 30*time.Second, "serve to reconnect", func() bool { return health() == 200 })
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	snaps := subscribeSnapshots(t, nc)
+	eventually(t, 20*time.Second, "events to reach decisions after the outage", func() bool {
+		publish(t, nc, "fw.outcomes", event("after", "x", 200, 50))
+		_, ok := snaps.backend("after", "x")
+		return ok
+	})
+}
+
+// TestServeStopsWithNATSGone: SIGTERM while the server is unreachable ends
+// serve without waiting on drains that cannot happen.
+func TestServeStopsWithNATSGone(t *testing.T) {
+	url, srv := feedtest.NewServer(t)
+	p := startProc(t, true, "serve", "--nats", url, "--http", "127.0.0.1:0", "--data", t.TempDir(), "--no-probes")
+	srv.Shutdown()
+	srv.WaitForShutdown()
+	eventually(t, 20*time.Second, "healthz to report NATS down", func() bool {
+		code, _ := httpGet(t, "http://"+p.HTTPAddr+"/healthz")
+		return code == http.StatusServiceUnavailable
+	})
+	if err := p.stop(); err != nil {
+		t.Errorf("serve exited with %v", err)
+	}
+	if !strings.Contains(p.stderr.String(), "no final snapshot") {
+		t.Errorf("serve did not say it skipped the final snapshot:\n%s", p.stderr.String())
+	}
+}
