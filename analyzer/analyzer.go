@@ -59,6 +59,8 @@ type pool struct {
 	published bool          // a snapshot of the pool was returned
 	beatAt    time.Time     // the pool's last heartbeat, the anchor of the next
 	signature []decisionKey // the decisions of the last returned snapshot
+	spare     []decisionKey // the other buffer of signature
+	peers     peers         // scratch of the slowness rule
 }
 
 // decisionKey is what makes a snapshot "changed" and published before the
@@ -316,11 +318,15 @@ func (a *Analyzer) Evaluate(now time.Time) Evaluation {
 		beat := p.beat(now)
 		gone := a.evaluatePool(p, now, beat, &ev)
 		slices.SortStableFunc(ev.Transitions[first:], func(x, y Transition) int { return cmpString(x.Backend, y.Backend) })
-		sig := p.decisions()
+		// Two signature buffers per pool, swapped on change: a tick that
+		// changes nothing allocates nothing for the comparison.
+		sig := p.decisions(p.spare)
 		if gone || beat || !slices.Equal(sig, p.signature) {
 			p.seq++
-			p.published, p.signature = true, sig
+			p.published, p.signature, p.spare = true, sig, p.signature
 			ev.Snapshots = append(ev.Snapshots, a.snapshot(p, now))
+		} else {
+			p.spare = sig // keep the grown buffer
 		}
 		if gone {
 			dropped = append(dropped, p.id)
@@ -415,12 +421,12 @@ func (p *pool) advance(now time.Time) {
 	}
 }
 
-// decisions returns the pool's decision keys, sorted by backend.
-func (p *pool) decisions() []decisionKey {
-	bs := p.sorted()
-	out := make([]decisionKey, len(bs))
-	for i, b := range bs {
-		out[i] = decisionKey{backend: b.id, state: b.state, weight: b.weight, reason: b.reason(), drift: b.drift, openUntil: b.openUntil}
+// decisions writes the pool's decision keys, sorted by backend, into dst's
+// storage and returns them.
+func (p *pool) decisions(dst []decisionKey) []decisionKey {
+	dst = dst[:0]
+	for _, b := range p.sorted() {
+		dst = append(dst, decisionKey{backend: b.id, state: b.state, weight: b.weight, reason: b.reason(), drift: b.drift, openUntil: b.openUntil})
 	}
-	return out
+	return dst
 }

@@ -183,6 +183,38 @@ func BenchmarkEvaluate1000(b *testing.B) {
 	}
 }
 
+// BenchmarkEvaluateTick1000 is an Evaluate between heartbeats (a caller
+// ticking every 100 ms) of the same full pool of 1,000 backends: the rules
+// run, nothing changes, no snapshot is built.
+func BenchmarkEvaluateTick1000(b *testing.B) {
+	const backends = 1000
+	a := newAnalyzer(b, Config{})
+	evs := make([]fleetwatch.Event, 0, backends*600)
+	for i := range backends * 600 {
+		evs = append(evs, fleetwatch.Event{Pool: "big", Backend: fmt.Sprintf("backend-%04d", i%backends),
+			Outcome: fleetwatch.OutcomeOK, TTFTMs: 200, HasTTFT: true,
+			TS: t0.Add(time.Duration(i) * 30 * time.Second / (backends * 600))})
+	}
+	a.Observe(evs)
+	a.Evaluate(t0.Add(30 * time.Second))
+	published := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		// The 100 ms ticks between two heartbeats, over and over: time
+		// must not run on, or the windows would empty.
+		tick := time.Duration(i%8+1) * 100 * time.Millisecond
+		published += len(a.Evaluate(t0.Add(30*time.Second + tick)).Snapshots)
+	}
+	b.StopTimer()
+	if published > 0 {
+		b.Fatalf("%d snapshots in %d ticks between heartbeats", published, b.N)
+	}
+	if snap, _ := a.Snapshot("big", t0.Add(30*time.Second)); len(snap.Backends) != backends || snap.Backends[0].Requests < 500 {
+		b.Fatalf("pool not full: %d backends", len(snap.Backends))
+	}
+}
+
 // BenchmarkMemory10kBackends tracks 10,000 backends across 100 pools with
 // one event per backend per second for a whole window (so every bucket of
 // every window holds a sample) and reports the heap per backend. Run it

@@ -60,6 +60,8 @@ type backend struct {
 
 	// Edge detection for the held-back counters.
 	gateHeld [numCauses]bool
+	// tripping: a rule wants to open b at the current Evaluate.
+	tripping bool
 }
 
 func newBackend(id string, s *Settings) *backend {

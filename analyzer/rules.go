@@ -108,9 +108,11 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 		}
 		return cmpString(x.b.id, y.b.id)
 	})
-	tripping := make(map[*backend]bool, len(trips))
+	for _, b := range bs {
+		b.tripping = false
+	}
 	for _, t := range trips {
-		tripping[t.b] = true
+		t.b.tripping = true
 		if !a.canOpen(s, open, len(bs)) {
 			a.holdByCap(s, t.b, open, len(bs), t.reason)
 			t.b.runLatched = 0 // the next failure of the run latches again
@@ -120,7 +122,7 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 		open++
 	}
 	for _, b := range bs {
-		if b.state == fleetwatch.StateClosed && !tripping[b] {
+		if b.state == fleetwatch.StateClosed && !b.tripping {
 			b.holdReason = ""
 		}
 	}
@@ -133,7 +135,8 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 // rate-based trips that the min_requests gate holds back.
 func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 	s := &p.settings
-	peers := peerEWMAs(bs)
+	p.peers = peerEWMAs(p.peers[:0], bs)
+	peers := p.peers
 	var trips []trip
 	for _, b := range bs {
 		if b.state != fleetwatch.StateClosed {
@@ -280,8 +283,8 @@ func (a *Analyzer) expire(p *pool, now time.Time, out *Evaluation) {
 // reference of the slowness rule.
 type peers []float64
 
-func peerEWMAs(bs []*backend) peers {
-	var v peers
+// peerEWMAs appends the peers of bs to v and sorts them.
+func peerEWMAs(v peers, bs []*backend) peers {
 	for _, b := range bs {
 		if b.hasEWMA && b.state != fleetwatch.StateOpen {
 			v = append(v, b.ewma)
