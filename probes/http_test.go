@@ -340,6 +340,9 @@ func TestProberDetectsAChangeOverHTTP(t *testing.T) {
 	if a.Evidence.MeanAbsLogprobDelta == nil || *a.Evidence.MeanAbsLogprobDelta < 0.1 || a.Evidence.Prompts != 16 {
 		t.Errorf("evidence %+v", a.Evidence)
 	}
+	if changed, ok := a.Evidence.Extra["changed_prompts"].(map[string]string); !ok || len(changed) == 0 {
+		t.Errorf("changed_prompts %v, want the prompts whose output changed", a.Evidence.Extra["changed_prompts"])
+	}
 	if a.Evidence.FingerprintBefore == nil || *a.Evidence.FingerprintBefore != "fp_a" || a.Evidence.FingerprintAfter == nil || *a.Evidence.FingerprintAfter != "fp_b" {
 		t.Errorf("fingerprints %v %v", a.Evidence.FingerprintBefore, a.Evidence.FingerprintAfter)
 	}

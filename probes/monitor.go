@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -228,6 +229,15 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 	if ev.ModelIDs == nil {
 		ev.ModelIDs = modelsOf(c)
 	}
+	// the prompts whose greedy output left the mode, with a hash of what
+	// came instead, so that a reviewer can compare with later alerts
+	changed := map[string]string{}
+	for i, pb := range b.Prompts {
+		if !slices.Equal(pb.Mode, c.Obs[i].Sequence()) {
+			changed[pb.ID] = c.Obs[i].TextHash()
+		}
+	}
+	ev.Extra["changed_prompts"] = changed
 	if !math.IsNaN(r.Stats.S2) {
 		ev.MeanAbsLogprobDelta = fleetwatch.Float(r.Stats.S2)
 		ev.Extra["s2_baseline_mu"] = b.Null.S2.Mu
@@ -235,6 +245,8 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 		ev.Extra["s2_z"] = b.Null.S2.Z(r.Stats.S2)
 		ev.Extra["s3_first_token_delta"] = finite(r.Stats.S3)
 		ev.Extra["s3_z"] = finite(b.Null.S3.Z(r.Stats.S3))
+		ev.Extra["s4_persistent_delta"] = finite(r.Stats.S4)
+		ev.Extra["s4_z"] = finite(b.Null.S4.Z(r.Stats.S4))
 		ev.Extra["positions"] = r.Stats.Positions
 		ev.Extra["cusum"] = m.det.CUSUM.C
 	}

@@ -53,8 +53,8 @@ type Settings struct {
 	Schedule string
 	// Jitter is the largest per-backend offset added to the schedule, so
 	// that backends are not all probed at once; each backend's offset is a
-	// fixed hash of its ids. If zero, a tenth of the schedule's interval;
-	// negative: none.
+	// fixed hash of its ids. If zero, a tenth of the schedule's interval,
+	// at most 5 minutes; negative: none.
 	Jitter time.Duration
 	// Timeout bounds each probe request. If zero, 30s.
 	Timeout time.Duration
@@ -149,7 +149,7 @@ func New(s Settings) (*Prober, error) {
 	}
 	if s.Jitter == 0 {
 		n1 := sched.Next(s.Now())
-		s.Jitter = sched.Next(n1).Sub(n1) / 10
+		s.Jitter = min(sched.Next(n1).Sub(n1)/10, 5*time.Minute)
 	}
 	p := &Prober{s: s, suite: s.Suite, sched: sched, backends: map[backendKey]*backendState{}}
 	for i, t := range s.Targets {
