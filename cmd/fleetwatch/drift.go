@@ -80,6 +80,14 @@ func driftConn(nf *natsFlags, name string, stderr io.Writer) (*Config, *nats.Con
 	return cfg, nc, js, nil
 }
 
+// streamErr explains a missing FW_DRIFT.
+func streamErr(cmd string, subj fleetwatch.Subjects, err error) error {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%s: no stream %s yet (it is created by serve with JetStream): %w", cmd, subj.StreamDrift(), err)
+	}
+	return fmt.Errorf("%s: %s: %w", cmd, subj.StreamDrift(), err)
+}
+
 // askStatuses asks serve's probes for every backend's state; nil when no
 // serve answers.
 func askStatuses(nc *nats.Conn, subj fleetwatch.Subjects) ([]probes.BackendStatus, error) {
@@ -127,13 +135,13 @@ func runDriftReview(ctx context.Context, args []string, stdout, stderr io.Writer
 	if *since > 0 {
 		from = now.Add(-*since)
 	} else if t, ok, err := lastReview(ctx, js, subj); err != nil {
-		return fmt.Errorf("drift review: %s: %w", subj.StreamDrift(), err)
+		return streamErr("drift review", subj, err)
 	} else if ok {
 		from = t
 	}
 	alerts, _, err := readDrift(ctx, js, subj, from)
 	if err != nil {
-		return fmt.Errorf("drift review: %s: %w", subj.StreamDrift(), err)
+		return streamErr("drift review", subj, err)
 	}
 	statuses, err := askStatuses(nc, subj)
 	if err != nil {
@@ -173,7 +181,7 @@ func runDriftStatus(ctx context.Context, args []string, stdout, stderr io.Writer
 		source = subj.StreamDrift() + " (no running serve answered)"
 		alerts, _, err := readDrift(ctx, js, subj, time.Now().Add(-driftRetention))
 		if err != nil {
-			return fmt.Errorf("drift status: %s: %w", subj.StreamDrift(), err)
+			return streamErr("drift status", subj, err)
 		}
 		latest := map[[2]string]fleetwatch.DriftAlert{}
 		for _, a := range alerts {

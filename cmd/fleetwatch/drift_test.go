@@ -89,3 +89,12 @@ func TestDriftRebaselineWithoutServe(t *testing.T) {
 		t.Errorf("status without serve:\n%s", out.String())
 	}
 }
+
+func TestDriftReviewWithoutStream(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	var out, errOut bytes.Buffer
+	err := runDrift(t.Context(), []string{"review", "--nats", url}, &out, &errOut)
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("review without FW_DRIFT: %v, want ErrStreamNotFound", err)
+	}
+}
