@@ -473,3 +473,53 @@ func TestBaselinesSurviveARestart(t *testing.T) {
 		t.Errorf("with another suite: %+v, want enrolling", s)
 	}
 }
+
+// rebaselineOnDrift re-baselines a backend from inside Sink.Alert, as an
+// automation might: the Prober must not hold the backend's lock then.
+type rebaselineOnDrift struct {
+	*recordingSink
+	p    *probes.Prober
+	done chan fleetwatch.DriftAlert
+}
+
+func (s *rebaselineOnDrift) Alert(a fleetwatch.DriftAlert) {
+	s.recordingSink.Alert(a)
+	if a.Status == fleetwatch.DriftDrifted {
+		ra, err := s.p.Rebaseline(context.Background(), a.Pool, a.Backend, "automation")
+		if err == nil {
+			s.done <- ra
+		}
+	}
+}
+
+func TestSinkMayCallBackIntoTheProber(t *testing.T) {
+	ref := toylm.New(toylm.Config{})
+	sw := toylm.NewSwitch(ref)
+	_, hs := toyServer(t, sw, fakeai.Behavior{})
+	sink := &rebaselineOnDrift{recordingSink: newSink(), done: make(chan fleetwatch.DriftAlert, 1)}
+	p, err := probes.New(probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}},
+		Sink: sink, Enrol: 3, EnrolMin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink.p = p
+	for range 3 {
+		if err := p.ProbeBackend(t.Context(), "p", "b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw.Set(ref.Swapped(5))
+	finished := make(chan error, 1)
+	go func() { finished <- p.ProbeBackend(t.Context(), "p", "b") }()
+	select {
+	case err := <-finished:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("ProbeBackend did not return: the Sink was called with the backend's lock held")
+	}
+	if ra := <-sink.done; ra.Status != fleetwatch.DriftUnknown || ra.Previous != fleetwatch.DriftDrifted {
+		t.Errorf("re-baseline from the sink: %+v", ra)
+	}
+}

@@ -18,8 +18,9 @@ import (
 )
 
 // Sink receives what the Prober finds. Its methods are called without any
-// Prober lock held, from the probing goroutines; they must be safe for
-// concurrent use and should not block for long.
+// Prober lock held (so they may call back into the Prober), from the probing
+// goroutines; they must be safe for concurrent use and should not block for
+// long: a backend's next cycle waits for them.
 type Sink interface {
 	// Alert is a drift status change of one backend (published on
 	// fw.drift.<pool> by the wiring).
@@ -75,6 +76,21 @@ type Settings struct {
 }
 
 type backendKey struct{ pool, backend string }
+
+// outbox collects what is to be told to the Sink while a backend's lock is
+// held, so that the Sink is called after it is released (a Sink may call
+// back into the Prober, e.g. Rebaseline, without deadlocking).
+type outbox []func()
+
+func (o *outbox) add(f func()) { *o = append(*o, f) }
+
+// flush delivers, in order. Call it with no lock held.
+func (o *outbox) flush() {
+	for _, f := range *o {
+		f()
+	}
+	*o = nil
+}
 
 // backendState is one target's state.
 type backendState struct {
@@ -188,7 +204,7 @@ func (p *Prober) state(pool, backend string) (*backendState, error) {
 
 // load makes sure st.mon exists, from the stored baseline when there is one
 // of the current suite. Called with st.run held.
-func (p *Prober) load(ctx context.Context, st *backendState) error {
+func (p *Prober) load(ctx context.Context, st *backendState, o *outbox) error {
 	if st.mon != nil {
 		return nil
 	}
@@ -212,9 +228,9 @@ func (p *Prober) load(ctx context.Context, st *backendState) error {
 	p.refreshLocked(st)
 	p.mu.Unlock()
 	if b != nil {
-		p.comparePeers(ctx, st.t.Pool)
+		p.comparePeers(ctx, st.t.Pool, o)
 	}
-	p.notifyStatus(st)
+	p.notifyStatus(st, o)
 	return nil
 }
 
@@ -227,31 +243,33 @@ func (p *Prober) ProbeBackend(ctx context.Context, pool, backend string) error {
 	if err != nil {
 		return err
 	}
+	var o outbox
 	st.run.Lock()
-	defer st.run.Unlock()
-	extra, err := p.cycle(ctx, st)
+	extra, err := p.cycle(ctx, st, &o)
 	if err == nil && extra {
-		_, err = p.cycle(ctx, st)
+		_, err = p.cycle(ctx, st, &o)
 	}
+	st.run.Unlock()
+	o.flush()
 	return err
 }
 
 // cycle runs one cycle with st.run held and reports whether its metadata
 // changed.
-func (p *Prober) cycle(ctx context.Context, st *backendState) (bool, error) {
-	if err := p.load(ctx, st); err != nil {
-		p.probeError(st, err)
+func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, error) {
+	if err := p.load(ctx, st, o); err != nil {
+		p.probeError(st, err, o)
 		return false, err
 	}
 	cy, caps, err := st.client.RunCycle(ctx, p.suite, p.s.Now(), p.s.Timeout)
 	if err != nil {
-		p.probeError(st, err)
+		p.probeError(st, err, o)
 		return false, err
 	}
 	caps.Seed = true // the seed parameter was accepted on every request
 	res, err := st.mon.Observe(cy, func(pv float64) bool { return p.fdr(st, pv) })
 	if err != nil {
-		p.probeError(st, err)
+		p.probeError(st, err, o)
 		return false, err
 	}
 	p.metrics.cycles.Inc()
@@ -262,7 +280,7 @@ func (p *Prober) cycle(ctx context.Context, st *backendState) (bool, error) {
 		}
 		if err != nil {
 			p.s.Logf("probes: %s/%s: saving baseline: %v", st.t.Pool, st.t.Backend, err)
-			p.probeError(st, fmt.Errorf("probes: save baseline: %w", err))
+			p.probeError(st, fmt.Errorf("probes: save baseline: %w", err), o)
 		}
 		p.s.Logf("probes: %s/%s: enrolled over %d cycles", st.t.Pool, st.t.Backend, st.mon.Baseline().Cycles)
 	}
@@ -273,12 +291,12 @@ func (p *Prober) cycle(ctx context.Context, st *backendState) (bool, error) {
 	p.refreshLocked(st)
 	p.mu.Unlock()
 	if res.Alert != nil {
-		p.emit(*res.Alert)
+		p.emit(*res.Alert, o)
 	}
 	if res.Enrolled {
-		p.comparePeers(ctx, st.t.Pool)
+		p.comparePeers(ctx, st.t.Pool, o)
 	}
-	p.notifyStatus(st)
+	p.notifyStatus(st, o)
 	if len(res.IdentityChanges) > 0 {
 		p.s.Logf("probes: %s/%s: metadata changed (%v): running an extra cycle", st.t.Pool, st.t.Backend, res.IdentityChanges)
 	}
@@ -305,7 +323,7 @@ func (p *Prober) fdr(st *backendState, pv float64) bool {
 	return self >= 0 && BenjaminiHochberg(ps, p.s.Params.FDR)[self]
 }
 
-func (p *Prober) probeError(st *backendState, err error) {
+func (p *Prober) probeError(st *backendState, err error, o *outbox) {
 	kind := ErrorKind(err)
 	p.metrics.probeErrors(st.t.Pool, st.t.Backend, kind).Inc()
 	p.mu.Lock()
@@ -313,24 +331,27 @@ func (p *Prober) probeError(st *backendState, err error) {
 	st.snap.Errors++
 	p.mu.Unlock()
 	p.s.Logf("probes: %s/%s: probe error (%s): %v", st.t.Pool, st.t.Backend, kind, err)
-	p.s.Sink.ProbeError(st.t.Pool, st.t.Backend, err)
+	o.add(func() { p.s.Sink.ProbeError(st.t.Pool, st.t.Backend, err) })
 }
 
-func (p *Prober) emit(a fleetwatch.DriftAlert) {
+func (p *Prober) emit(a fleetwatch.DriftAlert, o *outbox) {
 	p.metrics.alerts(a.Status).Inc()
-	p.s.Sink.Alert(a)
+	o.add(func() { p.s.Sink.Alert(a) })
 }
 
-// notifyStatus tells the Sink the combined status when it changed.
-func (p *Prober) notifyStatus(st *backendState) {
-	p.mu.Lock()
-	s := st.snap.Status
-	changed := s != st.reported
-	st.reported = s
-	p.mu.Unlock()
-	if changed {
-		p.s.Sink.Status(st.t.Pool, st.t.Backend, s)
-	}
+// notifyStatus tells the Sink the combined status, when it changed, at
+// flush time.
+func (p *Prober) notifyStatus(st *backendState, o *outbox) {
+	o.add(func() {
+		p.mu.Lock()
+		s := st.snap.Status
+		changed := s != st.reported
+		st.reported = s
+		p.mu.Unlock()
+		if changed {
+			p.s.Sink.Status(st.t.Pool, st.t.Backend, s)
+		}
+	})
 }
 
 // refreshLocked copies the monitor's state into the status snapshot.
@@ -379,7 +400,7 @@ func worse(a, b fleetwatch.DriftStatus) fleetwatch.DriftStatus {
 
 // comparePeers compares the baselines of a pool's backends and emits
 // alerts against peers for backends whose peer status changed.
-func (p *Prober) comparePeers(ctx context.Context, pool string) {
+func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 	baselines := map[string]*Baseline{}
 	var states []*backendState
 	for _, k := range p.order {
@@ -444,10 +465,10 @@ func (p *Prober) comparePeers(ctx context.Context, pool string) {
 	}
 	p.mu.Unlock()
 	for _, a := range alerts {
-		p.emit(a)
+		p.emit(a, o)
 	}
 	for _, st := range states {
-		p.notifyStatus(st)
+		p.notifyStatus(st, o)
 	}
 }
 
@@ -460,9 +481,11 @@ func (p *Prober) Rebaseline(ctx context.Context, pool, backend, by string) (flee
 	if err != nil {
 		return fleetwatch.DriftAlert{}, err
 	}
+	var o outbox
+	defer o.flush() // after the unlock below: defers run last in, first out
 	st.run.Lock()
 	defer st.run.Unlock()
-	if err := p.load(ctx, st); err != nil {
+	if err := p.load(ctx, st, &o); err != nil {
 		return fleetwatch.DriftAlert{}, err
 	}
 	if err := p.s.Store.Save(ctx, pool, backend, nil); err != nil {
@@ -476,9 +499,9 @@ func (p *Prober) Rebaseline(ctx context.Context, pool, backend, by string) (flee
 	p.refreshLocked(st)
 	p.mu.Unlock()
 	a := RebaselineAlert(pool, backend, p.suite, prev, by, now)
-	p.emit(a)
-	p.notifyStatus(st)
-	p.comparePeers(ctx, pool)
+	p.emit(a, &o)
+	p.notifyStatus(st, &o)
+	p.comparePeers(ctx, pool, &o)
 	return a, nil
 }
 
@@ -568,11 +591,13 @@ func (j *jittered) Next(t time.Time) time.Time {
 func (p *Prober) LoadBaselines(ctx context.Context) {
 	for _, k := range p.order {
 		st := p.backends[k]
+		var o outbox
 		st.run.Lock()
-		if err := p.load(ctx, st); err != nil {
-			p.probeError(st, err)
+		if err := p.load(ctx, st, &o); err != nil {
+			p.probeError(st, err, &o)
 		}
 		st.run.Unlock()
+		o.flush()
 	}
 }
 
