@@ -181,8 +181,8 @@ func TestStartProbesEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// the first cycle after the restart already judges against the stored
-	// baseline: vllm-a is ok at once (an enrolling backend would be unknown)
+	// the stored baselines are loaded at start: vllm-a is ok before its
+	// first cycle (an enrolling backend would be unknown)
 	waitUntil(t, "vllm-a ok after restart", 10*time.Second, func() bool { return statuses2.get("llama/vllm-a") == fleetwatch.DriftOK })
 	for _, s := range askStatusesT(t, nc) {
 		if s.Backend == "vllm-a" && (s.Enrolling || !s.BaselineCreated.Before(restartAt)) {
