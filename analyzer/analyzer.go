@@ -306,7 +306,14 @@ const (
 
 // Evaluate applies the rules at now and returns the snapshots to publish and
 // the transitions made. Each returned snapshot of a pool has the next seq.
-func (a *Analyzer) Evaluate(now time.Time) Evaluation {
+func (a *Analyzer) Evaluate(now time.Time) Evaluation { return a.evaluate(now, false) }
+
+// Final evaluates at now and returns a snapshot of every pool, each with its
+// seq advanced, so routers accept it: the snapshot a process publishes when
+// it shuts down.
+func (a *Analyzer) Final(now time.Time) []fleetwatch.Snapshot { return a.evaluate(now, true).Snapshots }
+
+func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.tick(now)
@@ -321,7 +328,7 @@ func (a *Analyzer) Evaluate(now time.Time) Evaluation {
 		// Two signature buffers per pool, swapped on change: a tick that
 		// changes nothing allocates nothing for the comparison.
 		sig := p.decisions(p.spare)
-		if gone || beat || !slices.Equal(sig, p.signature) {
+		if all || gone || beat || !slices.Equal(sig, p.signature) {
 			p.seq++
 			p.published, p.signature, p.spare = true, sig, p.signature
 			ev.Snapshots = append(ev.Snapshots, a.snapshot(p, now))

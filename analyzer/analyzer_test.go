@@ -512,3 +512,27 @@ func TestObserveOddInputs(t *testing.T) {
 		}
 	})
 }
+
+func TestFinalAdvancesEveryPool(t *testing.T) {
+	a := newAnalyzer(t, Config{})
+	a.Observe(concat(healthy(200, "a"), series("q", "b", ok, 3, t0, time.Second, 100)))
+	first := a.Evaluate(at(10 * time.Second))
+	seqs := map[string]uint64{}
+	for _, s := range first.Snapshots {
+		seqs[s.Pool] = s.Seq
+	}
+	// Nothing changed and no heartbeat is due: Evaluate publishes nothing,
+	// Final publishes every pool with a larger seq.
+	if ev := a.Evaluate(at(10*time.Second + time.Millisecond)); len(ev.Snapshots) != 0 {
+		t.Fatalf("Evaluate published %d snapshots with nothing due", len(ev.Snapshots))
+	}
+	final := a.Final(at(10*time.Second + 2*time.Millisecond))
+	if len(final) != 2 {
+		t.Fatalf("Final returned %d pools, want 2", len(final))
+	}
+	for _, s := range final {
+		if s.Seq != seqs[s.Pool]+1 {
+			t.Errorf("pool %s: final seq %d, want %d", s.Pool, s.Seq, seqs[s.Pool]+1)
+		}
+	}
+}

@@ -55,9 +55,21 @@
 //  3. throttled: rate_429 >= ThrottleRate (0.5); the open time is at least
 //     the largest retry_after_ms in the window (honoured up to one hour).
 //  4. slow: EWMA > SlowFactor (5) x the median EWMA of the pool's other
-//     backends that have one and are not open. One peer suffices (in a pool
-//     of two, two backends cannot each be five times slower than the other);
-//     a pool that slows down together trips nothing.
+//     backends that have one and are not open, confirmed by the window's
+//     median TTFT > SlowFactor x the median of the other backends' window
+//     medians. One peer suffices (in a pool of two, two backends cannot
+//     each be five times slower than the other); a pool that slows down
+//     together trips nothing.
+//
+// Rules 2 and 3 must also hold on the newest quarter of the window when it
+// has counted requests, so a backend that has recovered is not opened on a
+// history the window keeps for up to a window length (Stats.HeldByRecency).
+// Rule 4 confirms the EWMA with medians because TTFT is heavy-tailed: a
+// request queued behind a 10,000-token generation moves an EWMA with alpha
+// 0.2 by a fifth of its size, and the simulator (docs/EVALUATION.md) showed
+// the EWMA rule alone opening healthy backends many times an hour under
+// mixed-cost traffic; a median moves only when most requests are slow
+// (Stats.HeldByMedian counts the screens it overruled).
 //
 // Rules 2 to 4 are gated: they need MinRequests (20) counted requests in the
 // window. Below it a backend is "not evaluated", which is not healthy; a rule

@@ -153,14 +153,24 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 				reason:   fmt.Sprintf("%d consecutive failures", b.runLatched),
 				severity: float64(b.runLatched) / float64(s.ConsecutiveFailures)})
 		}
+		// A rate trip must still be true of the recent part of the window
+		// (its newest quarter) when that part has requests: a backend that
+		// has recovered is not opened on its history, which the window
+		// keeps for up to a whole window length after the recovery.
+		recent, recentLen := windowStats{}, recentBuckets(s)
 		if fr, ok := v.failureRate(); ok && fr >= s.FailureRate {
-			want[gateFailureRate] = true
-			n := v.ok() + v.failures()
-			cand = append(cand, trip{b: b, cause: CauseFailureRate,
-				reason:   fmt.Sprintf("error rate %.2f >= %.2f over %d requests in %s", fr, s.FailureRate, n, fmtDur(s.Window)),
-				severity: fr / s.FailureRate})
+			recent = b.win.recent(recentLen)
+			if rf, ok := recent.failureRate(); !ok || rf >= s.FailureRate {
+				want[gateFailureRate] = true
+				n := v.ok() + v.failures()
+				cand = append(cand, trip{b: b, cause: CauseFailureRate,
+					reason:   fmt.Sprintf("error rate %.2f >= %.2f over %d requests in %s", fr, s.FailureRate, n, fmtDur(s.Window)),
+					severity: fr / s.FailureRate})
+			} else {
+				a.stats.HeldByRecency++
+			}
 		}
-		if r, ok := v.rate429(); ok && r >= s.ThrottleRate {
+		if r, ok := v.rate429(); ok && r >= s.ThrottleRate && a.recentAgrees(b, recentLen, &recent, s) {
 			want[gateThrottled] = true
 			reason := fmt.Sprintf("429 rate %.2f >= %.2f over %d requests", r, s.ThrottleRate, v.counted)
 			wait := msDuration(v.maxRetryMs)
@@ -170,12 +180,22 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 			cand = append(cand, trip{b: b, cause: CauseThrottled, reason: reason, minOpen: wait, severity: r / s.ThrottleRate})
 		}
 		if b.hasEWMA {
+			// The EWMA screens (it is cheap and already known); the
+			// window's median TTFT against the peers' medians confirms.
+			// TTFT is heavy-tailed (a long prompt or a queue behind a long
+			// generation): one slow sample moves an EWMA with alpha 0.2 by
+			// a fifth of its size and would open healthy backends, while
+			// the median moves only when most requests are slow.
 			if median, ok := peers.medianWithout(b.ewma); ok && b.ewma > s.SlowFactor*median {
-				want[gateSlow] = true
-				cand = append(cand, trip{b: b, cause: CauseSlow,
-					reason: fmt.Sprintf("ewma ttft %.0fms > %.1f x pool median %.0fms over %d requests",
-						b.ewma, s.SlowFactor, median, v.counted),
-					severity: b.ewma / (s.SlowFactor * median)})
+				if own, peerMedian, ok := a.slowConfirmed(b, bs, s.SlowFactor); ok {
+					want[gateSlow] = true
+					cand = append(cand, trip{b: b, cause: CauseSlow,
+						reason: fmt.Sprintf("median ttft %.0fms > %.1f x pool median %.0fms (ewma %.0fms) over %d requests",
+							own, s.SlowFactor, peerMedian, b.ewma, v.counted),
+						severity: own / (s.SlowFactor * peerMedian)})
+				} else {
+					a.stats.HeldByMedian++
+				}
 			}
 		}
 
@@ -282,6 +302,51 @@ func (a *Analyzer) expire(p *pool, now time.Time, out *Evaluation) {
 // peers holds the sorted EWMAs of a pool's backends that are not open, the
 // reference of the slowness rule.
 type peers []float64
+
+// recentBuckets is the number of newest buckets a rate trip is confirmed
+// on: a quarter of the window, at least one bucket.
+func recentBuckets(s *Settings) int64 {
+	return max(1, int64(s.Window/s.Bucket)/4)
+}
+
+// recentAgrees reports whether the recent part of b's window, when it has
+// counted requests, also shows a 429 rate at or above the threshold.
+// *recent caches the recent counts between the rules of one backend.
+func (a *Analyzer) recentAgrees(b *backend, n int64, recent *windowStats, s *Settings) bool {
+	if recent.requests == 0 {
+		*recent = b.win.recent(n)
+	}
+	if r, ok := recent.rate429(); ok && r < s.ThrottleRate {
+		a.stats.HeldByRecency++
+		return false
+	}
+	return true
+}
+
+// slowConfirmed compares b's window median TTFT with the median of the
+// other non-open backends' window medians, and reports whether it is more
+// than factor times that.
+func (a *Analyzer) slowConfirmed(b *backend, bs []*backend, factor float64) (own, peerMedian float64, ok bool) {
+	own, _, ok = b.win.ttftQuantiles()
+	if !ok {
+		return 0, 0, false
+	}
+	var meds peers
+	for _, o := range bs {
+		if o == b || o.state == fleetwatch.StateOpen {
+			continue
+		}
+		if m, _, ok := o.win.ttftQuantiles(); ok {
+			meds = append(meds, m)
+		}
+	}
+	if len(meds) == 0 {
+		return own, 0, false
+	}
+	sort.Float64s(meds)
+	peerMedian = median(meds)
+	return own, peerMedian, own > factor*peerMedian
+}
 
 // peerEWMAs appends the peers of bs to v and sorts them.
 func peerEWMAs(v peers, bs []*backend) peers {

@@ -140,13 +140,38 @@ func TestTripRules(t *testing.T) {
 			name:   "one backend at 6x the median opens",
 			events: concat(healthy(200, "a", "b", "c"), healthy(1200, "x")),
 			want: want{State: fleetwatch.StateOpen, Cause: CauseSlow,
-				Reason: "ewma ttft 1200ms > 5.0 x pool median 200ms over 25 requests", OpenFor: 30 * time.Second, HeldGate: map[string]uint64{}},
+				// The medians come from the histogram (relative error <= 3%).
+				Reason: "median ttft 1183ms > 5.0 x pool median 204ms (ewma 1200ms) over 25 requests", OpenFor: 30 * time.Second, HeldGate: map[string]uint64{}},
 		},
 		{
 			name:   "one peer is enough to compare with",
 			events: concat(healthy(200, "a"), healthy(1200, "x")),
 			want: want{State: fleetwatch.StateOpen, Cause: CauseSlow,
-				Reason: "ewma ttft 1200ms > 5.0 x pool median 200ms over 25 requests", OpenFor: 30 * time.Second, HeldGate: map[string]uint64{}},
+				Reason: "median ttft 1183ms > 5.0 x pool median 204ms (ewma 1200ms) over 25 requests", OpenFor: 30 * time.Second, HeldGate: map[string]uint64{}},
+		},
+		{
+			// Heavy-tailed TTFT: the last few requests queued behind long
+			// generations push the EWMA past 5x the median, but most
+			// requests are as fast as the peers'.
+			name: "a few very slow requests do not open a backend",
+			events: concat(healthy(200, "a", "b", "c"), series("p", "x", ok, 22, t0, 8*time.Second, 200),
+				series("p", "x", ok, 3, t0.Add(9*time.Second), 900*time.Millisecond, 20_000)),
+			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}},
+		},
+		{
+			// 20 failures and 20 oks, no five in a row, then only oks in the
+			// newest quarter of the window: a rate of 0.5 over the window,
+			// but the backend has recovered.
+			name: "a recovered backend is not opened on its history",
+			events: concat(healthy(200, "a", "b"), alternate("p", "x", 30, at(-15*time.Second), 15*time.Second, 200, fail, fail, ok),
+				series("p", "x", ok, 10, at(3*time.Second), 6*time.Second, 200)),
+			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}},
+		},
+		{
+			name: "a backend no longer throttled is not opened on its history",
+			events: concat(healthy(200, "a", "b"), alternate("p", "x", 30, at(-15*time.Second), 15*time.Second, 200, throttled, throttled, ok),
+				series("p", "x", ok, 10, at(3*time.Second), 6*time.Second, 200)),
+			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}},
 		},
 		{
 			name:   "4x the median is not slow",
@@ -207,7 +232,7 @@ func TestTripRules(t *testing.T) {
 // held, not at every Evaluate.
 func TestGateCountsOncePerEpisode(t *testing.T) {
 	a := newAnalyzer(t, Config{})
-	a.Observe(concat(healthy(200, "a"), alternate("p", "x", 4, t0, 4*time.Second, 200, fail, ok)))
+	a.Observe(concat(healthy(200, "a"), alternate("p", "x", 4, t0, time.Second, 200, fail, ok)))
 	for i := range 5 {
 		a.Evaluate(at(5*time.Second + time.Duration(i)*time.Second))
 	}
@@ -217,7 +242,7 @@ func TestGateCountsOncePerEpisode(t *testing.T) {
 	}
 	// The window empties; the rule stops firing; a new burst is a new episode.
 	a.Evaluate(at(60 * time.Second))
-	a.Observe(alternate("p", "x", 4, at(61*time.Second), 4*time.Second, 200, fail, ok))
+	a.Observe(alternate("p", "x", 4, at(61*time.Second), time.Second, 200, fail, ok))
 	a.Evaluate(at(66 * time.Second))
 	want[CauseFailureRate] = 2
 	if diff := cmp.Diff(want, a.Stats().HeldByGate); diff != "" {

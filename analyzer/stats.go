@@ -24,6 +24,15 @@ type Stats struct {
 	// HeldByCap counts trips that the ejection cap held back (each time a
 	// backend becomes held).
 	HeldByCap uint64
+	// HeldByRecency counts evaluations at which a backend's window showed
+	// a failure or 429 rate past its threshold but the newest quarter of
+	// the window did not (the backend has recovered; it is not opened on
+	// its history).
+	HeldByRecency uint64
+	// HeldByMedian counts evaluations at which a backend's EWMA TTFT was
+	// past slow_factor x the pool median but its window median TTFT was not
+	// (a few slow requests, not a slow backend).
+	HeldByMedian uint64
 	// Expired counts backends dropped after Expiry without events.
 	Expired uint64
 	// LatencySamplesDiscounted counts ok events with a TTFT that gave no

@@ -233,6 +233,29 @@ func (w *window) stats() windowStats {
 	return s
 }
 
+// recent sums the counts of the newest n buckets of the window (the
+// recent part the trip rules confirm a rate on).
+func (w *window) recent(n int64) windowStats {
+	var s windowStats
+	if !w.started {
+		return s
+	}
+	for i := range w.buckets {
+		b := &w.buckets[i]
+		if b.empty() || b.num <= w.head-n || b.num <= w.head-w.size() {
+			continue
+		}
+		for o, c := range b.counts {
+			s.counts[o] += uint64(c)
+			s.requests += uint64(c)
+			if fleetwatch.Outcome(o).Counted() {
+				s.counted += uint64(c)
+			}
+		}
+	}
+	return s
+}
+
 // ttftQuantiles returns p50 and p95 of the window's TTFT samples; ok is
 // false when it has none. Only snapshots need them, so the rules do not pay
 // for them.

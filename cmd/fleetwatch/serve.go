@@ -394,7 +394,7 @@ func (s *daemon) shutdown() {
 	case !s.nc.IsConnected():
 		s.logf("NATS unreachable: no final snapshot (routers keep the last one they have)")
 	default:
-		final := s.an.Snapshots(time.Now())
+		final := s.an.Final(time.Now())
 		s.publish(ctx, final)
 		s.logf("published a final snapshot of %d pools", len(final))
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"math/rand/v2"
 	"net/http"
 	"time"
 
@@ -59,6 +60,9 @@ func (c *Config) analyzerConfig() (analyzer.Config, error) {
 	ac := analyzer.Config{
 		Settings:   c.Analyzer.settings(),
 		Quarantine: c.Probes.Quarantine,
+		// Each process draws its own open-time jitter and epoch: two
+		// analyzers started together must not jitter alike or share an epoch.
+		Seed: rand.Uint64(),
 	}
 	for _, p := range c.Pools {
 		pc := analyzer.PoolConfig{
