@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/natsrv"
@@ -49,6 +50,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rounds := fs.Int("rounds", 3, "repetitions of each throughput run (the best is reported)")
 	asJSON := fs.Bool("json", false, "print results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	noCapture := fs.Bool("no-jetstream", false, "run fleetwatch without JetStream (no FW_OUTCOMES capture, no KV), to see what capture costs")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -81,6 +83,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg.NATS.URL = url
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.Probes.Disabled = true
+	cfg.NATS.NoJetStream = *noCapture
 	cfg.Data, _ = os.MkdirTemp("", "fleetwatch-bench-data-")
 	defer os.RemoveAll(cfg.Data)
 
@@ -115,8 +118,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		results = append(results, top)
 		return nil
 	}
-	if err := best("baseline: count-only nats.go subscriber, 1 event/msg", func() (benchResult, error) {
-		return benchBaseline(&nf, url, single)
+	baseName := "baseline: count-only nats.go subscriber, 1 event/msg, stream capture"
+	if *noCapture {
+		baseName = "baseline: count-only nats.go subscriber, 1 event/msg"
+	}
+	if err := best(baseName, func() (benchResult, error) {
+		return benchBaseline(&nf, url, single, !*noCapture)
 	}); err != nil {
 		return err
 	}
@@ -202,8 +209,9 @@ func publishAll(nc *nats.Conn, subject string, msgs [][]byte) error {
 	return nc.Flush()
 }
 
-// benchBaseline times a plain subscriber that only counts messages.
-func benchBaseline(nf *natsFlags, url string, msgs [][]byte) (benchResult, error) {
+// benchBaseline times a plain subscriber that only counts messages; with
+// capture, a stream stores the same subject meanwhile.
+func benchBaseline(nf *natsFlags, url string, msgs [][]byte, capture bool) (benchResult, error) {
 	sub, err := nf.connectURL("bench baseline subscriber", url, nil)
 	if err != nil {
 		return benchResult{}, err
@@ -214,6 +222,24 @@ func benchBaseline(nf *natsFlags, url string, msgs [][]byte) (benchResult, error
 		return benchResult{}, err
 	}
 	defer pub.Close()
+	if capture {
+		// Stream capture on in both runs: the baseline's subject is
+		// captured the way FW_OUTCOMES captures fleetwatch's (file
+		// storage), so the server does the same kind of work for both.
+		js, err := jetstream.New(pub)
+		if err != nil {
+			return benchResult{}, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name: "BENCH_BASELINE", Subjects: []string{"bench.baseline.>"},
+			Storage: jetstream.FileStorage, MaxAge: 10 * time.Minute, Discard: jetstream.DiscardOld,
+		}); err != nil {
+			return benchResult{}, fmt.Errorf("baseline capture stream: %w", err)
+		}
+		defer js.DeleteStream(context.WithoutCancel(ctx), "BENCH_BASELINE")
+	}
 	var got atomic.Int64
 	done := make(chan struct{})
 	want := int64(len(msgs))

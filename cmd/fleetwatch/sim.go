@@ -30,6 +30,10 @@ var simVariants = []string{sim.FWSeed, sim.FWSqrt, sim.FWNoGuard, sim.FWDefaultA
 // and two SVG charts per scenario. The output on stdout depends only on the
 // flags (the same seed gives the same tables); timing goes to stderr.
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "drift" {
+		// `fleetwatch sim drift` is the drift harness, `fleetwatch drift sim`.
+		return runDrift(ctx, append([]string{"sim"}, args[1:]...), stdout, stderr)
+	}
 	fs := flag.NewFlagSet("sim", flag.ContinueOnError)
 	scenario := fs.String("scenario", "", "run only the scenarios named (comma-separated); \"list\" lists them; default all")
 	seed := fs.Uint64("seed", 1, "random seed of the first run")
