@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/internal/natsrv"
 )
 
@@ -50,6 +52,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rounds := fs.Int("rounds", 3, "repetitions of each throughput run (the best is reported)")
 	asJSON := fs.Bool("json", false, "print results as JSON")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memory := fs.Bool("memory", false, "only measure the memory of 10,000 backends in 100 pools")
 	noCapture := fs.Bool("no-jetstream", false, "run fleetwatch without JetStream (no FW_OUTCOMES capture, no KV), to see what capture costs")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
@@ -64,6 +67,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memory {
+		return benchMemory(stdout, 10_000, 100)
 	}
 	url := nf.url
 	if url == "" {
@@ -355,4 +361,68 @@ func benchDecisionLatency(d *daemon, nf *natsFlags, url string, trips int) (map[
 	slices.Sort(ms)
 	q := func(p float64) float64 { return ms[min(len(ms)-1, int(p*float64(len(ms))))] }
 	return map[string]float64{"p50": q(0.5), "p99": q(0.99), "max": ms[len(ms)-1]}, nil
+}
+
+// benchMemory tracks backends backends across pools pools in a bare
+// analyzer, one event per backend per bucket over a full window, and
+// reports the heap and the process RSS it adds.
+func benchMemory(stdout io.Writer, backends, pools int) error {
+	an, err := analyzer.New(analyzer.Config{})
+	if err != nil {
+		return err
+	}
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	rssBefore := readRSS()
+	start := time.Now()
+	window := analyzer.DefaultWindow
+	batch := make([]fleetwatch.Event, 0, 1024)
+	ids := make([]string, backends)
+	poolIDs := make([]string, pools)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("backend-%05d", i)
+	}
+	for i := range poolIDs {
+		poolIDs[i] = fmt.Sprintf("pool-%03d", i)
+	}
+	for sec := time.Duration(0); sec < window; sec += time.Second {
+		ts := start.Add(sec)
+		for i := range ids {
+			batch = append(batch, fleetwatch.Event{Pool: poolIDs[i%pools], Backend: ids[i], TS: ts,
+				Status: 200, HasStatus: true, Outcome: fleetwatch.OutcomeOK, TTFTMs: float64(100 + i%300), HasTTFT: true})
+			if len(batch) == cap(batch) {
+				an.Observe(batch)
+				batch = batch[:0]
+			}
+		}
+		an.Observe(batch)
+		batch = batch[:0]
+		an.Evaluate(ts)
+	}
+	runtime.GC()
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	rssAfter := readRSS()
+	heap := float64(after.HeapAlloc) - float64(before.HeapAlloc)
+	fmt.Fprintf(stdout, "memory: %d backends in %d pools, full %v windows: heap +%.1f MiB (%.0f B/backend), RSS +%.1f MiB (%.1f MiB total)\n",
+		backends, pools, window, heap/(1<<20), heap/float64(backends), float64(rssAfter-rssBefore)/(1<<20), float64(rssAfter)/(1<<20))
+	runtime.KeepAlive(an)
+	return nil
+}
+
+// readRSS returns the resident set size of this process in bytes (Linux),
+// or 0 when it cannot be read.
+func readRSS() int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }
