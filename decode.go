@@ -1035,7 +1035,29 @@ func parseTimeUTC(s []byte) (time.Time, bool) {
 			ms *= 10
 		}
 	}
-	return time.Date(year, time.Month(month), day, hour, minute, sec, ms*int(time.Millisecond), time.UTC), true
+	unix := daysSinceEpoch(year, month, day)*86400 + int64(hour*3600+minute*60+sec)
+	return time.Unix(unix, int64(ms)*int64(time.Millisecond)).UTC(), true
+}
+
+// daysSinceEpoch returns the days from 1970-01-01 to the given date of the
+// proleptic Gregorian calendar (Howard Hinnant's days_from_civil; cheaper
+// than time.Date, which normalizes and looks up the location).
+func daysSinceEpoch(year, month, day int) int64 {
+	if month <= 2 {
+		year--
+	}
+	era := year / 400
+	if year < 0 {
+		era = (year - 399) / 400
+	}
+	yearOfEra := year - era*400
+	shifted := month - 3 // March-based month, so that leap days come last
+	if month <= 2 {
+		shifted = month + 9
+	}
+	dayOfYear := (153*shifted+2)/5 + day - 1
+	dayOfEra := yearOfEra*365 + yearOfEra/4 - yearOfEra/100 + dayOfYear
+	return int64(era)*146097 + int64(dayOfEra) - 719468
 }
 
 func atoiN(s []byte) (int, bool) {

@@ -560,6 +560,24 @@ func TestParseTimeFastPathAgreesWithTimeParse(t *testing.T) {
 	}
 }
 
+func TestDaysSinceEpochAgreesWithTime(t *testing.T) {
+	check := func(day time.Time) {
+		want := day.Unix() / 86400 // the days are whole: no rounding
+		if got := daysSinceEpoch(day.Year(), int(day.Month()), day.Day()); got != want {
+			t.Fatalf("daysSinceEpoch(%s) = %d, want %d", day.Format(time.DateOnly), got, want)
+		}
+	}
+	// Every day around today's century boundaries, every 7th elsewhere.
+	for day := time.Date(1896, 1, 1, 0, 0, 0, 0, time.UTC); day.Year() <= 2104; day = day.AddDate(0, 0, 1) {
+		check(day)
+	}
+	for day := time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC); day.Year() <= 9999; day = day.AddDate(0, 0, 7) {
+		check(day)
+	}
+	check(time.Date(0, 2, 29, 0, 0, 0, 0, time.UTC))
+	check(time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC))
+}
+
 func TestParseFloatAgreesWithStrconv(t *testing.T) {
 	for _, s := range []string{
 		"0", "-0", "1", "183.2", "2300.5", "0.1", "0.3", "123456789012345", "1234567890123456",
