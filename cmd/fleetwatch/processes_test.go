@@ -1,0 +1,293 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// freeLoopbackAddr returns a loopback address with a port that was free a
+// moment ago, for programs that cannot report the port they bound.
+func freeLoopbackAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	return addr
+}
+
+// lockedBuffer is a bytes.Buffer safe for a process writing and a test reading.
+type lockedBuffer struct {
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// buildServeBinary builds the fleetwatch binary into a test directory.
+func buildServeBinary(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "fleetwatch")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// serveProcess is a running `fleetwatch serve` subprocess with its embedded
+// NATS server.
+type serveProcess struct {
+	bin              string // the fleetwatch binary, for further subcommands
+	natsURL, httpURL string
+	logs             *lockedBuffer
+}
+
+var (
+	serveNATSLine = regexp.MustCompile(`embedded NATS server at (nats://\S+)`)
+	serveHTTPLine = regexp.MustCompile(`HTTP on (http://\S+)`)
+)
+
+// startServeProcess runs `fleetwatch serve` with config (YAML), an embedded
+// NATS server and an HTTP listener on random loopback ports, and stops it
+// (SIGTERM, then kill) in t.Cleanup.
+func startServeProcess(t *testing.T, config string, extraArgs ...string) *serveProcess {
+	t.Helper()
+	return startServeProcessEnv(t, config, nil, extraArgs...)
+}
+
+// startServeProcessEnv is startServeProcess with extra environment
+// variables. With --nats among extraArgs it uses that server instead of an
+// embedded one.
+func startServeProcessEnv(t *testing.T, config string, env []string, extraArgs ...string) *serveProcess {
+	t.Helper()
+	bin := buildServeBinary(t)
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "fleetwatch.yaml")
+	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := append([]string{"serve", "--config", cfgPath, "--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
+		"--data", filepath.Join(dir, "data")}, extraArgs...)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { // reaps the process
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("fleetwatch serve output:\n%s", logs.String())
+		}
+	})
+	p := &serveProcess{bin: bin, logs: logs}
+	for i, a := range extraArgs {
+		if a == "--nats" && i+1 < len(extraArgs) {
+			p.natsURL = extraArgs[i+1]
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for p.natsURL == "" || p.httpURL == "" {
+		out := logs.String()
+		if m := serveNATSLine.FindStringSubmatch(out); m != nil {
+			p.natsURL = m[1]
+		}
+		if m := serveHTTPLine.FindStringSubmatch(out); m != nil {
+			p.httpURL = m[1]
+		}
+		select {
+		case <-exited:
+			t.Fatalf("fleetwatch serve exited:\n%s", out)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleetwatch serve did not report its NATS and HTTP addresses:\n%s", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return p
+}
+
+// outcomeTraffic publishes outcome events to a serve process the way a
+// proxy does: every tick, okPerTick ok events per healthy backend and as
+// many errors per failing backend, plus one malformed message.
+type outcomeTraffic struct {
+	pool     string
+	backends []string
+
+	mu      sync.Mutex // guards failing
+	failing map[string]bool
+}
+
+func (o *outcomeTraffic) setFailing(backend string, fail bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.failing[backend] = fail
+}
+
+func (o *outcomeTraffic) isFailing(backend string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.failing[backend]
+}
+
+// start publishes until t's cleanup; the goroutine exits on the cancel.
+func (o *outcomeTraffic) start(t *testing.T, natsURL string) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL, nats.Name("test-proxy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+		nc.Close()
+	})
+	const okPerTick = 10
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		subject := fleetwatch.Subjects{}.Outcomes() + ".test-proxy"
+		for n := 0; ; n++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			ts := fleetwatch.FormatTime(time.Now())
+			var batch bytes.Buffer
+			for i, b := range o.backends {
+				for k := range okPerTick {
+					if o.isFailing(b) {
+						fmt.Fprintf(&batch, `{"v":1,"pool":%q,"backend":%q,"ts":%q,"status":500,"outcome":"error","duration_ms":5}`+"\n", o.pool, b, ts)
+						continue
+					}
+					ttft := 120 + 40*i + (n+k)%30
+					fmt.Fprintf(&batch, `{"v":1,"pool":%q,"backend":%q,"ts":%q,"status":200,"outcome":"ok","ttft_ms":%d,"duration_ms":%d}`+"\n", o.pool, b, ts, ttft, ttft*5)
+				}
+			}
+			_ = nc.Publish(subject, batch.Bytes())
+			_ = nc.Publish(subject, []byte(`{"v":1,"pool":`)) // a reject
+		}
+	}()
+}
+
+var routeListenLine = regexp.MustCompile(`route: listening on (http://\S+)`)
+
+// startRouteProcess runs `fleetwatch route` on a random loopback port and
+// returns its base URL; it stops in t.Cleanup.
+func startRouteProcess(t *testing.T, bin string, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"route", "--listen", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	logs := &lockedBuffer{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { // reaps the process
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(15 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		out := logs.String()
+		if t.Failed() {
+			t.Logf("fleetwatch route output:\n%s", out)
+		}
+		if strings.Contains(strings.ToLower(out), "permission") {
+			t.Errorf("fleetwatch route reports a permission problem:\n%s", out)
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if m := routeListenLine.FindStringSubmatch(logs.String()); m != nil {
+			return m[1]
+		}
+		select {
+		case <-exited:
+			t.Fatalf("fleetwatch route exited:\n%s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleetwatch route did not report its address:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// metricValue returns the value of one series (name with labels, exactly as
+// exposed) of a /metrics page, and false when it is absent.
+func metricValue(t *testing.T, url, series string) (float64, bool) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			var f float64
+			if _, err := fmt.Sscan(v, &f); err == nil {
+				return f, true
+			}
+		}
+	}
+	return 0, false
+}
