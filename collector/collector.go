@@ -363,7 +363,10 @@ func (c *Collector) subscribe() ([]*worker, error) {
 			workers = append(workers, w)
 		}
 	}
-	if err := c.nc.Flush(); err != nil && !errors.Is(err, nats.ErrConnectionReconnecting) {
+	// A flush interrupted by a disconnect is not fatal: nats.go keeps the
+	// subscriptions and sends them again when it reconnects. Only a closed
+	// connection (it will never reconnect) is.
+	if err := c.nc.Flush(); err != nil && c.nc.IsClosed() {
 		for _, w := range workers {
 			_ = w.sub.Unsubscribe()
 		}
