@@ -1,7 +1,6 @@
 package probes
 
 import (
-	"slices"
 	"sort"
 )
 
@@ -123,14 +122,4 @@ func ComparePeers(baselines map[string]*Baseline, p Params) PeerVerdict {
 		}
 	}
 	return v
-}
-
-// sortedKeys returns m's keys in order.
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

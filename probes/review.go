@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -153,10 +154,10 @@ func RenderMarkdown(r fleetwatch.DriftReview, statuses []BackendStatus) string {
 		rw.evidence = evidenceText(a)
 		rw.meta = metadataText(a.Evidence)
 	}
-	for _, pool := range sortedKeys(pools) {
+	for _, pool := range slices.Sorted(maps.Keys(pools)) {
 		fmt.Fprintf(&b, "\n## Pool %s\n\n", mdCell(pool))
 		b.WriteString("| backend | status | since | score / threshold | evidence | metadata change |\n|---|---|---|---|---|---|\n")
-		for _, id := range sortedKeys(pools[pool]) {
+		for _, id := range slices.Sorted(maps.Keys(pools[pool])) {
 			rw := pools[pool][id]
 			fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", mdCell(rw.backend), mdCell(rw.status), rw.since, rw.score, mdCell(rw.evidence), mdCell(rw.meta))
 		}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -131,7 +132,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// a reconnect from the KV bucket).
 	watcher, err := feed.NewWatcher(nc, feed.WatcherSettings{
 		Prefix: cfg.Prefix,
-		Pools:  sortedKeys(pools),
+		Pools:  slices.Sorted(maps.Keys(pools)),
 		OnUpdate: func(snap *fleetwatch.Snapshot) {
 			if p := pools[snap.Pool]; p != nil {
 				p.apply(snap)
@@ -204,7 +205,7 @@ func newRouter(pools map[string]*routePool, o routeOptions) *router {
 	seed := rand.Uint64()
 	var n atomic.Uint64
 	rt.rngs.New = func() any { return rand.New(rand.NewPCG(seed, n.Add(1))) }
-	for _, id := range sortedKeys(pools) {
+	for _, id := range slices.Sorted(maps.Keys(pools)) {
 		p := pools[id]
 		for _, m := range p.models {
 			if _, dup := rt.byModel[m]; !dup {
@@ -219,15 +220,6 @@ func newRouter(pools map[string]*routePool, o routeOptions) *router {
 		}
 	}
 	return rt
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }
 
 // subjectToken makes s usable as one NATS subject token.

@@ -3,6 +3,8 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -105,7 +107,7 @@ func (m *routeMetrics) budgetExhausted(pool string) *metrics.Counter {
 func (m *routeMetrics) write(w io.Writer, rt *router) {
 	m.set.WritePrometheus(w)
 	now := time.Now()
-	for _, id := range sortedKeys(rt.pools) {
+	for _, id := range slices.Sorted(maps.Keys(rt.pools)) {
 		p := rt.pools[id]
 		pool := strconv.Quote(id)
 		snap := p.applied.Load()

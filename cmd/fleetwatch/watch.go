@@ -7,7 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -199,7 +201,7 @@ func (v *watchView) writeJSON() error {
 func (v *watchView) draw() error {
 	v.mu.Lock()
 	snaps := make([]*fleetwatch.Snapshot, 0, len(v.snaps))
-	for _, id := range sortedKeys(v.snaps) {
+	for _, id := range slices.Sorted(maps.Keys(v.snaps)) {
 		snaps = append(snaps, v.snaps[id])
 	}
 	v.pending = nil

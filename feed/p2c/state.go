@@ -350,3 +350,10 @@ func mix64(x uint64) uint64 {
 	x ^= x >> 31
 	return x
 }
+
+// RendezvousWeight is the weight rendezvous hashing gives backend id for the
+// prefix key: the picker's sticky backend for key is the non-open backend
+// with the highest weight. It is exported so that other implementations
+// (the simulator's always-sticky policy, a router in another language) can
+// place keys exactly as the picker does.
+func RendezvousWeight(key uint64, id string) uint64 { return mix64(key ^ hashID(id)) }

@@ -369,28 +369,23 @@ func (p *liteLLM) update(*fleetwatch.Snapshot) {}
 // sticky sends a prefixed request to its rendezvous backend over all
 // backends, whatever their health; others go at random.
 type sticky struct {
-	hashes []uint64
-	rng    *rand.Rand
+	ids []string
+	rng *rand.Rand
 }
 
-func newSticky(e env) *sticky {
-	s := &sticky{hashes: make([]uint64, len(e.ids)), rng: e.rng}
-	for i, id := range e.ids {
-		s.hashes[i] = hashString(id)
-	}
-	return s
-}
+func newSticky(e env) *sticky { return &sticky{ids: e.ids, rng: e.rng} }
 
 func (p *sticky) pick(req *request, exclude int) (int, error) {
 	if !req.hasPrefix {
-		return uniformExcept(p.rng, len(p.hashes), exclude), nil
+		return uniformExcept(p.rng, len(p.ids), exclude), nil
 	}
 	best, bestHash := -1, uint64(0)
-	for b, h := range p.hashes {
-		if b == exclude && len(p.hashes) > 1 {
+	for b, id := range p.ids {
+		if b == exclude && len(p.ids) > 1 {
 			continue
 		}
-		if v := mix64(req.prefix ^ h); best < 0 || v > bestHash {
+		// The same placement as the picker's affinity.
+		if v := p2c.RendezvousWeight(req.prefix, id); best < 0 || v > bestHash {
 			best, bestHash = b, v
 		}
 	}
@@ -440,15 +435,7 @@ func (p *fleetwatchRouter) finish(a *attempt, ttft float64) {
 
 func (p *fleetwatchRouter) update(snap *fleetwatch.Snapshot) { p.picker.Update(snap) }
 
-func hashString(s string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := 0; i < len(s); i++ {
-		h ^= uint64(s[i])
-		h *= 1099511628211
-	}
-	return mix64(h)
-}
-
+// mix64 is the splitmix64 finaliser (seeding prefix keys).
 func mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
