@@ -7,15 +7,17 @@ import (
 	"time"
 )
 
-// TestDemoShowsBreakersOpenAndClose runs `fleetwatch demo --duration 60s` as
-// a subprocess, the way a newcomer does, and reads its narration: a breaker
-// must open and later close, each with a reason carrying numbers, and the
-// demo must stop by itself and exit 0.
+// TestDemoShowsBreakersOpenAndClose runs `fleetwatch demo` as a subprocess,
+// the way a newcomer does (serve with its embedded NATS, fake backends over
+// HTTP, route, drift probes), and reads its narration: a breaker must open
+// and later close, each with a reason carrying numbers; the backend whose
+// artefact changes must be reported drifted and end with weight 0
+// (quarantine is on in the demo); the demo must stop by itself and exit 0.
 func TestDemoShowsBreakersOpenAndClose(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the demo runs for a minute")
 	}
-	p := startProc(t, false, "demo", "--duration", "60s", "--script", "45s", "--http", "127.0.0.1:0", "--rate", "30")
+	p := startProc(t, false, "demo", "--duration", "65s", "--script", "50s", "--http", "127.0.0.1:0", "--rate", "30")
 	select {
 	case <-p.done:
 	case <-time.After(3 * time.Minute):
@@ -32,6 +34,12 @@ func TestDemoShowsBreakersOpenAndClose(t *testing.T) {
 	closed := regexp.MustCompile(`DECISION (\S+): half_open -> closed: (.*\d.*)`).FindStringSubmatch(out)
 	if closed == nil {
 		t.Fatalf("no breaker closed with a reason:\n%s", out)
+	}
+	if !regexp.MustCompile(`DRIFT vllm-a: \S+ -> drifted \(score [0-9.]+, threshold [0-9.]+\): .*\d`).MatchString(out) {
+		t.Errorf("no drift alert for vllm-a, whose artefact changed:\n%s", out)
+	}
+	if !regexp.MustCompile(`(?m)^  vllm-a +\S+ +weight 0\.00 +drift drifted`).MatchString(out) {
+		t.Errorf("vllm-a does not end drifted with weight 0 (quarantine):\n%s", out)
 	}
 	for _, want := range []string{"status page   http://", "INCIDENT", "RECOVERY", "traffic share", "Demo over"} {
 		if !strings.Contains(out, want) {
