@@ -12,7 +12,7 @@ import (
 
 func TestFakeCommandScriptsIncidents(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr routeBuffer
+	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runFake(ctx, []string{"--backend", "a=127.0.0.1:0", "--backend", "b=127.0.0.1:0",
@@ -58,7 +58,7 @@ func TestFakeCommandScriptsIncidents(t *testing.T) {
 
 func TestFakeCommandSwapsTheToyArtefact(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr routeBuffer
+	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() {
 		done <- runFake(ctx, []string{"--backend", "a=127.0.0.1:0", "--admin", "127.0.0.1:0",

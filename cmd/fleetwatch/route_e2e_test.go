@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,23 +19,12 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 )
 
-// buildFleetwatch builds the fleetwatch binary into a test directory.
-func buildFleetwatch(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "fleetwatch")
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // startServe runs `fleetwatch serve` as a subprocess against natsURL. The
 // returned function stops it gracefully (SIGTERM) and is also called in
 // t.Cleanup; calling it twice is harmless.
 func startServe(t *testing.T, bin, configPath, natsURL string) (stop func()) {
 	t.Helper()
-	var stdout, stderr routeBuffer
+	var stdout, stderr syncBuffer
 	cmd := exec.Command(bin, "serve", "--nats", natsURL, "--config", configPath, "--http", "127.0.0.1:0",
 		"--data", t.TempDir(), "--no-probes")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -193,7 +181,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: builds the binary and runs for several seconds")
 	}
-	bin := buildFleetwatch(t)
+	bin := fleetwatchBinary(t)
 	natsURL, ns := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
 	var decisions decisionLog

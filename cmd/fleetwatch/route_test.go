@@ -25,25 +25,6 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 )
 
-// routeBuffer is an io.Writer safe for a command's goroutines and a test's
-// reads.
-type routeBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *routeBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *routeBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // waitFor polls cond until it holds or a generous timeout passes.
 func routeEventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
@@ -92,7 +73,7 @@ func routeConfig(t testing.TB, natsURL string, backends []*fakeai.Server, extra 
 func startRouteCmd(t testing.TB, configPath string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr routeBuffer
+	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	all := append([]string{"--config", configPath, "--listen", "127.0.0.1:0", "--source", "test-route"}, args...)
 	go func() { done <- runRoute(ctx, all, &stdout, &stderr) }()

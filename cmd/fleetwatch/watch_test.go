@@ -15,10 +15,10 @@ import (
 )
 
 // startWatch runs `fleetwatch watch` in-process and returns its stdout.
-func startWatch(t *testing.T, args ...string) *routeBuffer {
+func startWatch(t *testing.T, args ...string) *syncBuffer {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	var stdout, stderr routeBuffer
+	var stdout, stderr syncBuffer
 	done := make(chan error, 1)
 	go func() { done <- runWatch(ctx, args, &stdout, &stderr) }()
 	t.Cleanup(func() {
