@@ -72,6 +72,8 @@ func (s *daemon) registerAnalyzerMetrics() {
 			metrics.WriteCounterUint64(w, fmt.Sprintf(`fleetwatch_analyzer_held_total{by="gate",cause=%q}`, cause), uint64(n))
 		}
 		metrics.WriteCounterUint64(w, `fleetwatch_analyzer_held_total{by="cap",cause="any"}`, uint64(st.HeldByCap))
+		metrics.WriteCounterUint64(w, `fleetwatch_analyzer_held_total{by="recency",cause="rate"}`, st.HeldByRecency)
+		metrics.WriteCounterUint64(w, `fleetwatch_analyzer_held_total{by="median",cause="slow"}`, st.HeldByMedian)
 	})
 }
 
