@@ -110,6 +110,7 @@ type daemon struct {
 	hist     *history
 
 	decisionLatency *metrics.Histogram
+	unpublished     *metrics.Counter // snapshots not sent while NATS was unreachable
 	evalDuration    *metrics.Histogram
 
 	// onTransition, when set, is called (outside any lock) for every breaker
@@ -118,8 +119,7 @@ type daemon struct {
 	// onAlert, when set, is called for every drift alert (demo narrates).
 	onAlert func(fleetwatch.DriftAlert)
 
-	mu       sync.Mutex // guards lastSnap, urgentAt, alerts
-	lastSnap map[string]fleetwatch.Snapshot
+	mu       sync.Mutex // guards urgentAt, alerts
 	urgentAt time.Time // when the oldest unhandled urgent signal arrived
 	alerts   []fleetwatch.DriftAlert
 
@@ -140,7 +140,6 @@ func startServer(ctx context.Context, cfg *Config, nf *natsFlags, stdout, stderr
 		logf:     func(format string, args ...any) { fmt.Fprintf(stderr, "fleetwatch: "+format+"\n", args...) },
 		metrics:  metrics.NewSet(),
 		urgent:   make(chan struct{}, 1),
-		lastSnap: map[string]fleetwatch.Snapshot{},
 		done:     make(chan struct{}),
 		hist:     newHistory(defaultHistoryPoints),
 	}
@@ -195,6 +194,7 @@ func startServer(ctx context.Context, cfg *Config, nf *natsFlags, stdout, stderr
 	}
 	s.decisionLatency = s.metrics.NewHistogram("fleetwatch_decision_latency_seconds")
 	s.evalDuration = s.metrics.NewHistogram("fleetwatch_evaluate_duration_seconds")
+	s.unpublished = s.metrics.NewCounter("fleetwatch_decisions_unpublished_total")
 	s.registerAnalyzerMetrics()
 
 	s.pub, err = feed.NewPublisher(ctx, s.nc, feed.PublisherSettings{
@@ -358,21 +358,22 @@ func (s *daemon) evaluate(ctx context.Context, now time.Time) {
 	}
 }
 
-// publish sends snapshots on their subjects and to the KV, and remembers
-// them for the HTTP API.
+// publish sends snapshots on their subjects and to the KV, and records
+// them for the status page. While NATS is unreachable nothing is sent (a
+// KV put would wait out its timeout in this loop); the heartbeat publishes
+// the current state once the connection is back.
 func (s *daemon) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
-	for i := range snaps {
-		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-		if err := s.pub.Publish(pctx, &snaps[i]); err != nil {
-			s.logf("publish %s: %v", snaps[i].Pool, err)
+	if s.nc.IsConnected() {
+		for i := range snaps {
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			if err := s.pub.Publish(pctx, &snaps[i]); err != nil {
+				s.logf("publish %s: %v", snaps[i].Pool, err)
+			}
+			cancel()
 		}
-		cancel()
+	} else if len(snaps) > 0 {
+		s.unpublished.Add(len(snaps))
 	}
-	s.mu.Lock()
-	for _, snap := range snaps {
-		s.lastSnap[snap.Pool] = snap
-	}
-	s.mu.Unlock()
 	s.recordHistory(snaps)
 }
 
