@@ -120,7 +120,7 @@ type daemon struct {
 	onAlert func(fleetwatch.DriftAlert)
 
 	mu       sync.Mutex // guards urgentAt, alerts
-	urgentAt time.Time // when the oldest unhandled urgent signal arrived
+	urgentAt time.Time  // when the oldest unhandled urgent signal arrived
 	alerts   []fleetwatch.DriftAlert
 
 	stopProbes func()
@@ -134,14 +134,14 @@ type daemon struct {
 // forgets an open breaker nor opens one on partial data.
 func startServer(ctx context.Context, cfg *Config, nf *natsFlags, stdout, stderr io.Writer) (_ *daemon, err error) {
 	s := &daemon{
-		cfg:      cfg,
-		subj:     fleetwatch.Subjects{Prefix: cfg.Prefix},
-		stdout:   stdout,
-		logf:     func(format string, args ...any) { fmt.Fprintf(stderr, "fleetwatch: "+format+"\n", args...) },
-		metrics:  metrics.NewSet(),
-		urgent:   make(chan struct{}, 1),
-		done:     make(chan struct{}),
-		hist:     newHistory(defaultHistoryPoints),
+		cfg:     cfg,
+		subj:    fleetwatch.Subjects{Prefix: cfg.Prefix},
+		stdout:  stdout,
+		logf:    func(format string, args ...any) { fmt.Fprintf(stderr, "fleetwatch: "+format+"\n", args...) },
+		metrics: metrics.NewSet(),
+		urgent:  make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		hist:    newHistory(defaultHistoryPoints),
 	}
 	defer func() {
 		if err != nil {
