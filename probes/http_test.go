@@ -272,7 +272,7 @@ func TestBadBackendsNeverGiveVerdictsNorStopOthers(t *testing.T) {
 		`fleetwatch_probe_errors_total{pool="p",backend="malformed",kind="malformed"} 5`,
 		`fleetwatch_probe_errors_total{pool="p",backend="lost-logprobs",kind="no_logprobs"} 2`,
 		`fleetwatch_probe_cycles_total 8`,
-		`fleetwatch_drift_status{pool="p",backend="good"} 1`,
+		`fleetwatch_drift_status{pool="p",backend="good"} 0`,
 	} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("metrics lack %s:\n%s", want, buf.String())

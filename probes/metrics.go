@@ -33,7 +33,9 @@ func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
 			if !math.IsNaN(st.Z) {
 				metrics.WriteGaugeFloat64(w, "fleetwatch_drift_s2_z"+l, st.Z)
 			}
-			metrics.WriteGaugeUint64(w, "fleetwatch_drift_status"+l, uint64(rank[st.Status]))
+			// The same encoding as serve's fleetwatch_backend_drift: 0 is
+			// healthy, like 0 for a closed breaker.
+			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_status"+l, float64(rank[st.Status]-1))
 			enrolling := uint64(0)
 			if st.Enrolling {
 				enrolling = 1
