@@ -35,41 +35,12 @@ func freeLoopbackAddr(t *testing.T) string {
 	return addr
 }
 
-// lockedBuffer is a bytes.Buffer safe for a process writing and a test reading.
-type lockedBuffer struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// buildServeBinary builds the fleetwatch binary into a test directory.
-func buildServeBinary(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "fleetwatch")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // serveProcess is a running `fleetwatch serve` subprocess with its embedded
 // NATS server.
 type serveProcess struct {
 	bin              string // the fleetwatch binary, for further subcommands
 	natsURL, httpURL string
-	logs             *lockedBuffer
+	logs             *syncBuffer
 }
 
 var (
@@ -90,7 +61,7 @@ func startServeProcess(t *testing.T, config string, extraArgs ...string) *serveP
 // embedded one.
 func startServeProcessEnv(t *testing.T, config string, env []string, extraArgs ...string) *serveProcess {
 	t.Helper()
-	bin := buildServeBinary(t)
+	bin := fleetwatchBinary(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "fleetwatch.yaml")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
@@ -100,7 +71,7 @@ func startServeProcessEnv(t *testing.T, config string, env []string, extraArgs .
 		"--data", filepath.Join(dir, "data")}, extraArgs...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -225,7 +196,7 @@ func startRouteProcess(t *testing.T, bin string, env []string, args ...string) s
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"route", "--listen", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	logs := &lockedBuffer{}
+	logs := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
