@@ -416,7 +416,7 @@ func TestDeployNATSWithServe(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(routeCfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	base := startRouteProcess(t, p.bin, []string{"NATS_USER=router", "NATS_PASSWORD=" + natsPasswords["ROUTER_NATS_PASSWORD"]},
+	base := startRouteProcess(t, []string{"NATS_USER=router", "NATS_PASSWORD=" + natsPasswords["ROUTER_NATS_PASSWORD"]},
 		"--nats", url, "--config", cfgPath, "--source", "deploy-router")
 	for {
 		if n, _ := metricValue(t, base+"/metrics", "fleetwatch_feed_snapshots_applied_total"); n > 0 {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -67,6 +68,7 @@ type proc struct {
 	cmd    *exec.Cmd
 	stdout syncBuffer
 	stderr syncBuffer
+	all    syncBuffer // stdout and stderr interleaved
 	done   chan struct{}
 	err    error
 	// HTTPAddr is the address serve printed ("HTTP on http://ADDR"), or "".
@@ -84,9 +86,19 @@ var (
 // in t.Cleanup. When wantHTTP is set it waits for serve's HTTP line.
 func startProc(t testing.TB, wantHTTP bool, args ...string) *proc {
 	t.Helper()
+	return startProcEnv(t, nil, wantHTTP, args...)
+}
+
+// startProcEnv is startProc with extra environment variables (NAME=value).
+func startProcEnv(t testing.TB, env []string, wantHTTP bool, args ...string) *proc {
+	t.Helper()
 	p := &proc{t: t, done: make(chan struct{})}
 	p.cmd = exec.Command(fleetwatchBinary(t), args...)
-	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	if env != nil {
+		p.cmd.Env = append(os.Environ(), env...)
+	}
+	p.cmd.Stdout = io.MultiWriter(&p.stdout, &p.all)
+	p.cmd.Stderr = io.MultiWriter(&p.stderr, &p.all)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -116,6 +128,27 @@ func startProc(t testing.TB, wantHTTP bool, args ...string) *proc {
 		})
 	}
 	return p
+}
+
+// waitOutput waits until re matches the process's output and returns the
+// first submatch (or the whole match).
+func (p *proc) waitOutput(re *regexp.Regexp, what string) string {
+	p.t.Helper()
+	var got string
+	eventually(p.t, 30*time.Second, what, func() bool {
+		select {
+		case <-p.done:
+			p.t.Fatalf("fleetwatch exited early: %v\n%s", p.err, p.all.String())
+		default:
+		}
+		m := re.FindStringSubmatch(p.all.String())
+		if m == nil {
+			return false
+		}
+		got = m[len(m)-1]
+		return true
+	})
+	return got
 }
 
 // stop sends SIGTERM and waits for the process to exit (SIGKILL after 20s).

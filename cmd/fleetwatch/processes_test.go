@@ -8,12 +8,10 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,15 +36,9 @@ func freeLoopbackAddr(t *testing.T) string {
 // serveProcess is a running `fleetwatch serve` subprocess with its embedded
 // NATS server.
 type serveProcess struct {
-	bin              string // the fleetwatch binary, for further subcommands
 	natsURL, httpURL string
-	logs             *syncBuffer
+	logs             *syncBuffer // stdout and stderr
 }
-
-var (
-	serveNATSLine = regexp.MustCompile(`embedded NATS server at (nats://\S+)`)
-	serveHTTPLine = regexp.MustCompile(`HTTP on (http://\S+)`)
-)
 
 // startServeProcess runs `fleetwatch serve` with config (YAML), an embedded
 // NATS server and an HTTP listener on random loopback ports, and stops it
@@ -61,7 +53,6 @@ func startServeProcess(t *testing.T, config string, extraArgs ...string) *serveP
 // embedded one.
 func startServeProcessEnv(t *testing.T, config string, env []string, extraArgs ...string) *serveProcess {
 	t.Helper()
-	bin := fleetwatchBinary(t)
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "fleetwatch.yaml")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
@@ -69,56 +60,14 @@ func startServeProcessEnv(t *testing.T, config string, env []string, extraArgs .
 	}
 	args := append([]string{"serve", "--config", cfgPath, "--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1",
 		"--data", filepath.Join(dir, "data")}, extraArgs...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), env...)
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { // reaps the process
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("fleetwatch serve output:\n%s", logs.String())
-		}
-	})
-	p := &serveProcess{bin: bin, logs: logs}
+	p := startProcEnv(t, env, true, args...)
+	sp := &serveProcess{natsURL: p.NATSURL, httpURL: "http://" + p.HTTPAddr, logs: &p.all}
 	for i, a := range extraArgs {
 		if a == "--nats" && i+1 < len(extraArgs) {
-			p.natsURL = extraArgs[i+1]
+			sp.natsURL = extraArgs[i+1]
 		}
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for p.natsURL == "" || p.httpURL == "" {
-		out := logs.String()
-		if m := serveNATSLine.FindStringSubmatch(out); m != nil {
-			p.natsURL = m[1]
-		}
-		if m := serveHTTPLine.FindStringSubmatch(out); m != nil {
-			p.httpURL = m[1]
-		}
-		select {
-		case <-exited:
-			t.Fatalf("fleetwatch serve exited:\n%s", out)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fleetwatch serve did not report its NATS and HTTP addresses:\n%s", out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return p
+	return sp
 }
 
 // outcomeTraffic publishes outcome events to a serve process the way a
@@ -191,52 +140,18 @@ func (o *outcomeTraffic) start(t *testing.T, natsURL string) {
 var routeListenLine = regexp.MustCompile(`route: listening on (http://\S+)`)
 
 // startRouteProcess runs `fleetwatch route` on a random loopback port and
-// returns its base URL; it stops in t.Cleanup.
-func startRouteProcess(t *testing.T, bin string, env []string, args ...string) string {
+// returns its base URL; it stops it in t.Cleanup, and fails the test when
+// route reports a permission problem.
+func startRouteProcess(t *testing.T, env []string, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(bin, append([]string{"route", "--listen", "127.0.0.1:0"}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { // reaps the process
-		_ = cmd.Wait()
-		close(exited)
-	}()
+	p := startProcEnv(t, env, false, append([]string{"route", "--listen", "127.0.0.1:0"}, args...)...)
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(15 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		out := logs.String()
-		if t.Failed() {
-			t.Logf("fleetwatch route output:\n%s", out)
-		}
-		if strings.Contains(strings.ToLower(out), "permission") {
+		p.stop()
+		if out := p.all.String(); strings.Contains(strings.ToLower(out), "permission") {
 			t.Errorf("fleetwatch route reports a permission problem:\n%s", out)
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if m := routeListenLine.FindStringSubmatch(logs.String()); m != nil {
-			return m[1]
-		}
-		select {
-		case <-exited:
-			t.Fatalf("fleetwatch route exited:\n%s", logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fleetwatch route did not report its address:\n%s", logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return p.waitOutput(routeListenLine, "route to report its address")
 }
 
 // metricValue returns the value of one series (name with labels, exactly as

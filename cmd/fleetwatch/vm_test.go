@@ -325,7 +325,7 @@ func TestDashboardsAgainstServe(t *testing.T) {
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	route := startRouteProcess(t, p.bin, nil, "--nats", p.natsURL, "--config", cfgPath, "--source", "dashboards-test")
+	route := startRouteProcess(t, nil, "--nats", p.natsURL, "--config", cfgPath, "--source", "dashboards-test")
 	requests := make(chan struct{})
 	t.Cleanup(func() {
 		cancel()
@@ -471,12 +471,11 @@ func TestMetricsCatalogueRoute(t *testing.T) {
         url: %s
 `, healthy.URL, failing.URL)
 	p := startServeProcess(t, config, "--no-probes")
-	bin := p.bin
 	cfgPath := filepath.Join(t.TempDir(), "route.yaml")
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	base := startRouteProcess(t, bin, nil, "--nats", p.natsURL, "--config", cfgPath, "--source", "catalogue-test")
+	base := startRouteProcess(t, nil, "--nats", p.natsURL, "--config", cfgPath, "--source", "catalogue-test")
 	for i := range 40 {
 		body := fmt.Sprintf(`{"model":"llama","messages":[{"role":"user","content":"hello %d"}],"max_tokens":4}`, i)
 		res, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
