@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -158,16 +156,8 @@ func startRouteProcess(t *testing.T, env []string, args ...string) string {
 // exposed) of a /metrics page, and false when it is absent.
 func metricValue(t *testing.T, url, series string) (float64, bool) {
 	t.Helper()
-	res, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
+	_, body := httpGet(t, url)
+	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			var f float64
 			if _, err := fmt.Sscan(v, &f); err == nil {

@@ -407,17 +407,9 @@ func metricsCatalogue(t *testing.T, section string) map[string]bool {
 // with a histogram's _bucket, _sum and _count series folded into its name.
 func exposedMetrics(t *testing.T, url string) map[string]bool {
 	t.Helper()
-	res, err := http.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, body := httpGet(t, url)
 	raw := map[string]bool{}
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "fleetwatch_") {
 			continue
 		}
