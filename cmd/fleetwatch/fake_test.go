@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestFakeCommandScriptsIncidents(t *testing.T) {
@@ -26,7 +27,7 @@ func TestFakeCommandScriptsIncidents(t *testing.T) {
 	})
 	urlRe := regexp.MustCompile(`fake: (backend b|admin) on (http://\S+)`)
 	urls := map[string]string{}
-	routeEventually(t, "fake to listen", func() bool {
+	eventually(t, 30*time.Second, "fake to listen", func() bool {
 		for _, m := range urlRe.FindAllStringSubmatch(stdout.String(), -1) {
 			urls[m[1]] = m[2]
 		}
@@ -72,7 +73,7 @@ func TestFakeCommandSwapsTheToyArtefact(t *testing.T) {
 	})
 	urlRe := regexp.MustCompile(`fake: (backend a|admin) on (http://\S+)`)
 	urls := map[string]string{}
-	routeEventually(t, "fake to listen", func() bool {
+	eventually(t, 30*time.Second, "fake to listen", func() bool {
 		for _, m := range urlRe.FindAllStringSubmatch(stdout.String(), -1) {
 			urls[m[1]] = m[2]
 		}

@@ -40,19 +40,6 @@ func (d *driftStatuses) get(k string) fleetwatch.DriftStatus {
 	return d.m[k]
 }
 
-// waitFor polls cond until it holds or the deadline passes (real NATS and
-// real cron: no synctest bubble).
-func waitUntil(t *testing.T, what string, d time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 func TestStartProbesEndToEnd(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, url)
@@ -113,12 +100,12 @@ func TestStartProbesEndToEnd(t *testing.T) {
 		}
 	}()
 	for _, id := range []string{"vllm-a", "vllm-b", "vllm-c"} {
-		waitUntil(t, id+" enrolled", 20*time.Second, func() bool { return statuses.get("llama/"+id) == fleetwatch.DriftOK })
+		eventually(t, 20*time.Second, id+" enrolled", func() bool { return statuses.get("llama/"+id) == fleetwatch.DriftOK })
 	}
 	// vllm-c is redeployed with a q4-like quantization
 	switches["vllm-c"].Set(q4.With(toylm.Options{Sigma: 0.03, NoiseSeed: 3, Fingerprint: "fp_2"}))
 	var got fleetwatch.DriftAlert
-	waitUntil(t, "a drift alert for vllm-c", 20*time.Second, func() bool {
+	eventually(t, 20*time.Second, "a drift alert for vllm-c", func() bool {
 		select {
 		case a := <-alerts:
 			if a.Backend == "vllm-c" && a.Status == fleetwatch.DriftDrifted {
@@ -137,7 +124,7 @@ func TestStartProbesEndToEnd(t *testing.T) {
 		t.Errorf("setDrift(vllm-c) = %s, want drifted", s)
 	}
 	reviewDir := filepath.Join(cfg.Data, "reviews")
-	waitUntil(t, "a review naming vllm-c", 20*time.Second, func() bool {
+	eventually(t, 20*time.Second, "a review naming vllm-c", func() bool {
 		files, _ := filepath.Glob(filepath.Join(reviewDir, "*.md"))
 		for _, f := range files {
 			b, _ := os.ReadFile(f)
@@ -183,7 +170,7 @@ func TestStartProbesEndToEnd(t *testing.T) {
 	}
 	// the stored baselines are loaded at start: vllm-a is ok before its
 	// first cycle (an enrolling backend would be unknown)
-	waitUntil(t, "vllm-a ok after restart", 10*time.Second, func() bool { return statuses2.get("llama/vllm-a") == fleetwatch.DriftOK })
+	eventually(t, 10*time.Second, "vllm-a ok after restart", func() bool { return statuses2.get("llama/vllm-a") == fleetwatch.DriftOK })
 	for _, s := range askStatusesT(t, nc) {
 		if s.Backend == "vllm-a" && (s.Enrolling || !s.BaselineCreated.Before(restartAt)) {
 			t.Errorf("vllm-a after a restart: enrolling %v, baseline created %v (restart at %v): the stored baseline was not used",
@@ -197,7 +184,7 @@ func TestStartProbesEndToEnd(t *testing.T) {
 		t.Fatalf("drift rebaseline: %v (%s)", err, errOut.String())
 	}
 	var recorded bool
-	waitUntil(t, "the re-baseline in FW_DRIFT", 10*time.Second, func() bool {
+	eventually(t, 10*time.Second, "the re-baseline in FW_DRIFT", func() bool {
 		as, _, err := readDrift(t.Context(), js, fleetwatch.Subjects{}, time.Now().Add(-time.Hour))
 		if err != nil {
 			return false

@@ -51,7 +51,7 @@ func startServe(t *testing.T, bin, configPath, natsURL string) (stop func()) {
 			t.Logf("serve stdout:\n%s\nserve stderr:\n%s", stdout.String(), stderr.String())
 		}
 	})
-	routeEventually(t, "serve to start", func() bool { return strings.Contains(stdout.String(), "HTTP on") })
+	eventually(t, 30*time.Second, "serve to start", func() bool { return strings.Contains(stdout.String(), "HTTP on") })
 	return stop
 }
 
@@ -215,7 +215,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	cfg := routeConfig(t, natsURL, backends, "    analyzer: {open_base: 2m, max_open_fraction: 0.75, slow_factor: 50}\n")
 	stopServe := startServe(t, bin, cfg, natsURL)
 	base := startRouteCmd(t, cfg)
-	routeEventually(t, "a first decision", func() bool { return decisions.state("b0") == fleetwatch.StateClosed })
+	eventually(t, 30*time.Second, "a first decision", func() bool { return decisions.state("b0") == fleetwatch.StateClosed })
 
 	// Phase 0, all healthy: requests sharing a system prompt stay on one
 	// backend.
@@ -243,14 +243,14 @@ func TestRouteEndToEnd(t *testing.T) {
 	backends[2].SetBehavior(throttling)
 	load := startLoad(t, base, 6)
 	load.phase.Store(1)
-	routeEventually(t, "b3's breaker to open: "+decisions.describe(), func() bool {
+	eventually(t, 30*time.Second, "b3's breaker to open: "+decisions.describe(), func() bool {
 		return decisions.state("b3") == fleetwatch.StateOpen
 	})
 	// Wait for the router to apply it, then measure a phase with b3 open.
-	routeEventually(t, "the router to apply b3's open breaker", func() bool { return routeGauge(t, base, "open", "b3") == 1 })
+	eventually(t, 30*time.Second, "the router to apply b3's open breaker", func() bool { return routeGauge(t, base, "open", "b3") == 1 })
 	b3Before := backends[3].Stats().Requests
 	load.phase.Store(2)
-	routeEventually(t, "600 requests with b3 open", func() bool { n, _, _ := load.count(2); return n >= 600 })
+	eventually(t, 30*time.Second, "600 requests with b3 open", func() bool { n, _, _ := load.count(2); return n >= 600 })
 	if decisions.state("b3") == fleetwatch.StateOpen {
 		if got := backends[3].Stats().Requests - b3Before; got != 0 {
 			t.Errorf("fast-failing b3 got %d requests while open", got)
@@ -271,13 +271,13 @@ func TestRouteEndToEnd(t *testing.T) {
 	// gets nothing while open, and clients see only a few failures.
 	load.phase.Store(3)
 	backends[1].SetBehavior(fakeai.Behavior{Refuse: true})
-	routeEventually(t, "b1's breaker to open: "+decisions.describe(), func() bool {
+	eventually(t, 30*time.Second, "b1's breaker to open: "+decisions.describe(), func() bool {
 		return decisions.state("b1") == fleetwatch.StateOpen
 	})
-	routeEventually(t, "the router to apply b1's open breaker", func() bool { return routeGauge(t, base, "open", "b1") == 1 })
+	eventually(t, 30*time.Second, "the router to apply b1's open breaker", func() bool { return routeGauge(t, base, "open", "b1") == 1 })
 	refused := attemptsTo(t, base, "b1")
 	load.phase.Store(4)
-	routeEventually(t, "200 requests with b1 open", func() bool { n, _, _ := load.count(4); return n >= 200 })
+	eventually(t, 30*time.Second, "200 requests with b1 open", func() bool { n, _, _ := load.count(4); return n >= 200 })
 	if decisions.state("b1") == fleetwatch.StateOpen {
 		if got := attemptsTo(t, base, "b1") - refused; got != 0 {
 			t.Errorf("refusing b1 got %d attempts while open", got)
@@ -296,7 +296,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	ns.Shutdown()
 	ns.WaitForShutdown()
 	load.phase.Store(5)
-	routeEventually(t, "200 requests with NATS down", func() bool { n, _, _ := load.count(5); return n >= 200 })
+	eventually(t, 30*time.Second, "200 requests with NATS down", func() bool { n, _, _ := load.count(5); return n >= 200 })
 	load.halt()
 	// Stale decisions give the throttling b2 an equal weight again, so some
 	// of its 429s reach clients once the retry budget is spent; nothing

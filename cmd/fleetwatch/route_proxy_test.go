@@ -99,7 +99,7 @@ func TestRouteTTFTIsTheFirstToken(t *testing.T) {
 	if r, err := c.chat("", "hello", true); err != nil || r.status != 200 {
 		t.Fatalf("%v %d", err, r.status)
 	}
-	routeEventually(t, "the event", func() bool { return len(log.snapshot()) == 1 })
+	eventually(t, 30*time.Second, "the event", func() bool { return len(log.snapshot()) == 1 })
 	ev := log.snapshot()[0]
 	if !ev.HasTTFT || ev.TTFTMs < 150 || ev.DurationMs < ev.TTFTMs || ev.OutputTokens != 4 {
 		t.Errorf("event ttft %v (has %v) duration %v output %d: want ttft >= 150 and 4 tokens",

@@ -25,18 +25,6 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 )
 
-// waitFor polls cond until it holds or a generous timeout passes.
-func routeEventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // fakeBackends starts n fake backends named b0, b1, ...
 func startFakeBackends(t testing.TB, n int) []*fakeai.Server {
 	t.Helper()
@@ -84,7 +72,7 @@ func startRouteCmd(t testing.TB, configPath string, args ...string) string {
 		}
 	})
 	var url string
-	routeEventually(t, "route to listen", func() bool {
+	eventually(t, 30*time.Second, "route to listen", func() bool {
 		select {
 		case err := <-done:
 			done <- err
@@ -252,7 +240,7 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 		t.Errorf("models (-want +got):\n%s", diff)
 	}
 
-	routeEventually(t, "4 outcome events", func() bool { return len(log.snapshot()) >= 4 })
+	eventually(t, 30*time.Second, "4 outcome events", func() bool { return len(log.snapshot()) >= 4 })
 	evs := log.snapshot()
 	for _, ev := range evs {
 		if ev.Pool != "llama" || ev.Status != 200 || ev.Outcome != fleetwatch.OutcomeOK || !ev.HasTTFT ||
@@ -335,7 +323,7 @@ func TestRouteFollowsDecisions(t *testing.T) {
 	script.Publish(openB0)
 	// Eventually the open backend gets nothing: wait until a run of
 	// requests avoids it, then check a longer run does too.
-	routeEventually(t, "the open breaker to be followed", func() bool {
+	eventually(t, 30*time.Second, "the open breaker to be followed", func() bool {
 		before := backends[0].Stats().Requests
 		for i := range 20 {
 			c.chat("", fmt.Sprint(i), false)
@@ -359,7 +347,7 @@ func TestRouteFollowsDecisions(t *testing.T) {
 	allOpen.TTLMs = 3_600_000
 	script.Publish(allOpen)
 	var shed routeReply
-	routeEventually(t, "shedding", func() bool {
+	eventually(t, 30*time.Second, "shedding", func() bool {
 		r, err := c.chat("", "x", false)
 		shed = r
 		return err == nil && r.status == 503
@@ -420,12 +408,12 @@ func TestRouteClientCancellationReachesTheBackend(t *testing.T) {
 		_, err := http.DefaultClient.Do(req)
 		errc <- err
 	}()
-	routeEventually(t, "the request to reach the backend", func() bool { return backends[0].Stats().InFlight == 1 })
+	eventually(t, 30*time.Second, "the request to reach the backend", func() bool { return backends[0].Stats().InFlight == 1 })
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Errorf("client error %v, want canceled", err)
 	}
-	routeEventually(t, "the backend to see the cancellation", func() bool { return backends[0].Stats().Canceled == 1 })
+	eventually(t, 30*time.Second, "the backend to see the cancellation", func() bool { return backends[0].Stats().Canceled == 1 })
 }
 
 func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
@@ -447,7 +435,7 @@ func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
 			t.Fatal("the picker never chose b0")
 		}
 	}
-	routeEventually(t, "a timeout event for b0", func() bool {
+	eventually(t, 30*time.Second, "a timeout event for b0", func() bool {
 		for _, ev := range log.snapshot() {
 			if ev.Backend == "b0" && ev.Outcome == fleetwatch.OutcomeTimeout && ev.Status == 0 && ev.HasStatus {
 				return true
@@ -498,8 +486,8 @@ func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
 	if got := backends[1].Stats().Requests; got != int64(fromB1) {
 		t.Errorf("b1 got %d requests but answered %d clients: a retry after the stream began?", got, fromB1)
 	}
-	routeEventually(t, "one event per request", func() bool { return len(log.snapshot()) == requests })
-	routeEventually(t, "error events for the cut streams", func() bool {
+	eventually(t, 30*time.Second, "one event per request", func() bool { return len(log.snapshot()) == requests })
+	eventually(t, 30*time.Second, "error events for the cut streams", func() bool {
 		n := 0
 		for _, ev := range log.snapshot() {
 			if ev.Backend == "b0" && ev.Outcome == fleetwatch.OutcomeError && ev.Status == 200 {

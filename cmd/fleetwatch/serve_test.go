@@ -67,6 +67,17 @@ func (l *snapshotLog) backend(pool, backend string) (fleetwatch.Backend, bool) {
 	return fleetwatch.Backend{}, false
 }
 
+// waitConsuming publishes ok events for pool/backend until one shows up in
+// a snapshot: the collector subscribes after serve prints its HTTP line.
+func waitConsuming(t *testing.T, nc *nats.Conn, snaps *snapshotLog, pool, backend string) {
+	t.Helper()
+	eventually(t, 20*time.Second, "serve to consume events", func() bool {
+		publish(t, nc, "fw.outcomes", event(pool, backend, 200, 100))
+		_, ok := snaps.backend(pool, backend)
+		return ok
+	})
+}
+
 func publish(t *testing.T, nc *nats.Conn, subject, payload string) {
 	t.Helper()
 	if err := nc.Publish(subject, []byte(payload)); err != nil {
@@ -104,13 +115,7 @@ func TestServeEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	nc.Flush()
-	// The collector subscribes after serve prints its HTTP line; wait
-	// until a probe event shows up in a snapshot before counting.
-	eventually(t, 20*time.Second, "serve to consume events", func() bool {
-		publish(t, nc, "fw.outcomes", event("warmup", "w", 200, 10))
-		_, ok := snaps.backend("warmup", "w")
-		return ok
-	})
+	waitConsuming(t, nc, snaps, "warmup", "w")
 
 	// Single events: five failures in a row open a breaker at any volume.
 	for i := 0; i < 5; i++ {
@@ -283,11 +288,7 @@ func TestServeRestartWithoutAmnesia(t *testing.T) {
 	}
 	defer nc.Close()
 	snaps := subscribeSnapshots(t, nc)
-	eventually(t, 20*time.Second, "serve to consume events", func() bool {
-		publish(t, nc, "fw.outcomes", event("p", "steady", 200, 100))
-		_, ok := snaps.backend("p", "steady")
-		return ok
-	})
+	waitConsuming(t, nc, snaps, "p", "steady")
 	for i := 0; i < 5; i++ {
 		publish(t, nc, "fw.outcomes", event("p", "dead", 0, 0))
 	}

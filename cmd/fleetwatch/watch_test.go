@@ -46,7 +46,7 @@ func TestWatchTable(t *testing.T) {
 	out := startWatch(t, "llama", "--nats", natsURL, "--refresh", "1ms")
 	now := time.Now()
 	// Publish until the watcher has subscribed and drawn.
-	routeEventually(t, "a table", func() bool {
+	eventually(t, 30*time.Second, "a table", func() bool {
 		script.PublishSubject(watchSnapshot(uint64(now.UnixNano()), now))
 		return strings.Contains(out.String(), "vllm-b")
 	})
@@ -78,7 +78,7 @@ func TestWatchJSON(t *testing.T) {
 	want := watchSnapshot(1, now)
 	script.Put(want) // in the KV bucket only: watch reads it at start
 	out := startWatch(t, "--json", "--nats", natsURL)
-	routeEventually(t, "a JSON line", func() bool { return strings.Contains(out.String(), "\n") })
+	eventually(t, 30*time.Second, "a JSON line", func() bool { return strings.Contains(out.String(), "\n") })
 	sc := bufio.NewScanner(strings.NewReader(out.String()))
 	sc.Scan()
 	var got fleetwatch.Snapshot
