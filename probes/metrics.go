@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strings"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -26,7 +25,7 @@ func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
 	}
 	set.RegisterMetricsWriter(func(w io.Writer) {
 		for _, st := range p.Statuses() {
-			l := fmt.Sprintf(`{pool=%s,backend=%s}`, quoteLabel(st.Pool), quoteLabel(st.Backend))
+			l := fmt.Sprintf(`{pool=%s,backend=%s}`, fleetwatch.QuoteLabel(st.Pool), fleetwatch.QuoteLabel(st.Backend))
 			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_score"+l, finite(st.Score))
 			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_threshold"+l, finite(st.Threshold))
 			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_cusum"+l, st.CUSUM)
@@ -49,16 +48,10 @@ func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
 // probeErrors is the counter of probe errors of one backend and kind.
 func (m *proberMetrics) probeErrors(pool, backend, kind string) *metrics.Counter {
 	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_probe_errors_total{pool=%s,backend=%s,kind=%s}`,
-		quoteLabel(pool), quoteLabel(backend), quoteLabel(kind)))
+		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(kind)))
 }
 
 // alerts is the counter of drift alerts by status.
 func (m *proberMetrics) alerts(s fleetwatch.DriftStatus) *metrics.Counter {
-	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_alerts_total{status=%s}`, quoteLabel(string(s))))
-}
-
-// quoteLabel quotes a Prometheus label value (backend ids may hold quotes
-// and backslashes; they hold no control characters).
-func quoteLabel(v string) string {
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`, "\n", `\n`).Replace(v) + `"`
+	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_alerts_total{status=%s}`, fleetwatch.QuoteLabel(string(s))))
 }

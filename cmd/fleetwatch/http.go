@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strings"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -99,7 +98,7 @@ func writeBackendGauges(w io.Writer, snaps []fleetwatch.Snapshot) {
 			for i := range snap.Backends {
 				b := &snap.Backends[i]
 				if v, ok := g.value(b); ok {
-					metrics.WriteGaugeFloat64(w, fmt.Sprintf("%s{pool=%s,backend=%s}", g.name, promLabel(snap.Pool), promLabel(b.Backend)), v)
+					metrics.WriteGaugeFloat64(w, fmt.Sprintf("%s{pool=%s,backend=%s}", g.name, fleetwatch.QuoteLabel(snap.Pool), fleetwatch.QuoteLabel(b.Backend)), v)
 				}
 			}
 		}
@@ -135,28 +134,4 @@ func driftValue(d fleetwatch.DriftStatus) float64 {
 		return 2
 	}
 	return -1
-}
-
-// promLabel quotes v as a Prometheus label value: backslash, double quote
-// and newline escaped, as the text exposition format requires.
-func promLabel(v string) string {
-	if !strings.ContainsAny(v, "\\\"\n") {
-		return `"` + v + `"`
-	}
-	var b strings.Builder
-	b.WriteByte('"')
-	for _, r := range v {
-		switch r {
-		case '\\':
-			b.WriteString(`\\`)
-		case '"':
-			b.WriteString(`\"`)
-		case '\n':
-			b.WriteString(`\n`)
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
 }

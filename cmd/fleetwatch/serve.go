@@ -350,7 +350,7 @@ func (s *daemon) evaluate(ctx context.Context, now time.Time) {
 	}
 	for _, t := range ev.Transitions {
 		s.metrics.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_breaker_transitions_total{pool=%s,backend=%s,to=%q,cause=%q}`,
-			promLabel(t.Pool), promLabel(t.Backend), string(t.To), t.Cause)).Inc()
+			fleetwatch.QuoteLabel(t.Pool), fleetwatch.QuoteLabel(t.Backend), string(t.To), t.Cause)).Inc()
 		s.logf("%s/%s %s -> %s: %s", t.Pool, t.Backend, t.From, t.To, t.Reason)
 		if s.onTransition != nil {
 			s.onTransition(t)
