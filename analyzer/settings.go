@@ -321,7 +321,8 @@ type PoolConfig struct {
 	// AllOpen is the snapshot's all_open. If empty, shed is used.
 	AllOpen fleetwatch.AllOpen
 	// AffinityTolerance is the snapshot's affinity_tolerance. If zero, 2.5
-	// (fleetwatch.DefaultAffinityTolerance) is used.
+	// (fleetwatch.DefaultAffinityTolerance) is used; otherwise it must be at
+	// least 1.
 	AffinityTolerance float64
 	// Settings override the global Settings for this pool only; zero fields
 	// inherit.
@@ -358,8 +359,8 @@ func (c *Config) validate(global Settings) error {
 	seen := make(map[string]bool, len(c.Pools))
 	for i, p := range c.Pools {
 		key := fmt.Sprintf("pools[%d]", i)
-		if p.ID == "" || len(p.ID) > fleetwatch.MaxIDLen {
-			return configErr(key+".id", fmt.Sprintf("%q", p.ID), fmt.Sprintf("must be 1 to %d bytes", fleetwatch.MaxIDLen))
+		if err := fleetwatch.ValidatePoolID(p.ID); err != nil {
+			return configErr(key+".id", fmt.Sprintf("%q", p.ID), "a pool id matches ^[-/_=.a-zA-Z0-9]{1,256}$ with no leading, trailing or double '.'")
 		}
 		if seen[p.ID] {
 			return configErr(key+".id", fmt.Sprintf("%q", p.ID), "duplicate pool id")
@@ -375,8 +376,10 @@ func (c *Config) validate(global Settings) error {
 		default:
 			return configErr(key+".all_open", string(p.AllOpen), "must be shed or spread")
 		}
-		if math.IsNaN(p.AffinityTolerance) || math.IsInf(p.AffinityTolerance, 0) || p.AffinityTolerance < 0 {
-			return configErr(key+".affinity_tolerance", fmtFloat(p.AffinityTolerance), "must be >= 0")
+		// Below 1 a sticky backend would be left while it is no slower than
+		// the pool's median, which defeats affinity; 0 means the default.
+		if t := p.AffinityTolerance; t != 0 && !(t >= 1 && !math.IsInf(t, 0)) {
+			return configErr(key+".affinity_tolerance", fmtFloat(t), "must be >= 1")
 		}
 		if err := global.Override(p.Settings).validate(key + ".analyzer"); err != nil {
 			return err
@@ -384,13 +387,16 @@ func (c *Config) validate(global Settings) error {
 		ids := make(map[string]bool, len(p.Backends))
 		for j, b := range p.Backends {
 			bkey := fmt.Sprintf("%s.backends[%d]", key, j)
-			if b.ID == "" || len(b.ID) > fleetwatch.MaxIDLen {
-				return configErr(bkey+".id", fmt.Sprintf("%q", b.ID), fmt.Sprintf("must be 1 to %d bytes", fleetwatch.MaxIDLen))
+			if err := fleetwatch.ValidateBackendID(b.ID); err != nil {
+				return configErr(bkey+".id", fmt.Sprintf("%q", b.ID), fmt.Sprintf("must be 1 to %d printable bytes", fleetwatch.MaxIDLen))
 			}
 			if ids[b.ID] {
 				return configErr(bkey+".id", fmt.Sprintf("%q", b.ID), "duplicate backend id in pool "+p.ID)
 			}
 			ids[b.ID] = true
+			if b.Priority < 0 {
+				return configErr(bkey+".priority", fmt.Sprint(b.Priority), "must be >= 0")
+			}
 			if c := b.CostPerMTok; c != nil && (math.IsNaN(*c) || math.IsInf(*c, 0) || *c < 0) {
 				return configErr(bkey+".cost_per_mtok", fmtFloat(*c), "must be >= 0")
 			}

@@ -172,6 +172,10 @@ func New(s Settings) (*Prober, error) {
 		if t.Pool == "" || t.Backend == "" || t.URL == "" {
 			return nil, fmt.Errorf("probes: targets[%d]: pool, backend and url are required", i)
 		}
+		if t.Endpoint != "" && t.Endpoint != EndpointChat && t.Endpoint != EndpointCompletions {
+			return nil, fmt.Errorf("%w: targets[%d] (%s/%s): endpoint %q: want %s or %s",
+				ErrInvalidTarget, i, t.Pool, t.Backend, t.Endpoint, EndpointChat, EndpointCompletions)
+		}
 		k := backendKey{t.Pool, t.Backend}
 		if p.backends[k] != nil {
 			return nil, fmt.Errorf("probes: targets[%d]: %s/%s listed twice", i, t.Pool, t.Backend)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/serve"
 	"io"
 	"os"
 	"runtime"
@@ -85,7 +87,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		defer srv.Shutdown()
 		url = srv.ClientURL()
 	}
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.NATS.URL = url
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.Probes.Disabled = true
@@ -102,11 +104,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// consume.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	d, err := startServer(runCtx, cfg, &nf, io.Discard, io.Discard)
+	nopts, err := nf.options()
 	if err != nil {
 		return err
 	}
-	defer func() { cancel(); d.wait() }()
+	d, err := serve.New(cfg, serve.Options{NATSOptions: nopts})
+	if err != nil {
+		return err
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- d.Run(runCtx) }()
+	defer func() { cancel(); <-runDone }()
+	subj := fleetwatch.Subjects{Prefix: cfg.Prefix}
 
 	var results []benchResult
 	best := func(name string, run func() (benchResult, error)) error {
@@ -134,16 +143,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if err := best("fleetwatch: collector + analyzer, 1 event/msg", func() (benchResult, error) {
-		return benchDaemon(d, &nf, url, single, len(single))
+		return benchDaemon(d, subj, &nf, url, single, len(single))
 	}); err != nil {
 		return err
 	}
 	if err := best(fmt.Sprintf("fleetwatch: collector + analyzer, NDJSON %d events/msg", *batch), func() (benchResult, error) {
-		return benchDaemon(d, &nf, url, ndjson, len(single))
+		return benchDaemon(d, subj, &nf, url, ndjson, len(single))
 	}); err != nil {
 		return err
 	}
-	lat, err := benchDecisionLatency(d, &nf, url, *trips)
+	lat, err := benchDecisionLatency(subj, &nf, url, *trips)
 	if err != nil {
 		return err
 	}
@@ -273,25 +282,25 @@ func benchBaseline(nf *natsFlags, url string, msgs [][]byte, capture bool) (benc
 }
 
 // benchDaemon times the daemon's collector until it has accepted events.
-func benchDaemon(d *daemon, nf *natsFlags, url string, msgs [][]byte, events int) (benchResult, error) {
+func benchDaemon(d *serve.Server, subj fleetwatch.Subjects, nf *natsFlags, url string, msgs [][]byte, events int) (benchResult, error) {
 	pub, err := nf.connectURL("bench publisher", url, nil)
 	if err != nil {
 		return benchResult{}, err
 	}
 	defer pub.Close()
-	before := d.col.Stats()
+	before := d.IngestStats()
 	start := time.Now()
-	if err := publishAll(pub, d.subj.Outcomes()+".bench", msgs); err != nil {
+	if err := publishAll(pub, subj.Outcomes()+".bench", msgs); err != nil {
 		return benchResult{}, err
 	}
 	deadline := time.Now().Add(2 * time.Minute)
-	var st = d.col.Stats()
+	var st = d.IngestStats()
 	for int(st.AcceptedTotal()-before.AcceptedTotal()) < events && time.Now().Before(deadline) {
 		if st.Dropped > before.Dropped {
 			break // the rest will never arrive
 		}
 		time.Sleep(time.Millisecond)
-		st = d.col.Stats()
+		st = d.IngestStats()
 	}
 	el := time.Since(start)
 	got := int(st.AcceptedTotal() - before.AcceptedTotal())
@@ -301,7 +310,7 @@ func benchDaemon(d *daemon, nf *natsFlags, url string, msgs [][]byte, events int
 // benchDecisionLatency trips fresh backends with five consecutive failures
 // and times each from the last failure's publish to the first snapshot on
 // fw.decisions.<pool> that shows the backend open.
-func benchDecisionLatency(d *daemon, nf *natsFlags, url string, trips int) (map[string]float64, error) {
+func benchDecisionLatency(subj fleetwatch.Subjects, nf *natsFlags, url string, trips int) (map[string]float64, error) {
 	nc, err := nf.connectURL("bench latency", url, nil)
 	if err != nil {
 		return nil, err
@@ -314,7 +323,7 @@ func benchDecisionLatency(d *daemon, nf *natsFlags, url string, trips int) (map[
 	seen := make([]atomic.Int64, trips)
 	var opened atomic.Int64
 	allOpen := make(chan struct{})
-	sub, err := nc.Subscribe(d.subj.DecisionsWildcard(), func(m *nats.Msg) {
+	sub, err := nc.Subscribe(subj.DecisionsWildcard(), func(m *nats.Msg) {
 		now := time.Now().UnixNano()
 		var s fleetwatch.Snapshot
 		if json.Unmarshal(m.Data, &s) != nil || !strings.HasPrefix(s.Pool, poolPrefix) {
@@ -338,10 +347,10 @@ func benchDecisionLatency(d *daemon, nf *natsFlags, url string, trips int) (map[
 	for i := 0; i < trips; i++ {
 		fail := fmt.Appendf(nil, `{"pool":"%s%d","backend":"trip","status":503}`, poolPrefix, i)
 		for j := 0; j < 4; j++ {
-			nc.Publish(d.subj.Outcomes(), fail)
+			nc.Publish(subj.Outcomes(), fail)
 		}
 		sent[i].Store(time.Now().UnixNano())
-		nc.Publish(d.subj.Outcomes(), fail)
+		nc.Publish(subj.Outcomes(), fail)
 		nc.Flush()
 		time.Sleep(5 * time.Millisecond) // one trip at a time, not a burst
 	}

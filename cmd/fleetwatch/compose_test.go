@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"github.com/fleetwatch/fleetwatch/internal/config"
 	"os"
 	"path/filepath"
 	"sort"
@@ -179,7 +180,7 @@ func TestComposeFile(t *testing.T) {
 	}
 
 	// The fleetwatch configuration loads with serve's own strict loader.
-	cfg, err := loadConfig(filepath.Join(root, "deploy", "fleetwatch", "fleetwatch.yaml"))
+	cfg, err := config.Load(filepath.Join(root, "deploy", "fleetwatch", "fleetwatch.yaml"))
 	if err != nil {
 		t.Errorf("deploy/fleetwatch/fleetwatch.yaml: %v", err)
 	} else if cfg.HTTP.Listen != "0.0.0.0:8080" {

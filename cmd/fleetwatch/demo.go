@@ -7,6 +7,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/serve"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -170,18 +172,25 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if *verbose {
 		logOut = stderr
 	}
-	srv, err := startServer(ctx, cfg, &f.nats, io.Discard, logOut)
+	opts, err := f.options(logOut)
+	if err != nil {
+		return err
+	}
+	opts.OnTransition = func(t analyzer.Transition) {
+		d.say("DECISION %s: %s -> %s: %s", t.Backend, t.From, t.To, t.Reason)
+	}
+	opts.OnAlert = func(a fleetwatch.DriftAlert) {
+		d.say("DRIFT %s: %s -> %s (score %.1f, threshold %.1f): %s", a.Backend, a.Previous, a.Status, a.Score, a.Threshold, a.Reason)
+	}
+	srv, err := serve.New(cfg, opts)
 	if err != nil {
 		return err
 	}
 	d.start = time.Now()
-	srv.onTransition = func(t analyzer.Transition) {
-		d.say("DECISION %s: %s -> %s: %s", t.Backend, t.From, t.To, t.Reason)
-	}
-	srv.onAlert = func(a fleetwatch.DriftAlert) {
-		d.say("DRIFT %s: %s -> %s (score %.1f, threshold %.1f): %s", a.Backend, a.Previous, a.Status, a.Score, a.Threshold, a.Reason)
-	}
-	natsURL := srv.nc.ConnectedUrl()
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Run(ctx) }()
+	natsURL := srv.NATSURL()
+	httpAddr := srv.HTTPAddr()
 
 	routeAddr, err := freeAddr()
 	if err != nil {
@@ -193,9 +202,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		routeDone <- runRoute(routeCtx, []string{"--nats", natsURL, "--config", cfgPath, "--listen", routeAddr, "--source", "demo"}, io.Discard, logOut)
 	}()
 
-	fmt.Fprintf(stdout, "  status page   http://%s/\n", srv.httpAddr)
-	fmt.Fprintf(stdout, "  metrics       http://%s/metrics\n", srv.httpAddr)
-	fmt.Fprintf(stdout, "  decisions     http://%s/api/decisions   (or: nats -s %s sub 'fw.decisions.>')\n", srv.httpAddr, natsURL)
+	fmt.Fprintf(stdout, "  status page   http://%s/\n", httpAddr)
+	fmt.Fprintf(stdout, "  metrics       http://%s/metrics\n", httpAddr)
+	fmt.Fprintf(stdout, "  decisions     http://%s/api/decisions   (or: nats -s %s sub 'fw.decisions.>')\n", httpAddr, natsURL)
 	fmt.Fprintf(stdout, "  router        http://%s/v1/chat/completions (model %q)\n", routeAddr, demoPool)
 	fmt.Fprintf(stdout, "  live table    go run ./cmd/fleetwatch watch --nats %s %s\n", natsURL, demoPool)
 	fmt.Fprintf(stdout, "Drift probes run every 10s; each backend enrols a baseline over its first 3 cycles.\n\n")
@@ -229,10 +238,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	traffic.Wait()
 	stopRoute()
 	<-routeDone
-	werr := srv.wait()
+	werr := <-srvDone
 	fmt.Fprintf(stdout, "\nDemo over after %.0fs: %d requests answered, %d failed, %d shed. Final decisions:\n",
 		time.Since(d.start).Seconds(), d.ok.Load(), d.bad.Load(), d.shed.Load())
-	for _, snap := range srv.an.Snapshots(time.Now()) {
+	for _, snap := range srv.Snapshots() {
 		for _, b := range snap.Backends {
 			fmt.Fprintf(stdout, "  %-8s %-9s weight %.2f  drift %-8s %s\n", b.Backend, b.State, b.Weight, b.Drift, b.Reason)
 		}
@@ -266,7 +275,7 @@ func (d *demoRun) report() {
 
 // demoConfig writes the demo's configuration file (route reads it too) and
 // returns it parsed.
-func demoConfig(f serveFlags, d *demoRun) (string, *Config, error) {
+func demoConfig(f serveFlags, d *demoRun) (string, *config.Config, error) {
 	backends := make([]map[string]any, 0, len(d.order))
 	for i, id := range d.order {
 		backends = append(backends, map[string]any{"id": id, "url": d.backends[id].srv.URL(), "cost_per_mtok": 0.5 + 0.1*float64(i)})
@@ -297,7 +306,10 @@ func demoConfig(f serveFlags, d *demoRun) (string, *Config, error) {
 		return "", nil, err
 	}
 	f.nats.configFile = path
-	cfg, err := f.config()
+	cfg, err := f.nats.loadConfig()
+	if err == nil {
+		err = f.apply(cfg)
+	}
 	if err != nil {
 		return "", nil, fmt.Errorf("demo config: %w", err)
 	}

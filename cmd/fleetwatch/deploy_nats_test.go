@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -71,7 +72,7 @@ func startDebianDeployNATS(t *testing.T, conf string) string {
 	if _, err := os.Stat(bin); err != nil {
 		bin = "/usr/bin/nats-server"
 	}
-	requireTool(t, bin, "nats-server")
+	testkit.RequireTool(t, bin, "nats-server")
 	addr := freeLoopbackAddr(t)
 	host, port, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(bin, "-c", conf, "-a", host, "-p", port, "-sd", t.TempDir())

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/serve"
 	"io"
 	"os"
 	"slices"
@@ -62,7 +64,7 @@ commands:
 }
 
 // driftConn connects to NATS for a drift command and opens JetStream.
-func driftConn(nf *natsFlags, name string, stderr io.Writer) (*Config, *nats.Conn, jetstream.JetStream, error) {
+func driftConn(nf *natsFlags, name string, stderr io.Writer) (*config.Config, *nats.Conn, jetstream.JetStream, error) {
 	cfg, err := nf.loadConfig()
 	if err != nil {
 		return nil, nil, nil, err
@@ -91,14 +93,14 @@ func streamErr(cmd string, subj fleetwatch.Subjects, err error) error {
 // askStatuses asks serve's probes for every backend's state; nil when no
 // serve answers.
 func askStatuses(nc *nats.Conn, subj fleetwatch.Subjects) ([]probes.BackendStatus, error) {
-	m, err := nc.Request(subj.Control(controlDriftStatus), nil, controlTimeout)
+	m, err := nc.Request(subj.Control(serve.ControlDriftStatus), nil, controlTimeout)
 	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var r controlReply
+	var r serve.ControlReply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		return nil, fmt.Errorf("drift status reply: %w", err)
 	}
@@ -134,12 +136,12 @@ func runDriftReview(ctx context.Context, args []string, stdout, stderr io.Writer
 	from := now.Add(-7 * 24 * time.Hour)
 	if *since > 0 {
 		from = now.Add(-*since)
-	} else if t, ok, err := lastReview(ctx, js, subj); err != nil {
+	} else if t, ok, err := serve.LastReview(ctx, js, subj); err != nil {
 		return streamErr("drift review", subj, err)
 	} else if ok {
 		from = t
 	}
-	alerts, _, err := readDrift(ctx, js, subj, from)
+	alerts, _, err := serve.ReadDrift(ctx, js, subj, from)
 	if err != nil {
 		return streamErr("drift review", subj, err)
 	}
@@ -179,7 +181,7 @@ func runDriftStatus(ctx context.Context, args []string, stdout, stderr io.Writer
 	if statuses == nil {
 		// no serve: the latest alert of each backend in the stream
 		source = subj.StreamDrift() + " (no running serve answered)"
-		alerts, _, err := readDrift(ctx, js, subj, time.Now().Add(-driftRetention))
+		alerts, _, err := serve.ReadDrift(ctx, js, subj, time.Now().Add(-serve.DriftRetention))
 		if err != nil {
 			return streamErr("drift status", subj, err)
 		}
@@ -261,11 +263,11 @@ func runDriftRebaseline(ctx context.Context, args []string, stdout, stderr io.Wr
 	}
 	defer nc.Close()
 	subj := fleetwatch.Subjects{Prefix: cfg.Prefix}
-	req, _ := json.Marshal(rebaselineRequest{Pool: pool, Backend: backend, By: *by})
-	m, err := nc.Request(subj.Control(controlRebaseline), req, controlTimeout)
+	req, _ := json.Marshal(serve.RebaselineRequest{Pool: pool, Backend: backend, By: *by})
+	m, err := nc.Request(subj.Control(serve.ControlRebaseline), req, controlTimeout)
 	switch {
 	case err == nil:
-		var r controlReply
+		var r serve.ControlReply
 		if err := json.Unmarshal(m.Data, &r); err != nil {
 			return fmt.Errorf("drift rebaseline reply: %w", err)
 		}
@@ -276,14 +278,14 @@ func runDriftRebaseline(ctx context.Context, args []string, stdout, stderr io.Wr
 		return nil
 	case errors.Is(err, nats.ErrNoResponders):
 		// no serve running: clear the stored baseline and record it ourselves
-		kv, err := openBaselines(ctx, js, subj)
+		kv, err := serve.OpenBaselines(ctx, js, subj)
 		if err != nil {
 			return err
 		}
-		if err := (kvBaselines{kv}).Save(ctx, pool, backend, nil); err != nil {
+		if err := (serve.KVBaselines{KV: kv}).Save(ctx, pool, backend, nil); err != nil {
 			return err
 		}
-		if _, err := ensureDriftStream(ctx, js, subj); err != nil {
+		if _, err := serve.EnsureDriftStream(ctx, js, subj); err != nil {
 			return err
 		}
 		suite, err := probes.LoadSuite(cfg.Probes.Suite)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,10 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/serve"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 func TestDriftUsage(t *testing.T) {
@@ -60,21 +66,21 @@ func TestDriftRebaselineWithoutServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	subj := fleetwatch.Subjects{}
-	kv, err := openBaselines(t.Context(), js, subj)
+	kv, err := serve.OpenBaselines(t.Context(), js, subj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (kvBaselines{kv}).Save(t.Context(), "p", "b", []byte(`{"v":1}`)); err != nil {
+	if err := (serve.KVBaselines{KV: kv}).Save(t.Context(), "p", "b", []byte(`{"v":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
 	if err := runDrift(t.Context(), []string{"rebaseline", "--nats", url, "--by", "bob", "p", "b"}, &out, &errOut); err != nil {
 		t.Fatalf("rebaseline: %v (%s)", err, errOut.String())
 	}
-	if data, err := (kvBaselines{kv}).Load(t.Context(), "p", "b"); err != nil || len(data) != 0 {
+	if data, err := (serve.KVBaselines{KV: kv}).Load(t.Context(), "p", "b"); err != nil || len(data) != 0 {
 		t.Errorf("baseline after rebaseline: %q %v, want empty", data, err)
 	}
-	alerts, _, err := readDrift(t.Context(), js, subj, time.Now().Add(-time.Hour))
+	alerts, _, err := serve.ReadDrift(t.Context(), js, subj, time.Now().Add(-time.Hour))
 	if err != nil || len(alerts) != 1 {
 		t.Fatalf("alerts %+v %v, want the re-baseline", alerts, err)
 	}
@@ -97,4 +103,69 @@ func TestDriftReviewWithoutStream(t *testing.T) {
 	if !errors.Is(err, jetstream.ErrStreamNotFound) {
 		t.Errorf("review without FW_DRIFT: %v, want ErrStreamNotFound", err)
 	}
+}
+
+// TestDriftCLIAgainstServe runs `drift status`, `drift rebaseline` and
+// `drift review` against a daemon running in process whose probes enrol a
+// fake backend.
+func TestDriftCLIAgainstServe(t *testing.T) {
+	fake := httptest.NewServer(fakeai.New(fakeai.Settings{Name: "vllm-a"}))
+	t.Cleanup(fake.Close)
+	cfg := config.Default()
+	cfg.NATS.Listen = "127.0.0.1:-1"
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	cfg.Data = t.TempDir()
+	cfg.Pools = []config.PoolConfig{{ID: "llama", Backends: []config.BackendConfig{{ID: "vllm-a", URL: fake.URL}}}}
+	cfg.Probes.Schedule = "@every 1s"
+	cfg.Probes.Enrol = 1
+	cfg.Probes.EnrolMin = &config.Duration{}
+	srv, err := serve.New(cfg, serve.Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	url := srv.NATSURL()
+
+	var out, errOut bytes.Buffer
+	testkit.Eventually(t, 30*time.Second, "drift status showing vllm-a ok from serve", func() bool {
+		out.Reset()
+		err := runDrift(t.Context(), []string{"status", "--nats", url}, &out, &errOut)
+		return err == nil && strings.Contains(out.String(), "from serve") && regexpLine(out.String(), "llama", "vllm-a", "ok")
+	})
+	out.Reset()
+	if err := runDrift(t.Context(), []string{"rebaseline", "llama", "vllm-a", "--nats", url, "--by", "alice"}, &out, &errOut); err != nil {
+		t.Fatalf("drift rebaseline: %v (%s)", err, errOut.String())
+	}
+	testkit.Eventually(t, 10*time.Second, "the re-baseline in the review", func() bool {
+		out.Reset()
+		err := runDrift(t.Context(), []string{"review", "--nats", url, "--since", "1h"}, &out, &errOut)
+		return err == nil && strings.Contains(out.String(), "vllm-a") && strings.Contains(out.String(), "alice")
+	})
+}
+
+// regexpLine reports whether one line of s holds every word, in order.
+func regexpLine(s string, words ...string) bool {
+	for _, line := range strings.Split(s, "\n") {
+		rest, ok := line, true
+		for _, w := range words {
+			i := strings.Index(rest, w)
+			if i < 0 {
+				ok = false
+				break
+			}
+			rest = rest[i+len(w):]
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
 }

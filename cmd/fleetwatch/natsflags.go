@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/config"
 )
 
 // natsFlags are the flags common to every subcommand that talks to NATS.
@@ -38,8 +39,8 @@ func (f *natsFlags) register(fs *flag.FlagSet) {
 }
 
 // loadConfig loads the --config file and applies the flags that override it.
-func (f *natsFlags) loadConfig() (*Config, error) {
-	cfg, err := loadConfig(f.configFile)
+func (f *natsFlags) loadConfig() (*config.Config, error) {
+	cfg, err := config.Load(f.configFile)
 	if err != nil {
 		return nil, err
 	}
@@ -55,36 +56,10 @@ func (f *natsFlags) loadConfig() (*Config, error) {
 	return cfg, nil
 }
 
-// subjects returns the subject names for the effective prefix.
-func (f *natsFlags) subjects() fleetwatch.Subjects {
-	if f.prefix != "" {
-		return fleetwatch.Subjects{Prefix: f.prefix}
-	}
-	return fleetwatch.Subjects{}
-}
-
-// options returns the nats.go options for the flags: authentication, TLS,
-// and reconnecting forever (a dead connection is retried; routers keep
-// serving on the last decisions meanwhile).
-func (f *natsFlags) options(name string, logf func(string, ...any)) ([]nats.Option, error) {
-	opts := []nats.Option{
-		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
-		nats.ReconnectJitter(100*time.Millisecond, time.Second),
-		nats.RetryOnFailedConnect(true),
-		nats.PingInterval(10 * time.Second),
-	}
-	if logf != nil {
-		opts = append(opts,
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-				if err != nil {
-					logf("nats: disconnected: %v", err)
-				}
-			}),
-			nats.ReconnectHandler(func(nc *nats.Conn) { logf("nats: reconnected to %s", nc.ConnectedUrlRedacted()) }),
-		)
-	}
+// options returns the nats.go options for the flags' authentication and
+// TLS.
+func (f *natsFlags) options() ([]nats.Option, error) {
+	var opts []nats.Option
 	if f.creds != "" {
 		opts = append(opts, nats.UserCredentials(f.creds))
 	}
@@ -103,18 +78,43 @@ func (f *natsFlags) options(name string, logf func(string, ...any)) ([]nats.Opti
 	return opts, nil
 }
 
-// connect dials f.url (or url when non-empty) with the flags' options. With
-// RetryOnFailedConnect it returns at once even when the server is not up
-// yet; nats.go keeps trying in the background.
-func (f *natsFlags) connect(name string) (*nats.Conn, error) {
-	return f.connectURL(name, f.url, nil)
+// clientOptions are options plus reconnecting forever (a dead connection
+// is retried; routers keep serving on the last decisions meanwhile).
+func (f *natsFlags) clientOptions(name string, logf func(string, ...any)) ([]nats.Option, error) {
+	opts := []nats.Option{
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(true),
+		nats.PingInterval(10 * time.Second),
+	}
+	if logf != nil {
+		opts = append(opts,
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+				if err != nil {
+					logf("nats: disconnected: %v", err)
+				}
+			}),
+			nats.ReconnectHandler(func(nc *nats.Conn) { logf("nats: reconnected to %s", nc.ConnectedUrlRedacted()) }),
+		)
+	}
+	auth, err := f.options()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, auth...)
+	return opts, nil
 }
 
+// connectURL dials url (nats.DefaultURL when empty) with the flags'
+// options. With RetryOnFailedConnect it returns at once even when the
+// server is not up yet; nats.go keeps trying in the background.
 func (f *natsFlags) connectURL(name, url string, logf func(string, ...any)) (*nats.Conn, error) {
 	if url == "" {
 		url = nats.DefaultURL
 	}
-	opts, err := f.options(name, logf)
+	opts, err := f.clientOptions(name, logf)
 	if err != nil {
 		return nil, err
 	}

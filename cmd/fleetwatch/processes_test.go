@@ -1,21 +1,13 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
-	"time"
-
-	"github.com/nats-io/nats.go"
-
-	"github.com/fleetwatch/fleetwatch"
 )
 
 // freeLoopbackAddr returns a loopback address with a port that was free a
@@ -66,73 +58,6 @@ func startServeProcessEnv(t *testing.T, config string, env []string, extraArgs .
 		}
 	}
 	return sp
-}
-
-// outcomeTraffic publishes outcome events to a serve process the way a
-// proxy does: every tick, okPerTick ok events per healthy backend and as
-// many errors per failing backend, plus one malformed message.
-type outcomeTraffic struct {
-	pool     string
-	backends []string
-
-	mu      sync.Mutex // guards failing
-	failing map[string]bool
-}
-
-func (o *outcomeTraffic) setFailing(backend string, fail bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.failing[backend] = fail
-}
-
-func (o *outcomeTraffic) isFailing(backend string) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.failing[backend]
-}
-
-// start publishes until t's cleanup; the goroutine exits on the cancel.
-func (o *outcomeTraffic) start(t *testing.T, natsURL string) {
-	t.Helper()
-	nc, err := nats.Connect(natsURL, nats.Name("test-proxy"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	stopped := make(chan struct{})
-	t.Cleanup(func() {
-		cancel()
-		<-stopped
-		nc.Close()
-	})
-	const okPerTick = 10
-	go func() {
-		defer close(stopped)
-		tick := time.NewTicker(100 * time.Millisecond)
-		defer tick.Stop()
-		subject := fleetwatch.Subjects{}.Outcomes() + ".test-proxy"
-		for n := 0; ; n++ {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			ts := fleetwatch.FormatTime(time.Now())
-			var batch bytes.Buffer
-			for i, b := range o.backends {
-				for k := range okPerTick {
-					if o.isFailing(b) {
-						fmt.Fprintf(&batch, `{"v":1,"pool":%q,"backend":%q,"ts":%q,"status":500,"outcome":"error","duration_ms":5}`+"\n", o.pool, b, ts)
-						continue
-					}
-					ttft := 120 + 40*i + (n+k)%30
-					fmt.Fprintf(&batch, `{"v":1,"pool":%q,"backend":%q,"ts":%q,"status":200,"outcome":"ok","ttft_ms":%d,"duration_ms":%d}`+"\n", o.pool, b, ts, ttft, ttft*5)
-				}
-			}
-			_ = nc.Publish(subject, batch.Bytes())
-			_ = nc.Publish(subject, []byte(`{"v":1,"pool":`)) // a reject
-		}
-	}()
 }
 
 var routeListenLine = regexp.MustCompile(`route: listening on (http://\S+)`)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/config"
 	"net/url"
 	"os"
 	"slices"
@@ -20,7 +21,7 @@ type routePool struct {
 	models   []string
 	backends map[string]*routeBackend
 	order    []string // configured backend ids, sorted
-	cfg      PoolConfig
+	cfg      config.PoolConfig
 	picker   *p2c.Picker
 	applied  atomic.Pointer[fleetwatch.Snapshot] // the last snapshot given to picker
 }
@@ -54,7 +55,7 @@ func (b *routeBackend) markUsed(now time.Time, idleGap time.Duration) bool {
 
 // newRoutePools builds the pools of cfg. Every pool needs at least one
 // backend with a URL.
-func newRoutePools(cfg *Config, ps p2c.Settings) (map[string]*routePool, error) {
+func newRoutePools(cfg *config.Config, ps p2c.Settings) (map[string]*routePool, error) {
 	pools := make(map[string]*routePool, len(cfg.Pools))
 	for i, pc := range cfg.Pools {
 		p := &routePool{id: pc.ID, cfg: pc, backends: map[string]*routeBackend{}, picker: p2c.New(ps)}

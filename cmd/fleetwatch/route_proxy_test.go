@@ -1,6 +1,7 @@
 package main
 
 import (
+	"github.com/fleetwatch/fleetwatch/internal/config"
 	"net/http"
 	"testing"
 	"time"
@@ -77,7 +78,7 @@ func TestBackendTarget(t *testing.T) {
 		{"https://api.example.com/openai/v1/", "/v1/embeddings", "https://api.example.com/openai/v1/embeddings"},
 	}
 	for _, tc := range tests {
-		pools, err := newRoutePools(&Config{Pools: []PoolConfig{{ID: "p", Backends: []BackendConfig{{ID: "b", URL: tc.base}}}}}, p2c.Settings{})
+		pools, err := newRoutePools(&config.Config{Pools: []config.PoolConfig{{ID: "p", Backends: []config.BackendConfig{{ID: "b", URL: tc.base}}}}}, p2c.Settings{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -33,7 +34,7 @@ type victoriaMetrics struct {
 // stops in t.Cleanup.
 func startVictoriaMetrics(t *testing.T, jobs map[string]string) *victoriaMetrics {
 	t.Helper()
-	bin := requireTool(t, victoriaMetricsBin, "victoria-metrics")
+	bin := testkit.RequireTool(t, victoriaMetricsBin, "victoria-metrics")
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "scrape.yaml")
 	var config strings.Builder
@@ -295,11 +296,11 @@ probes:
 // with a backend failing on and off, and checks docs/METRICS.md against the
 // /metrics it exposes.
 func TestDashboardsAgainstServe(t *testing.T) {
-	requireTool(t, victoriaMetricsBin, "victoria-metrics")
+	testkit.RequireTool(t, victoriaMetricsBin, "victoria-metrics")
 	config := serveTestConfig(t)
 	p := startServeProcess(t, config)
-	traffic := &outcomeTraffic{pool: "llama-3.1-70b", backends: []string{"vllm-a", "vllm-b", "vllm-c"}, failing: map[string]bool{}}
-	traffic.start(t, p.natsURL)
+	traffic := &testkit.OutcomeTraffic{Pool: "llama-3.1-70b", Backends: []string{"vllm-a", "vllm-b", "vllm-c"}}
+	traffic.Start(t, p.natsURL)
 	ctx, cancel := context.WithCancel(context.Background())
 	flipped := make(chan struct{})
 	go func() { // toggles vllm-b's failures; exits on cancel
@@ -307,7 +308,7 @@ func TestDashboardsAgainstServe(t *testing.T) {
 		tick := time.NewTicker(1500 * time.Millisecond)
 		defer tick.Stop()
 		for fail := true; ; fail = !fail {
-			traffic.setFailing("vllm-b", fail)
+			traffic.SetFailing("vllm-b", fail)
 			select {
 			case <-ctx.Done():
 				return

@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"context"
@@ -19,35 +19,10 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 const chromiumBin = "/usr/bin/chromium"
-
-// requireTool returns path, or skips the test when the tool is absent outside
-// CI. In CI (CI set) a missing tool is a failure: .ci/run installs it.
-func requireTool(t *testing.T, path, pkg string) string {
-	t.Helper()
-	if _, err := os.Stat(path); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%s not found (%v): CI must install the Debian package %s", path, err, pkg)
-		}
-		t.Skipf("%s not found: install the Debian package %s to run this test (it is required when CI is set)", path, pkg)
-	}
-	return path
-}
-
-// artifactDir is where tests leave files for people to look at:
-// $FLEETWATCH_ARTIFACTS, or a temporary directory of the test.
-func artifactDir(t *testing.T) string {
-	t.Helper()
-	if dir := os.Getenv("FLEETWATCH_ARTIFACTS"); dir != "" {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		return dir
-	}
-	return t.TempDir()
-}
 
 // pageProblems collects what a page must never produce: console errors,
 // uncaught exceptions, error log entries (failed loads, CSP violations) and
@@ -99,7 +74,7 @@ func (p *pageProblems) listen(ev any) {
 // tab context whose problems are collected. The browser stops in t.Cleanup.
 func newBrowser(t *testing.T) (context.Context, *pageProblems) {
 	t.Helper()
-	bin := requireTool(t, chromiumBin, "chromium")
+	bin := testkit.RequireTool(t, chromiumBin, "chromium")
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(bin),
 		chromedp.Headless,
@@ -165,7 +140,7 @@ func saveScreenshot(t *testing.T, ctx context.Context, name string) {
 	if err != nil {
 		t.Fatalf("screenshot: %v", err)
 	}
-	path := filepath.Join(artifactDir(t), name)
+	path := filepath.Join(testkit.ArtifactDir(t), name)
 	if err := os.WriteFile(path, png, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -327,9 +302,9 @@ func TestStatusPageInBrowser(t *testing.T) {
 // when its events turn to errors.
 func TestStatusPageWithServe(t *testing.T) {
 	ctx, problems := newBrowser(t)
-	p := startServeProcess(t, "prefix: fw\n", "--no-probes")
-	traffic := &outcomeTraffic{pool: "llama-3.1-70b", backends: []string{"vllm-a", "vllm-b", "vllm-c", xssBackend}, failing: map[string]bool{}}
-	traffic.start(t, p.natsURL)
+	p := startServer(t, "prefix: fw\nprobes: {disabled: true}\n", Options{})
+	traffic := &testkit.OutcomeTraffic{Pool: "llama-3.1-70b", Backends: []string{"vllm-a", "vllm-b", "vllm-c", xssBackend}}
+	traffic.Start(t, p.NATSURL())
 
 	navCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
@@ -345,7 +320,7 @@ func TestStatusPageWithServe(t *testing.T) {
 		t.Errorf("backend ids shown %q, want %q", got, want)
 	}
 
-	traffic.setFailing("vllm-b", true)
+	traffic.SetFailing("vllm-b", true)
 	waitFor(t, ctx, "vllm-b open", `(() => { const r = document.querySelector("tr[data-backend='vllm-b']"); return r && r.dataset.state === "open"; })()`, 15*time.Second)
 	reason := evalIn[string](t, ctx, `document.querySelector("tr[data-backend='vllm-b'] td.reason").textContent`)
 	if strings.TrimSpace(reason) == "" {

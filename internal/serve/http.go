@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"encoding/json"
@@ -13,7 +13,7 @@ import (
 
 // routes is serve's HTTP API: /metrics (Prometheus text), /healthz,
 // /api/decisions (every pool's current snapshot) and the status page.
-func (s *daemon) routes() http.Handler {
+func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -56,7 +56,7 @@ func (s *daemon) routes() http.Handler {
 
 // registerAnalyzerMetrics writes the per-backend series at scrape time from
 // the current snapshots, so removed backends leave no stale series.
-func (s *daemon) registerAnalyzerMetrics() {
+func (s *Server) registerAnalyzerMetrics() {
 	s.metrics.RegisterMetricsWriter(func(w io.Writer) {
 		snaps := s.Snapshots()
 		backends := 0
@@ -66,6 +66,7 @@ func (s *daemon) registerAnalyzerMetrics() {
 		metrics.WriteGaugeUint64(w, "fleetwatch_pools", uint64(len(snaps)))
 		metrics.WriteGaugeUint64(w, "fleetwatch_backends", uint64(backends))
 		writeBackendGauges(w, snaps)
+		s.writeTransitions(w, snaps)
 		st := s.an.Stats()
 		for cause, n := range st.HeldByGate {
 			metrics.WriteCounterUint64(w, fmt.Sprintf(`fleetwatch_analyzer_held_total{by="gate",cause=%q}`, cause), uint64(n))
@@ -134,4 +135,31 @@ func driftValue(d fleetwatch.DriftStatus) float64 {
 		return 2
 	}
 	return -1
+}
+
+// writeTransitions writes the transition counters of the backends in snaps
+// and forgets those of backends no longer in any snapshot.
+func (s *Server) writeTransitions(w io.Writer, snaps []fleetwatch.Snapshot) {
+	present := map[[2]string]bool{}
+	for _, snap := range snaps {
+		for _, b := range snap.Backends {
+			present[[2]string{snap.Pool, b.Backend}] = true
+		}
+	}
+	s.mu.Lock()
+	keys := make([]transitionKey, 0, len(s.transitions))
+	counts := make([]uint64, 0, len(s.transitions))
+	for k, n := range s.transitions {
+		if !present[[2]string{k.pool, k.backend}] {
+			delete(s.transitions, k)
+			continue
+		}
+		keys = append(keys, k)
+		counts = append(counts, n)
+	}
+	s.mu.Unlock()
+	for i, k := range keys {
+		metrics.WriteCounterUint64(w, fmt.Sprintf(`fleetwatch_breaker_transitions_total{pool=%s,backend=%s,to=%s,cause=%s}`,
+			fleetwatch.QuoteLabel(k.pool), fleetwatch.QuoteLabel(k.backend), fleetwatch.QuoteLabel(string(k.to)), fleetwatch.QuoteLabel(k.cause)), counts[i])
+	}
 }

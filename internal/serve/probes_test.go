@@ -1,9 +1,11 @@
-package main
+package serve
 
 import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -50,20 +52,20 @@ func TestStartProbesEndToEnd(t *testing.T) {
 	ref := toylm.New(toylm.Config{})
 	q4, _ := ref.Quantized(toylm.KLQ4)
 	switches := map[string]*toylm.Switch{}
-	cfg := DefaultConfig()
+	cfg := config.Default()
 	cfg.Data = t.TempDir()
-	pool := PoolConfig{ID: "llama", Models: []string{"llama-3.1-70b"}}
+	pool := config.PoolConfig{ID: "llama", Models: []string{"llama-3.1-70b"}}
 	for i, id := range []string{"vllm-a", "vllm-b", "vllm-c"} {
 		o := toylm.Options{Sigma: 0.03, NoiseSeed: uint64(i + 1), Fingerprint: "fp_1"}
 		switches[id] = toylm.NewSwitch(ref.With(o))
 		hs := httptest.NewServer(fakeai.New(fakeai.Settings{Completer: switches[id], Behavior: fakeai.Behavior{Model: "llama-3.1-70b"}}))
 		t.Cleanup(hs.Close)
-		pool.Backends = append(pool.Backends, BackendConfig{ID: id, URL: hs.URL + "/v1"})
+		pool.Backends = append(pool.Backends, config.BackendConfig{ID: id, URL: hs.URL + "/v1"})
 	}
-	cfg.Pools = []PoolConfig{pool}
+	cfg.Pools = []config.PoolConfig{pool}
 	cfg.Probes.Schedule = "@every 1s"
 	cfg.Probes.Enrol = 3
-	cfg.Probes.EnrolMin = dur(0)
+	cfg.Probes.EnrolMin = &config.Duration{}
 	cfg.Review.Schedule = "@every 1s"
 	var logs bytes.Buffer
 	var logMu sync.Mutex
@@ -100,12 +102,12 @@ func TestStartProbesEndToEnd(t *testing.T) {
 		}
 	}()
 	for _, id := range []string{"vllm-a", "vllm-b", "vllm-c"} {
-		eventually(t, 20*time.Second, id+" enrolled", func() bool { return statuses.get("llama/"+id) == fleetwatch.DriftOK })
+		testkit.Eventually(t, 20*time.Second, id+" enrolled", func() bool { return statuses.get("llama/"+id) == fleetwatch.DriftOK })
 	}
 	// vllm-c is redeployed with a q4-like quantization
 	switches["vllm-c"].Set(q4.With(toylm.Options{Sigma: 0.03, NoiseSeed: 3, Fingerprint: "fp_2"}))
 	var got fleetwatch.DriftAlert
-	eventually(t, 20*time.Second, "a drift alert for vllm-c", func() bool {
+	testkit.Eventually(t, 20*time.Second, "a drift alert for vllm-c", func() bool {
 		select {
 		case a := <-alerts:
 			if a.Backend == "vllm-c" && a.Status == fleetwatch.DriftDrifted {
@@ -124,7 +126,7 @@ func TestStartProbesEndToEnd(t *testing.T) {
 		t.Errorf("setDrift(vllm-c) = %s, want drifted", s)
 	}
 	reviewDir := filepath.Join(cfg.Data, "reviews")
-	eventually(t, 20*time.Second, "a review naming vllm-c", func() bool {
+	testkit.Eventually(t, 20*time.Second, "a review naming vllm-c", func() bool {
 		files, _ := filepath.Glob(filepath.Join(reviewDir, "*.md"))
 		for _, f := range files {
 			b, _ := os.ReadFile(f)
@@ -135,20 +137,11 @@ func TestStartProbesEndToEnd(t *testing.T) {
 		return false
 	})
 
-	// the CLI: status answered by the running probes, review from FW_DRIFT
-	var out, errOut bytes.Buffer
-	if err := runDrift(t.Context(), []string{"status", "--nats", url}, &out, &errOut); err != nil {
-		t.Fatalf("drift status: %v (%s)", err, errOut.String())
-	}
-	if !strings.Contains(out.String(), "from serve") || !regexpLine(out.String(), "llama", "vllm-c", "drifted") {
-		t.Errorf("drift status output:\n%s", out.String())
-	}
-	out.Reset()
-	if err := runDrift(t.Context(), []string{"review", "--nats", url, "--since", "1h"}, &out, &errOut); err != nil {
-		t.Fatalf("drift review: %v (%s)", err, errOut.String())
-	}
-	if !strings.Contains(out.String(), "| vllm-c | drifted |") || !strings.Contains(out.String(), "ok -> **drifted**") {
-		t.Errorf("drift review output:\n%s", out.String())
+	// status is answered by the running probes, on the control subject
+	for _, st := range askStatusesT(t, nc) {
+		if st.Backend == "vllm-c" && st.Status != fleetwatch.DriftDrifted {
+			t.Errorf("drift-status reply for vllm-c: %s, want drifted", st.Status)
+		}
 	}
 
 	// restart: baselines come back from KV, no new enrolment
@@ -170,7 +163,7 @@ func TestStartProbesEndToEnd(t *testing.T) {
 	}
 	// the stored baselines are loaded at start: vllm-a is ok before its
 	// first cycle (an enrolling backend would be unknown)
-	eventually(t, 10*time.Second, "vllm-a ok after restart", func() bool { return statuses2.get("llama/vllm-a") == fleetwatch.DriftOK })
+	testkit.Eventually(t, 10*time.Second, "vllm-a ok after restart", func() bool { return statuses2.get("llama/vllm-a") == fleetwatch.DriftOK })
 	for _, s := range askStatusesT(t, nc) {
 		if s.Backend == "vllm-a" && (s.Enrolling || !s.BaselineCreated.Before(restartAt)) {
 			t.Errorf("vllm-a after a restart: enrolling %v, baseline created %v (restart at %v): the stored baseline was not used",
@@ -179,13 +172,18 @@ func TestStartProbesEndToEnd(t *testing.T) {
 	}
 
 	// an operator re-baselines vllm-c: recorded in FW_DRIFT
-	out.Reset()
-	if err := runDrift(t.Context(), []string{"rebaseline", "llama", "vllm-c", "--nats", url, "--by", "alice"}, &out, &errOut); err != nil {
-		t.Fatalf("drift rebaseline: %v (%s)", err, errOut.String())
+	req, _ := json.Marshal(RebaselineRequest{Pool: "llama", Backend: "vllm-c", By: "alice"})
+	msg, err := nc.Request(fleetwatch.Subjects{}.Control(ControlRebaseline), req, 10*time.Second)
+	if err != nil {
+		t.Fatalf("rebaseline request: %v", err)
+	}
+	var reply ControlReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil || !reply.OK {
+		t.Fatalf("rebaseline reply %s (%v)", msg.Data, err)
 	}
 	var recorded bool
-	eventually(t, 10*time.Second, "the re-baseline in FW_DRIFT", func() bool {
-		as, _, err := readDrift(t.Context(), js, fleetwatch.Subjects{}, time.Now().Add(-time.Hour))
+	testkit.Eventually(t, 10*time.Second, "the re-baseline in FW_DRIFT", func() bool {
+		as, _, err := ReadDrift(t.Context(), js, fleetwatch.Subjects{}, time.Now().Add(-time.Hour))
 		if err != nil {
 			return false
 		}
@@ -200,42 +198,15 @@ func TestStartProbesEndToEnd(t *testing.T) {
 
 func askStatusesT(t *testing.T, nc *nats.Conn) []probes.BackendStatus {
 	t.Helper()
-	s, err := askStatuses(nc, fleetwatch.Subjects{})
-	if err != nil || s == nil {
-		t.Fatalf("drift-status request: %v %v", s, err)
+	msg, err := nc.Request(fleetwatch.Subjects{}.Control(ControlDriftStatus), nil, 10*time.Second)
+	if err != nil {
+		t.Fatalf("drift-status request: %v", err)
 	}
-	return s
-}
-
-// regexpLine reports whether one line of s holds every word, in order.
-func regexpLine(s string, words ...string) bool {
-	for _, line := range strings.Split(s, "\n") {
-		rest, ok := line, true
-		for _, w := range words {
-			i := strings.Index(rest, w)
-			if i < 0 {
-				ok = false
-				break
-			}
-			rest = rest[i+len(w):]
-		}
-		if ok {
-			return true
-		}
+	var reply ControlReply
+	if err := json.Unmarshal(msg.Data, &reply); err != nil || !reply.OK || reply.Statuses == nil {
+		t.Fatalf("drift-status reply %s (%v)", msg.Data, err)
 	}
-	return false
-}
-
-func TestProbeTargetsFromConfig(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Pools = []PoolConfig{{ID: "p", Models: []string{"m"}, Backends: []BackendConfig{
-		{ID: "a", URL: "http://a", APIKeyEnv: "KEY_A"},
-		{ID: "no-url"},
-	}}}
-	got := probeTargets(cfg, func(k string) string { return map[string]string{"KEY_A": "secret"}[k] })
-	if len(got) != 1 || got[0].APIKey != "secret" || got[0].URL != "http://a" || got[0].PreferModels[0] != "m" {
-		t.Errorf("targets %+v", got)
-	}
+	return reply.Statuses
 }
 
 func TestBaselineKeysAreValidAndDistinct(t *testing.T) {

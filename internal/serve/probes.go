@@ -1,4 +1,4 @@
-package main
+package serve
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -16,21 +15,22 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
 // Control verbs the probes of serve answer (on Subjects.Control(verb)).
 const (
-	controlRebaseline  = "rebaseline"
-	controlDriftStatus = "drift-status"
+	ControlRebaseline  = "rebaseline"
+	ControlDriftStatus = "drift-status"
 )
 
-// driftRetention is how long FW_DRIFT keeps alerts and digests.
-const driftRetention = 30 * 24 * time.Hour
+// DriftRetention is how long FW_DRIFT keeps alerts and digests.
+const DriftRetention = 30 * 24 * time.Hour
 
 // probeDeps is what startProbes needs from serve.
 type probeDeps struct {
-	cfg      *Config
+	cfg      *config.Config
 	nc       *nats.Conn
 	js       jetstream.JetStream // nil without JetStream
 	prefix   string
@@ -45,51 +45,33 @@ type probeDeps struct {
 	now func() time.Time
 }
 
-// rebaselineRequest is the payload of a re-baseline request.
-type rebaselineRequest struct {
+// RebaselineRequest is the payload of a re-baseline request.
+type RebaselineRequest struct {
 	Pool    string `json:"pool"`
 	Backend string `json:"backend"`
 	By      string `json:"by"`
 }
 
-// controlReply answers a control request.
-type controlReply struct {
+// ControlReply answers a control request.
+type ControlReply struct {
 	OK       bool                   `json:"ok"`
 	Error    string                 `json:"error,omitempty"`
 	Alert    *fleetwatch.DriftAlert `json:"alert,omitempty"`
 	Statuses []probes.BackendStatus `json:"statuses,omitempty"`
 }
 
-// probeTargets builds one target per configured backend with a URL.
-func probeTargets(cfg *Config, getenv func(string) string) []probes.Target {
-	var out []probes.Target
-	for _, p := range cfg.Pools {
-		for _, b := range p.Backends {
-			if b.URL == "" {
-				continue
-			}
-			t := probes.Target{Pool: p.ID, Backend: b.ID, URL: b.URL, PreferModels: p.Models}
-			if b.APIKeyEnv != "" {
-				t.APIKey = getenv(b.APIKeyEnv)
-			}
-			out = append(out, t)
-		}
-	}
-	return out
-}
-
-// kvBaselines stores baselines in the JetStream KV bucket fw_probe_baselines
+// KVBaselines stores baselines in the JetStream KV bucket fw_probe_baselines
 // under "<pool>.<base64url(backend)>": pool ids are valid keys, backend ids
 // may hold any printable character, and base64url has no '.', so the key is
 // unique.
-type kvBaselines struct{ kv jetstream.KeyValue }
+type KVBaselines struct{ KV jetstream.KeyValue }
 
 func baselineKey(pool, backend string) string {
 	return pool + "." + base64.RawURLEncoding.EncodeToString([]byte(backend))
 }
 
-func (s kvBaselines) Load(ctx context.Context, pool, backend string) ([]byte, error) {
-	e, err := s.kv.Get(ctx, baselineKey(pool, backend))
+func (s KVBaselines) Load(ctx context.Context, pool, backend string) ([]byte, error) {
+	e, err := s.KV.Get(ctx, baselineKey(pool, backend))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, probes.ErrNoBaseline
 	}
@@ -99,14 +81,14 @@ func (s kvBaselines) Load(ctx context.Context, pool, backend string) ([]byte, er
 	return e.Value(), nil
 }
 
-func (s kvBaselines) Save(ctx context.Context, pool, backend string, data []byte) error {
-	_, err := s.kv.Put(ctx, baselineKey(pool, backend), data)
+func (s KVBaselines) Save(ctx context.Context, pool, backend string, data []byte) error {
+	_, err := s.KV.Put(ctx, baselineKey(pool, backend), data)
 	return err
 }
 
-// openBaselines creates or opens the baselines bucket (5 revisions kept per
+// OpenBaselines creates or opens the baselines bucket (5 revisions kept per
 // key, so a re-baseline leaves the previous baseline for audit).
-func openBaselines(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (jetstream.KeyValue, error) {
+func OpenBaselines(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (jetstream.KeyValue, error) {
 	return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      subj.BucketBaselines(),
 		Description: "fleetwatch drift probe baselines",
@@ -115,13 +97,13 @@ func openBaselines(ctx context.Context, js jetstream.JetStream, subj fleetwatch.
 	})
 }
 
-// ensureDriftStream creates or updates FW_DRIFT capturing fw.drift.>.
-func ensureDriftStream(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (jetstream.Stream, error) {
+// EnsureDriftStream creates or updates FW_DRIFT capturing fw.drift.>.
+func EnsureDriftStream(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (jetstream.Stream, error) {
 	return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        subj.StreamDrift(),
 		Description: "fleetwatch drift alerts and review digests",
 		Subjects:    []string{subj.DriftWildcard()},
-		MaxAge:      driftRetention,
+		MaxAge:      DriftRetention,
 		Storage:     jetstream.FileStorage,
 	})
 }
@@ -205,72 +187,53 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 	var store probes.BaselineStore
 	var stream jetstream.Stream
 	if d.js != nil {
-		kv, err := openBaselines(ctx, d.js, subj)
+		kv, err := OpenBaselines(ctx, d.js, subj)
 		if err != nil {
 			return nil, fmt.Errorf("baselines bucket: %w", err)
 		}
-		store = kvBaselines{kv}
-		if stream, err = ensureDriftStream(ctx, d.js, subj); err != nil {
+		store = KVBaselines{kv}
+		if stream, err = EnsureDriftStream(ctx, d.js, subj); err != nil {
 			return nil, fmt.Errorf("drift stream: %w", err)
 		}
 	} else {
 		d.logf("drift: no JetStream: baselines live in memory and alerts are not kept for review")
 	}
-	ps := probes.Settings{
-		Targets:  probeTargets(cfg, d.getenv),
-		Suite:    suite,
-		Store:    store,
-		Sink:     sink,
-		Schedule: cfg.Probes.Schedule,
-		Enrol:    cfg.Probes.Enrol,
-		Metrics:  d.metrics,
-		Now:      d.now,
-		Logf:     d.logf,
-	}
-	if cfg.Probes.Timeout != nil {
-		ps.Timeout = cfg.Probes.Timeout.Duration
-	}
-	if cfg.Probes.EnrolMin != nil {
-		ps.EnrolMin = cfg.Probes.EnrolMin.Duration
-		if ps.EnrolMin == 0 {
-			ps.EnrolMin = -1 // configured 0: no minimum span
-		}
-	}
+	ps := cfg.ProbeSettings(d.getenv)
+	ps.Suite = suite
+	ps.Store = store
+	ps.Sink = sink
+	ps.Metrics = d.metrics
+	ps.Now = d.now
+	ps.Logf = d.logf
 	prober, err := probes.New(ps)
 	if err != nil {
 		return nil, err
 	}
-	reviewDir := cfg.Review.Dir
-	if reviewDir == "" {
-		reviewDir = filepath.Join(cfg.Data, "reviews")
+	rs := cfg.ReviewSettings()
+	reviewDir := rs.Dir
+	rs.Statuses = prober.Statuses
+	rs.Now = d.now
+	rs.Logf = d.logf
+	rs.Alerts = func(ctx context.Context, since time.Time) ([]fleetwatch.DriftAlert, error) {
+		if stream == nil {
+			return sink.alertsSince(since), nil
+		}
+		alerts, _, err := ReadDrift(ctx, d.js, subj, since)
+		return alerts, err
 	}
-	rs := probes.ReviewSettings{
-		Schedule: cfg.Review.Schedule,
-		Dir:      reviewDir,
-		Statuses: prober.Statuses,
-		Now:      d.now,
-		Logf:     d.logf,
-		Alerts: func(ctx context.Context, since time.Time) ([]fleetwatch.DriftAlert, error) {
-			if stream == nil {
-				return sink.alertsSince(since), nil
-			}
-			alerts, _, err := readDrift(ctx, d.js, subj, since)
-			return alerts, err
-		},
-		Publish: func(ctx context.Context, r fleetwatch.DriftReview) error {
-			data, err := json.Marshal(r)
-			if err != nil {
-				return err
-			}
-			if d.js != nil {
-				_, err = d.js.Publish(ctx, subj.DriftReview(), data)
-				return err
-			}
-			return d.nc.Publish(subj.DriftReview(), data)
-		},
+	rs.Publish = func(ctx context.Context, r fleetwatch.DriftReview) error {
+		data, err := json.Marshal(r)
+		if err != nil {
+			return err
+		}
+		if d.js != nil {
+			_, err = d.js.Publish(ctx, subj.DriftReview(), data)
+			return err
+		}
+		return d.nc.Publish(subj.DriftReview(), data)
 	}
 	if d.js != nil {
-		rs.LastReview = func(ctx context.Context) (time.Time, bool, error) { return lastReview(ctx, d.js, subj) }
+		rs.LastReview = func(ctx context.Context) (time.Time, bool, error) { return LastReview(ctx, d.js, subj) }
 	}
 	reviewer, err := probes.NewReviewer(rs)
 	if err != nil {
@@ -283,33 +246,33 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 			s.Unsubscribe()
 		}
 	}
-	respond := func(m *nats.Msg, r controlReply) {
+	respond := func(m *nats.Msg, r ControlReply) {
 		data, _ := json.Marshal(r)
 		if err := m.Respond(data); err != nil {
 			d.logf("drift: control reply: %v", err)
 		}
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	sub, err := d.nc.Subscribe(subj.Control(controlRebaseline), func(m *nats.Msg) {
-		var req rebaselineRequest
+	sub, err := d.nc.Subscribe(subj.Control(ControlRebaseline), func(m *nats.Msg) {
+		var req RebaselineRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil {
-			respond(m, controlReply{Error: "bad request: " + err.Error()})
+			respond(m, ControlReply{Error: "bad request: " + err.Error()})
 			return
 		}
 		a, err := prober.Rebaseline(runCtx, req.Pool, req.Backend, req.By)
 		if err != nil {
-			respond(m, controlReply{Error: err.Error()})
+			respond(m, ControlReply{Error: err.Error()})
 			return
 		}
-		respond(m, controlReply{OK: true, Alert: &a})
+		respond(m, ControlReply{OK: true, Alert: &a})
 	})
 	if err != nil {
 		cancel()
 		return nil, err
 	}
 	subs = append(subs, sub)
-	sub, err = d.nc.Subscribe(subj.Control(controlDriftStatus), func(m *nats.Msg) {
-		respond(m, controlReply{OK: true, Statuses: prober.Statuses()})
+	sub, err = d.nc.Subscribe(subj.Control(ControlDriftStatus), func(m *nats.Msg) {
+		respond(m, ControlReply{OK: true, Statuses: prober.Statuses()})
 	})
 	if err != nil {
 		cancel()
@@ -343,8 +306,8 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 	}, nil
 }
 
-// readDrift reads FW_DRIFT from since: the alerts, and the review digests.
-func readDrift(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects, since time.Time) ([]fleetwatch.DriftAlert, []fleetwatch.DriftReview, error) {
+// ReadDrift reads FW_DRIFT from since: the alerts, and the review digests.
+func ReadDrift(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects, since time.Time) ([]fleetwatch.DriftAlert, []fleetwatch.DriftReview, error) {
 	stream, err := js.Stream(ctx, subj.StreamDrift())
 	if err != nil {
 		return nil, nil, err
@@ -401,8 +364,8 @@ func readDrift(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subj
 	return alerts, reviews, nil
 }
 
-// lastReview is when the last review digest in FW_DRIFT was made.
-func lastReview(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (time.Time, bool, error) {
+// LastReview is when the last review digest in FW_DRIFT was made.
+func LastReview(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (time.Time, bool, error) {
 	stream, err := js.Stream(ctx, subj.StreamDrift())
 	if err != nil {
 		return time.Time{}, false, err

@@ -1,7 +1,8 @@
-package main
+package config
 
 import (
 	"errors"
+	"github.com/fleetwatch/fleetwatch/probes"
 	"os"
 	"reflect"
 	"strings"
@@ -14,7 +15,7 @@ import (
 
 func TestConfigDesignExample(t *testing.T) {
 	// The example of DESIGN.md "Configuration" must load as it is.
-	cfg, err := loadConfig("testdata/design.yaml")
+	cfg, err := Load("testdata/design.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,11 +40,11 @@ func TestConfigDesignExample(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 func TestConfigDefaults(t *testing.T) {
-	cfg, err := loadConfig("")
+	cfg, err := Load("")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := DefaultConfig()
+	want := Default()
 	if diff := cmp.Diff(want, cfg); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
 	}
@@ -77,6 +78,9 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		{"bad backend url", "pools:\n  - id: a\n    backends:\n      - id: b\n        url: ftp://x\n", "pools[0].backends[0].url", 5},
 		{"duplicate backend", "pools:\n  - id: a\n    backends:\n      - id: b\n      - id: b\n", "pools[0].backends[1].id", 5},
 		{"model in two pools", "pools:\n  - id: a\n    models: [m]\n  - id: b\n    models: [m]\n", "pools[1].models[0]", 5},
+		{"bad probe endpoint", "pools:\n  - id: a\n    backends:\n      - id: b\n        url: http://x\n        probe_endpoint: responses\n", "pools[0].backends[0].probe_endpoint", 6},
+		{"affinity below one", "pools:\n  - id: a\n    affinity_tolerance: 0.5\n", "pools[0].affinity_tolerance", 3},
+		{"negative priority", "pools:\n  - id: a\n    backends:\n      - id: b\n        priority: -1\n", "pools[0].backends[0].priority", 5},
 		{"bad cron", "probes:\n  schedule: every now and then\n", "probes.schedule", 2},
 		{"bad review cron", "review:\n  schedule: \"61 * * * *\"\n", "review.schedule", 2},
 		{"bad prefix", "prefix: \"fw..x\"\n", "prefix", 1},
@@ -84,10 +88,10 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseConfig([]byte(tt.yaml), "fw.yaml")
-			var ce *ConfigError
+			_, err := Parse([]byte(tt.yaml), "fw.yaml")
+			var ce *Error
 			if !errors.As(err, &ce) {
-				t.Fatalf("err = %v, want a *ConfigError", err)
+				t.Fatalf("err = %v, want a *Error", err)
 			}
 			if ce.Key != tt.wantKey || ce.Line != tt.wantLine {
 				t.Errorf("key %q line %d, want key %q line %d (error: %v)", ce.Key, ce.Line, tt.wantKey, tt.wantLine, err)
@@ -100,7 +104,7 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 }
 
 func TestConfigFileMissing(t *testing.T) {
-	_, err := loadConfig(t.TempDir() + "/nope.yaml")
+	_, err := Load(t.TempDir() + "/nope.yaml")
 	if !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("err = %v, want os.ErrNotExist", err)
 	}
@@ -120,7 +124,7 @@ func TestConfigDocExample(t *testing.T) {
 		t.Fatal("docs/CONFIG.md has no yaml example")
 	}
 	example := text[start+8 : start+8+end]
-	cfg, err := parseConfig([]byte(example), "docs/CONFIG.md")
+	cfg, err := Parse([]byte(example), "docs/CONFIG.md")
 	if err != nil {
 		t.Fatalf("the example of docs/CONFIG.md does not load: %v", err)
 	}
@@ -173,4 +177,17 @@ func yamlKeys(t reflect.Type, prefix string) []string {
 		}
 	}
 	return keys
+}
+
+func TestProbeTargetsFromConfig(t *testing.T) {
+	cfg := Default()
+	cfg.Pools = []PoolConfig{{ID: "p", Models: []string{"m"}, Backends: []BackendConfig{
+		{ID: "a", URL: "http://a", APIKeyEnv: "KEY_A", ProbeEndpoint: "completions"},
+		{ID: "no-url"},
+	}}}
+	got := cfg.ProbeTargets(func(k string) string { return map[string]string{"KEY_A": "secret"}[k] })
+	want := []probes.Target{{Pool: "p", Backend: "a", URL: "http://a", APIKey: "secret", PreferModels: []string{"m"}, Endpoint: "completions"}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("targets (-want +got):\n%s", diff)
+	}
 }

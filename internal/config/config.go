@@ -1,4 +1,11 @@
-package main
+// Package config is fleetwatch's YAML configuration file: its types, its
+// strict decoding (an unknown key is an error naming the key and its line),
+// and the one mapping from the file to every component's Settings
+// (analyzer.Config, probes.Settings, the router's pools). The rules on
+// values live in the components' own validation (analyzer.New, probes.New,
+// route.New); Validate runs them on the mapped settings and names the key
+// and line of the file, so each rule is written once.
+package config
 
 import (
 	"bytes"
@@ -13,11 +20,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/robfig/cron/v3"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/probes"
 )
 
 // Config is the YAML configuration file of DESIGN.md "Configuration". Every
@@ -89,6 +96,12 @@ type BackendConfig struct {
 	APIKeyEnv   string   `yaml:"api_key_env"` // environment variable holding the API key
 	Priority    int      `yaml:"priority"`
 	CostPerMTok *float64 `yaml:"cost_per_mtok"`
+	// ProbeModel is the model the drift probes ask for; default: the first
+	// of the pool's models that GET /v1/models lists, else its first id.
+	ProbeModel string `yaml:"probe_model"`
+	// ProbeEndpoint is the API the probes use: chat (default) or
+	// completions.
+	ProbeEndpoint string `yaml:"probe_endpoint"`
 }
 
 // ProbesConfig configures drift probes.
@@ -129,10 +142,10 @@ func (d Duration) MarshalYAML() (any, error) { return d.String(), nil }
 
 func dur(d time.Duration) *Duration { return &Duration{d} }
 
-// DefaultConfig returns the defaults of DESIGN.md "Configuration". The
+// Default returns the defaults of DESIGN.md "Configuration". The
 // analyzer block is left nil: its defaults live in analyzer.Settings, so
 // there is one source of truth for them.
-func DefaultConfig() *Config {
+func Default() *Config {
 	return &Config{
 		Prefix: fleetwatch.DefaultPrefix,
 		NATS:   NATSConfig{Listen: "127.0.0.1:4222"},
@@ -143,16 +156,16 @@ func DefaultConfig() *Config {
 	}
 }
 
-// ConfigError is a configuration problem, naming the key and, when known,
+// Error is a configuration problem, naming the key and, when known,
 // the line of the file.
-type ConfigError struct {
+type Error struct {
 	File string
 	Line int    // 0 when unknown
 	Key  string // dotted path, e.g. "pools[0].backends[1].url"
 	Msg  string
 }
 
-func (e *ConfigError) Error() string {
+func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("config")
 	if e.File != "" {
@@ -169,24 +182,26 @@ func (e *ConfigError) Error() string {
 	return b.String()
 }
 
-// loadConfig reads path (or returns the defaults when path is ""), decodes
-// it strictly (an unknown key is an error) and validates it.
-func loadConfig(path string) (*Config, error) {
+// Load reads path (or returns the defaults when path is ""), decodes it
+// strictly (an unknown key is an error) and validates it.
+func Load(path string) (*Config, error) {
 	if path == "" {
-		cfg := DefaultConfig()
-		return cfg, cfg.Validate(nil, "")
+		cfg := Default()
+		return cfg, cfg.Validate()
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	return parseConfig(data, path)
+	return Parse(data, path)
 }
 
 var lineRe = regexp.MustCompile(`line (\d+): `)
 
-func parseConfig(data []byte, file string) (*Config, error) {
-	cfg := DefaultConfig()
+// Parse decodes data, the contents of file (used in errors only), over the
+// defaults and validates the result.
+func Parse(data []byte, file string) (*Config, error) {
+	cfg := Default()
 	var root yaml.Node
 	if err := yaml.Unmarshal(data, &root); err != nil {
 		return nil, configYAMLError(err, nil, file)
@@ -197,20 +212,20 @@ func parseConfig(data []byte, file string) (*Config, error) {
 	if err := dec.Decode(cfg); err != nil && !errors.Is(err, io.EOF) {
 		return nil, configYAMLError(err, lines, file)
 	}
-	if err := cfg.Validate(lines, file); err != nil {
+	if err := cfg.validate(lines, file); err != nil {
 		return nil, err
 	}
 	return cfg, nil
 }
 
-// configYAMLError turns a yaml error into a ConfigError naming the key at
+// configYAMLError turns a yaml error into a Error naming the key at
 // the reported line.
 func configYAMLError(err error, lines map[string]int, file string) error {
 	msg := err.Error()
 	msg = strings.TrimPrefix(msg, "yaml: unmarshal errors:\n")
 	msg = strings.TrimPrefix(msg, "yaml: ")
 	msg = strings.TrimSpace(strings.Split(msg, "\n")[0])
-	ce := &ConfigError{File: file, Msg: msg}
+	ce := &Error{File: file, Msg: msg}
 	if m := lineRe.FindStringSubmatch(msg); m != nil {
 		ce.Line, _ = strconv.Atoi(m[1])
 		ce.Msg = strings.Replace(msg, m[0], "", 1)
@@ -220,7 +235,7 @@ func configYAMLError(err error, lines map[string]int, file string) error {
 			}
 		}
 	}
-	ce.Msg = strings.ReplaceAll(ce.Msg, "main.", "")
+	ce.Msg = strings.ReplaceAll(ce.Msg, "config.", "")
 	return ce
 }
 
@@ -255,9 +270,13 @@ func keyLines(root *yaml.Node) map[string]int {
 	return lines
 }
 
-// Validate checks every value, and names the key and line of the first bad
-// one. lines maps key paths to lines (nil when there is no file).
-func (c *Config) Validate(lines map[string]int, file string) error {
+// Validate checks every value and names the key of the first bad one (Parse
+// also names its line).
+func (c *Config) Validate() error { return c.validate(nil, "") }
+
+// validate is Validate; lines maps key paths to lines (nil when there is no
+// file).
+func (c *Config) validate(lines map[string]int, file string) error {
 	fail := func(key, format string, args ...any) error {
 		line := 0
 		for k := key; k != ""; k = parentKey(k) {
@@ -266,7 +285,7 @@ func (c *Config) Validate(lines map[string]int, file string) error {
 				break
 			}
 		}
-		return &ConfigError{File: file, Line: line, Key: key, Msg: fmt.Sprintf(format, args...)}
+		return &Error{File: file, Line: line, Key: key, Msg: fmt.Sprintf(format, args...)}
 	}
 	if err := fleetwatch.ValidatePrefix(c.Prefix); err != nil {
 		return fail("prefix", "%q: must be dot-separated tokens of letters, digits, '-' and '_'", c.Prefix)
@@ -281,71 +300,40 @@ func (c *Config) Validate(lines map[string]int, file string) error {
 			return fail("http.listen", "%q: want host:port", c.HTTP.Listen)
 		}
 	}
+	// Pool and backend ids, modes, tolerances, priorities, costs and the
+	// analyzer's ranges are the analyzer's rules (analyzer.New checks them
+	// and names the key); the file adds the line. What is left here is what
+	// only the file knows: explicit zeros, models, URLs.
 	if err := c.Analyzer.validate("analyzer", fail); err != nil {
 		return err
 	}
-	pools := map[string]int{}
 	models := map[string]string{}
 	for i, p := range c.Pools {
 		key := fmt.Sprintf("pools[%d]", i)
-		if err := fleetwatch.ValidatePoolID(p.ID); err != nil {
-			return fail(key+".id", "%q: a pool id matches ^[-/_=.a-zA-Z0-9]{1,256}$ with no leading, trailing or double '.'", p.ID)
+		if err := p.Analyzer.validate(key+".analyzer", fail); err != nil {
+			return err
 		}
-		if j, dup := pools[p.ID]; dup {
-			return fail(key+".id", "%q: duplicate of pools[%d]", p.ID, j)
-		}
-		pools[p.ID] = i
 		for j, m := range p.Models {
 			if other, dup := models[m]; dup && other != p.ID {
 				return fail(fmt.Sprintf("%s.models[%d]", key, j), "%q: already routed to pool %q", m, other)
 			}
 			models[m] = p.ID
 		}
-		switch fleetwatch.Mode(p.Mode) {
-		case "", fleetwatch.ModeBalance, fleetwatch.ModeFailover:
-		default:
-			return fail(key+".mode", "%q: must be balance or failover", p.Mode)
-		}
-		switch fleetwatch.AllOpen(p.AllOpen) {
-		case "", fleetwatch.AllOpenShed, fleetwatch.AllOpenSpread:
-		default:
-			return fail(key+".all_open", "%q: must be shed or spread", p.AllOpen)
-		}
-		if t := p.AffinityTolerance; t != nil && !(*t >= 1) {
-			return fail(key+".affinity_tolerance", "%v: must be >= 1", *t)
-		}
-		if err := p.Analyzer.validate(key+".analyzer", fail); err != nil {
-			return err
-		}
-		ids := map[string]bool{}
 		for j, b := range p.Backends {
+			if b.URL == "" {
+				continue
+			}
 			bkey := fmt.Sprintf("%s.backends[%d]", key, j)
-			if err := fleetwatch.ValidateBackendID(b.ID); err != nil {
-				return fail(bkey+".id", "%q: 1 to 256 printable bytes", b.ID)
+			if u, err := url.Parse(b.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+				return fail(bkey+".url", "%q: want an http(s) base URL", b.URL)
 			}
-			if ids[b.ID] {
-				return fail(bkey+".id", "%q: duplicate backend in pool %q", b.ID, p.ID)
-			}
-			ids[b.ID] = true
-			if b.URL != "" {
-				u, err := url.Parse(b.URL)
-				if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-					return fail(bkey+".url", "%q: want an http(s) base URL", b.URL)
-				}
-			}
-			if b.Priority < 0 {
-				return fail(bkey+".priority", "%d: must be >= 0", b.Priority)
-			}
-			if b.CostPerMTok != nil && !(*b.CostPerMTok >= 0) {
-				return fail(bkey+".cost_per_mtok", "%v: must be >= 0", *b.CostPerMTok)
+			t := probes.Target{Pool: p.ID, Backend: b.ID, URL: b.URL, Endpoint: b.ProbeEndpoint}
+			if _, err := probes.New(probes.Settings{Targets: []probes.Target{t}}); errors.Is(err, probes.ErrInvalidTarget) {
+				return fail(bkey+".probe_endpoint", "%q: want chat or completions", b.ProbeEndpoint)
 			}
 		}
 	}
-	// The analyzer checks the ranges of its settings, global and per pool,
-	// and names the key; add the line.
-	if ac, err := c.analyzerConfig(); err != nil {
-		return fail("analyzer", "%v", err)
-	} else if _, err := analyzer.New(ac); err != nil {
+	if _, err := analyzer.New(c.AnalyzerSettings(0)); err != nil {
 		var se *analyzer.SettingError
 		if errors.As(err, &se) {
 			return fail(se.Key, "%s: %s", se.Value, se.Problem)
@@ -353,7 +341,7 @@ func (c *Config) Validate(lines map[string]int, file string) error {
 		return fail("analyzer", "%v", err)
 	}
 	if c.Probes.Schedule != "" {
-		if _, err := cronParser.Parse(c.Probes.Schedule); err != nil {
+		if _, err := probes.ParseSchedule(c.Probes.Schedule); err != nil {
 			return fail("probes.schedule", "%q: %v", c.Probes.Schedule, err)
 		}
 	}
@@ -364,15 +352,12 @@ func (c *Config) Validate(lines map[string]int, file string) error {
 		return fail("probes.enrol", "%d: must be >= 0", c.Probes.Enrol)
 	}
 	if c.Review.Schedule != "" {
-		if _, err := cronParser.Parse(c.Review.Schedule); err != nil {
+		if _, err := probes.ParseSchedule(c.Review.Schedule); err != nil {
 			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
 		}
 	}
 	return nil
 }
-
-// cronParser accepts the standard five fields and descriptors (@every 5m).
-var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
 func parentKey(k string) string {
 	if i := strings.LastIndexAny(k, ".["); i > 0 {

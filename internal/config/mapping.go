@@ -1,0 +1,147 @@
+package config
+
+import (
+	"path/filepath"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/probes"
+)
+
+// This file is the one mapping from the file to the components' Settings.
+// TestMappingReachesEverySetting ties it to both sides: every key reaches a
+// setting, and every setting is reached by a key.
+
+// settings converts a YAML analyzer block into analyzer.Settings; absent
+// keys stay zero, which the analyzer reads as "default" (global block) or
+// "inherit" (a pool's block).
+func (a AnalyzerConfig) settings() analyzer.Settings {
+	var s analyzer.Settings
+	setDur := func(dst *time.Duration, d *Duration) {
+		if d != nil {
+			*dst = d.Duration
+		}
+	}
+	setDur(&s.Window, a.Window)
+	setDur(&s.Bucket, a.Bucket)
+	setDur(&s.IdleGap, a.IdleGap)
+	setDur(&s.OpenBase, a.OpenBase)
+	setDur(&s.OpenMax, a.OpenMax)
+	setDur(&s.Heartbeat, a.Heartbeat)
+	setDur(&s.TTL, a.TTL)
+	setDur(&s.Expiry, a.Expiry)
+	setInt := func(dst *int, v *int) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	setInt(&s.MinRequests, a.MinRequests)
+	setInt(&s.ConsecutiveFailures, a.ConsecutiveFailures)
+	setInt(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)
+	setFloat := func(dst *float64, v *float64) {
+		if v != nil {
+			*dst = *v
+		}
+	}
+	setFloat(&s.FailureRate, a.FailureRate)
+	setFloat(&s.ThrottleRate, a.ThrottleRate)
+	setFloat(&s.SlowFactor, a.SlowFactor)
+	setFloat(&s.EWMAAlpha, a.EWMAAlpha)
+	setFloat(&s.HalfOpenWeight, a.HalfOpenWeight)
+	setFloat(&s.MaxOpenFraction, a.MaxOpenFraction)
+	setFloat(&s.MaxWeightStep, a.MaxWeightStep)
+	setFloat(&s.OpenJitter, a.OpenJitter)
+	if a.OpenJitter != nil && *a.OpenJitter == 0 {
+		s.OpenJitter = -1 // "open_jitter: 0" means none; the analyzer reads 0 as the default
+	}
+	return s
+}
+
+// AnalyzerSettings is the analyzer's configuration. seed drives the open-time
+// jitter and the epoch: give each process its own, so that two analyzers
+// started together neither jitter alike nor share an epoch.
+func (c *Config) AnalyzerSettings(seed uint64) analyzer.Config {
+	ac := analyzer.Config{
+		Settings:   c.Analyzer.settings(),
+		Quarantine: c.Probes.Quarantine,
+		Seed:       seed,
+	}
+	for _, p := range c.Pools {
+		pc := analyzer.PoolConfig{
+			ID:       p.ID,
+			Mode:     fleetwatch.Mode(p.Mode),
+			AllOpen:  fleetwatch.AllOpen(p.AllOpen),
+			Settings: p.Analyzer.settings(),
+		}
+		if p.AffinityTolerance != nil {
+			pc.AffinityTolerance = *p.AffinityTolerance
+		}
+		for _, b := range p.Backends {
+			pc.Backends = append(pc.Backends, analyzer.BackendConfig{ID: b.ID, Priority: b.Priority, CostPerMTok: b.CostPerMTok})
+		}
+		ac.Pools = append(ac.Pools, pc)
+	}
+	return ac
+}
+
+// ProbeTargets is one probe target per configured backend with a URL; API
+// keys are read with getenv from the variables the file names.
+func (c *Config) ProbeTargets(getenv func(string) string) []probes.Target {
+	var out []probes.Target
+	for _, p := range c.Pools {
+		for _, b := range p.Backends {
+			if b.URL == "" {
+				continue
+			}
+			t := probes.Target{Pool: p.ID, Backend: b.ID, URL: b.URL, PreferModels: p.Models,
+				Model: b.ProbeModel, Endpoint: b.ProbeEndpoint}
+			if b.APIKeyEnv != "" {
+				t.APIKey = getenv(b.APIKeyEnv)
+			}
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// ProbeSettings is the file's part of the probes' Settings: targets,
+// schedule, timeout and enrolment. The caller adds the suite (ProbeSuite
+// names it), the store, the sink and the clock.
+func (c *Config) ProbeSettings(getenv func(string) string) probes.Settings {
+	ps := probes.Settings{
+		Targets:  c.ProbeTargets(getenv),
+		Schedule: c.Probes.Schedule,
+		Enrol:    c.Probes.Enrol,
+	}
+	if c.Probes.Timeout != nil {
+		ps.Timeout = c.Probes.Timeout.Duration
+	}
+	if c.Probes.EnrolMin != nil {
+		ps.EnrolMin = c.Probes.EnrolMin.Duration
+		if ps.EnrolMin == 0 {
+			ps.EnrolMin = -1 // configured 0: no minimum span
+		}
+	}
+	return ps
+}
+
+// ReviewSettings is the file's part of the drift review's settings: the
+// schedule and the directory of the Markdown digests (default
+// <data>/reviews).
+func (c *Config) ReviewSettings() probes.ReviewSettings {
+	dir := c.Review.Dir
+	if dir == "" {
+		dir = filepath.Join(c.Data, "reviews")
+	}
+	return probes.ReviewSettings{Schedule: c.Review.Schedule, Dir: dir}
+}
+
+// StoreDir is the embedded NATS server's JetStream store (default
+// <data>/nats).
+func (c *Config) StoreDir() string {
+	if c.NATS.StoreDir != "" {
+		return c.NATS.StoreDir
+	}
+	return filepath.Join(c.Data, "nats")
+}

@@ -1,0 +1,231 @@
+package config
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/probes"
+)
+
+// mapped is everything the file turns into: the components' settings, and
+// the values serve reads from the file directly.
+type mapped struct {
+	Analyzer analyzer.Config
+	Probes   probes.Settings
+	Review   probes.ReviewSettings
+	StoreDir string
+	Direct   map[string]any
+}
+
+// directKeys are read by serve (or route) from the Config as they are, not
+// through a component's Settings; each must still exist in the file.
+var directKeys = map[string]func(c *Config) any{
+	"prefix":                   func(c *Config) any { return c.Prefix },
+	"nats.url":                 func(c *Config) any { return c.NATS.URL },
+	"nats.listen":              func(c *Config) any { return c.NATS.Listen },
+	"nats.no_jetstream":        func(c *Config) any { return c.NATS.NoJetStream },
+	"http.listen":              func(c *Config) any { return c.HTTP.Listen },
+	"probes.disabled":          func(c *Config) any { return c.Probes.Disabled },
+	"probes.suite":             func(c *Config) any { return c.Probes.Suite }, // probes.LoadSuite(name)
+	"pools[0].models":          func(c *Config) any { return poolsField(c, func(p PoolConfig) any { return p.Models }) },
+	"pools[0].backends[0].url": func(c *Config) any { return poolsField(c, func(p PoolConfig) any { return backendURLs(p) }) },
+	"data":                     func(c *Config) any { return c.Data },
+	"pools[0].backends[0].api_key_env": func(c *Config) any {
+		return poolsField(c, func(p PoolConfig) any { return p.Backends[0].APIKeyEnv })
+	},
+}
+
+func poolsField(c *Config, f func(PoolConfig) any) any {
+	if len(c.Pools) == 0 {
+		return nil
+	}
+	return f(c.Pools[0])
+}
+
+func backendURLs(p PoolConfig) []string {
+	var urls []string
+	for _, b := range p.Backends {
+		urls = append(urls, b.URL)
+	}
+	return urls
+}
+
+func mapAll(c *Config) mapped {
+	env := func(name string) string { return "key-of-" + name }
+	m := mapped{
+		Analyzer: c.AnalyzerSettings(1),
+		Probes:   c.ProbeSettings(env),
+		Review:   c.ReviewSettings(),
+		StoreDir: c.StoreDir(),
+		Direct:   map[string]any{},
+	}
+	for k, f := range directKeys {
+		m.Direct[k] = f(c)
+	}
+	return m
+}
+
+// baseConfig has one pool with one backend, so that the keys below pools
+// have somewhere to go.
+func baseConfig() *Config {
+	c := Default()
+	c.Pools = []PoolConfig{{ID: "p", Backends: []BackendConfig{{ID: "b", URL: "http://127.0.0.1:1"}}}}
+	return c
+}
+
+// setKey sets the key path (as yamlKeys lists it) of c to a value that
+// differs from any default, and reports whether it found the key.
+func setKey(t *testing.T, c *Config, key string) {
+	t.Helper()
+	v := reflect.ValueOf(c).Elem()
+	for _, part := range strings.Split(key, ".") {
+		idx := -1
+		if i := strings.Index(part, "["); i >= 0 {
+			idx = 0
+			part = part[:i]
+		}
+		f, ok := fieldByTag(v, part)
+		if !ok {
+			t.Fatalf("key %s: no field for %q", key, part)
+		}
+		v = f
+		if idx >= 0 {
+			v = v.Index(idx)
+		}
+	}
+	setLeaf(t, key, v)
+}
+
+func fieldByTag(v reflect.Value, name string) (reflect.Value, bool) {
+	for i := 0; i < v.NumField(); i++ {
+		if strings.Split(v.Type().Field(i).Tag.Get("yaml"), ",")[0] == name {
+			return v.Field(i), true
+		}
+	}
+	return reflect.Value{}, false
+}
+
+func setLeaf(t *testing.T, key string, v reflect.Value) {
+	t.Helper()
+	switch v.Type() {
+	case reflect.TypeOf(&Duration{}):
+		v.Set(reflect.ValueOf(&Duration{7 * time.Second}))
+		return
+	case reflect.TypeOf(Duration{}):
+		v.Set(reflect.ValueOf(Duration{7 * time.Second}))
+		return
+	}
+	switch v.Kind() {
+	case reflect.Pointer:
+		p := reflect.New(v.Type().Elem())
+		setLeaf(t, key, p.Elem())
+		v.Set(p)
+	case reflect.String:
+		v.SetString("x-" + key)
+	case reflect.Int:
+		v.SetInt(7)
+	case reflect.Float64:
+		v.SetFloat(0.7)
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Slice:
+		if v.Type().Elem().Kind() == reflect.String {
+			v.Set(reflect.ValueOf([]string{"x-" + key}))
+			return
+		}
+		t.Fatalf("key %s: a slice of %v is not a leaf", key, v.Type().Elem())
+	default:
+		t.Fatalf("key %s: cannot set a %v", key, v.Type())
+	}
+}
+
+// leafKeys are the keys of the file that hold values (not blocks).
+func leafKeys() []string {
+	var leaves []string
+	keys := yamlKeys(reflect.TypeOf(Config{}), "")
+	// A pool's analyzer block has the keys of the global one.
+	for _, k := range keys {
+		if after, ok := strings.CutPrefix(k, "analyzer."); ok {
+			keys = append(keys, "pools[0].analyzer."+after)
+		}
+	}
+	for _, k := range keys {
+		if !slices.ContainsFunc(keys, func(o string) bool {
+			return strings.HasPrefix(o, k+".") || strings.HasPrefix(o, k+"[")
+		}) {
+			leaves = append(leaves, k)
+		}
+	}
+	return leaves
+}
+
+// TestMappingReachesEverySetting: every key of the file changes what the
+// mapping produces (a key that maps nowhere fails), and with every key set,
+// every field of the components' settings is reached (a setting no key
+// reaches fails), except the fields listed as wiring.
+func TestMappingReachesEverySetting(t *testing.T) {
+	leaves := leafKeys()
+	if len(leaves) < 40 {
+		t.Fatalf("only %d keys found: %v", len(leaves), leaves)
+	}
+	base := mapAll(baseConfig())
+	all := baseConfig()
+	for _, key := range leaves {
+		c := baseConfig()
+		setKey(t, c, key)
+		setKey(t, all, key)
+		if cmp.Equal(base, mapAll(c)) {
+			t.Errorf("key %s reaches no setting: setting it changes nothing the mapping produces", key)
+		}
+	}
+	for k := range directKeys {
+		if !slices.Contains(leaves, k) {
+			t.Errorf("directKeys names %s, which is not a key of the file", k)
+		}
+	}
+
+	m := mapAll(all)
+	// Fields the file does not set: they are the caller's wiring.
+	wiring := map[string]bool{
+		"analyzer.Config.Epoch": true, "analyzer.Config.Seed": true,
+		"probes.Settings.Suite": true, "probes.Settings.Store": true, "probes.Settings.Sink": true,
+		"probes.Settings.Jitter": true, "probes.Settings.Params": true, "probes.Settings.HTTPClient": true,
+		"probes.Settings.Metrics": true, "probes.Settings.Now": true, "probes.Settings.Logf": true,
+		"probes.ReviewSettings.LastReview": true, "probes.ReviewSettings.DefaultSince": true,
+		"probes.ReviewSettings.Alerts": true, "probes.ReviewSettings.Statuses": true,
+		"probes.ReviewSettings.Publish": true, "probes.ReviewSettings.Now": true, "probes.ReviewSettings.Logf": true,
+	}
+	var unreached []string
+	reached := func(name string, v reflect.Value) {
+		for i := 0; i < v.NumField(); i++ {
+			f := v.Type().Field(i)
+			full := name + "." + f.Name
+			if f.IsExported() && !wiring[full] && v.Field(i).IsZero() {
+				unreached = append(unreached, full)
+			}
+		}
+	}
+	reached("analyzer.Config", reflect.ValueOf(m.Analyzer))
+	reached("analyzer.Settings", reflect.ValueOf(m.Analyzer.Settings))
+	if len(m.Analyzer.Pools) != 1 || len(m.Analyzer.Pools[0].Backends) != 1 {
+		t.Fatalf("pools = %+v", m.Analyzer.Pools)
+	}
+	reached("analyzer.PoolConfig", reflect.ValueOf(m.Analyzer.Pools[0]))
+	reached("analyzer.PoolConfig.Settings", reflect.ValueOf(m.Analyzer.Pools[0].Settings))
+	reached("analyzer.BackendConfig", reflect.ValueOf(m.Analyzer.Pools[0].Backends[0]))
+	reached("probes.Settings", reflect.ValueOf(m.Probes))
+	if len(m.Probes.Targets) != 1 {
+		t.Fatalf("targets = %+v", m.Probes.Targets)
+	}
+	reached("probes.Target", reflect.ValueOf(m.Probes.Targets[0]))
+	reached("probes.ReviewSettings", reflect.ValueOf(m.Review))
+	for _, f := range unreached {
+		t.Errorf("setting %s is reached by no key of the file", f)
+	}
+}

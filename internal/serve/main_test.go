@@ -1,0 +1,76 @@
+package serve
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/fleetwatch/fleetwatch/internal/config"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// The embedded server's and chromedp's background goroutines end
+		// asynchronously after Shutdown/cancel returns.
+		goleak.IgnoreTopFunction("github.com/nats-io/nats-server/v2/server.(*Server).startGoRoutine.func1"),
+		goleak.IgnoreAnyFunction("github.com/chromedp/chromedp.(*Browser).run"),
+	)
+}
+
+// running is a Server started by startServer.
+type running struct {
+	*Server
+	httpURL string
+	cancel  context.CancelFunc
+	done    chan error
+
+	once sync.Once
+	err  error
+}
+
+// stop ends Run (as a signal would) and returns its error; it may be called
+// again and returns the same.
+func (r *running) stop() error {
+	r.once.Do(func() {
+		r.cancel()
+		r.err = <-r.done
+	})
+	return r.err
+}
+
+// startServer runs a Server in process from the YAML configuration yaml:
+// an embedded NATS server and HTTP on random loopback ports, the data
+// directory under t.TempDir(). It stops in t's cleanup (if not stopped
+// before).
+func startServer(t *testing.T, yaml string, opts Options) *running {
+	t.Helper()
+	dir := t.TempDir()
+	cfg, err := config.Parse([]byte(yaml), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NATS.URL == "" {
+		cfg.NATS.Listen = "127.0.0.1:-1"
+	}
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	cfg.Data = filepath.Join(dir, "data")
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
+	s, err := New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{Server: s, httpURL: "http://" + s.HTTPAddr(), cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		if err := r.stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return r
+}

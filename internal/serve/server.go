@@ -1,0 +1,463 @@
+// Package serve is the fleetwatch daemon as a value: New builds it from a
+// configuration (the embedded NATS server or a connection to an existing
+// one, the analyzer, the collector, the feed publisher, the drift probes and
+// the HTTP server), Run replays the outcome stream and then runs it until
+// its context ends, and Close releases whatever New or Run acquired.
+//
+// Startup is in steps, so that nothing is published on partial data:
+// connect (New), build (New), replay (Run, before any snapshot goes out),
+// run (Run). Hooks are given in Options, before Run, and are called without
+// any lock held.
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/collector"
+	"github.com/fleetwatch/fleetwatch/feed"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/natsrv"
+)
+
+// Options are what the caller of New gives beyond the configuration file.
+// The zero value works.
+type Options struct {
+	// NATSOptions are added to the connection's options (authentication,
+	// TLS). Reconnecting forever is always on.
+	NATSOptions []nats.Option
+	// Logf logs. If nil, nothing is logged.
+	Logf func(format string, args ...any)
+	// OnTransition, when set, is called for every breaker transition, from
+	// the evaluation loop, with no lock held. It must not block for long.
+	OnTransition func(analyzer.Transition)
+	// OnAlert, when set, is called for every drift alert, with no lock
+	// held.
+	OnAlert func(fleetwatch.DriftAlert)
+	// Getenv reads the API keys the configuration names. If nil,
+	// os.Getenv.
+	Getenv func(string) string
+	// Seed drives the analyzer's open-time jitter and epoch. If zero, a
+	// random one, so that two instances never share an epoch.
+	Seed uint64
+}
+
+// Server is one fleetwatch daemon.
+type Server struct {
+	cfg  *config.Config
+	opts Options
+	subj fleetwatch.Subjects
+	logf func(format string, args ...any)
+
+	embedded *natsrv.Server // nil when cfg.NATS.URL is set
+	nc       *nats.Conn
+	js       jetstream.JetStream // nil without JetStream
+
+	an      *analyzer.Analyzer
+	window  time.Duration
+	col     *collector.Collector
+	pub     *feed.Publisher
+	metrics *metrics.Set
+	ln      net.Listener
+	httpSrv *http.Server
+	urgent  chan struct{}
+	hist    *history
+
+	decisionLatency *metrics.Histogram
+	unpublished     *metrics.Counter // snapshots not sent while NATS was unreachable
+	evalDuration    *metrics.Histogram
+
+	mu          sync.Mutex // guards urgentAt, alerts, transitions, ran, closed
+	urgentAt    time.Time  // when the oldest unhandled urgent signal arrived
+	alerts      []fleetwatch.DriftAlert
+	transitions map[transitionKey]uint64
+	ran         bool
+	closed      bool
+
+	closeOnce sync.Once
+}
+
+// ErrRunTwice is returned by a second call of Run.
+var ErrRunTwice = errors.New("serve: Run called twice")
+
+// New connects to NATS (starting the embedded server when the
+// configuration has no URL) and builds every component. It starts no
+// goroutine of its own and publishes nothing; the HTTP listener is bound,
+// so HTTPAddr is known, but served only by Run. On error everything
+// acquired is released.
+func New(cfg *config.Config, opts Options) (_ *Server, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:     cfg,
+		opts:    opts,
+		subj:    fleetwatch.Subjects{Prefix: cfg.Prefix},
+		logf:    opts.Logf,
+		metrics: metrics.NewSet(),
+		urgent:  make(chan struct{}, 1),
+		hist:    newHistory(defaultHistoryPoints),
+	}
+	if s.logf == nil {
+		s.logf = func(string, ...any) {}
+	}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	if err := s.connect(); err != nil {
+		return nil, err
+	}
+	if err := s.build(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// connect starts the embedded server when there is no URL, connects, and
+// checks for JetStream.
+func (s *Server) connect() error {
+	url := s.cfg.NATS.URL
+	if url == "" {
+		var err error
+		s.embedded, err = natsrv.Start(natsrv.Settings{
+			Listen:      s.cfg.NATS.Listen,
+			StoreDir:    s.cfg.StoreDir(),
+			NoJetStream: s.cfg.NATS.NoJetStream,
+			ServerName:  "fleetwatch",
+		})
+		if err != nil {
+			return fmt.Errorf("serve: embedded NATS on %s: %w (use --nats-listen or --nats)", s.cfg.NATS.Listen, err)
+		}
+		url = s.embedded.ClientURL()
+	}
+	opts := append([]nats.Option{
+		nats.Name("fleetwatch serve"),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.RetryOnFailedConnect(true),
+		nats.PingInterval(10 * time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil {
+				s.logf("nats: disconnected: %v", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) { s.logf("nats: reconnected to %s", nc.ConnectedUrlRedacted()) }),
+	}, s.opts.NATSOptions...)
+	var err error
+	if s.nc, err = nats.Connect(url, opts...); err != nil {
+		return fmt.Errorf("serve: nats: connect %s: %w", url, err)
+	}
+	if s.cfg.NATS.NoJetStream {
+		return nil
+	}
+	if s.js, err = jetstream.New(s.nc); err != nil {
+		return fmt.Errorf("serve: jetstream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := s.js.AccountInfo(ctx); err != nil {
+		s.logf("JetStream not available (%v): running without replay, KV and drift stream", err)
+		s.js = nil
+	}
+	return nil
+}
+
+// build makes the analyzer, the publisher, the collector and the HTTP
+// listener.
+func (s *Server) build() error {
+	seed := s.opts.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	ac := s.cfg.AnalyzerSettings(seed)
+	var err error
+	if s.an, err = analyzer.New(ac); err != nil {
+		return fmt.Errorf("serve: analyzer: %w", err)
+	}
+	s.window = ac.Settings.WithDefaults().Window
+	s.decisionLatency = s.metrics.NewHistogram("fleetwatch_decision_latency_seconds")
+	s.evalDuration = s.metrics.NewHistogram("fleetwatch_evaluate_duration_seconds")
+	s.unpublished = s.metrics.NewCounter("fleetwatch_decisions_unpublished_total")
+	s.registerAnalyzerMetrics()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s.pub, err = feed.NewPublisher(ctx, s.nc, feed.PublisherSettings{
+		Prefix: s.cfg.Prefix, NoKV: s.js == nil, Metrics: s.metrics, Logf: s.logf,
+	})
+	if err != nil {
+		return fmt.Errorf("serve: feed publisher: %w", err)
+	}
+	s.col, err = collector.New(s.nc, s.an, collector.Settings{
+		Prefix:       s.cfg.Prefix,
+		NoJetStream:  s.js == nil,
+		StreamMaxAge: max(2*s.window, 10*time.Minute),
+		Metrics:      s.metrics,
+		Logf:         s.logf,
+		OnUrgent:     s.signalUrgent,
+	})
+	if err != nil {
+		return fmt.Errorf("serve: collector: %w", err)
+	}
+	if s.ln, err = net.Listen("tcp", s.cfg.HTTP.Listen); err != nil {
+		return fmt.Errorf("serve: http listen %s: %w", s.cfg.HTTP.Listen, err)
+	}
+	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	return nil
+}
+
+// HTTPAddr is the address the HTTP server listens on (host:port).
+func (s *Server) HTTPAddr() string { return s.ln.Addr().String() }
+
+// NATSURL is the URL of the NATS server in use (the embedded one's when
+// the configuration has no URL).
+func (s *Server) NATSURL() string {
+	if s.embedded != nil {
+		return s.embedded.ClientURL()
+	}
+	return s.cfg.NATS.URL
+}
+
+// JetStream reports whether the server runs with JetStream (replay, KV,
+// drift stream).
+func (s *Server) JetStream() bool { return s.js != nil }
+
+// Metrics is the daemon's metric set (what /metrics exposes besides the
+// process metrics).
+func (s *Server) Metrics() *metrics.Set { return s.metrics }
+
+// IngestStats are the collector's counters since start.
+func (s *Server) IngestStats() collector.Stats { return s.col.Stats() }
+
+// Run replays the last window of the outcome stream through the analyzer,
+// then runs the collector, the evaluation loop, the drift probes and the
+// HTTP server until ctx ends or one of them fails. Then it drains: the
+// collector stops, a final snapshot of every pool goes out, and HTTP and
+// NATS stop. Run returns nil when ctx ended it. It may be called once.
+func (s *Server) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.ran || s.closed {
+		s.mu.Unlock()
+		return ErrRunTwice
+	}
+	s.ran = true
+	s.mu.Unlock()
+	defer s.Close()
+
+	if s.js != nil {
+		if err := s.replay(ctx); err != nil {
+			s.logf("replay: %v (starting with empty windows)", err)
+		}
+	}
+	var stopProbes func()
+	if !s.cfg.Probes.Disabled {
+		var err error
+		if stopProbes, err = s.startProbes(ctx); err != nil {
+			return fmt.Errorf("serve: probes: %w", err)
+		}
+	}
+
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var work sync.WaitGroup // the collector and the evaluation loop
+	errs := make(chan error, 2)
+	work.Go(func() { errs <- s.col.Run(runCtx) })
+	work.Go(func() { s.evaluateLoop(runCtx) })
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- s.httpSrv.Serve(s.ln) }() // ends with Shutdown below
+
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errs:
+	case first = <-httpDone:
+		httpDone <- nil
+	}
+	cancel()
+	work.Wait()
+	if stopProbes != nil {
+		stopProbes()
+	}
+	s.finalSnapshot()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	s.httpSrv.Shutdown(sctx)
+	scancel()
+	<-httpDone
+	close(errs)
+	for e := range errs {
+		if first == nil && e != nil && !errors.Is(e, context.Canceled) {
+			first = e
+		}
+	}
+	if errors.Is(first, http.ErrServerClosed) || errors.Is(first, context.Canceled) {
+		first = nil
+	}
+	return first
+}
+
+// Close releases what New acquired: the listener, the NATS connection
+// (drained when connected) and the embedded server. Run calls it on its way
+// out; call it yourself when Run is never called. It is idempotent.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		if s.ln != nil {
+			s.ln.Close()
+		}
+		s.closeNATS()
+		if s.embedded != nil {
+			s.embedded.Shutdown()
+		}
+	})
+	return nil
+}
+
+// closeNATS drains the connection (what was published is delivered) and
+// waits for the drain, bounded; with the server gone it closes at once.
+func (s *Server) closeNATS() {
+	if s.nc == nil || s.nc.IsClosed() {
+		return
+	}
+	if !s.nc.IsConnected() {
+		s.nc.Close() // nothing to drain towards a server that is gone
+		return
+	}
+	closed := make(chan struct{})
+	s.nc.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	if err := s.nc.Drain(); err != nil {
+		s.nc.Close()
+		return
+	}
+	select {
+	case <-closed:
+	case <-time.After(3 * time.Second):
+		s.nc.Close()
+	}
+}
+
+// replay feeds the last window of FW_OUTCOMES through the analyzer,
+// evaluating at event time as it goes (without publishing), so breakers
+// that were open before a restart are open again.
+func (s *Server) replay(ctx context.Context) error {
+	start := time.Now()
+	n, err := s.col.Replay(ctx, start.Add(-s.window), func(batch []fleetwatch.Event) {
+		s.an.Observe(batch)
+		if len(batch) > 0 {
+			// Evaluate at the batch's event time, as the live loop would
+			// have: consecutive-failure trips and their open times are
+			// decided then, not at the restart.
+			s.an.Evaluate(batch[len(batch)-1].TS)
+		}
+	})
+	if n > 0 || err == nil {
+		s.logf("replayed %d events of the last %v from the outcome stream", n, s.window)
+	}
+	return err
+}
+
+// signalUrgent asks the evaluation loop to run now: an event may have
+// tripped a breaker.
+func (s *Server) signalUrgent() {
+	s.mu.Lock()
+	if s.urgentAt.IsZero() {
+		s.urgentAt = time.Now()
+	}
+	s.mu.Unlock()
+	select {
+	case s.urgent <- struct{}{}:
+	default:
+	}
+}
+
+// evaluateLoop evaluates on a short tick (state changes go out promptly and
+// each pool's heartbeat is honoured by the analyzer) and at once when the
+// collector signals an urgent event. It returns when ctx ends.
+func (s *Server) evaluateLoop(ctx context.Context) {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-s.urgent:
+		}
+		s.evaluate(ctx, time.Now())
+	}
+}
+
+func (s *Server) evaluate(ctx context.Context, now time.Time) {
+	s.mu.Lock()
+	urgentAt := s.urgentAt
+	s.urgentAt = time.Time{}
+	s.mu.Unlock()
+
+	ev := s.an.Evaluate(now)
+	s.evalDuration.UpdateDuration(now)
+	s.publish(ctx, ev.Snapshots)
+	if !urgentAt.IsZero() && len(ev.Transitions) > 0 {
+		s.decisionLatency.UpdateDuration(urgentAt)
+	}
+	for _, t := range ev.Transitions {
+		s.countTransition(t)
+		s.logf("%s/%s %s -> %s: %s", t.Pool, t.Backend, t.From, t.To, t.Reason)
+		if s.opts.OnTransition != nil {
+			s.opts.OnTransition(t)
+		}
+	}
+}
+
+// publish sends snapshots on their subjects and to the KV, and records
+// them for the status page. While NATS is unreachable nothing is sent (a
+// KV put would wait out its timeout in this loop); the heartbeat publishes
+// the current state once the connection is back.
+func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
+	if s.nc.IsConnected() {
+		for i := range snaps {
+			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			if err := s.pub.Publish(pctx, &snaps[i]); err != nil {
+				s.logf("publish %s: %v", snaps[i].Pool, err)
+			}
+			cancel()
+		}
+	} else if len(snaps) > 0 {
+		s.unpublished.Add(len(snaps))
+	}
+	s.hist.record(snaps)
+}
+
+// finalSnapshot publishes every pool's snapshot once more on the way out,
+// so routers see the last state at once (they keep it until it is stale).
+func (s *Server) finalSnapshot() {
+	if !s.nc.IsConnected() {
+		s.logf("NATS unreachable: no final snapshot (routers keep the last one they have)")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	final := s.an.Final(time.Now())
+	s.publish(ctx, final)
+	s.logf("published a final snapshot of %d pools", len(final))
+}
+
+// Snapshots returns the current snapshot of every pool, sorted by pool.
+func (s *Server) Snapshots() []fleetwatch.Snapshot {
+	return s.an.Snapshots(time.Now())
+}

@@ -1,0 +1,114 @@
+package serve
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/probes"
+)
+
+// The status page's view of the server (statusSource).
+
+// Ingest returns the collector's counters for the status page.
+func (s *Server) Ingest() ingestCounts {
+	st := s.col.Stats()
+	ic := ingestCounts{
+		Received:        int64(st.AcceptedTotal()),
+		Accepted:        int64(st.AcceptedTotal()),
+		RejectsByReason: map[string]int64{},
+		Skewed:          int64(st.Skewed),
+		Dropped:         int64(st.Dropped),
+	}
+	for reason, n := range st.Rejected {
+		if n > 0 {
+			ic.RejectsByReason[string(reason)] = int64(n)
+		}
+		ic.Rejected += int64(n)
+	}
+	ic.Received += ic.Rejected
+	return ic
+}
+
+// DriftAlerts returns the latest n drift alerts, newest first.
+func (s *Server) DriftAlerts(n int) []fleetwatch.DriftAlert {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]fleetwatch.DriftAlert, 0, min(n, len(s.alerts)))
+	for i := len(s.alerts) - 1; i >= 0 && len(out) < n; i-- {
+		out = append(out, s.alerts[i])
+	}
+	return out
+}
+
+// maxKeptAlerts bounds the drift alerts kept in memory for the status page.
+const maxKeptAlerts = 200
+
+// noteAlert remembers a drift alert for the status page.
+func (s *Server) noteAlert(a fleetwatch.DriftAlert) {
+	s.mu.Lock()
+	s.alerts = append(s.alerts, a)
+	if len(s.alerts) > maxKeptAlerts {
+		s.alerts = append(s.alerts[:0], s.alerts[len(s.alerts)-maxKeptAlerts:]...)
+	}
+	s.mu.Unlock()
+}
+
+// NextReview is when the drift review runs next (zero when not scheduled).
+func (s *Server) NextReview() time.Time {
+	if s.cfg.Probes.Disabled || s.cfg.Review.Schedule == "" {
+		return time.Time{}
+	}
+	sched, err := probes.ParseSchedule(s.cfg.Review.Schedule)
+	if err != nil {
+		return time.Time{}
+	}
+	return sched.Next(time.Now())
+}
+
+func (s *Server) statusRoutes(mux *http.ServeMux) { statusRoutes(mux, s, s.hist) }
+
+func (s *Server) recordHistory(snaps []fleetwatch.Snapshot) { s.hist.record(snaps) }
+
+// startProbes starts the drift probes and the review schedule; drift
+// statuses flow into the analyzer (and so into the snapshots) and alerts
+// into the status page.
+func (s *Server) startProbes(ctx context.Context) (func(), error) {
+	return startProbes(ctx, probeDeps{
+		cfg:      s.cfg,
+		nc:       s.nc,
+		js:       s.js,
+		prefix:   s.cfg.Prefix,
+		getenv:   s.opts.Getenv,
+		setDrift: s.an.SetDrift,
+		metrics:  s.metrics,
+		logf:     s.logf,
+		onAlert: func(a fleetwatch.DriftAlert) {
+			s.noteAlert(a)
+			if s.opts.OnAlert != nil {
+				s.opts.OnAlert(a)
+			}
+		},
+	})
+}
+
+// transitionKey names one series of fleetwatch_breaker_transitions_total.
+type transitionKey struct {
+	pool, backend string
+	to            fleetwatch.State
+	cause         string
+}
+
+// countTransition counts a breaker transition. The series is written at
+// scrape time, and only while its backend is in a snapshot, so backend ids
+// invented by a publisher leave no series behind once they expire.
+func (s *Server) countTransition(t analyzer.Transition) {
+	s.mu.Lock()
+	if s.transitions == nil {
+		s.transitions = map[transitionKey]uint64{}
+	}
+	s.transitions[transitionKey{t.Pool, t.Backend, t.To, t.Cause}]++
+	s.mu.Unlock()
+}

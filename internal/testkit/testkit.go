@@ -1,0 +1,131 @@
+// Package testkit holds the helpers that tests of several packages share:
+// finding the real tools the tests drive (Chromium, VictoriaMetrics,
+// Debian's nats-server), polling for a condition, and a place for files a
+// person may want to look at. It is imported only from _test.go files.
+package testkit
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// RequireTool returns path, or skips the test when the tool is absent
+// outside CI. In CI (CI set) a missing tool is a failure: .ci/run installs
+// it.
+func RequireTool(t testing.TB, path, pkg string) string {
+	t.Helper()
+	if _, err := os.Stat(path); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s not found (%v): CI must install the Debian package %s", path, err, pkg)
+		}
+		t.Skipf("%s not found: install the Debian package %s to run this test (it is required when CI is set)", path, pkg)
+	}
+	return path
+}
+
+// ArtifactDir is where tests leave files for people to look at:
+// $FLEETWATCH_ARTIFACTS, or a temporary directory of the test.
+func ArtifactDir(t testing.TB) string {
+	t.Helper()
+	if dir := os.Getenv("FLEETWATCH_ARTIFACTS"); dir != "" {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return dir
+	}
+	return t.TempDir()
+}
+
+// Eventually polls cond every 20ms until it holds or timeout passes. Time
+// bounds are generous liveness limits, never performance assertions.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// OutcomeTraffic publishes outcome events the way a proxy does: every
+// 100ms, ten ok events per healthy backend and as many errors per failing
+// backend, in one NDJSON message, plus one malformed message (a reject).
+type OutcomeTraffic struct {
+	Pool     string
+	Backends []string
+
+	mu      sync.Mutex // guards failing
+	failing map[string]bool
+}
+
+// SetFailing makes backend's events errors (true) or ok (false).
+func (o *OutcomeTraffic) SetFailing(backend string, fail bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.failing == nil {
+		o.failing = map[string]bool{}
+	}
+	o.failing[backend] = fail
+}
+
+func (o *OutcomeTraffic) isFailing(backend string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.failing[backend]
+}
+
+// Start publishes to natsURL until t's cleanup, which stops the goroutine
+// and waits for it.
+func (o *OutcomeTraffic) Start(t testing.TB, natsURL string) {
+	t.Helper()
+	nc, err := nats.Connect(natsURL, nats.Name("test-proxy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	t.Cleanup(func() {
+		cancel()
+		<-stopped
+		nc.Close()
+	})
+	const okPerTick = 10
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		subject := fleetwatch.Subjects{}.Outcomes() + ".test-proxy"
+		for n := 0; ; n++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			ts := fleetwatch.FormatTime(time.Now())
+			var batch bytes.Buffer
+			for i, b := range o.Backends {
+				for k := range okPerTick {
+					if o.isFailing(b) {
+						fmt.Fprintf(&batch, `{"v":1,"pool":%q,"backend":%q,"ts":%q,"status":500,"outcome":"error","duration_ms":5}`+"\n", o.Pool, b, ts)
+						continue
+					}
+					ttft := 120 + 40*i + (n+k)%30
+					fmt.Fprintf(&batch, `{"v":1,"pool":%q,"backend":%q,"ts":%q,"status":200,"outcome":"ok","ttft_ms":%d,"duration_ms":%d}`+"\n", o.Pool, b, ts, ttft, ttft*5)
+				}
+			}
+			_ = nc.Publish(subject, batch.Bytes())
+			_ = nc.Publish(subject, []byte(`{"v":1,"pool":`)) // a reject
+		}
+	}()
+}
