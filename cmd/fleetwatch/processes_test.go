@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net"
 	"os"
 	"path/filepath"
@@ -81,7 +82,7 @@ func startRouteProcess(t *testing.T, env []string, args ...string) string {
 // exposed) of a /metrics page, and false when it is absent.
 func metricValue(t *testing.T, url, series string) (float64, bool) {
 	t.Helper()
-	_, body := httpGet(t, url)
+	_, body := testkit.HTTPGet(t, url)
 	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			var f float64

@@ -408,7 +408,7 @@ func metricsCatalogue(t *testing.T, section string) map[string]bool {
 // with a histogram's _bucket, _sum and _count series folded into its name.
 func exposedMetrics(t *testing.T, url string) map[string]bool {
 	t.Helper()
-	_, body := httpGet(t, url)
+	_, body := testkit.HTTPGet(t, url)
 	raw := map[string]bool{}
 	for _, line := range strings.Split(body, "\n") {
 		if !strings.HasPrefix(line, "fleetwatch_") {

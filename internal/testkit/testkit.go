@@ -7,8 +7,12 @@ package testkit
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -128,4 +132,114 @@ func (o *OutcomeTraffic) Start(t testing.TB, natsURL string) {
 			_ = nc.Publish(subject, []byte(`{"v":1,"pool":`)) // a reject
 		}
 	}()
+}
+
+// SnapshotLog records every snapshot seen on fw.decisions.> by a plain
+// nats.go subscriber, and checks that each arrived on its pool's subject.
+type SnapshotLog struct {
+	mu    sync.Mutex // guards last, count
+	last  map[string]fleetwatch.Snapshot
+	count int
+}
+
+// SubscribeSnapshots starts a SnapshotLog on nc.
+func SubscribeSnapshots(t testing.TB, nc *nats.Conn) *SnapshotLog {
+	t.Helper()
+	l := &SnapshotLog{last: map[string]fleetwatch.Snapshot{}}
+	_, err := nc.Subscribe("fw.decisions.>", func(m *nats.Msg) {
+		var s fleetwatch.Snapshot
+		if err := json.Unmarshal(m.Data, &s); err != nil {
+			t.Errorf("snapshot on %s does not parse: %v", m.Subject, err)
+			return
+		}
+		if m.Subject != "fw.decisions."+s.Pool {
+			t.Errorf("snapshot of pool %q on subject %q", s.Pool, m.Subject)
+		}
+		l.mu.Lock()
+		l.last[s.Pool] = s
+		l.count++
+		l.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	return l
+}
+
+// Backend is the latest state of pool/backend seen.
+func (l *SnapshotLog) Backend(pool, backend string) (fleetwatch.Backend, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.last[pool]
+	if !ok {
+		return fleetwatch.Backend{}, false
+	}
+	if b := s.Find(backend); b != nil {
+		return *b, true
+	}
+	return fleetwatch.Backend{}, false
+}
+
+// Count is how many snapshots were seen.
+func (l *SnapshotLog) Count() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.count
+}
+
+// WaitConsuming publishes ok events for pool/backend until one shows up in
+// a snapshot: then the daemon consumes and publishes.
+func WaitConsuming(t testing.TB, nc *nats.Conn, snaps *SnapshotLog, pool, backend string) {
+	t.Helper()
+	Eventually(t, 20*time.Second, "the daemon to consume events", func() bool {
+		Publish(t, nc, "fw.outcomes", Event(pool, backend, 200, 100))
+		_, ok := snaps.Backend(pool, backend)
+		return ok
+	})
+}
+
+// Publish publishes payload on subject or fails the test.
+func Publish(t testing.TB, nc *nats.Conn, subject, payload string) {
+	t.Helper()
+	if err := nc.Publish(subject, []byte(payload)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Event is one outcome event as JSON.
+func Event(pool, backend string, status int, ttft float64) string {
+	return fmt.Sprintf(`{"v":1,"pool":%q,"backend":%q,"status":%d,"ttft_ms":%g,"source":"test"}`, pool, backend, status, ttft)
+}
+
+// HTTPGet GETs url and returns the status code and body, or fails the test.
+func HTTPGet(t testing.TB, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Lines collects log lines (a Logf) safely from many goroutines.
+type Lines struct {
+	mu sync.Mutex // guards b
+	b  strings.Builder
+}
+
+// Logf appends one formatted line.
+func (l *Lines) Logf(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintf(&l.b, format+"\n", args...)
+}
+
+// String is everything logged so far.
+func (l *Lines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
