@@ -180,12 +180,13 @@ func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) erro
 	}
 	data, err := json.Marshal(snap)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidSnapshot, err)
+		return fmt.Errorf("%w: pool %s: encode: %w", ErrInvalidSnapshot, snap.Pool, err)
 	}
 	var publishErr error
-	if err := p.nc.Publish(p.subjects.Decisions(snap.Pool), data); err != nil {
+	subject := p.subjects.Decisions(snap.Pool)
+	if err := p.nc.Publish(subject, data); err != nil {
 		p.publishErrs.Inc()
-		publishErr = fmt.Errorf("%w: pool %s: %w", ErrPublish, snap.Pool, err)
+		publishErr = fmt.Errorf("%w: %s: %w", ErrPublish, subject, err)
 	} else {
 		p.published.Inc()
 	}
@@ -199,7 +200,7 @@ func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) erro
 	}
 	if _, err := p.kv.Put(ctx, snap.Pool, data); err != nil {
 		p.kvPutErrs.Inc()
-		return errors.Join(publishErr, fmt.Errorf("%w: pool %s: %w", ErrKVPut, snap.Pool, err))
+		return errors.Join(publishErr, fmt.Errorf("%w: bucket %s key %s: %w", ErrKVPut, p.subjects.BucketDecisions(), snap.Pool, err))
 	}
 	return publishErr
 }

@@ -449,7 +449,7 @@ func (r *kvReader) read(ctx context.Context) (retryAfter time.Duration, ok bool)
 	r.w.kvErrors.Inc()
 	wait := r.backoff
 	r.backoff = min(2*r.backoff, kvMaxBackoff)
-	r.w.settings.Logf("feed: reading %s failed (retrying in %v): %v", r.w.subjects.BucketDecisions(), wait, err)
+	r.w.settings.Logf("feed: reading the current decisions failed (retrying in %v): %v", wait, err)
 	return wait, false
 }
 
@@ -457,14 +457,14 @@ func (r *kvReader) readOnce(ctx context.Context) error {
 	if r.kv == nil {
 		js, err := jetstream.New(r.w.nc)
 		if err != nil {
-			return err
+			return fmt.Errorf("feed: jetstream: %w", err)
 		}
 		if err := jetStreamAvailable(ctx, js); err != nil {
 			return err
 		}
 		kv, err := js.KeyValue(ctx, r.w.subjects.BucketDecisions())
 		if err != nil {
-			return err
+			return fmt.Errorf("feed: bind bucket %s: %w", r.w.subjects.BucketDecisions(), err)
 		}
 		r.kv = kv
 	}
@@ -476,7 +476,7 @@ func (r *kvReader) readOnce(ctx context.Context) error {
 		watcher, err = r.kv.WatchFiltered(ctx, r.w.settings.Pools, jetstream.IgnoreDeletes())
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("feed: watch bucket %s: %w", r.w.subjects.BucketDecisions(), err)
 	}
 	defer func() { _ = watcher.Stop() }()
 	for {
@@ -485,7 +485,7 @@ func (r *kvReader) readOnce(ctx context.Context) error {
 			return ctx.Err()
 		case entry, ok := <-watcher.Updates():
 			if !ok {
-				return errors.New("feed: kv watch ended")
+				return fmt.Errorf("feed: watch of bucket %s ended before its current values", r.w.subjects.BucketDecisions())
 			}
 			if entry == nil {
 				return nil // every current value has been delivered
