@@ -101,10 +101,12 @@ func (s *Snapshot) Find(id string) *Backend {
 	return nil
 }
 
-// NewerThan reports whether s should replace prev at a router: prev is nil,
-// the epochs differ, or s.Seq > prev.Seq. A different epoch is a restarted or
-// failed-over analyzer; its snapshot replaces the old one when it is at
-// least as recent (At not before prev.At).
+// NewerThan reports whether s should replace prev at a router: prev is nil;
+// or, within one epoch, s.Seq > prev.Seq; or, across epochs, s.At is not
+// before prev.At. A different epoch is a restarted or failed-over analyzer
+// whose seq starts again, so seq says nothing across epochs and the
+// snapshot replaces the old one when it is at least as recent; a late
+// snapshot of an older epoch is dropped.
 func (s *Snapshot) NewerThan(prev *Snapshot) bool {
 	if prev == nil {
 		return true

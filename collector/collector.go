@@ -218,8 +218,11 @@ type Collector struct {
 // be changed); without JetStream it logs that it runs without capture and
 // replay and sets fleetwatch_collector_jetstream to 0.
 func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
-	if nc == nil || sink == nil {
-		return nil, errors.New("collector: nil connection or sink")
+	if nc == nil {
+		return nil, errors.New("collector: nil connection")
+	}
+	if sink == nil {
+		return nil, errors.New("collector: nil sink")
 	}
 	if s.Prefix != "" {
 		if err := fleetwatch.ValidatePrefix(s.Prefix); err != nil {
@@ -370,7 +373,7 @@ func (c *Collector) subscribe() ([]*worker, error) {
 		for _, w := range workers {
 			_ = w.sub.Unsubscribe()
 		}
-		return nil, fmt.Errorf("collector: subscribe: %w", err)
+		return nil, fmt.Errorf("collector: subscribe %s and %s: flush: %w", c.subjects.Outcomes(), c.subjects.OutcomesWildcard(), err)
 	}
 	return workers, nil
 }

@@ -79,7 +79,7 @@ func (c *Collector) Replay(ctx context.Context, since time.Time, fn func(batch [
 	}
 	stream, err := c.js.Stream(ctx, c.stream)
 	if err != nil {
-		return 0, fmt.Errorf("collector: replay: %w", err)
+		return 0, fmt.Errorf("collector: replay %s: stream info: %w", c.stream, err)
 	}
 	last := stream.CachedInfo().State.LastSeq
 	if stream.CachedInfo().State.Msgs == 0 {
@@ -92,18 +92,18 @@ func (c *Collector) Replay(ctx context.Context, since time.Time, fn func(batch [
 		OptStartTime:   &start,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("collector: replay: %w", err)
+		return 0, fmt.Errorf("collector: replay %s: create consumer: %w", c.stream, err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(replayFetch))
 	if err != nil {
-		return 0, fmt.Errorf("collector: replay: %w", err)
+		return 0, fmt.Errorf("collector: replay %s: fetch: %w", c.stream, err)
 	}
 	defer it.Stop()
 	// The consumer exists now; its pending count says whether anything was
 	// stored at or after since (Next would otherwise wait for new events).
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("collector: replay: %w", err)
+		return 0, fmt.Errorf("collector: replay %s: consumer info: %w", c.stream, err)
 	}
 	if info.NumPending == 0 {
 		return 0, nil
@@ -135,11 +135,11 @@ func (c *Collector) Replay(ctx context.Context, since time.Time, fn func(batch [
 			break
 		}
 		if err != nil {
-			return events, fmt.Errorf("collector: replay: %w", err)
+			return events, fmt.Errorf("collector: replay %s: next batch after %d events: %w", c.stream, events, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return events, fmt.Errorf("collector: replay: %w", err)
+			return events, fmt.Errorf("collector: replay %s: metadata of %s: %w", c.stream, msg.Subject(), err)
 		}
 		stored = meta.Timestamp
 		batch = batch[:0]

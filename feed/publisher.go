@@ -17,7 +17,8 @@ import (
 // Sentinel errors of the publisher.
 var (
 	// ErrInvalidSnapshot is returned for a snapshot that cannot be
-	// published (nil, or an invalid pool id).
+	// published: nil, an invalid pool id, or a number JSON cannot carry
+	// (NaN, ±Inf).
 	ErrInvalidSnapshot = errors.New("feed: invalid snapshot")
 	// ErrPublish wraps a failure to publish on the decisions subject.
 	ErrPublish = errors.New("feed: publish failed")
@@ -167,8 +168,9 @@ func (p *Publisher) Metrics() *metrics.Set { return p.set }
 // Publish publishes snap as JSON on its pool's decisions subject and puts it
 // in the KV bucket under the pool id. The subject comes first and a KV
 // failure does not undo it: a router following the subject is never held
-// back by JetStream. The returned error wraps ErrPublish or ErrKVPut (or
-// both). When ctx has no deadline, the KV put is bounded by 2 s.
+// back by JetStream. The returned error wraps ErrInvalidSnapshot (nothing
+// was sent), or ErrPublish or ErrKVPut (or both). When ctx has no deadline,
+// the KV put is bounded by 2 s.
 func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) error {
 	if snap == nil {
 		return fmt.Errorf("%w: nil", ErrInvalidSnapshot)
@@ -178,12 +180,13 @@ func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) erro
 	}
 	data, err := json.Marshal(snap)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidSnapshot, err)
+		return fmt.Errorf("%w: pool %s: encode: %w", ErrInvalidSnapshot, snap.Pool, err)
 	}
 	var publishErr error
-	if err := p.nc.Publish(p.subjects.Decisions(snap.Pool), data); err != nil {
+	subject := p.subjects.Decisions(snap.Pool)
+	if err := p.nc.Publish(subject, data); err != nil {
 		p.publishErrs.Inc()
-		publishErr = fmt.Errorf("%w: pool %s: %w", ErrPublish, snap.Pool, err)
+		publishErr = fmt.Errorf("%w: %s: %w", ErrPublish, subject, err)
 	} else {
 		p.published.Inc()
 	}
@@ -197,7 +200,7 @@ func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) erro
 	}
 	if _, err := p.kv.Put(ctx, snap.Pool, data); err != nil {
 		p.kvPutErrs.Inc()
-		return errors.Join(publishErr, fmt.Errorf("%w: pool %s: %w", ErrKVPut, snap.Pool, err))
+		return errors.Join(publishErr, fmt.Errorf("%w: bucket %s key %s: %w", ErrKVPut, p.subjects.BucketDecisions(), snap.Pool, err))
 	}
 	return publishErr
 }

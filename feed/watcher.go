@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -81,11 +80,13 @@ type poolSlots map[string]*atomic.Pointer[watched]
 //
 // Run subscribes to the decision subjects, reads the KV bucket for the
 // current state (so a router that starts late, or was disconnected, has it
-// at once), and applies snapshots in (epoch, seq) order, dropping any that
-// is not newer than the one it has (fleetwatch.Snapshot.NewerThan). After a
-// reconnect nats.go re-establishes the subscription and the watcher reads
-// the KV again, retrying with backoff while JetStream is not back. Every
-// update happens on Run's goroutine; View reads are lock-free.
+// at once), and applies each valid snapshot (fleetwatch.Snapshot.Validate)
+// that is newer than the one it has (fleetwatch.Snapshot.NewerThan: a
+// higher seq within an epoch, a not earlier at across epochs); it counts
+// and drops malformed and older ones. After a reconnect nats.go
+// re-establishes the subscription and the watcher reads the KV again,
+// retrying with backoff while the read fails. Every update happens on
+// Run's goroutine; View reads are lock-free.
 type Watcher struct {
 	nc       *nats.Conn
 	settings WatcherSettings // with defaults applied
@@ -186,9 +187,11 @@ func (w *Watcher) Pools() []string {
 	return ids
 }
 
-// Synced is closed once Run has read the KV bucket for the first time (or
-// found that there is none), so that a caller can wait for the current
-// state before it serves requests.
+// Synced is closed once Run has made its first attempt to read the KV
+// bucket: after the read, after finding that there is no bucket or no
+// JetStream (or NoKV), or after a failed read, which Run keeps retrying in
+// the background. A caller can wait on it for the current state before it
+// serves requests without waiting forever on a broken JetStream.
 func (w *Watcher) Synced() <-chan struct{} { return w.synced }
 
 // Run follows the snapshots until ctx is done or Close is called, and then
@@ -358,54 +361,23 @@ func (w *Watcher) apply(snap *fleetwatch.Snapshot) bool {
 	return true
 }
 
-// decodeSnapshot decodes and checks a snapshot published for pool. It
-// accepts unknown fields (forward compatibility) but not a snapshot a
-// router could not act on.
+// decodeSnapshot decodes and checks a snapshot published for pool (on its
+// subject or under its key). It accepts unknown fields (forward
+// compatibility) but not a snapshot a router could not act on
+// (fleetwatch.Snapshot.Validate) nor one of another pool. The error wraps
+// ErrMalformed, and fleetwatch.ErrInvalidSnapshot when Validate failed.
 func decodeSnapshot(data []byte, pool string) (*fleetwatch.Snapshot, error) {
 	var snap fleetwatch.Snapshot
 	if err := json.Unmarshal(data, &snap); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
-	if err := checkSnapshot(&snap, pool); err != nil {
-		return nil, err
+	if err := snap.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
+	if snap.Pool != pool {
+		return nil, fmt.Errorf("%w: pool %q published for pool %q", ErrMalformed, snap.Pool, pool)
 	}
 	return &snap, nil
-}
-
-func checkSnapshot(s *fleetwatch.Snapshot, pool string) error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: %s", ErrMalformed, fmt.Sprintf(format, args...))
-	}
-	switch {
-	case s.V != fleetwatch.ProtocolVersion:
-		return bad("v = %d", s.V)
-	case s.Pool != pool:
-		return bad("pool %q published for pool %q", s.Pool, pool)
-	case fleetwatch.ValidatePoolID(s.Pool) != nil:
-		return bad("invalid pool id %q", s.Pool)
-	case s.Epoch == "":
-		return bad("no epoch")
-	case s.At.IsZero():
-		return bad("no at")
-	case s.TTLMs < 0:
-		return bad("ttl_ms = %d", s.TTLMs)
-	case s.Mode != fleetwatch.ModeBalance && s.Mode != fleetwatch.ModeFailover:
-		return bad("mode %q", s.Mode)
-	case s.AllOpen != fleetwatch.AllOpenShed && s.AllOpen != fleetwatch.AllOpenSpread:
-		return bad("all_open %q", s.AllOpen)
-	}
-	for i := range s.Backends {
-		b := &s.Backends[i]
-		switch {
-		case b.Backend == "":
-			return bad("backend %d has no id", i)
-		case b.State != fleetwatch.StateClosed && b.State != fleetwatch.StateOpen && b.State != fleetwatch.StateHalfOpen:
-			return bad("backend %q: state %q", b.Backend, b.State)
-		case math.IsNaN(b.Weight) || b.Weight < 0 || b.Weight > 1:
-			return bad("backend %q: weight %v", b.Backend, b.Weight)
-		}
-	}
-	return nil
 }
 
 // Close stops a running Run and waits for it to return. It is safe to call
@@ -477,7 +449,7 @@ func (r *kvReader) read(ctx context.Context) (retryAfter time.Duration, ok bool)
 	r.w.kvErrors.Inc()
 	wait := r.backoff
 	r.backoff = min(2*r.backoff, kvMaxBackoff)
-	r.w.settings.Logf("feed: reading %s failed (retrying in %v): %v", r.w.subjects.BucketDecisions(), wait, err)
+	r.w.settings.Logf("feed: reading the current decisions failed (retrying in %v): %v", wait, err)
 	return wait, false
 }
 
@@ -485,14 +457,14 @@ func (r *kvReader) readOnce(ctx context.Context) error {
 	if r.kv == nil {
 		js, err := jetstream.New(r.w.nc)
 		if err != nil {
-			return err
+			return fmt.Errorf("feed: jetstream: %w", err)
 		}
 		if err := jetStreamAvailable(ctx, js); err != nil {
 			return err
 		}
 		kv, err := js.KeyValue(ctx, r.w.subjects.BucketDecisions())
 		if err != nil {
-			return err
+			return fmt.Errorf("feed: bind bucket %s: %w", r.w.subjects.BucketDecisions(), err)
 		}
 		r.kv = kv
 	}
@@ -504,7 +476,7 @@ func (r *kvReader) readOnce(ctx context.Context) error {
 		watcher, err = r.kv.WatchFiltered(ctx, r.w.settings.Pools, jetstream.IgnoreDeletes())
 	}
 	if err != nil {
-		return err
+		return fmt.Errorf("feed: watch bucket %s: %w", r.w.subjects.BucketDecisions(), err)
 	}
 	defer func() { _ = watcher.Stop() }()
 	for {
@@ -513,7 +485,7 @@ func (r *kvReader) readOnce(ctx context.Context) error {
 			return ctx.Err()
 		case entry, ok := <-watcher.Updates():
 			if !ok {
-				return errors.New("feed: kv watch ended")
+				return fmt.Errorf("feed: watch of bucket %s ended before its current values", r.w.subjects.BucketDecisions())
 			}
 			if entry == nil {
 				return nil // every current value has been delivered

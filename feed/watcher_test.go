@@ -207,6 +207,8 @@ func TestWatcherIgnoresMalformed(t *testing.T) {
 		mutate(func(s *fleetwatch.Snapshot) { s.Backends[0].State = "broken" }),
 		mutate(func(s *fleetwatch.Snapshot) { s.Backends[0].Weight = 1.5 }),
 		mutate(func(s *fleetwatch.Snapshot) { s.Backends[0].Backend = "" }),
+		mutate(func(s *fleetwatch.Snapshot) { s.Backends = append(s.Backends, s.Backends[0]) }), // duplicate
+		mutate(func(s *fleetwatch.Snapshot) { s.Backends[0].Drift = "" }),
 	}
 	for _, data := range bad {
 		script.PublishRaw("p", data)
@@ -222,9 +224,33 @@ func TestWatcherIgnoresMalformed(t *testing.T) {
 }
 
 func TestDecodeSnapshotErrors(t *testing.T) {
-	_, err := decodeSnapshot([]byte(`[]`), "p")
-	if !errors.Is(err, ErrMalformed) {
-		t.Errorf("error = %v, want ErrMalformed", err)
+	good := mustJSON(t, feedtest.Snapshot("p", "e", 1, t0, feedtest.Closed("a"), feedtest.Closed("b")))
+	unsorted := mustJSON(t, feedtest.Snapshot("p", "e", 1, t0, feedtest.Closed("b"), feedtest.Closed("a")))
+	tests := []struct {
+		name    string
+		data    []byte
+		pool    string
+		invalid bool // wraps fleetwatch.ErrInvalidSnapshot
+	}{
+		{"not an object", []byte(`[]`), "p", false},
+		{"truncated", good[:len(good)/2], "p", false},
+		{"another pool's snapshot", good, "q", false},
+		{"backends not sorted", unsorted, "p", true},
+		{"no version", []byte(`{"pool":"p","epoch":"e","at":"2026-12-02T07:50:00.000Z","mode":"balance","all_open":"shed"}`), "p", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := decodeSnapshot(tt.data, tt.pool)
+			if !errors.Is(err, ErrMalformed) {
+				t.Errorf("error = %v, want ErrMalformed", err)
+			}
+			if got := errors.Is(err, fleetwatch.ErrInvalidSnapshot); got != tt.invalid {
+				t.Errorf("errors.Is(%v, fleetwatch.ErrInvalidSnapshot) = %v, want %v", err, got, tt.invalid)
+			}
+		})
+	}
+	if _, err := decodeSnapshot(good, "p"); err != nil {
+		t.Errorf("decodeSnapshot(good) = %v", err)
 	}
 }
 

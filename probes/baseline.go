@@ -99,7 +99,7 @@ func (b *Baseline) Marshal() ([]byte, error) { return json.Marshal(b) }
 func UnmarshalBaseline(data []byte) (*Baseline, error) {
 	var b Baseline
 	if err := json.Unmarshal(data, &b); err != nil {
-		return nil, fmt.Errorf("probes: baseline: %w", err)
+		return nil, fmt.Errorf("probes: decode baseline: %w", err)
 	}
 	if b.V != BaselineVersion {
 		return nil, fmt.Errorf("probes: baseline version %d, want %d", b.V, BaselineVersion)

@@ -255,7 +255,11 @@ func (p *Prober) ProbeBackend(ctx context.Context, pool, backend string) error {
 	}
 	st.run.Unlock()
 	o.flush()
-	return err
+	if err != nil {
+		// The Sink and the status got err as it is, beside the ids.
+		return fmt.Errorf("probes: %s/%s: %w", pool, backend, err)
+	}
+	return nil
 }
 
 // cycle runs one cycle with st.run held and reports whether its metadata
@@ -284,7 +288,7 @@ func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, 
 		}
 		if err != nil {
 			p.s.Logf("probes: %s/%s: saving baseline: %v", st.t.Pool, st.t.Backend, err)
-			p.probeError(st, fmt.Errorf("probes: save baseline: %w", err), o)
+			p.probeError(st, fmt.Errorf("probes: save baseline of %s/%s: %w", st.t.Pool, st.t.Backend, err), o)
 		}
 		p.s.Logf("probes: %s/%s: enrolled over %d cycles", st.t.Pool, st.t.Backend, st.mon.Baseline().Cycles)
 	}
