@@ -24,6 +24,7 @@ var allowed = map[string][]string{
 	"analyzer":      {"."},
 	"feed":          {".", "feed/p2c"},
 	"feed/p2c":      {"."},
+	"feed/route":    {".", "feed", "feed/p2c"},
 	"feed/feedtest": {".", "feed"},
 	"probes":        {"."},
 	"dashboards":    {},

@@ -6,19 +6,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
-	"slices"
-	"strings"
-	"sync/atomic"
 	"time"
+
+	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
+	"github.com/fleetwatch/fleetwatch/feed/route"
 )
 
 func init() {
@@ -39,26 +37,11 @@ type routeOptions struct {
 	headerTimeout time.Duration
 }
 
-// runRoute is `fleetwatch route`: an OpenAI-compatible reverse proxy that
-// routes POST /v1/chat/completions, /v1/completions and /v1/embeddings to a
-// backend of the pool serving the request's model, chosen by the pool's p2c
-// picker from fleetwatch's decisions, and publishes one outcome event per
-// attempt on <prefix>.outcomes.<source>.
-//
-// The pool is the one whose id or `models` list names the request's model;
-// with a single pool every model goes there, otherwise an unknown model is
-// a 404. GET /v1/models lists the configured model ids. Until a pool's first
-// decision arrives (and whenever its decision is stale) the picker routes
-// on equal weights and the router's own signals; open breakers whose
-// open_until is ahead stay honoured.
-//
-// Connect errors, 5xx and 429 are retried on another backend while the
-// client has seen nothing, within the retry budget and --max-attempts;
-// never once a byte has gone to the client. A backend that breaks off
-// mid-answer makes the router drop the client's connection too. When every
-// backend is open (all_open=shed) the answer is 503 with Retry-After.
-// Responses carry X-Fleetwatch-Backend and X-Fleetwatch-Attempts. The
-// router also serves /metrics (Prometheus text) and /healthz.
+// runRoute is `fleetwatch route`: the feed/route router (see its package
+// documentation for the routing, retries and shedding) over the pools of
+// --config, following the decisions through a feed watcher and publishing
+// one outcome event per attempt on <prefix>.outcomes.<source>. It also
+// serves /metrics (Prometheus text) and /healthz.
 //
 // Outcome events are queued and published in NDJSON batches (every 10ms or
 // 64 KiB) by one goroutine: a slow or absent NATS never delays a request;
@@ -98,7 +81,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(cfg.Pools) == 0 {
 		return errors.New("the configuration has no pools: route needs --config with pools and backend urls")
 	}
-	pools, err := newRoutePools(cfg, p2c.Settings{RetryRatio: o.retryRatio})
+	pools, err := cfg.RoutePools(os.Getenv, p2c.Settings{RetryRatio: o.retryRatio})
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
@@ -111,16 +94,37 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer nc.Close()
 
-	rt := newRouter(pools, o)
-	rt.events = newOutcomePublisher(outcomePublisherSettings{
-		Subject: subjects.Outcomes() + "." + subjectToken(o.source),
+	// One metrics set for the router, its publisher and its watcher, served
+	// on /metrics.
+	set := metrics.NewSet()
+	events, err := route.NewOutcomePublisher(route.PublisherSettings{
+		Subject: subjects.Outcomes() + "." + route.SubjectToken(o.source),
 		Publish: nc.Publish,
-		Metrics: rt.metrics.set,
+		Metrics: set,
 	})
+	if err != nil {
+		return err
+	}
+	rt, err := route.New(route.Settings{
+		Pools:         pools,
+		HeaderTimeout: o.headerTimeout,
+		MaxAttempts:   o.maxAttempts,
+		Source:        o.source,
+		PrefixFrom:    o.prefixFrom,
+		IdleGap:       o.idleGap,
+		MaxBody:       o.maxBody,
+		Publisher:     events,
+		Metrics:       set,
+		Logf:          logf,
+	})
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	defer rt.Close()
 	pubDone := make(chan error, 1)
-	go func() { pubDone <- rt.events.Run(context.WithoutCancel(ctx)) }()
+	go func() { pubDone <- events.Run(context.WithoutCancel(ctx)) }() // exits on Close
 	defer func() {
-		rt.events.Close()
+		events.Close()
 		<-pubDone
 		if nc.IsConnected() { // hand the last batch over; never wait for a server that is gone
 			nc.FlushTimeout(2 * time.Second)
@@ -131,15 +135,11 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// its picker (live from the decisions subjects, and at start and after
 	// a reconnect from the KV bucket).
 	watcher, err := feed.NewWatcher(nc, feed.WatcherSettings{
-		Prefix: cfg.Prefix,
-		Pools:  slices.Sorted(maps.Keys(pools)),
-		OnUpdate: func(snap *fleetwatch.Snapshot) {
-			if p := pools[snap.Pool]; p != nil {
-				p.apply(snap)
-			}
-		},
-		Metrics: rt.metrics.set,
-		Logf:    logf,
+		Prefix:   cfg.Prefix,
+		Pools:    rt.Pools(),
+		OnUpdate: rt.Apply,
+		Metrics:  set,
+		Logf:     logf,
 	})
 	if err != nil {
 		return err
@@ -155,9 +155,9 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: rt, ReadHeaderTimeout: 30 * time.Second}
+	srv := &http.Server{Handler: routeHandler(rt, set), ReadHeaderTimeout: 30 * time.Second}
 	fmt.Fprintf(stdout, "route: listening on http://%s (%d pools, events on %s)\n",
-		ln.Addr(), len(pools), rt.events.subject)
+		ln.Addr(), len(pools), events.Subject())
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }() // exits when srv shuts down
 	select {
@@ -174,61 +174,18 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return nil
 }
 
-func newRouter(pools map[string]*routePool, o routeOptions) *router {
-	rt := &router{
-		pools:       pools,
-		byModel:     map[string]*routePool{},
-		source:      o.source,
-		prefixFrom:  o.prefixFrom,
-		maxAttempts: o.maxAttempts,
-		idleGap:     o.idleGap,
-		maxBody:     o.maxBody,
-		metrics:     newRouteMetrics(),
-		client: &http.Client{Transport: &http.Transport{
-			Proxy:                 nil, // a router talks to its backends directly
-			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:          1024,
-			MaxIdleConnsPerHost:   256,
-			IdleConnTimeout:       90 * time.Second,
-			ResponseHeaderTimeout: o.headerTimeout,
-		}},
-	}
-	if rt.maxBody <= 0 {
-		rt.maxBody = 32 << 20
-	}
-	if rt.maxAttempts <= 0 {
-		rt.maxAttempts = 1
-	}
-	if rt.idleGap <= 0 {
-		rt.idleGap = 5 * time.Minute
-	}
-	seed := rand.Uint64()
-	var n atomic.Uint64
-	rt.rngs.New = func() any { return rand.New(rand.NewPCG(seed, n.Add(1))) }
-	for _, id := range slices.Sorted(maps.Keys(pools)) {
-		p := pools[id]
-		for _, m := range p.models {
-			if _, dup := rt.byModel[m]; !dup {
-				rt.byModel[m] = p
-				rt.models = append(rt.models, m)
-			}
+// routeHandler serves the router's API, plus /metrics (Prometheus text) and
+// /healthz.
+func routeHandler(rt *route.Router, set *metrics.Set) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/metrics":
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+			set.WritePrometheus(w)
+		case r.Method == http.MethodGet && (r.URL.Path == "/healthz" || r.URL.Path == "/health"):
+			w.WriteHeader(http.StatusOK)
+		default:
+			rt.ServeHTTP(w, r)
 		}
-	}
-	if len(pools) == 1 {
-		for _, p := range pools {
-			rt.single = p
-		}
-	}
-	return rt
-}
-
-// subjectToken makes s usable as one NATS subject token.
-func subjectToken(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '.', '*', '>', ' ', '\t', '\r', '\n':
-			return '_'
-		}
-		return r
-	}, s)
+	})
 }

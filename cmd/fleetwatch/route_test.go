@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -199,6 +198,9 @@ func newRouteClient(t testing.TB, base string) *routeClient {
 	return &routeClient{t: t, base: base, http: &http.Client{Timeout: 30 * time.Second}}
 }
 
+// TestRouteProxiesAndPublishesEvents is the smoke test of `fleetwatch
+// route` as a command: flags, configuration, NATS, /metrics and /healthz.
+// The router's behaviour is tested in feed/route.
 func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
@@ -271,229 +273,40 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 		`fleetwatch_route_backend_weight{pool="llama",backend="b0"} 1`,
 		`fleetwatch_route_backend_open{pool="llama",backend="b1"} 0`,
 		`fleetwatch_route_pick_duration_seconds_count 4`,
+		`fleetwatch_route_event_batches_total`,
+		`fleetwatch_feed_`, // the watcher's series share the set
 	} {
 		if !strings.Contains(string(metricsText), want) {
 			t.Errorf("metrics lack %q:\n%s", want, metricsText)
 		}
 	}
-}
-
-func TestRouteRetriesFailuresTheClientHasNotSeen(t *testing.T) {
-	natsURL, _ := feedtest.NewServer(t)
-	backends := startFakeBackends(t, 3)
-	backends[0].SetBehavior(fakeai.Behavior{InstantError: true})
-	backends[1].SetBehavior(fakeai.Behavior{Refuse: true})
-	// A generous retry budget: this test is about the retry mechanics; the
-	// budget is p2c's and tested there.
-	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""), "--retry-ratio", "10")
-	c := newRouteClient(t, base)
-	codes := map[int]int{}
-	for i := range 60 {
-		r, err := c.chat("", fmt.Sprintf("q%d", i), i%2 == 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		codes[r.status]++
-		if r.status == 200 && r.backend != "b2" {
-			t.Errorf("a 200 from %s, want only b2 healthy", r.backend)
-		}
+	resp, err = http.Get(base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
 	}
-	// Three attempts reach the one healthy backend whatever the first two
-	// picks were.
-	if diff := cmp.Diff(map[int]int{200: 60}, codes); diff != "" {
-		t.Errorf("client codes (-want +got):\n%s", diff)
-	}
-	if backends[2].Stats().OK != 60 || backends[0].Stats().Errors == 0 {
-		t.Errorf("b0 %+v b2 %+v", backends[0].Stats(), backends[2].Stats())
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("/healthz: %d", resp.StatusCode)
 	}
 }
 
-func TestRouteFollowsDecisions(t *testing.T) {
-	natsURL, _ := feedtest.NewServer(t)
-	nc := feedtest.Connect(t, natsURL)
-	script := feedtest.NewScript(t, nc, "")
-	backends := startFakeBackends(t, 3)
-	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""))
-	c := newRouteClient(t, base)
-
-	now := time.Now()
-	openB0 := feedtest.Snapshot("llama", "e1", 1, now,
-		feedtest.Open("b0", now.Add(time.Hour), "test"), feedtest.Closed("b1"), feedtest.Closed("b2"))
-	openB0.TTLMs = 3_600_000
-	script.Publish(openB0)
-	// Eventually the open backend gets nothing: wait until a run of
-	// requests avoids it, then check a longer run does too.
-	eventually(t, 30*time.Second, "the open breaker to be followed", func() bool {
-		before := backends[0].Stats().Requests
-		for i := range 20 {
-			c.chat("", fmt.Sprint(i), false)
-		}
-		return backends[0].Stats().Requests == before
-	})
-	before := backends[0].Stats().Requests
-	for i := range 100 {
-		if r, err := c.chat("", fmt.Sprint(i), i%3 == 0); err != nil || r.status != 200 {
-			t.Fatalf("request %d: %v %d", i, err, r.status)
-		}
-	}
-	if got := backends[0].Stats().Requests - before; got != 0 {
-		t.Errorf("open backend b0 got %d requests", got)
-	}
-
-	// Every backend open with all_open=shed: 503 with Retry-After at once.
-	// Retry-After says when the first breaker half-opens (b1, in 20s).
-	allOpen := feedtest.Snapshot("llama", "e1", 2, now, feedtest.Open("b0", now.Add(time.Hour), "x"),
-		feedtest.Open("b1", now.Add(20*time.Second), "x"), feedtest.Open("b2", now.Add(time.Hour), "x"))
-	allOpen.TTLMs = 3_600_000
-	script.Publish(allOpen)
-	var shed routeReply
-	eventually(t, 30*time.Second, "shedding", func() bool {
-		r, err := c.chat("", "x", false)
-		shed = r
-		return err == nil && r.status == 503
-	})
-	if ra, err := strconv.Atoi(shed.header.Get("Retry-After")); err != nil || ra < 1 || ra > 20 {
-		t.Errorf("Retry-After %q, want 1..20 seconds", shed.header.Get("Retry-After"))
-	}
-}
-
-func TestRouteAffinityKeepsAPromptOnOneBackend(t *testing.T) {
-	natsURL, _ := feedtest.NewServer(t)
-	backends := startFakeBackends(t, 3)
-	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""))
-	c := newRouteClient(t, base)
-	for _, system := range []string{"you are a pirate", "you are a lawyer", "you are a poet"} {
-		seen := map[string]int{}
-		for i := range 30 {
-			r, err := c.chat(system, fmt.Sprint("question ", i), i%2 == 0)
-			if err != nil || r.status != 200 {
-				t.Fatalf("%v %d", err, r.status)
-			}
-			seen[r.backend]++
-		}
-		if len(seen) != 1 {
-			t.Errorf("system prompt %q spread over %v, want one backend", system, seen)
-		}
-	}
-}
-
-func TestRouteKeepsServingWhenNATSIsGone(t *testing.T) {
-	natsURL, ns := feedtest.NewServer(t)
-	backends := startFakeBackends(t, 2)
-	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""))
-	c := newRouteClient(t, base)
-	if r, err := c.chat("", "before", false); err != nil || r.status != 200 {
-		t.Fatalf("before: %v %d", err, r.status)
-	}
-	ns.Shutdown()
-	ns.WaitForShutdown()
-	for i := range 200 {
-		r, err := c.chat("", fmt.Sprint(i), i%2 == 0)
-		if err != nil || r.status != 200 {
-			t.Fatalf("request %d with NATS down: %v %d", i, err, r.status)
-		}
-	}
-}
-
-func TestRouteClientCancellationReachesTheBackend(t *testing.T) {
+// The flags reach the router and bad ones are usage errors; a backend
+// without a URL is a configuration error that names it.
+func TestRouteFlagsAndConfigErrors(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	backends := startFakeBackends(t, 1)
-	backends[0].SetBehavior(fakeai.Behavior{Hang: true})
-	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""))
-	ctx, cancel := context.WithCancel(t.Context())
-	errc := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/completions",
-			strings.NewReader(`{"model":"llama","prompt":"x"}`))
-		_, err := http.DefaultClient.Do(req)
-		errc <- err
-	}()
-	eventually(t, 30*time.Second, "the request to reach the backend", func() bool { return backends[0].Stats().InFlight == 1 })
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Errorf("client error %v, want canceled", err)
-	}
-	eventually(t, 30*time.Second, "the backend to see the cancellation", func() bool { return backends[0].Stats().Canceled == 1 })
-}
-
-func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
-	natsURL, _ := feedtest.NewServer(t)
-	nc := feedtest.Connect(t, natsURL)
-	log := collectRouteEvents(t, nc)
-	backends := startFakeBackends(t, 2)
-	backends[0].SetBehavior(fakeai.Behavior{Hang: true})
-	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""), "--header-timeout", "100ms", "--retry-ratio", "10")
-	c := newRouteClient(t, base)
-	// Until the picker has tried the hanging backend at least once, every
-	// request must still be answered by b1.
-	for i := 0; i < 20 || backends[0].Stats().Requests == 0; i++ {
-		r, err := c.chat("", fmt.Sprint(i), false)
-		if err != nil || r.status != 200 || r.backend != "b1" {
-			t.Fatalf("request %d: %v status %d from %q", i, err, r.status, r.backend)
-		}
-		if i > 1000 {
-			t.Fatal("the picker never chose b0")
+	cfg := routeConfig(t, natsURL, backends, "")
+	for _, args := range [][]string{{"--prefix-from", "user"}, {"--max-attempts", "0"}} {
+		var stderr syncBuffer
+		err := runRoute(t.Context(), append([]string{"--config", cfg}, args...), io.Discard, &stderr)
+		if !errors.Is(err, errUsage) || !strings.Contains(stderr.String(), args[0]) {
+			t.Errorf("%v: %v, stderr %q; want a usage error naming the flag", args, err, stderr.String())
 		}
 	}
-	eventually(t, 30*time.Second, "a timeout event for b0", func() bool {
-		for _, ev := range log.snapshot() {
-			if ev.Backend == "b0" && ev.Outcome == fleetwatch.OutcomeTimeout && ev.Status == 0 && ev.HasStatus {
-				return true
-			}
-		}
-		return false
-	})
-}
-
-// TestRouteNeverRetriesAfterTheStreamBegan: a backend that dies mid-stream
-// leaves the client with a cut stream (it saw bytes: a retry would
-// duplicate them) whose connection drops, one attempt, and an error event.
-func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
-	natsURL, _ := feedtest.NewServer(t)
-	log := collectRouteEvents(t, feedtest.Connect(t, natsURL))
-	backends := startFakeBackends(t, 2)
-	backends[0].SetBehavior(fakeai.Behavior{BreakAfterTokens: 2})
-	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""), "--retry-ratio", "10")
-	c := newRouteClient(t, base)
-	cut, fromB1, requests := 0, 0, 0
-	for i := 0; cut < 3; i++ {
-		requests++
-		if i > 1000 {
-			t.Fatal("the picker never chose b0")
-		}
-		r, err := c.chat("", fmt.Sprint(i), true)
-		if err != nil && !(r.backend == "b0" && errors.Is(err, io.ErrUnexpectedEOF)) {
-			t.Fatal(err)
-		}
-		switch r.backend {
-		case "b0":
-			cut++
-			if !errors.Is(err, io.ErrUnexpectedEOF) {
-				t.Errorf("cut stream read error %v, want unexpected EOF", err)
-			}
-			if r.header.Get("X-Fleetwatch-Attempts") != "1" || strings.Contains(string(r.body), "[DONE]") ||
-				r.text != fmt.Sprintf("user: %d", i) {
-				t.Errorf("from b0: attempts %s, body %q: want one attempt and a stream cut after 2 tokens",
-					r.header.Get("X-Fleetwatch-Attempts"), r.body)
-			}
-		case "b1":
-			fromB1++
-			if r.status != 200 || !strings.Contains(string(r.body), "[DONE]") {
-				t.Errorf("from b1: status %d body %q", r.status, r.body)
-			}
-		}
+	noURL := filepath.Join(t.TempDir(), "fleetwatch.yaml")
+	os.WriteFile(noURL, []byte(fmt.Sprintf("nats: {url: %q}\npools:\n  - id: llama\n    backends:\n      - id: b0\n", natsURL)), 0o600)
+	err := runRoute(t.Context(), []string{"--config", noURL}, io.Discard, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "pools[0].backends[0] (b0)") {
+		t.Errorf("backend without url: %v", err)
 	}
-	if got := backends[1].Stats().Requests; got != int64(fromB1) {
-		t.Errorf("b1 got %d requests but answered %d clients: a retry after the stream began?", got, fromB1)
-	}
-	eventually(t, 30*time.Second, "one event per request", func() bool { return len(log.snapshot()) == requests })
-	eventually(t, 30*time.Second, "error events for the cut streams", func() bool {
-		n := 0
-		for _, ev := range log.snapshot() {
-			if ev.Backend == "b0" && ev.Outcome == fleetwatch.OutcomeError && ev.Status == 200 {
-				n++
-			}
-		}
-		return n == 3
-	})
 }

@@ -10,7 +10,7 @@ import (
 
 func stickyFor(t *testing.T, p *Picker, key uint64) Choice {
 	t.Helper()
-	c, err := p.Pick(seeded(key), Request{Prefix: key, HasPrefix: true})
+	c, err := pickDone(p, seeded(key), Request{Prefix: key, HasPrefix: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestAffinityBoundedLoad(t *testing.T) {
 			p.Update(pool(1, ids(4)...))
 			home := stickyFor(t, p, 99)
 			for range tt.inFlight {
-				p.Start(home.Backend)
+				busy(t, p, home.Backend)
 			}
 			if got := stickyFor(t, p, 99); got.Sticky != tt.wantSticky {
 				t.Errorf("sticky = %v, want %v (%+v)", got.Sticky, tt.wantSticky, got)

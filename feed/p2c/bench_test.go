@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch"
 )
 
 // benchPicker is a picker over n healthy backends with a fresh snapshot,
@@ -48,6 +50,7 @@ func benchPickWith(b *testing.B, p *Picker, req func(i uint64) Request) {
 			b.Fatal(err)
 		}
 		sink = c
+		c.Done(fleetwatch.OutcomeOK, 100, false)
 		i++
 	}
 }
@@ -91,7 +94,9 @@ func BenchmarkPickSeedScore100(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	b.ReportAllocs()
 	for b.Loop() {
-		sink, _ = p.Pick(r, Request{})
+		c, _ := p.Pick(r, Request{})
+		sink = c
+		c.Done(fleetwatch.OutcomeOK, 100, false)
 	}
 }
 
@@ -108,7 +113,9 @@ func BenchmarkPickBudgeted100(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 2))
 	b.ReportAllocs()
 	for b.Loop() {
-		sink, _ = p.Pick(r, Request{})
+		c, _ := p.Pick(r, Request{})
+		sink = c
+		c.Done(fleetwatch.OutcomeOK, 100, false)
 	}
 }
 
@@ -138,8 +145,7 @@ func BenchmarkPickParallel100(b *testing.B) {
 		r := rand.New(rand.NewPCG(rand.Uint64(), 2))
 		for pb.Next() {
 			c, _ := p.Pick(r, Request{})
-			p.Start(c.Backend)
-			p.Done(c.Backend, 1, 100, false)
+			c.Done(fleetwatch.OutcomeOK, 100, false)
 		}
 	})
 }

@@ -18,13 +18,13 @@ func TestRetryBudgetStopsStorm(t *testing.T) {
 	for step := 0; step < 1000; step++ { // 100 first attempts a second
 		c.Advance(10 * time.Millisecond)
 		p.Update(pool(uint64(step+2), backend("a", 100), backend("b", 100), backend("c", 100)))
-		ch, err := p.Pick(r, Request{})
+		ch, err := pickDone(p, r, Request{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		firsts++
 		for range 3 { // the attempt failed; retry elsewhere
-			ch, err = p.Pick(r, Request{Exclude: ch.Backend})
+			ch, err = pickDone(p, r, Request{Exclude: ch.Backend})
 			if errors.Is(err, ErrRetryBudget) {
 				refused++
 				break
@@ -76,7 +76,7 @@ func TestUnbudgeted(t *testing.T) {
 	p := newPicker(c, Settings{RetryRatio: -1})
 	p.Update(pool(1, backend("a", 100), backend("b", 100)))
 	for i := range 1000 {
-		if _, err := p.Pick(seeded(uint64(i)), Request{Retry: true}); err != nil {
+		if _, err := pickDone(p, seeded(uint64(i)), Request{Retry: true}); err != nil {
 			t.Fatalf("retry %d: %v", i, err)
 		}
 	}

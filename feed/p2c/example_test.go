@@ -10,7 +10,7 @@ import (
 )
 
 // A router applies each decision snapshot with Update, then for every
-// request: Pick, Start, send, Done.
+// request: Pick (which counts it in flight), send, and Done on the Choice.
 func Example() {
 	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
 	picker := p2c.New(p2c.Settings{Now: func() time.Time { return now }})
@@ -26,7 +26,8 @@ func Example() {
 		},
 	})
 	r := rand.New(rand.NewPCG(1, 2))
-	picker.Start("vllm-a") // another request is already on vllm-a
+	busy, _ := picker.Choose("vllm-a") // another request is already on vllm-a
+	defer busy.Done(fleetwatch.OutcomeOK, 190, false)
 
 	choice, err := picker.Pick(r, p2c.Request{})
 	if err != nil {
@@ -34,8 +35,8 @@ func Example() {
 		return
 	}
 	fmt.Println("picked", choice.Backend)
-	picker.Start(choice.Backend)
 	// ... send the request, then:
-	picker.Done(choice.Backend, fleetwatch.OutcomeOK, 180, false)
+	choice.Done(fleetwatch.OutcomeOK, 180, false)
+	choice.Done(fleetwatch.OutcomeOK, 180, false) // a second Done is a no-op
 	// Output: picked vllm-c
 }

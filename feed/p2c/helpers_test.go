@@ -3,6 +3,7 @@ package p2c
 import (
 	"fmt"
 	"math/rand/v2"
+	"testing"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
@@ -91,7 +92,7 @@ func ids(n int) []fleetwatch.Backend {
 func counts(p *Picker, r Rand, req Request, n int) map[string]int {
 	got := map[string]int{}
 	for range n {
-		c, err := p.Pick(r, req)
+		c, err := pickDone(p, r, req)
 		if err != nil {
 			got["error: "+err.Error()]++
 			continue
@@ -99,4 +100,24 @@ func counts(p *Picker, r Rand, req Request, n int) map[string]int {
 		got[c.Backend]++
 	}
 	return got
+}
+
+// pickDone picks and finishes the request at once (as never sent), so that
+// a test's picks do not pile up in flight, and returns the choice without
+// its handle.
+func pickDone(p *Picker, r Rand, req Request) (Choice, error) {
+	c, err := p.Pick(r, req)
+	out := Choice{Backend: c.Backend, Index: c.Index, Sticky: c.Sticky}
+	c.Done(fleetwatch.OutcomeCanceled, 0, false)
+	return out, err
+}
+
+// busy counts one request in flight on backend and returns its handle.
+func busy(t testing.TB, p *Picker, backend string) *Choice {
+	t.Helper()
+	c, err := p.Choose(backend)
+	if err != nil {
+		t.Fatalf("Choose(%s): %v", backend, err)
+	}
+	return &c
 }

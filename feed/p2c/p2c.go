@@ -27,8 +27,13 @@
 // The package is pure: it imports only the module root, takes randomness as
 // a parameter and reads the clock through Settings.Now. Discovery (the
 // snapshot, swapped atomically by Update), load (the router's own in-flight
-// count per backend, Start and Done) and choice (Pick) are kept apart, and
-// Pick does not allocate.
+// count per backend) and choice (Pick) are kept apart, and Pick does not
+// allocate.
+//
+// Load is counted the way grpc-go's balancers count it: Pick counts the
+// request in flight on the backend it returns, and the returned Choice is the
+// one way to finish it (Choice.Done). There is no separate start call to
+// forget, and a second Done on the same Choice does nothing.
 package p2c
 
 import (
@@ -131,15 +136,44 @@ type Request struct {
 	Retry bool
 }
 
-// Choice is the backend Pick chose.
+// Choice is the backend Pick (or Choose) chose, and the handle that finishes
+// the request: the request is counted in flight on Backend from the pick
+// until Done is called on the Choice.
+//
+// Keep the Choice where the request is tracked and call Done through a
+// pointer to it: Done clears the Choice, so a second Done on it is a no-op.
+// A copy of a Choice is a second handle on the same request; finishing both
+// would finish the request twice. The picker never lets a count drop below
+// zero and counts the Done calls that tried (Picker.UnbalancedDone), which a
+// correct program keeps at 0.
 type Choice struct {
 	Backend string // the backend id
 	Index   int    // its index in the snapshot's Backends
 	Sticky  bool   // chosen by prefix affinity rather than by two choices
+
+	picker *Picker
+	local  *local // nil once Done
+}
+
+// Done finishes the request: the backend's in-flight count goes down and,
+// for an ok, non-cold outcome, ttftMs feeds the router's local EWMA (an
+// instant error must never look fast). Call it once the answer is complete,
+// failed or abandoned; for a pick that was never sent, report
+// fleetwatch.OutcomeCanceled. Done zeroes the Choice (read Backend before),
+// so Done on a finished or zero Choice does nothing.
+// Done is safe to call concurrently with the picker's other methods, but not
+// concurrently with itself on the same Choice.
+func (c *Choice) Done(outcome fleetwatch.Outcome, ttftMs float64, cold bool) {
+	l, p := c.local, c.picker
+	if l == nil {
+		return
+	}
+	*c = Choice{}
+	p.finish(l, outcome, ttftMs, cold)
 }
 
 // Picker chooses backends for one pool. All methods are safe for concurrent
-// use; Pick, Start and Done take no lock.
+// use; Pick, Choose and Choice.Done take no lock.
 type Picker struct {
 	score      Score
 	costWeight float64
@@ -147,6 +181,7 @@ type Picker struct {
 	loadFactor float64      // <= 0: no bound
 	slowFactor float64      // <= 0: no outlier guard
 	total      atomic.Int64 // requests in flight over all backends
+	unbalanced atomic.Int64 // Done calls that found a count at zero
 	alpha      float64
 	now        func() time.Time
 	budget     *Budget
@@ -231,25 +266,20 @@ func (l *local) observe(ttftMs, alpha float64) {
 	}
 }
 
-// Start records that a request was sent to backend (its in-flight count goes
-// up). Call it after Pick, once the request is on its way.
-func (p *Picker) Start(backend string) {
-	if l := p.lookup(backend); l != nil {
-		l.inFlight.Add(1)
-		p.total.Add(1)
-	}
+// start counts a request in flight on entry i and returns its handle.
+func (p *Picker) start(st *state, i int, sticky bool) Choice {
+	e := &st.entries[i]
+	e.local.inFlight.Add(1)
+	p.total.Add(1)
+	return Choice{Backend: e.id, Index: i, Sticky: sticky, picker: p, local: e.local}
 }
 
-// Done records that a request to backend finished: its in-flight count goes
-// down and, for an ok, non-cold outcome, ttftMs feeds the router's local
-// EWMA (an instant error must never look fast).
-func (p *Picker) Done(backend string, outcome fleetwatch.Outcome, ttftMs float64, cold bool) {
-	l := p.lookup(backend)
-	if l == nil {
-		return
-	}
+// finish is Choice.Done.
+func (p *Picker) finish(l *local, outcome fleetwatch.Outcome, ttftMs float64, cold bool) {
 	if l.inFlight.Add(-1) < 0 {
-		l.inFlight.Store(0)
+		// A copied Choice finished twice: undo, and count the misuse.
+		l.inFlight.Add(1)
+		p.unbalanced.Add(1)
 	} else {
 		p.total.Add(-1)
 	}
@@ -257,6 +287,28 @@ func (p *Picker) Done(backend string, outcome fleetwatch.Outcome, ttftMs float64
 		l.observe(ttftMs, p.alpha)
 	}
 }
+
+// Choose returns a Choice for the named backend of the applied snapshot,
+// counted in flight like a pick, for a caller that decided by other means (a
+// third attempt that must go to a backend not tried yet, a policy of its
+// own). It bypasses the breakers, the sampling and the retry budget. It
+// returns ErrNoBackends when the snapshot has no such backend.
+func (p *Picker) Choose(backend string) (Choice, error) {
+	st := p.state.Load()
+	if st == nil {
+		return Choice{}, ErrNoBackends
+	}
+	i, ok := st.byID[backend]
+	if !ok {
+		return Choice{}, ErrNoBackends
+	}
+	return p.start(st, i, false), nil
+}
+
+// UnbalancedDone returns how many Choice.Done calls found their backend's
+// in-flight count already at zero: a copy of a Choice finished after the
+// original. It is 0 in a correct program.
+func (p *Picker) UnbalancedDone() int64 { return p.unbalanced.Load() }
 
 // InFlight returns the router's own in-flight count for backend.
 func (p *Picker) InFlight(backend string) int {

@@ -29,6 +29,9 @@ import (
 // A retry (req.Exclude or req.Retry set) withdraws a token from the retry
 // budget and fails with ErrRetryBudget when none is left; a first attempt
 // deposits. Pick does not allocate.
+//
+// The request is counted in flight on the chosen backend until Done is
+// called on the returned Choice; on an error nothing is counted.
 func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 	st := p.state.Load()
 	if st == nil || len(st.entries) == 0 {
@@ -63,7 +66,7 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 	if err != nil {
 		return Choice{}, err
 	}
-	return Choice{Backend: st.entries[i].id, Index: i, Sticky: sticky}, nil
+	return p.start(st, i, sticky), nil
 }
 
 func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, error) {

@@ -34,15 +34,15 @@ func TestSeedExample(t *testing.T) {
 			p := newPicker(c, Settings{Score: tt.score})
 			p.Update(pool(1, backend("fast", 200), backend("slow", 3000)))
 			for range 4 {
-				p.Start("fast")
+				busy(t, p, "fast")
 			}
 			for range 2 {
-				p.Start("slow")
+				busy(t, p, "slow")
 			}
 			// With two backends both are always the candidates; draw them
 			// in both orders.
 			for _, u := range [][]uint64{{at(0.1), at(0.9)}, {at(0.9), at(0.1)}} {
-				got, err := p.Pick(&scripted{vals: u}, Request{})
+				got, err := pickDone(p, &scripted{vals: u}, Request{})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -102,7 +102,7 @@ func TestSampleScripted(t *testing.T) {
 			c := &clock{now: t0}
 			p := newPicker(c, Settings{})
 			p.Update(pool(1, bs...))
-			got, err := p.Pick(&scripted{vals: tt.u}, Request{})
+			got, err := pickDone(p, &scripted{vals: tt.u}, Request{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -120,8 +120,8 @@ func TestCandidatesDistinct(t *testing.T) {
 	c := &clock{now: t0}
 	p := newPicker(c, Settings{})
 	p.Update(pool(1, backend("a", 100), backend("b", 100), backend("c", 100)))
-	p.Start("a")
-	got, err := p.Pick(&scripted{vals: []uint64{at(0.0)}}, Request{})
+	busy(t, p, "a")
+	got, err := pickDone(p, &scripted{vals: []uint64{at(0.0)}}, Request{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestHalfOpenInPoolOfTwo(t *testing.T) {
 	p := newPicker(c, Settings{})
 	p.Update(pool(1, bs...))
 	for range 5 {
-		p.Start("a") // a is busy; h looks idle (it fails instantly)
+		busy(t, p, "a") // a is busy; h looks idle (it fails instantly)
 	}
 	const n = 100000
 	got := counts(p, seeded(9), Request{}, n)
@@ -202,15 +202,16 @@ func TestInFlightSteersAway(t *testing.T) {
 	c := &clock{now: t0}
 	p := newPicker(c, Settings{Score: InFlightScore})
 	p.Update(pool(1, backend("a", 100), backend("b", 100)))
+	var held []*Choice
 	for range 3 {
-		p.Start("a")
+		held = append(held, busy(t, p, "a"))
 	}
 	got := counts(p, seeded(4), Request{}, 100)
 	if diff := cmp.Diff(map[string]int{"b": 100}, got); diff != "" {
 		t.Errorf("picks (-want +got):\n%s", diff)
 	}
-	for range 3 {
-		p.Done("a", fleetwatch.OutcomeOK, 100, false)
+	for _, c := range held {
+		c.Done(fleetwatch.OutcomeOK, 100, false)
 	}
 	if got := p.InFlight("a"); got != 0 {
 		t.Errorf("in flight after Done = %d, want 0", got)
@@ -225,19 +226,16 @@ func TestLocalEWMAForNewBackend(t *testing.T) {
 	p.Update(pool(1, backend("known", 100), backend("new", 0)))
 	// No local sample yet: new is scored at the median (100), a tie that
 	// the first candidate wins.
-	got, err := p.Pick(&scripted{vals: []uint64{at(0.9), at(0.1)}}, Request{})
+	got, err := pickDone(p, &scripted{vals: []uint64{at(0.9), at(0.1)}}, Request{})
 	if err != nil || got.Backend != "new" {
 		t.Fatalf("Pick = %v, %v; want new on a tie", got, err)
 	}
 	// The router saw new answer slowly; failures and cold samples do not
 	// count.
-	p.Start("new")
-	p.Done("new", fleetwatch.OutcomeOK, 1000, false)
-	p.Start("new")
-	p.Done("new", fleetwatch.OutcomeError, 1, false)
-	p.Start("new")
-	p.Done("new", fleetwatch.OutcomeOK, 1, true)
-	got, err = p.Pick(&scripted{vals: []uint64{at(0.9), at(0.1)}}, Request{})
+	busy(t, p, "new").Done(fleetwatch.OutcomeOK, 1000, false)
+	busy(t, p, "new").Done(fleetwatch.OutcomeError, 1, false)
+	busy(t, p, "new").Done(fleetwatch.OutcomeOK, 1, true)
+	got, err = pickDone(p, &scripted{vals: []uint64{at(0.9), at(0.1)}}, Request{})
 	if err != nil || got.Backend != "known" {
 		t.Fatalf("Pick = %v, %v; want known (new's local EWMA is 1000 ms)", got, err)
 	}
@@ -252,7 +250,7 @@ func TestExclude(t *testing.T) {
 		t.Errorf("picks with b excluded: %v", got)
 	}
 	p.Update(pool(2, backend("only", 100)))
-	c2, err := p.Pick(seeded(6), Request{Exclude: "only"})
+	c2, err := pickDone(p, seeded(6), Request{Exclude: "only"})
 	if err != nil || c2.Backend != "only" {
 		t.Errorf("Pick with the only backend excluded = %v, %v; want it anyway", c2, err)
 	}
@@ -261,11 +259,11 @@ func TestExclude(t *testing.T) {
 func TestNoBackends(t *testing.T) {
 	c := &clock{now: t0}
 	p := newPicker(c, Settings{})
-	if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrNoBackends) {
+	if _, err := pickDone(p, seeded(1), Request{}); !errors.Is(err, ErrNoBackends) {
 		t.Errorf("Pick before Update: err = %v, want ErrNoBackends", err)
 	}
 	p.Update(pool(1))
-	if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrNoBackends) {
+	if _, err := pickDone(p, seeded(1), Request{}); !errors.Is(err, ErrNoBackends) {
 		t.Errorf("Pick on an empty pool: err = %v, want ErrNoBackends", err)
 	}
 }
@@ -275,7 +273,7 @@ func TestUpdateIgnoresOlderSnapshot(t *testing.T) {
 	p := newPicker(c, Settings{})
 	p.Update(pool(5, backend("new", 100)))
 	p.Update(pool(4, backend("old", 100)))
-	got, err := p.Pick(seeded(1), Request{})
+	got, err := pickDone(p, seeded(1), Request{})
 	if err != nil || got.Backend != "new" {
 		t.Errorf("Pick = %v, %v; want new (seq 4 must not replace seq 5)", got, err)
 	}
@@ -283,7 +281,7 @@ func TestUpdateIgnoresOlderSnapshot(t *testing.T) {
 	next.Epoch = "e2"
 	next.At = fleetwatch.At(t0.Add(time.Second))
 	p.Update(next)
-	if got, _ := p.Pick(seeded(1), Request{}); got.Backend != "restarted" {
+	if got, _ := pickDone(p, seeded(1), Request{}); got.Backend != "restarted" {
 		t.Errorf("Pick = %v; a newer epoch must replace the old one", got)
 	}
 }
@@ -294,8 +292,8 @@ func TestLocalsCarryOver(t *testing.T) {
 	c := &clock{now: t0}
 	p := newPicker(c, Settings{})
 	p.Update(pool(1, backend("a", 100), backend("b", 100)))
-	p.Start("a")
-	p.Start("b")
+	busy(t, p, "a")
+	onB := busy(t, p, "b")
 	p.Update(pool(2, backend("a", 100)))
 	if got := p.InFlight("a"); got != 1 {
 		t.Errorf("a in flight = %d, want 1", got)
@@ -304,7 +302,7 @@ func TestLocalsCarryOver(t *testing.T) {
 	if got := p.InFlight("b"); got != 1 {
 		t.Errorf("b in flight after leaving and returning = %d, want 1", got)
 	}
-	p.Done("b", fleetwatch.OutcomeOK, 100, false)
+	onB.Done(fleetwatch.OutcomeOK, 100, false)
 	if got := p.InFlight("b"); got != 0 {
 		t.Errorf("b in flight = %d, want 0", got)
 	}
@@ -357,7 +355,7 @@ func TestAllOpen(t *testing.T) {
 		c := &clock{now: t0}
 		p := newPicker(c, Settings{})
 		p.Update(pool(1, bs...))
-		if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrShed) {
+		if _, err := pickDone(p, seeded(1), Request{}); !errors.Is(err, ErrShed) {
 			t.Errorf("err = %v, want ErrShed", err)
 		}
 	})
@@ -420,14 +418,13 @@ func TestStaleUsesLocalEWMA(t *testing.T) {
 	c := &clock{now: t0}
 	p := newPicker(c, Settings{Score: SeedScore})
 	p.Update(pool(1, backend("a", 100), backend("b", 100)))
-	p.Start("a")
-	p.Done("a", fleetwatch.OutcomeOK, 5000, false)
+	busy(t, p, "a").Done(fleetwatch.OutcomeOK, 5000, false)
 	// Fresh: the feed says both are at 100 ms; a tie, the first wins.
-	if got, _ := p.Pick(&scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{}); got.Backend != "a" {
+	if got, _ := pickDone(p, &scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{}); got.Backend != "a" {
 		t.Errorf("fresh pick = %s, want a (feed EWMAs tie)", got.Backend)
 	}
 	c.Advance(10 * time.Second)
-	if got, _ := p.Pick(&scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{}); got.Backend != "b" {
+	if got, _ := pickDone(p, &scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{}); got.Backend != "b" {
 		t.Errorf("stale pick = %s, want b (a's local EWMA is 5000 ms)", got.Backend)
 	}
 }
@@ -440,11 +437,11 @@ func TestStaleAllOpen(t *testing.T) {
 	c := &clock{now: t0.Add(10 * time.Second)}
 	p := newPicker(c, Settings{})
 	p.Update(pool(1, bs...))
-	if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrShed) {
+	if _, err := pickDone(p, seeded(1), Request{}); !errors.Is(err, ErrShed) {
 		t.Errorf("err = %v, want ErrShed", err)
 	}
 	c.Advance(time.Minute) // the breakers' open_until passed: never send nothing
-	if _, err := p.Pick(seeded(1), Request{}); err != nil {
+	if _, err := pickDone(p, seeded(1), Request{}); err != nil {
 		t.Errorf("err = %v after open_until passed, want a pick", err)
 	}
 }
@@ -475,12 +472,18 @@ func TestPickAllocs(t *testing.T) {
 	p.Update(pool(1, ids(100)...))
 	r := seeded(1)
 	for _, req := range []Request{{}, {Prefix: 42, HasPrefix: true}, {Exclude: "b0003"}} {
-		if a := testing.AllocsPerRun(1000, func() { _, _ = p.Pick(r, req) }); a != 0 {
+		if a := testing.AllocsPerRun(1000, func() {
+			c, _ := p.Pick(r, req)
+			c.Done(fleetwatch.OutcomeOK, 100, false)
+		}); a != 0 {
 			t.Errorf("Pick(%+v) allocates %v times", req, a)
 		}
 	}
 	c.Advance(time.Minute)
-	if a := testing.AllocsPerRun(1000, func() { _, _ = p.Pick(r, Request{}) }); a != 0 {
+	if a := testing.AllocsPerRun(1000, func() {
+		c, _ := p.Pick(r, Request{})
+		c.Done(fleetwatch.OutcomeOK, 100, false)
+	}); a != 0 {
 		t.Errorf("stale Pick allocates %v times", a)
 	}
 }
@@ -509,10 +512,10 @@ func TestSlowOutlierGuard(t *testing.T) {
 			// The median of (200, 200, slow) is 200.
 			p.Update(pool(1, backend("fast", 200), backend("other", 200), backend("slow", tt.slowEWMA)))
 			for range tt.fastBusy {
-				p.Start("fast")
+				busy(t, p, "fast")
 			}
 			// fast is [0,1), slow is [2,3): draw fast, then slow.
-			got, err := p.Pick(&scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{})
+			got, err := pickDone(p, &scripted{vals: []uint64{at(0.1), at(0.9)}}, Request{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -583,5 +586,48 @@ func TestAliasFallback(t *testing.T) {
 	}
 	if i := tbl.sample(r.Uint64(), 5, 9); i != 0 {
 		t.Errorf("drew %d with 5 and 9 skipped, want 0", i)
+	}
+}
+
+// Pick counts the request in flight until Done on its Choice; a second Done
+// on the same Choice is a no-op, and a copy finished after the original
+// never drives the count below zero but is counted.
+func TestChoiceDoneOnce(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	p.Update(pool(1, backend("a", 100)))
+	ch, err := p.Pick(seeded(1), Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := p.InFlight("a"); got != 1 {
+		t.Fatalf("in flight after Pick = %d, want 1", got)
+	}
+	copied := ch
+	ch.Done(fleetwatch.OutcomeOK, 100, false)
+	ch.Done(fleetwatch.OutcomeOK, 100, false)
+	if got := p.InFlight("a"); got != 0 || p.UnbalancedDone() != 0 {
+		t.Errorf("after Done twice: in flight %d, unbalanced %d; want 0, 0", got, p.UnbalancedDone())
+	}
+	if ch.Backend != "" {
+		t.Errorf("Done left the Choice %+v, want it cleared", ch)
+	}
+	copied.Done(fleetwatch.OutcomeOK, 100, false)
+	if got := p.InFlight("a"); got != 0 || p.UnbalancedDone() != 1 {
+		t.Errorf("after a copy's Done: in flight %d, unbalanced %d; want 0, 1", got, p.UnbalancedDone())
+	}
+	var zero Choice
+	zero.Done(fleetwatch.OutcomeOK, 1, false) // no-op
+	if _, err := p.Choose("nope"); !errors.Is(err, ErrNoBackends) {
+		t.Errorf("Choose(nope) = %v, want ErrNoBackends", err)
+	}
+	if _, err := New(Settings{}).Choose("a"); !errors.Is(err, ErrNoBackends) {
+		t.Errorf("Choose before Update = %v, want ErrNoBackends", err)
+	}
+	// An error from Pick counts nothing.
+	p.Update(&fleetwatch.Snapshot{V: 1, Pool: "p", Epoch: "e1", Seq: 2, At: fleetwatch.At(t0), TTLMs: 5000,
+		AllOpen: fleetwatch.AllOpenShed, Backends: []fleetwatch.Backend{{Backend: "a", State: fleetwatch.StateOpen}}})
+	if _, err := p.Pick(seeded(1), Request{}); !errors.Is(err, ErrShed) || p.InFlight("a") != 0 {
+		t.Errorf("shed pick: %v, in flight %d", err, p.InFlight("a"))
 	}
 }

@@ -156,7 +156,8 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		st.locals[e.id] = e.local
 	}
 	// A backend that left the snapshot keeps its local while requests to it
-	// are in flight, so their Done calls still balance the count.
+	// are in flight, so that it finds its count again if it returns before
+	// they finish (their Choices hold the local itself).
 	if prev != nil {
 		for id, l := range prev.locals {
 			if _, ok := st.locals[id]; !ok && l.inFlight.Load() > 0 {

@@ -401,6 +401,7 @@ type fleetwatchRouter struct {
 	ids    []string
 	index  map[string]int
 	rng    *rand.Rand
+	held   [][]p2c.Choice // per backend index: the picks in flight, for finish
 }
 
 func (p *fleetwatchRouter) pick(req *request, exclude int) (int, error) {
@@ -420,17 +421,27 @@ func (p *fleetwatchRouter) pick(req *request, exclude int) (int, error) {
 	}
 	b, ok := p.index[c.Backend]
 	if !ok {
+		c.Done(fleetwatch.OutcomeCanceled, 0, false)
 		return -1, errNoBackend
 	}
+	if p.held == nil {
+		p.held = make([][]p2c.Choice, len(p.ids))
+	}
+	p.held[b] = append(p.held[b], c) // finished by finish
 	return b, nil
 }
 
-func (p *fleetwatchRouter) start(b int) { p.picker.Start(p.ids[b]) }
+// start does nothing: Pick already counted the attempt in flight.
+func (p *fleetwatchRouter) start(int) {}
 
 func (p *fleetwatchRouter) finish(a *attempt, ttft float64) {
+	// The choices of one backend are interchangeable: finish the newest.
+	held := p.held[a.backend]
+	c := &held[len(held)-1]
 	// A proxy rarely knows a request hit a cold backend: report cold=false
 	// and let the picker's blend and the analyzer's discounts cope.
-	p.picker.Done(p.ids[a.backend], a.outcome, ttft, false)
+	c.Done(a.outcome, ttft, false)
+	p.held[a.backend] = held[:len(held)-1]
 }
 
 func (p *fleetwatchRouter) update(snap *fleetwatch.Snapshot) { p.picker.Update(snap) }

@@ -1,7 +1,9 @@
-package main
+package route
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -10,11 +12,19 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 )
 
-// outcomePublisher sends the router's outcome events to NATS asynchronously,
-// in NDJSON batches, so that a slow or absent NATS never delays or fails a
-// request: Enqueue never blocks; when the bounded queue is full the event is
-// dropped and counted.
-type outcomePublisher struct {
+// OutcomePublisher sends a proxy's outcome events to NATS asynchronously, in
+// NDJSON batches (PROTOCOL.md), so that a slow or absent NATS never delays
+// or fails a request: Publish never blocks; when the bounded queue is full
+// the event is dropped and counted. One goroutine, Run, does the batching
+// and publishing; it is owned by the caller of Run and exits when its
+// context is done or Close is called, after a last flush.
+//
+// It counts, in PublisherSettings.Metrics:
+//
+//	fleetwatch_route_events_published_total  outcome events handed to NATS
+//	fleetwatch_route_events_dropped_total    outcome events lost (queue full, publish failed, closed)
+//	fleetwatch_route_event_batches_total     batches handed to NATS
+type OutcomePublisher struct {
 	subject  string
 	publish  func(subject string, data []byte) error
 	interval time.Duration
@@ -31,9 +41,10 @@ type outcomePublisher struct {
 	done      chan struct{} // closed when Run returns
 }
 
-// outcomePublisherSettings configures an outcomePublisher.
-type outcomePublisherSettings struct {
-	// Subject is where batches go (fw.outcomes.<source>). Required.
+// PublisherSettings configure an OutcomePublisher.
+type PublisherSettings struct {
+	// Subject is where batches go: fleetwatch.Subjects.Outcomes() + "." +
+	// a source token (see SubjectToken). Required.
 	Subject string
 	// Publish sends one batch; nats.Conn.Publish fits (it buffers while
 	// reconnecting and fails when its buffer is full, never blocking).
@@ -50,8 +61,16 @@ type outcomePublisherSettings struct {
 	Metrics *metrics.Set
 }
 
-func newOutcomePublisher(s outcomePublisherSettings) *outcomePublisher {
-	p := &outcomePublisher{
+// ErrPublisherSettings: NewOutcomePublisher was given no Subject or no
+// Publish.
+var ErrPublisherSettings = errors.New("route: the outcome publisher needs a subject and a publish function")
+
+// NewOutcomePublisher returns a publisher; it starts nothing (call Run).
+func NewOutcomePublisher(s PublisherSettings) (*OutcomePublisher, error) {
+	if s.Subject == "" || s.Publish == nil {
+		return nil, ErrPublisherSettings
+	}
+	p := &OutcomePublisher{
 		subject:  s.Subject,
 		publish:  s.Publish,
 		interval: s.Interval,
@@ -77,12 +96,16 @@ func newOutcomePublisher(s outcomePublisherSettings) *outcomePublisher {
 	p.published = set.GetOrCreateCounter(`fleetwatch_route_events_published_total`)
 	p.dropped = set.GetOrCreateCounter(`fleetwatch_route_events_dropped_total`)
 	p.batches = set.GetOrCreateCounter(`fleetwatch_route_event_batches_total`)
-	return p
+	return p, nil
 }
 
-// Enqueue queues ev for publishing, or drops it when the queue is full or
-// the publisher is closed. It never blocks.
-func (p *outcomePublisher) Enqueue(ev fleetwatch.Event) {
+// Subject returns the subject batches are published on.
+func (p *OutcomePublisher) Subject() string { return p.subject }
+
+// Publish queues ev for publishing, or drops it when the queue is full or
+// the publisher is closed. It never blocks, and it is safe for concurrent
+// use. It implements Publisher.
+func (p *OutcomePublisher) Publish(ev fleetwatch.Event) {
 	select {
 	case <-p.closed:
 		p.dropped.Inc()
@@ -97,8 +120,9 @@ func (p *outcomePublisher) Enqueue(ev fleetwatch.Event) {
 }
 
 // Run batches and publishes queued events until ctx is done or Close is
-// called, then publishes what is still queued and returns nil.
-func (p *outcomePublisher) Run(ctx context.Context) error {
+// called, then publishes what is still queued and returns nil. Call it
+// once.
+func (p *OutcomePublisher) Run(ctx context.Context) error {
 	defer close(p.done)
 	ticker := time.NewTicker(p.interval)
 	defer ticker.Stop()
@@ -143,7 +167,7 @@ func (p *outcomePublisher) Run(ctx context.Context) error {
 }
 
 // drain moves what is queued now into the batch.
-func (p *outcomePublisher) drain(add func(*fleetwatch.Event)) {
+func (p *OutcomePublisher) drain(add func(*fleetwatch.Event)) {
 	for {
 		select {
 		case ev := <-p.queue:
@@ -154,11 +178,25 @@ func (p *outcomePublisher) drain(add func(*fleetwatch.Event)) {
 	}
 }
 
-// Close stops Run after a last flush and waits for it if it runs. It is
-// idempotent; events enqueued afterwards are dropped.
-func (p *outcomePublisher) Close() {
+// Close makes Run flush what is queued and return, and drops every event
+// published afterwards. It does not wait for Run. It is idempotent and
+// returns nil.
+func (p *OutcomePublisher) Close() error {
 	p.closeOnce.Do(func() { close(p.closed) })
+	return nil
 }
 
-// Wait waits for Run to return.
-func (p *outcomePublisher) Wait() { <-p.done }
+// Wait waits for Run to return. Call it only once Run has been started.
+func (p *OutcomePublisher) Wait() { <-p.done }
+
+// SubjectToken makes s usable as one NATS subject token (the source token
+// of an outcome subject): '.', '*', '>' and white space become '_'.
+func SubjectToken(s string) string {
+	return strings.Map(func(r rune) rune {
+		switch r {
+		case '.', '*', '>', ' ', '\t', '\r', '\n':
+			return '_'
+		}
+		return r
+	}, s)
+}

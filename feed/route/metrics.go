@@ -1,21 +1,16 @@
-package main
+package route
 
 import (
 	"fmt"
 	"io"
-	"maps"
-	"slices"
-	"strconv"
 	"sync"
-	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/fleetwatch/fleetwatch"
 )
 
-// routeMetrics are the router's own metrics, served on its /metrics in the
-// Prometheus text format:
+// routerMetrics are the router's metrics in its Settings.Metrics set:
 //
 //	fleetwatch_route_attempts_total{pool,backend,code}  attempts by backend and status (0: no answer)
 //	fleetwatch_route_requests_total{pool,code}          client requests by the status they got (499: client left)
@@ -23,9 +18,20 @@ import (
 //	fleetwatch_route_shed_total{pool}                   picks refused because every backend is open
 //	fleetwatch_route_retry_budget_exhausted_total{pool} retries refused by the retry budget
 //	fleetwatch_route_pick_duration_seconds              time spent in the picker (histogram)
-//	fleetwatch_route_events_published_total             outcome events handed to NATS
-//	fleetwatch_route_events_dropped_total               outcome events lost (queue full, NATS down)
-type routeMetrics struct {
+//
+// and, written at scrape time from the pools' current state, so that a
+// backend a decision no longer names leaves no stale series:
+//
+//	fleetwatch_route_decision_age_seconds{pool}   age of the decision applied (-1: none yet)
+//	fleetwatch_route_in_flight{pool,backend}      this router's requests in progress
+//	fleetwatch_route_backend_weight{pool,backend} the weight of the decision applied
+//	fleetwatch_route_backend_open{pool,backend}   1 when the decision applied is open
+//
+// Pool and backend labels only ever name configured pools and backends
+// (the applied snapshot is filtered to them), never an id from outside.
+// The OutcomePublisher adds fleetwatch_route_events_* to the set it is
+// given.
+type routerMetrics struct {
 	set         *metrics.Set
 	pickSeconds *metrics.Histogram
 
@@ -47,69 +53,68 @@ const (
 	kindBudget
 )
 
-func newRouteMetrics() *routeMetrics {
-	set := metrics.NewSet()
-	return &routeMetrics{
-		set:         set,
-		pickSeconds: set.NewHistogram(`fleetwatch_route_pick_duration_seconds`),
+func newRouterMetrics(set *metrics.Set, rt *Router) *routerMetrics {
+	if set == nil {
+		set = metrics.NewSet()
 	}
+	m := &routerMetrics{
+		set:         set,
+		pickSeconds: set.GetOrCreateHistogram(`fleetwatch_route_pick_duration_seconds`),
+	}
+	set.RegisterMetricsWriter(rt.writeGauges)
+	return m
 }
 
-func (m *routeMetrics) counter(k counterKey) *metrics.Counter {
+func (m *routerMetrics) counter(k counterKey) *metrics.Counter {
 	if c, ok := m.counters.Load(k); ok {
 		return c.(*metrics.Counter)
 	}
+	pool := fleetwatch.QuoteLabel(k.pool)
 	var name string
 	switch k.kind {
 	case kindAttempt:
 		name = fmt.Sprintf(`fleetwatch_route_attempts_total{pool=%s,backend=%s,code="%d"}`,
-			strconv.Quote(k.pool), strconv.Quote(k.backend), k.code)
+			pool, fleetwatch.QuoteLabel(k.backend), k.code)
 	case kindRequest:
-		name = fmt.Sprintf(`fleetwatch_route_requests_total{pool=%s,code="%d"}`, strconv.Quote(k.pool), k.code)
+		name = fmt.Sprintf(`fleetwatch_route_requests_total{pool=%s,code="%d"}`, pool, k.code)
 	case kindRetry:
-		name = fmt.Sprintf(`fleetwatch_route_retries_total{pool=%s}`, strconv.Quote(k.pool))
+		name = fmt.Sprintf(`fleetwatch_route_retries_total{pool=%s}`, pool)
 	case kindShed:
-		name = fmt.Sprintf(`fleetwatch_route_shed_total{pool=%s}`, strconv.Quote(k.pool))
+		name = fmt.Sprintf(`fleetwatch_route_shed_total{pool=%s}`, pool)
 	case kindBudget:
-		name = fmt.Sprintf(`fleetwatch_route_retry_budget_exhausted_total{pool=%s}`, strconv.Quote(k.pool))
+		name = fmt.Sprintf(`fleetwatch_route_retry_budget_exhausted_total{pool=%s}`, pool)
 	}
 	c, _ := m.counters.LoadOrStore(k, m.set.GetOrCreateCounter(name))
 	return c.(*metrics.Counter)
 }
 
-func (m *routeMetrics) attempt(pool, backend string, code int) *metrics.Counter {
+func (m *routerMetrics) attempt(pool, backend string, code int) *metrics.Counter {
 	return m.counter(counterKey{kind: kindAttempt, pool: pool, backend: backend, code: code})
 }
 
-func (m *routeMetrics) clientCode(pool string, code int) *metrics.Counter {
+func (m *routerMetrics) clientCode(pool string, code int) *metrics.Counter {
 	return m.counter(counterKey{kind: kindRequest, pool: pool, code: code})
 }
 
-func (m *routeMetrics) retry(pool string) *metrics.Counter {
+func (m *routerMetrics) retry(pool string) *metrics.Counter {
 	return m.counter(counterKey{kind: kindRetry, pool: pool})
 }
 
-func (m *routeMetrics) shed(pool string) *metrics.Counter {
+func (m *routerMetrics) shed(pool string) *metrics.Counter {
 	return m.counter(counterKey{kind: kindShed, pool: pool})
 }
 
-func (m *routeMetrics) budgetExhausted(pool string) *metrics.Counter {
+func (m *routerMetrics) budgetExhausted(pool string) *metrics.Counter {
 	return m.counter(counterKey{kind: kindBudget, pool: pool})
 }
 
-// write serves /metrics: the router's set, then per-backend gauges computed
-// now from the pools, so removed backends leave no stale series:
-//
-//	fleetwatch_route_in_flight{pool,backend}      this router's requests in progress
-//	fleetwatch_route_backend_weight{pool,backend} the weight of the decision applied
-//	fleetwatch_route_backend_open{pool,backend}   1 when the decision applied is open
-//	fleetwatch_route_decision_age_seconds{pool}   age of the decision applied (-1: none yet)
-func (m *routeMetrics) write(w io.Writer, rt *router) {
-	m.set.WritePrometheus(w)
-	now := time.Now()
-	for _, id := range slices.Sorted(maps.Keys(rt.pools)) {
+// writeGauges writes the per-pool and per-backend gauges from the pools'
+// current state; the metrics set calls it on every scrape.
+func (rt *Router) writeGauges(w io.Writer) {
+	now := rt.now()
+	for _, id := range rt.ids {
 		p := rt.pools[id]
-		pool := strconv.Quote(id)
+		pool := fleetwatch.QuoteLabel(id)
 		snap := p.applied.Load()
 		age := -1.0
 		if snap.Epoch != configEpoch {
@@ -117,7 +122,7 @@ func (m *routeMetrics) write(w io.Writer, rt *router) {
 		}
 		fmt.Fprintf(w, "fleetwatch_route_decision_age_seconds{pool=%s} %g\n", pool, age)
 		for _, b := range snap.Backends {
-			be := strconv.Quote(b.Backend)
+			be := fleetwatch.QuoteLabel(b.Backend)
 			open := 0
 			if b.State == fleetwatch.StateOpen {
 				open = 1

@@ -1,4 +1,4 @@
-package main
+package route
 
 import (
 	"bytes"
@@ -11,6 +11,10 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 )
+
+// maxMetaScan bounds how much of a non-streaming body is kept to read usage
+// and system_fingerprint from.
+const maxMetaScan = 1 << 20
 
 // Response bodies on their way through the router: copied untouched
 // (flushed per read for SSE), and scanned without decoding for what the
@@ -35,7 +39,7 @@ type responseMeta struct {
 // records when the first content-bearing event passed. It never changes a
 // byte. It returns the error writing to the client and the error reading
 // from the backend (io.EOF is not an error).
-func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta) (writeErr, readErr error) {
+func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta, now func() time.Time) (writeErr, readErr error) {
 	rc := http.NewResponseController(w)
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
@@ -46,7 +50,7 @@ func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta) (writ
 			chunk := buf[:n]
 			if c := countContentEvents(chunk); c > 0 {
 				if meta.contentChunks == 0 {
-					meta.firstContent = time.Now()
+					meta.firstContent = now()
 				}
 				meta.contentChunks += int64(c)
 			}
@@ -162,7 +166,10 @@ func scanMeta(b []byte, meta *responseMeta) {
 	if meta.fingerprint == "" {
 		if i := bytes.Index(b, keyFingerprint); i >= 0 {
 			rest := b[i+len(keyFingerprint):]
-			if j := bytes.IndexByte(rest, '"'); j > 0 && j <= fleetwatch.MaxFingerprintLen {
+			// An escaped fingerprint would be cut at its first escaped
+			// quote; real ones are plain tokens, so one with a backslash is
+			// left out rather than reported wrong.
+			if j := bytes.IndexByte(rest, '"'); j > 0 && j <= fleetwatch.MaxFingerprintLen && bytes.IndexByte(rest[:j], '\\') < 0 {
 				meta.fingerprint = string(rest[:j])
 			}
 		}

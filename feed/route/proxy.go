@@ -1,4 +1,4 @@
-package main
+package route
 
 import (
 	"bytes"
@@ -10,78 +10,19 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
-// router is the HTTP handler of `fleetwatch route`: a thin OpenAI-compatible
-// reverse proxy that picks a backend per request with the pool's p2c picker,
-// retries failures that the client has not seen yet, and reports one outcome
-// event per attempt.
-type router struct {
-	pools   map[string]*routePool // by pool id
-	byModel map[string]*routePool // request `model` -> pool
-	models  []string              // every routable model, for GET /v1/models
-	single  *routePool            // the only pool, when there is exactly one
-
-	client      *http.Client
-	events      *outcomePublisher
-	source      string
-	prefixFrom  string // "system" or "none"
-	maxAttempts int
-	idleGap     time.Duration
-	maxBody     int64
-	metrics     *routeMetrics
-
-	rngs sync.Pool // *rand.Rand: p2c.Rand is not safe for concurrent use
-}
-
-// maxMetaScan bounds how much of a non-streaming body is kept to read usage
-// and system_fingerprint from.
-const maxMetaScan = 1 << 20
-
 // hopHeaders are the hop-by-hop headers a proxy must not forward (RFC 9110
 // section 7.6.1), as net/http/httputil.ReverseProxy does.
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-func (rt *router) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch {
-	case r.Method == http.MethodPost && (r.URL.Path == "/v1/chat/completions" ||
-		r.URL.Path == "/v1/completions" || r.URL.Path == "/v1/embeddings"):
-		rt.proxy(w, r)
-	case r.Method == http.MethodGet && r.URL.Path == "/v1/models":
-		rt.listModels(w)
-	case r.Method == http.MethodGet && r.URL.Path == "/metrics":
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		rt.metrics.write(w, rt)
-	case r.Method == http.MethodGet && (r.URL.Path == "/healthz" || r.URL.Path == "/health"):
-		w.WriteHeader(http.StatusOK)
-	default:
-		openAIError(w, http.StatusNotFound, "not_found", fmt.Sprintf("route: no route for %s %s", r.Method, r.URL.Path))
-	}
-}
-
-// listModels answers GET /v1/models from the configuration: one entry per
-// routable model id (pool ids and their `models`), without asking backends.
-func (rt *router) listModels(w http.ResponseWriter) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	data := make([]model, len(rt.models))
-	for i, m := range rt.models {
-		data[i] = model{ID: m, Object: "model", OwnedBy: "fleetwatch:" + rt.byModel[m].id}
-	}
-	writeRouteJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
-}
 
 // requestInfo is what the router reads from a request body.
 type requestInfo struct {
@@ -121,15 +62,20 @@ func prefixHash(b []byte) uint64 {
 
 // attempt is one try of a request against one backend.
 type attempt struct {
-	pool      *routePool
-	backend   *routeBackend
+	pool      *pool
+	backend   *backend
+	choice    p2c.Choice // finished by finish
 	cold      bool
 	n         int // 0 for the first attempt
 	sent      time.Time
 	headersAt time.Time // when the response headers (or the error) came
 }
 
-func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
+func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
+	if rt.closed.Load() {
+		rt.errorHandler(w, r, ErrClosed)
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rt.maxBody))
 	if err != nil {
 		openAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "route: reading the request body: "+err.Error())
@@ -145,13 +91,12 @@ func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
 		pool = rt.single
 	}
 	if pool == nil {
-		openAIError(w, http.StatusNotFound, "model_not_found",
-			fmt.Sprintf("route: model %q is not served by any pool (GET /v1/models lists them)", info.Model))
+		rt.errorHandler(w, r, fmt.Errorf("%w: model %q (GET /v1/models lists them)", ErrUnknownModel, info.Model))
 		return
 	}
 	var preq p2c.Request
 	var prefix string
-	if rt.prefixFrom == "system" {
+	if rt.prefixFrom == PrefixSystem {
 		if sys := info.systemPrompt(); len(sys) > 0 {
 			preq.Prefix, preq.HasPrefix = prefixHash(sys), true
 			prefix = strconv.FormatUint(preq.Prefix, 16)
@@ -162,7 +107,7 @@ func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
 	defer rt.rngs.Put(rng)
 	choice, err := rt.pick(pool, rng, preq)
 	if err != nil {
-		rt.shed(w, pool, err)
+		rt.shed(w, r, pool, err)
 		return
 	}
 	ctx := r.Context()
@@ -172,8 +117,7 @@ func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
 		if n > 0 {
 			rt.metrics.retry(pool.id).Inc()
 		}
-		now := time.Now()
-		a := &attempt{pool: pool, backend: be, cold: be.markUsed(now, rt.idleGap), n: n}
+		a := &attempt{pool: pool, backend: be, choice: choice, cold: be.markUsed(rt.now(), rt.idleGap), n: n}
 		resp, err := rt.send(ctx, r, body, a)
 		ev := rt.event(a, prefix)
 		failed := rt.classify(ctx, resp, err, a, &ev)
@@ -184,10 +128,14 @@ func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
 			tried = append(tried, be.id)
 			preq.Exclude, preq.Retry = be.id, true
 			next, perr := rt.pick(pool, rng, preq)
-			if perr == nil && contains(tried, next.Backend) {
-				next.Backend = pool.untried(tried)
+			if perr == nil && slices.Contains(tried, next.Backend) {
+				next.Done(fleetwatch.OutcomeCanceled, 0, false) // never sent
+				perr = p2c.ErrNoBackends
+				if id := pool.untried(tried); id != "" {
+					next, perr = pool.picker.Choose(id)
+				}
 			}
-			if perr == nil && next.Backend != "" {
+			if perr == nil {
 				if resp != nil {
 					io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 					resp.Body.Close()
@@ -195,12 +143,12 @@ func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
 				choice = next
 				continue
 			}
-			rt.answerFailure(w, a, resp, err)
+			rt.answerFailure(w, r, a, resp, err)
 			return
 		}
 		if resp == nil || failed {
 			rt.finish(a, &ev)
-			rt.answerFailure(w, a, resp, err)
+			rt.answerFailure(w, r, a, resp, err)
 			return
 		}
 		rt.deliver(ctx, w, resp, a, &ev)
@@ -211,8 +159,8 @@ func (rt *router) proxy(w http.ResponseWriter, r *http.Request) {
 // pick asks the pool's picker for a backend, timing it and counting sheds
 // and spent retry budgets. A backend the configuration does not know is
 // ErrNoBackends (the pool's snapshot is filtered, so this is defensive).
-func (rt *router) pick(pool *routePool, rng *rand.Rand, preq p2c.Request) (p2c.Choice, error) {
-	t0 := time.Now()
+func (rt *Router) pick(pool *pool, rng *rand.Rand, preq p2c.Request) (p2c.Choice, error) {
+	t0 := time.Now() // the histogram measures real time, whatever the clock
 	choice, err := pool.picker.Pick(rng, preq)
 	rt.metrics.pickSeconds.UpdateDuration(t0)
 	switch {
@@ -221,32 +169,55 @@ func (rt *router) pick(pool *routePool, rng *rand.Rand, preq p2c.Request) (p2c.C
 	case errors.Is(err, p2c.ErrRetryBudget):
 		rt.metrics.budgetExhausted(pool.id).Inc()
 	case err == nil && pool.backends[choice.Backend] == nil:
+		choice.Done(fleetwatch.OutcomeCanceled, 0, false)
 		err = p2c.ErrNoBackends
 	}
 	return choice, err
 }
 
-func contains(ids []string, id string) bool {
-	for _, s := range ids {
-		if s == id {
-			return true
-		}
-	}
-	return false
+// shed answers a request for which no backend could be picked: 503 at once
+// by default (fail fast, do not spin), with a Retry-After until the first
+// breaker half-opens.
+func (rt *Router) shed(w http.ResponseWriter, r *http.Request, pool *pool, err error) {
+	w.Header().Set("Retry-After", strconv.Itoa(pool.retryAfter(rt.now())))
+	rt.handleError(w, r, pool, fmt.Errorf("route: pool %s: %w", pool.id, err))
 }
 
-// shed answers a request for which no backend could be picked: 503 at once
-// (fail fast, do not spin), with a Retry-After until the first breaker
-// half-opens.
-func (rt *router) shed(w http.ResponseWriter, pool *routePool, err error) {
-	w.Header().Set("Retry-After", strconv.Itoa(pool.retryAfter(time.Now())))
-	rt.metrics.clientCode(pool.id, http.StatusServiceUnavailable).Inc()
-	openAIError(w, http.StatusServiceUnavailable, "service_unavailable", "route: pool "+pool.id+": "+err.Error())
+// handleError calls the ErrorHandler and counts the status it answered.
+func (rt *Router) handleError(w http.ResponseWriter, r *http.Request, pool *pool, err error) {
+	sw := &statusWriter{ResponseWriter: w}
+	rt.errorHandler(sw, r, err)
+	if sw.status == 0 {
+		sw.status = http.StatusOK
+	}
+	rt.metrics.clientCode(pool.id, sw.status).Inc()
 }
+
+// statusWriter records the status an ErrorHandler answered.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // send sends one attempt and returns the backend's response headers, or the
 // error that prevented them.
-func (rt *router) send(ctx context.Context, r *http.Request, body []byte, a *attempt) (*http.Response, error) {
+func (rt *Router) send(ctx context.Context, r *http.Request, body []byte, a *attempt) (*http.Response, error) {
 	up, err := http.NewRequestWithContext(ctx, http.MethodPost, a.backend.target(r.URL.Path), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -255,10 +226,12 @@ func (rt *router) send(ctx context.Context, r *http.Request, body []byte, a *att
 	if a.backend.apiKey != "" {
 		up.Header.Set("Authorization", "Bearer "+a.backend.apiKey)
 	}
-	a.pool.picker.Start(a.backend.id)
-	a.sent = time.Now()
+	if rt.rewrite != nil {
+		rt.rewrite(up, Attempt{Pool: a.pool.id, Backend: a.backend.id, N: a.n})
+	}
+	a.sent = rt.now()
 	resp, err := rt.client.Do(up)
-	a.headersAt = time.Now()
+	a.headersAt = rt.now()
 	return resp, err
 }
 
@@ -266,7 +239,7 @@ func (rt *router) send(ctx context.Context, r *http.Request, body []byte, a *att
 // them) and reports whether the attempt failed in a retryable way:
 // no answer (connect error, reset), 5xx or 429. For such a failure ev is
 // complete; for anything else deliver completes it.
-func (rt *router) classify(ctx context.Context, resp *http.Response, err error, a *attempt, ev *fleetwatch.Event) bool {
+func (rt *Router) classify(ctx context.Context, resp *http.Response, err error, a *attempt, ev *fleetwatch.Event) bool {
 	ev.HasStatus = true
 	ev.DurationMs, ev.HasDuration = ms(a.headersAt.Sub(a.sent)), true
 	if err != nil {
@@ -299,9 +272,10 @@ func isTimeout(err error) bool {
 }
 
 // answerFailure gives the client the last failure when no retry follows:
-// the backend's own 5xx or 429 response passed through, 502 when no answer
-// came, nothing when the client is gone.
-func (rt *router) answerFailure(w http.ResponseWriter, a *attempt, resp *http.Response, err error) {
+// the backend's own 5xx or 429 response passed through, the ErrorHandler's
+// answer to a *BackendError when no answer came (502 or 504 by default),
+// nothing when the client is gone.
+func (rt *Router) answerFailure(w http.ResponseWriter, r *http.Request, a *attempt, resp *http.Response, err error) {
 	if resp != nil {
 		defer resp.Body.Close()
 		copyResponseHeaders(w.Header(), resp.Header, a)
@@ -314,13 +288,8 @@ func (rt *router) answerFailure(w http.ResponseWriter, a *attempt, resp *http.Re
 		rt.metrics.clientCode(a.pool.id, 499).Inc()
 		return
 	}
-	status, typ := http.StatusBadGateway, "bad_gateway"
-	if isTimeout(err) {
-		status, typ = http.StatusGatewayTimeout, "gateway_timeout"
-	}
-	rt.metrics.clientCode(a.pool.id, status).Inc()
 	w.Header().Set("X-Fleetwatch-Backend", a.backend.id)
-	openAIError(w, status, typ, fmt.Sprintf("route: backend %s of pool %s: %v", a.backend.id, a.pool.id, err))
+	rt.handleError(w, r, a.pool, &BackendError{Pool: a.pool.id, Backend: a.backend.id, Err: err})
 }
 
 func copyResponseHeaders(dst, src http.Header, a *attempt) {
@@ -337,7 +306,7 @@ func copyResponseHeaders(dst, src http.Header, a *attempt) {
 // deliver passes a successful (or client-error) response through to the
 // client, flushing every chunk of a stream, and reports the attempt's
 // outcome once the body is done.
-func (rt *router) deliver(ctx context.Context, w http.ResponseWriter, resp *http.Response, a *attempt,
+func (rt *Router) deliver(ctx context.Context, w http.ResponseWriter, resp *http.Response, a *attempt,
 	ev *fleetwatch.Event) {
 	defer resp.Body.Close()
 	copyResponseHeaders(w.Header(), resp.Header, a)
@@ -351,12 +320,12 @@ func (rt *router) deliver(ctx context.Context, w http.ResponseWriter, resp *http
 	var meta responseMeta
 	var copyErr, readErr error
 	if streaming {
-		copyErr, readErr = streamCopy(w, resp.Body, &meta)
+		copyErr, readErr = streamCopy(w, resp.Body, &meta, rt.now)
 	} else {
 		meta.firstContent = a.headersAt
 		copyErr, readErr = plainCopy(w, resp.Body, &meta)
 	}
-	end := time.Now()
+	end := rt.now()
 	ev.Outcome = fleetwatch.OutcomeFromStatus(resp.StatusCode)
 	switch {
 	case ctx.Err() != nil || copyErr != nil:
@@ -388,14 +357,16 @@ func (rt *router) deliver(ctx context.Context, w http.ResponseWriter, resp *http
 
 // finish reports an attempt: the picker's local signals, metrics, and the
 // outcome event.
-func (rt *router) finish(a *attempt, ev *fleetwatch.Event) {
-	ev.TS = time.Now() // when the outcome became known
-	a.pool.picker.Done(a.backend.id, ev.Outcome, ev.TTFTMs, ev.Cold)
+func (rt *Router) finish(a *attempt, ev *fleetwatch.Event) {
+	ev.TS = rt.now() // when the outcome became known
+	a.choice.Done(ev.Outcome, ev.TTFTMs, ev.Cold)
 	rt.metrics.attempt(a.pool.id, a.backend.id, ev.Status).Inc()
-	rt.events.Enqueue(*ev)
+	if rt.events != nil {
+		rt.events.Publish(*ev)
+	}
 }
 
-func (rt *router) event(a *attempt, prefix string) fleetwatch.Event {
+func (rt *Router) event(a *attempt, prefix string) fleetwatch.Event {
 	return fleetwatch.Event{
 		Pool:    a.pool.id,
 		Backend: a.backend.id,
@@ -443,10 +414,10 @@ func copyRequestHeaders(dst, src http.Header) {
 }
 
 func openAIError(w http.ResponseWriter, status int, typ, msg string) {
-	writeRouteJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": status}})
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": status}})
 }
 
-func writeRouteJSON(w http.ResponseWriter, status int, v any) {
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, _ := json.Marshal(v)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)

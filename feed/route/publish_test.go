@@ -1,8 +1,9 @@
-package main
+package route
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -13,9 +14,10 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 )
 
-// batchSink records what an outcomePublisher publishes.
+// batchSink records what an OutcomePublisher publishes.
 type batchSink struct {
 	mu      sync.Mutex
 	batches []string
@@ -50,12 +52,12 @@ func TestOutcomePublisherBatchesByTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var sink batchSink
 		set := metrics.NewSet()
-		p := newOutcomePublisher(outcomePublisherSettings{Subject: "fw.outcomes.r1", Publish: sink.publish, Metrics: set})
+		p := mustPublisher(t, PublisherSettings{Subject: "fw.outcomes.r1", Publish: sink.publish, Metrics: set})
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan error)
 		go func() { done <- p.Run(ctx) }()
 		for _, b := range []string{"a", "b", "c"} {
-			p.Enqueue(fleetwatch.Event{Pool: "p", Backend: b, Status: 200, HasStatus: true})
+			p.Publish(fleetwatch.Event{Pool: "p", Backend: b, Status: 200, HasStatus: true})
 		}
 		time.Sleep(5 * time.Millisecond)
 		synctest.Wait()
@@ -73,7 +75,7 @@ func TestOutcomePublisherBatchesByTime(t *testing.T) {
 			t.Errorf("batches (-want +got):\n%s", diff)
 		}
 		// Closing flushes what is queued.
-		p.Enqueue(fleetwatch.Event{Pool: "p", Backend: "d"})
+		p.Publish(fleetwatch.Event{Pool: "p", Backend: "d"})
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
@@ -90,10 +92,10 @@ func TestOutcomePublisherBatchesByTime(t *testing.T) {
 func TestOutcomePublisherBatchesBySize(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var sink batchSink
-		p := newOutcomePublisher(outcomePublisherSettings{Subject: "s", Publish: sink.publish, MaxBatch: 100, Interval: time.Hour})
+		p := mustPublisher(t, PublisherSettings{Subject: "s", Publish: sink.publish, MaxBatch: 100, Interval: time.Hour})
 		go p.Run(t.Context())
 		for range 4 { // ~60 bytes each: a batch is flushed once it reaches 100
-			p.Enqueue(fleetwatch.Event{Pool: "pool", Backend: "backend-x"})
+			p.Publish(fleetwatch.Event{Pool: "pool", Backend: "backend-x"})
 		}
 		synctest.Wait()
 		got := sink.lines()
@@ -109,10 +111,10 @@ func TestOutcomePublisherNeverBlocks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		sink := batchSink{fail: true}
 		set := metrics.NewSet()
-		p := newOutcomePublisher(outcomePublisherSettings{Subject: "s", Publish: sink.publish, Queue: 2, Metrics: set})
+		p := mustPublisher(t, PublisherSettings{Subject: "s", Publish: sink.publish, Queue: 2, Metrics: set})
 		// Not running: the queue holds two, the rest are dropped at once.
 		for range 5 {
-			p.Enqueue(fleetwatch.Event{Pool: "p", Backend: "b"})
+			p.Publish(fleetwatch.Event{Pool: "p", Backend: "b"})
 		}
 		if got := counterValue(set, "fleetwatch_route_events_dropped_total"); got != 3 {
 			t.Errorf("dropped %d with a full queue, want 3", got)
@@ -126,9 +128,61 @@ func TestOutcomePublisherNeverBlocks(t *testing.T) {
 		}
 		p.Close()
 		p.Wait()
-		p.Enqueue(fleetwatch.Event{Pool: "p", Backend: "b"})
+		p.Publish(fleetwatch.Event{Pool: "p", Backend: "b"})
 		if got := counterValue(set, "fleetwatch_route_events_dropped_total"); got != 6 {
 			t.Errorf("dropped %d after close, want 6", got)
 		}
 	})
+}
+
+func mustPublisher(t *testing.T, s PublisherSettings) *OutcomePublisher {
+	t.Helper()
+	p, err := NewOutcomePublisher(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestNewOutcomePublisherNeedsSubjectAndPublish(t *testing.T) {
+	var sink batchSink
+	for _, s := range []PublisherSettings{{Publish: sink.publish}, {Subject: "s"}} {
+		if _, err := NewOutcomePublisher(s); !errors.Is(err, ErrPublisherSettings) {
+			t.Errorf("NewOutcomePublisher(%+v) = %v, want ErrPublisherSettings", s, err)
+		}
+	}
+}
+
+func TestSubjectToken(t *testing.T) {
+	if got := SubjectToken("edge 1.eu>*\t"); got != "edge_1_eu___" {
+		t.Errorf("SubjectToken = %q", got)
+	}
+}
+
+// Through a real NATS server: the batches arrive as NDJSON that decodes to
+// the events published, in order.
+func TestOutcomePublisherOverNATS(t *testing.T) {
+	natsURL, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, natsURL)
+	log := collectRouteEvents(t, nc)
+	p := mustPublisher(t, PublisherSettings{Subject: "fw.outcomes.edge-1", Publish: nc.Publish})
+	done := make(chan error, 1)
+	go func() { done <- p.Run(context.Background()) }() // exits on Close
+	var want []fleetwatch.Event
+	for i := range 500 {
+		ev := fleetwatch.Event{Pool: "p", Backend: fmt.Sprint("b", i%3), Status: 200, HasStatus: true, Outcome: fleetwatch.OutcomeOK, Source: "edge-1"}
+		want = append(want, ev)
+		p.Publish(ev)
+	}
+	p.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "500 events", func() bool { return len(log.snapshot()) == 500 })
+	if diff := cmp.Diff(want, log.snapshot()); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
 }

@@ -1,4 +1,4 @@
-package main
+package route
 
 import (
 	"bytes"
@@ -13,7 +13,9 @@ import (
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 )
 
-// BenchmarkRouteOverhead measures the latency route adds. Every
+// BenchmarkRouteOverhead measures the latency the router adds, wired as
+// `fleetwatch route` wires it (publisher and watcher on NATS, served on a
+// loopback port). Every
 // millisecond (open loop, whatever earlier requests are doing) it sends one
 // request straight to a fake backend and one through route to the same
 // backend, so both see ~1,000 req/s and the same machine noise. It reports
@@ -21,11 +23,11 @@ import (
 // (so queueing counts), and the ratios route/direct. Run with
 // -benchtime=5000x for 5 s:
 //
-//	go test -run '^$' -bench BenchmarkRouteOverhead -benchtime=5000x -benchmem ./cmd/fleetwatch/
+//	go test -run '^$' -bench BenchmarkRouteOverhead -benchtime=5000x -benchmem ./feed/route/
 func BenchmarkRouteOverhead(b *testing.B) {
 	natsURL, _ := feedtest.NewServer(b)
 	backends := startFakeBackends(b, 1)
-	routeURL := startRouteCmd(b, routeConfig(b, natsURL, backends, ""))
+	routeURL := startRouter(b, natsURL, Settings{Pools: []Pool{llamaPool(backends)}}).url
 	body := []byte(`{"model":"llama","messages":[{"role":"system","content":"be brief"},` +
 		`{"role":"user","content":"hello there"}],"max_tokens":4}`)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
@@ -90,26 +92,16 @@ func BenchmarkRouteOverhead(b *testing.B) {
 	}
 }
 
-func countTrue(bs []bool) int {
-	n := 0
-	for _, b := range bs {
-		if b {
-			n++
-		}
-	}
-	return n
-}
-
 // BenchmarkRouteSequential is the closed-loop baseline of the overhead: one
 // request at a time, straight to the fake backend and through route, so
 // ns/op differ by route's cost per request (and B/op, allocs/op are the
 // client's plus, for route, the proxy's).
 //
-//	go test -run '^$' -bench BenchmarkRouteSequential -benchmem ./cmd/fleetwatch/
+//	go test -run '^$' -bench BenchmarkRouteSequential -benchmem ./feed/route/
 func BenchmarkRouteSequential(b *testing.B) {
 	natsURL, _ := feedtest.NewServer(b)
 	backends := startFakeBackends(b, 1)
-	routeURL := startRouteCmd(b, routeConfig(b, natsURL, backends, ""))
+	routeURL := startRouter(b, natsURL, Settings{Pools: []Pool{llamaPool(backends)}}).url
 	body := []byte(`{"model":"llama","messages":[{"role":"system","content":"be brief"},` +
 		`{"role":"user","content":"hello there"}],"max_tokens":4}`)
 	for _, tc := range []struct{ name, url string }{{"direct", backends[0].URL()}, {"route", routeURL}} {

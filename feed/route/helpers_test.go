@@ -1,0 +1,233 @@
+package route
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+)
+
+// startFakeBackends starts n fake OpenAI-compatible backends named b0, b1,
+// ... on loopback ports; they stop in t.Cleanup.
+func startFakeBackends(t testing.TB, n int) []*fakeai.Server {
+	t.Helper()
+	out := make([]*fakeai.Server, n)
+	for i := range out {
+		srv, err := fakeai.Listen(fakeai.Settings{Name: fmt.Sprintf("b%d", i), Seed: uint64(i + 1)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		out[i] = srv
+	}
+	return out
+}
+
+// llamaPool is one pool "llama" (model alias "llama-3.1-70b") over the fakes.
+func llamaPool(backends []*fakeai.Server) Pool {
+	p := Pool{ID: "llama", Models: []string{"llama-3.1-70b"}}
+	for _, s := range backends {
+		p.Backends = append(p.Backends, Backend{ID: s.Name(), URL: s.URL()})
+	}
+	return p
+}
+
+// testRouter is a Router wired as `fleetwatch route` wires it: an outcome
+// publisher and a feed watcher on a real NATS connection, one metrics set,
+// served on a loopback port.
+type testRouter struct {
+	*Router
+	url     string
+	set     *metrics.Set
+	events  *OutcomePublisher
+	watcher *feed.Watcher
+}
+
+// startRouter builds a router over pools with s (Pools, Publisher and
+// Metrics are filled in), following and publishing on natsURL, and serves
+// it; everything stops in t.Cleanup, in the order runRoute stops it.
+func startRouter(t testing.TB, natsURL string, s Settings) *testRouter {
+	t.Helper()
+	nc := feedtest.Connect(t, natsURL)
+	tr := &testRouter{set: metrics.NewSet()}
+	var err error
+	if s.Source == "" {
+		s.Source = "test-route"
+	}
+	tr.events, err = NewOutcomePublisher(PublisherSettings{
+		Subject: fleetwatch.Subjects{}.Outcomes() + "." + SubjectToken(s.Source),
+		Publish: nc.Publish,
+		Metrics: tr.set,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Publisher, s.Metrics = tr.events, tr.set
+	tr.Router, err = New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.watcher, err = feed.NewWatcher(nc, feed.WatcherSettings{Pools: tr.Pools(), OnUpdate: tr.Apply, Metrics: tr.set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); tr.events.Run(ctx) }()  // exits on cancel
+	go func() { defer wg.Done(); tr.watcher.Run(ctx) }() // exits on cancel
+	srv := httptest.NewServer(tr.Router)
+	tr.url = srv.URL
+	t.Cleanup(func() {
+		srv.Close()
+		tr.Close()
+		cancel()
+		wg.Wait()
+	})
+	return tr
+}
+
+// metricsText is what /metrics would serve.
+func (tr *testRouter) metricsText() string {
+	var b bytes.Buffer
+	tr.set.WritePrometheus(&b)
+	return b.String()
+}
+
+// routeEventLog collects the outcome events published on NATS.
+type routeEventLog struct {
+	mu      sync.Mutex
+	events  []fleetwatch.Event
+	subject map[string]int
+}
+
+func collectRouteEvents(t *testing.T, nc *nats.Conn) *routeEventLog {
+	t.Helper()
+	l := &routeEventLog{subject: map[string]int{}}
+	var dec fleetwatch.Decoder
+	sub, err := nc.Subscribe(fleetwatch.Subjects{}.OutcomesWildcard(), func(m *nats.Msg) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.subject[m.Subject]++
+		dec.DecodeBatch(m.Data, func(line []byte, ev *fleetwatch.Event, err error) {
+			if err != nil {
+				t.Errorf("bad event %s: %v", line, err)
+				return
+			}
+			l.events = append(l.events, *ev)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func (l *routeEventLog) snapshot() []fleetwatch.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]fleetwatch.Event(nil), l.events...)
+}
+
+// routeClient sends OpenAI requests to the router.
+type routeClient struct {
+	base string
+	http *http.Client
+}
+
+type routeReply struct {
+	status  int
+	backend string
+	text    string // content (non-streaming) or the concatenated deltas
+	body    []byte
+	header  http.Header
+}
+
+func newRouteClient(base string) *routeClient {
+	return &routeClient{base: base, http: &http.Client{Timeout: 30 * time.Second}}
+}
+
+func (c *routeClient) chat(system, user string, stream bool) (routeReply, error) {
+	msgs := []map[string]string{{"role": "user", "content": user}}
+	if system != "" {
+		msgs = append([]map[string]string{{"role": "system", "content": system}}, msgs...)
+	}
+	return c.post("/v1/chat/completions", map[string]any{
+		"model": "llama-3.1-70b", "messages": msgs, "max_tokens": 4, "stream": stream,
+		"stream_options": map[string]any{"include_usage": stream},
+	})
+}
+
+func (c *routeClient) post(path string, body any) (routeReply, error) {
+	b, _ := json.Marshal(body)
+	resp, err := c.http.Post(c.base+path, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return routeReply{}, err
+	}
+	defer resp.Body.Close()
+	// A body cut off is returned as far as it came, with the read error.
+	data, readErr := io.ReadAll(resp.Body)
+	r := routeReply{status: resp.StatusCode, backend: resp.Header.Get("X-Fleetwatch-Backend"), body: data, header: resp.Header}
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		for sc.Scan() {
+			line, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok || line == "[DONE]" {
+				continue
+			}
+			var chunk struct {
+				Choices []struct {
+					Delta struct{ Content string } `json:"delta"`
+				} `json:"choices"`
+			}
+			if json.Unmarshal([]byte(line), &chunk) == nil {
+				for _, ch := range chunk.Choices {
+					r.text += ch.Delta.Content
+				}
+			}
+		}
+	} else {
+		var full struct {
+			Choices []struct {
+				Message struct{ Content string } `json:"message"`
+			} `json:"choices"`
+		}
+		if json.Unmarshal(data, &full) == nil && len(full.Choices) > 0 {
+			r.text = full.Choices[0].Message.Content
+		}
+	}
+	return r, readErr
+}
+
+// eventually polls cond every 10ms until it holds, failing the test after
+// timeout.
+func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
