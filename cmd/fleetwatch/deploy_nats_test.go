@@ -1,17 +1,14 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -73,47 +70,11 @@ func startDebianDeployNATS(t *testing.T, conf string) string {
 		bin = "/usr/bin/nats-server"
 	}
 	testkit.RequireTool(t, bin, "nats-server")
-	addr := freeLoopbackAddr(t)
-	host, port, _ := net.SplitHostPort(addr)
-	cmd := exec.Command(bin, "-c", conf, "-a", host, "-p", port, "-sd", t.TempDir())
-	cmd.Env = os.Environ()
+	var env []string
 	for k, v := range natsPasswords {
-		cmd.Env = append(cmd.Env, k+"="+v)
+		env = append(env, k+"="+v)
 	}
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { // reaps the process
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("nats-server output:\n%s", logs.String())
-		}
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
-			c.Close()
-			return "nats://" + addr
-		}
-		select {
-		case <-exited:
-			t.Fatalf("nats-server exited:\n%s", logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nats-server not listening on %s", addr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return startNATSServerProcess(t, bin, env, "-c", conf, "-sd", t.TempDir())
 }
 
 // asyncErrors collects a connection's asynchronous errors (permission

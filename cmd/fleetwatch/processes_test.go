@@ -5,14 +5,19 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 )
 
 // freeLoopbackAddr returns a loopback address with a port that was free a
-// moment ago, for programs that cannot report the port they bound.
+// moment ago. Only for VictoriaMetrics (which logs the address it was given,
+// not the port it bound) and for a URL that must refuse connections; a
+// nats-server is started on port -1 and reports its port
+// (startNATSServerProcess).
 func freeLoopbackAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -92,4 +97,46 @@ func metricValue(t *testing.T, url, series string) (float64, bool) {
 		}
 	}
 	return 0, false
+}
+
+var natsListening = regexp.MustCompile(`Listening for client connections on (\S+:\d+)`)
+
+// startNATSServerProcess runs the nats-server binary bin on 127.0.0.1 with
+// a port of its own choosing (-p -1), plus args, and returns the client URL
+// it reports. It is killed in t.Cleanup; its output is logged when the test
+// failed.
+func startNATSServerProcess(t *testing.T, bin string, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"-a", "127.0.0.1", "-p", "-1"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	var logs syncBuffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { // reaps the process
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("nats-server output:\n%s", logs.String())
+		}
+	})
+	var addr string
+	testkit.Eventually(t, 10*time.Second, "nats-server to report its port", func() bool {
+		select {
+		case <-exited:
+			t.Fatalf("nats-server exited:\n%s", logs.String())
+		default:
+		}
+		if m := natsListening.FindStringSubmatch(logs.String()); m != nil {
+			addr = m[1]
+		}
+		return addr != ""
+	})
+	return "nats://" + addr
 }

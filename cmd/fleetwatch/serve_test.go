@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -25,14 +24,14 @@ import (
 // that would be a majority of a window without the replayed history.
 func TestServeRestartWithoutAmnesia(t *testing.T) {
 	data := t.TempDir()
-	port := freePort(t)
-	listen := "127.0.0.1:" + strconv.Itoa(port)
-	args := []string{"serve", "--nats-listen", listen, "--http", "127.0.0.1:0", "--data", data, "--no-probes"}
-	first := startProc(t, true, args...)
+	// The first serve picks its NATS port (-1); the second binds the same
+	// one, so the clients reconnect to it.
+	first := startProc(t, true, "serve", "--nats-listen", "127.0.0.1:-1", "--http", "127.0.0.1:0", "--data", data, "--no-probes")
 	url := first.NATSURL
 	if url == "" {
 		t.Fatalf("serve did not print its embedded NATS URL:\n%s", first.stdout.String())
 	}
+	args := []string{"serve", "--nats-listen", strings.TrimPrefix(url, "nats://"), "--http", "127.0.0.1:0", "--data", data, "--no-probes"}
 	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
@@ -105,23 +104,7 @@ func TestServeRestartWithoutAmnesia(t *testing.T) {
 func TestServeWithDebianNATSServer(t *testing.T) {
 	natsServer := lookPathOrSkip(t, "nats-server")
 	natsCLI := lookPathOrSkip(t, "nats")
-	port := freePort(t)
-	url := "nats://127.0.0.1:" + strconv.Itoa(port)
-	srv := exec.Command(natsServer, "-a", "127.0.0.1", "-p", strconv.Itoa(port), "-js", "-sd", t.TempDir())
-	var srvOut syncBuffer
-	srv.Stdout, srv.Stderr = &srvOut, &srvOut
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
-	testkit.Eventually(t, 10*time.Second, "nats-server to accept clients", func() bool {
-		nc, err := nats.Connect(url)
-		if err == nil {
-			nc.Close()
-		}
-		return err == nil
-	})
-
+	url := startNATSServerProcess(t, natsServer, nil, "-js", "-sd", t.TempDir())
 	startProc(t, true, "serve", "--nats", url, "--http", "127.0.0.1:0", "--data", t.TempDir(), "--no-probes")
 	nats := func(args ...string) string {
 		t.Helper()

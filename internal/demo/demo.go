@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -49,7 +50,7 @@ type Settings struct {
 	// Seed seeds the traffic. If zero, 1.
 	Seed uint64
 	// HTTPListen is the daemon's HTTP address. If empty, 127.0.0.1:8080,
-	// or any free loopback port when 8080 is taken.
+	// or any free loopback port when 8080 is in use.
 	HTTPListen string
 	// NATSListen is the embedded NATS server's address. If empty, a free
 	// loopback port.
@@ -237,13 +238,9 @@ func Run(ctx context.Context, s Settings) error {
 	if s.Seed == 0 {
 		s.Seed = 1
 	}
-	if s.HTTPListen == "" {
+	anyHTTPPort := s.HTTPListen == ""
+	if anyHTTPPort {
 		s.HTTPListen = "127.0.0.1:8080"
-		if ln, err := net.Listen("tcp", s.HTTPListen); err != nil {
-			s.HTTPListen = "127.0.0.1:0" // 8080 is taken: any free port
-		} else {
-			ln.Close()
-		}
 	}
 	if s.NATSListen == "" {
 		s.NATSListen = "127.0.0.1:-1"
@@ -285,7 +282,7 @@ func Run(ctx context.Context, s Settings) error {
 		return err
 	}
 
-	srv, err := serve.New(cfg, serve.Options{
+	opts := serve.Options{
 		NATSOptions: s.NATSOptions,
 		Logf:        s.Logf,
 		OnTransition: func(t analyzer.Transition) {
@@ -294,7 +291,12 @@ func Run(ctx context.Context, s Settings) error {
 		OnAlert: func(a fleetwatch.DriftAlert) {
 			d.say("DRIFT %s: %s -> %s (score %.1f, threshold %.1f): %s", a.Backend, a.Previous, a.Status, a.Score, a.Threshold, a.Reason)
 		},
-	})
+	}
+	srv, err := serve.New(cfg, opts)
+	if anyHTTPPort && errors.Is(err, syscall.EADDRINUSE) {
+		cfg.HTTP.Listen = "127.0.0.1:0" // 8080 is taken: any free port
+		srv, err = serve.New(cfg, opts)
+	}
 	if err != nil {
 		return err
 	}
