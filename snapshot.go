@@ -89,6 +89,10 @@ type Backend struct {
 	// Since is when the backend entered its current state (an extension
 	// of the protocol, omitted when unknown).
 	Since *Time `json:"since,omitempty"`
+	// Trips counts the consecutive times the breaker opened since the
+	// backend last closed; the open time grows with it (an extension of
+	// the protocol, omitted when 0). A restarted analyzer restores it.
+	Trips int `json:"trips,omitempty"`
 }
 
 // Find returns the decision for backend id, or nil.

@@ -49,6 +49,7 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 			WindowMs: s.Window.Milliseconds(),
 			Reason:   b.reason(),
 			Drift:    b.drift,
+			Trips:    b.trips,
 		}
 		if !b.weightSet {
 			d.Weight = 1 // not evaluated yet: a router treats it as healthy

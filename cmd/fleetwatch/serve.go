@@ -88,13 +88,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	srv, err := serve.New(cfg, opts)
+	var srv *serve.Server
+	opts.OnReady = func() {
+		// After the restore and the replay: scripts and tests wait for
+		// this line.
+		fmt.Fprintf(stdout, "fleetwatch: HTTP on http://%s (status page /, /metrics, /api/decisions, /healthz)\n", srv.HTTPAddr())
+	}
+	srv, err = serve.New(cfg, opts)
 	if err != nil {
 		return err
 	}
 	if cfg.NATS.URL == "" {
 		fmt.Fprintf(stdout, "fleetwatch: embedded NATS server at %s (JetStream: %v, store %s)\n", srv.NATSURL(), srv.JetStream(), cfg.StoreDir())
 	}
-	fmt.Fprintf(stdout, "fleetwatch: HTTP on http://%s (status page /, /metrics, /api/decisions, /healthz)\n", srv.HTTPAddr())
 	return srv.Run(ctx)
 }

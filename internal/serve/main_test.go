@@ -47,7 +47,13 @@ func (r *running) stop() error {
 // before).
 func startServer(t *testing.T, yaml string, opts Options) *running {
 	t.Helper()
-	dir := t.TempDir()
+	return newServer(t, yaml, filepath.Join(t.TempDir(), "data"), opts).run(t)
+}
+
+// newServer builds a Server (New only: its NATS server is up, nothing runs
+// yet) with data as its data directory.
+func newServer(t *testing.T, yaml, data string, opts Options) *running {
+	t.Helper()
 	cfg, err := config.Parse([]byte(yaml), "test.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +62,7 @@ func startServer(t *testing.T, yaml string, opts Options) *running {
 		cfg.NATS.Listen = "127.0.0.1:-1"
 	}
 	cfg.HTTP.Listen = "127.0.0.1:0"
-	cfg.Data = filepath.Join(dir, "data")
+	cfg.Data = data
 	if opts.Logf == nil {
 		opts.Logf = t.Logf
 	}
@@ -64,9 +70,15 @@ func startServer(t *testing.T, yaml string, opts Options) *running {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &running{Server: s, httpURL: "http://" + s.HTTPAddr(), done: make(chan error, 1)}
+}
+
+// run starts Run; t's cleanup stops it (if not stopped before).
+func (r *running) run(t *testing.T) *running {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{Server: s, httpURL: "http://" + s.HTTPAddr(), cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- s.Run(ctx) }()
+	r.cancel = cancel
+	go func() { r.done <- r.Run(ctx) }()
 	t.Cleanup(func() {
 		if err := r.stop(); err != nil {
 			t.Errorf("Run: %v", err)

@@ -46,6 +46,10 @@ type Options struct {
 	// OnAlert, when set, is called for every drift alert, with no lock
 	// held.
 	OnAlert func(fleetwatch.DriftAlert)
+	// OnReady, when set, is called once by Run when the restore and the
+	// replay are done and the HTTP server and the collector are about to
+	// start: from then on snapshots are published.
+	OnReady func()
 	// Getenv reads the API keys the configuration names. If nil,
 	// os.Getenv.
 	Getenv func(string) string
@@ -244,8 +248,8 @@ func (s *Server) Metrics() *metrics.Set { return s.metrics }
 // IngestStats are the collector's counters since start.
 func (s *Server) IngestStats() collector.Stats { return s.col.Stats() }
 
-// Run replays the last window of the outcome stream through the analyzer,
-// then runs the collector, the evaluation loop, the drift probes and the
+// Run restores the last decisions from the KV bucket and replays the
+// outcome stream through the analyzer (see restore), then runs the collector, the evaluation loop, the drift probes and the
 // HTTP server until ctx ends or one of them fails. Then it drains: the
 // collector stops, a final snapshot of every pool goes out, and HTTP and
 // NATS stop. Run returns nil when ctx ended it. It may be called once.
@@ -260,9 +264,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer s.Close()
 
 	if s.js != nil {
-		if err := s.replay(ctx); err != nil {
-			s.logf("replay: %v (starting with empty windows)", err)
-		}
+		s.restore(ctx)
 	}
 	var stopProbes func()
 	if !s.cfg.Probes.Disabled {
@@ -272,6 +274,9 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 
+	if s.opts.OnReady != nil {
+		s.opts.OnReady()
+	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var work sync.WaitGroup // the collector and the evaluation loop
@@ -352,12 +357,11 @@ func (s *Server) closeNATS() {
 	}
 }
 
-// replay feeds the last window of FW_OUTCOMES through the analyzer,
-// evaluating at event time as it goes (without publishing), so breakers
-// that were open before a restart are open again.
-func (s *Server) replay(ctx context.Context) error {
-	start := time.Now()
-	n, err := s.col.Replay(ctx, start.Add(-s.window), func(batch []fleetwatch.Event) {
+// replay feeds FW_OUTCOMES from since through the analyzer, evaluating at
+// event time as it goes (without publishing), so that the windows are full
+// and breakers tripped by those events are open again.
+func (s *Server) replay(ctx context.Context, since time.Time) error {
+	n, err := s.col.Replay(ctx, since, func(batch []fleetwatch.Event) {
 		s.an.Observe(batch)
 		if len(batch) > 0 {
 			// Evaluate at the batch's event time, as the live loop would
@@ -367,7 +371,7 @@ func (s *Server) replay(ctx context.Context) error {
 		}
 	})
 	if n > 0 || err == nil {
-		s.logf("replayed %d events of the last %v from the outcome stream", n, s.window)
+		s.logf("replayed %d events since %s from the outcome stream", n, fleetwatch.FormatTime(since))
 	}
 	return err
 }

@@ -181,6 +181,14 @@ func (l *SnapshotLog) Backend(pool, backend string) (fleetwatch.Backend, bool) {
 	return fleetwatch.Backend{}, false
 }
 
+// Snapshot is the latest snapshot of pool seen.
+func (l *SnapshotLog) Snapshot(pool string) (fleetwatch.Snapshot, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s, ok := l.last[pool]
+	return s, ok
+}
+
 // Count is how many snapshots were seen.
 func (l *SnapshotLog) Count() int {
 	l.mu.Lock()
