@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed"
@@ -81,25 +82,19 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(cfg.Pools) == 0 {
 		return errors.New("the configuration has no pools: route needs --config with pools and backend urls")
 	}
-	pools, err := routePools(cfg, p2c.Settings{RetryRatio: o.retryRatio})
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
+	pools := routePools(cfg, p2c.Settings{RetryRatio: o.retryRatio})
 	subjects := fleetwatch.Subjects{Prefix: cfg.Prefix}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "route: "+format+"\n", args...) }
 
-	nc, err := nf.connectURL("fleetwatch-route-"+o.source, cfg.NATS.URL, logf)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-
 	// One metrics set for the router, its publisher and its watcher, served
-	// on /metrics.
+	// on /metrics. The router is built before NATS is dialled, so that a
+	// configuration error is reported as such; the publisher's Run, the one
+	// caller of Publish, starts once nc is set.
 	set := metrics.NewSet()
+	var nc *nats.Conn
 	events, err := route.NewOutcomePublisher(route.PublisherSettings{
 		Subject: subjects.Outcomes() + "." + route.SubjectToken(o.source),
-		Publish: nc.Publish,
+		Publish: func(subject string, data []byte) error { return nc.Publish(subject, data) },
 		Metrics: set,
 	})
 	if err != nil {
@@ -121,6 +116,12 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("config: %w", err)
 	}
 	defer rt.Close()
+
+	nc, err = nf.connectURL("fleetwatch-route-"+o.source, cfg.NATS.URL, logf)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- events.Run(context.WithoutCancel(ctx)) }() // exits on Close
 	defer func() {
@@ -193,11 +194,11 @@ func routeHandler(rt *route.Router, set *metrics.Set) http.Handler {
 // routePools is the one conversion from the configuration to the router's
 // pools: ids, models, the initial mode and all_open policy, backends with
 // their URL, API key (read from api_key_env now), priority and cost, and
-// the picker settings ps for every pool. route.New checks the rest and names
+// the picker settings ps for every pool. route.New checks them and names
 // the pool, backend or URL at fault.
-func routePools(cfg *Config, ps p2c.Settings) ([]route.Pool, error) {
+func routePools(cfg *Config, ps p2c.Settings) []route.Pool {
 	pools := make([]route.Pool, 0, len(cfg.Pools))
-	for i, pc := range cfg.Pools {
+	for _, pc := range cfg.Pools {
 		p := route.Pool{
 			ID:      pc.ID,
 			Models:  pc.Models,
@@ -205,10 +206,7 @@ func routePools(cfg *Config, ps p2c.Settings) ([]route.Pool, error) {
 			AllOpen: fleetwatch.AllOpen(pc.AllOpen),
 			Picker:  ps,
 		}
-		for j, bc := range pc.Backends {
-			if bc.URL == "" {
-				return nil, fmt.Errorf("pools[%d].backends[%d] (%s): route needs a url", i, j, bc.ID)
-			}
+		for _, bc := range pc.Backends {
 			b := route.Backend{ID: bc.ID, URL: bc.URL, Priority: bc.Priority, CostPerMTok: bc.CostPerMTok}
 			if bc.APIKeyEnv != "" {
 				b.APIKey = os.Getenv(bc.APIKeyEnv)
@@ -217,5 +215,5 @@ func routePools(cfg *Config, ps p2c.Settings) ([]route.Pool, error) {
 		}
 		pools = append(pools, p)
 	}
-	return pools, nil
+	return pools
 }
