@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed"
@@ -81,25 +82,19 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(cfg.Pools) == 0 {
 		return errors.New("the configuration has no pools: route needs --config with pools and backend urls")
 	}
-	pools, err := cfg.RoutePools(os.Getenv, p2c.Settings{RetryRatio: o.retryRatio})
-	if err != nil {
-		return fmt.Errorf("config: %w", err)
-	}
+	pools := cfg.RoutePools(os.Getenv, p2c.Settings{RetryRatio: o.retryRatio})
 	subjects := fleetwatch.Subjects{Prefix: cfg.Prefix}
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "route: "+format+"\n", args...) }
 
-	nc, err := nf.connectURL("fleetwatch-route-"+o.source, cfg.NATS.URL, logf)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-
 	// One metrics set for the router, its publisher and its watcher, served
-	// on /metrics.
+	// on /metrics. The router is built before NATS is dialled, so that a
+	// configuration error is reported as such; the publisher's Run, the one
+	// caller of Publish, starts once nc is set.
 	set := metrics.NewSet()
+	var nc *nats.Conn
 	events, err := route.NewOutcomePublisher(route.PublisherSettings{
 		Subject: subjects.Outcomes() + "." + route.SubjectToken(o.source),
-		Publish: nc.Publish,
+		Publish: func(subject string, data []byte) error { return nc.Publish(subject, data) },
 		Metrics: set,
 	})
 	if err != nil {
@@ -121,6 +116,12 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("config: %w", err)
 	}
 	defer rt.Close()
+
+	nc, err = nf.connectURL("fleetwatch-route-"+o.source, cfg.NATS.URL, logf)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
 	pubDone := make(chan error, 1)
 	go func() { pubDone <- events.Run(context.WithoutCancel(ctx)) }() // exits on Close
 	defer func() {

@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +23,10 @@ type pool struct {
 	cfg      Pool
 	picker   *p2c.Picker
 	applied  atomic.Pointer[fleetwatch.Snapshot] // the last snapshot given to picker
+	logf     func(format string, args ...any)
+
+	warnMu sync.Mutex // guards warned
+	warned string     // the unconfigured backends last logged, so each set is logged once
 }
 
 // backend is one configured backend.
@@ -33,7 +38,7 @@ type backend struct {
 }
 
 // newPool builds pool i of the settings.
-func newPool(i int, pc Pool, now func() time.Time) (*pool, error) {
+func newPool(i int, pc Pool, now func() time.Time, logf func(string, ...any)) (*pool, error) {
 	if pc.ID == "" {
 		return nil, fmt.Errorf("%w: pools[%d]: the pool needs an id", ErrConfig, i)
 	}
@@ -41,7 +46,7 @@ func newPool(i int, pc Pool, now func() time.Time) (*pool, error) {
 	if ps.Now == nil {
 		ps.Now = now
 	}
-	p := &pool{id: pc.ID, cfg: pc, backends: map[string]*backend{}, picker: p2c.New(ps)}
+	p := &pool{id: pc.ID, cfg: pc, backends: map[string]*backend{}, picker: p2c.New(ps), logf: logf}
 	p.cfg.Backends = slices.Clone(pc.Backends)
 	p.models = append([]string{pc.ID}, pc.Models...)
 	for j, bc := range pc.Backends {
@@ -141,11 +146,33 @@ func (p *pool) merge(snap *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 
 // apply hands a decision snapshot for this pool to the picker.
 func (p *pool) apply(snap *fleetwatch.Snapshot) {
+	if snap != nil {
+		p.warnUnconfigured(snap)
+	}
 	m := p.merge(snap)
 	if prev := p.applied.Load(); prev == nil || m.NewerThan(prev) {
 		p.applied.Store(m)
 	}
 	p.picker.Update(m)
+}
+
+// warnUnconfigured logs the backends snap names that are not configured
+// (the router cannot route to them), once for each new set of them.
+func (p *pool) warnUnconfigured(snap *fleetwatch.Snapshot) {
+	var unknown []string
+	for _, b := range snap.Backends {
+		if p.backends[b.Backend] == nil {
+			unknown = append(unknown, b.Backend)
+		}
+	}
+	list := strings.Join(unknown, ", ")
+	p.warnMu.Lock()
+	changed := list != p.warned
+	p.warned = list
+	p.warnMu.Unlock()
+	if changed && list != "" {
+		p.logf("pool %s: the decisions name backends that are not configured, so not routed to: %s", p.id, list)
+	}
 }
 
 // untried returns a backend for a third or later attempt when the picker,

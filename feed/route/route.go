@@ -155,12 +155,14 @@ type Settings struct {
 	// not published.
 	Publisher Publisher
 	// Metrics receives the router's metrics (see metrics.go for the
-	// series; per-backend gauges are written at scrape time). If nil, a
-	// private set is used.
+	// series); the per-backend gauges are registered on it as a metrics
+	// writer, computed at every scrape, so give each Router its own set.
+	// If nil, a private set is used.
 	Metrics *metrics.Set
 	// Now is the clock. If nil, time.Now.
 	Now func() time.Time
-	// Logf receives operational messages. If nil, nothing is logged.
+	// Logf receives operational messages (decisions naming backends that
+	// are not configured). If nil, nothing is logged.
 	Logf func(format string, args ...any)
 	// Rewrite, if not nil, is called with each outgoing attempt once the
 	// router has set its URL, headers and API key, and may change them
@@ -282,7 +284,7 @@ func New(s Settings) (*Router, error) {
 	}
 	rt.client = &http.Client{Transport: transport}
 	for i, pc := range s.Pools {
-		p, err := newPool(i, pc, rt.now)
+		p, err := newPool(i, pc, rt.now, rt.logf)
 		if err != nil {
 			return nil, err
 		}

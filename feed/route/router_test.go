@@ -234,7 +234,10 @@ func TestRouteFollowsDecisions(t *testing.T) {
 // it.
 func TestRouteIgnoresUnconfiguredBackends(t *testing.T) {
 	backends := startFakeBackends(t, 2)
-	rt, err := New(Settings{Pools: []Pool{llamaPool(backends)}})
+	var logged []string
+	rt, err := New(Settings{Pools: []Pool{llamaPool(backends)}, Logf: func(format string, args ...any) {
+		logged = append(logged, fmt.Sprintf(format, args...))
+	}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,8 +246,15 @@ func TestRouteIgnoresUnconfiguredBackends(t *testing.T) {
 	snap := feedtest.Snapshot("llama", "e1", 1, now, feedtest.Closed("b0"), feedtest.Closed("intruder\"}"))
 	snap.TTLMs = 3_600_000
 	rt.Apply(snap)
-	rt.Apply(feedtest.Snapshot("other-pool", "e1", 1, now, feedtest.Closed("x"))) // ignored
+	snap.Seq = 2
+	// The same unconfigured backend again is logged once; another pool is
+	// ignored.
+	rt.Apply(snap)
+	rt.Apply(feedtest.Snapshot("other-pool", "e1", 1, now, feedtest.Closed("x")))
 	rt.Apply(nil)
+	if len(logged) != 1 || !strings.Contains(logged[0], `intruder"}`) {
+		t.Errorf("logged %q, want one line naming the unconfigured backend", logged)
+	}
 	var text strings.Builder
 	rt.metrics.set.WritePrometheus(&text)
 	if strings.Contains(text.String(), "intruder") || strings.Contains(text.String(), "other-pool") ||

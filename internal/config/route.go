@@ -1,8 +1,6 @@
 package config
 
 import (
-	"fmt"
-
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/feed/route"
@@ -11,11 +9,11 @@ import (
 // RoutePools is the router's view of the pools: ids, models, the initial
 // mode and all_open policy, backends with their URL, API key (read with
 // getenv from the variable the file names), priority and cost, and the
-// picker settings ps for every pool. Every backend needs a URL; route.New
-// checks the rest and names the pool, backend or URL at fault.
-func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) ([]route.Pool, error) {
+// picker settings ps for every pool. route.New checks them and names the
+// pool, backend or URL at fault (a backend without a URL, for one).
+func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route.Pool {
 	pools := make([]route.Pool, 0, len(c.Pools))
-	for i, pc := range c.Pools {
+	for _, pc := range c.Pools {
 		p := route.Pool{
 			ID:      pc.ID,
 			Models:  pc.Models,
@@ -23,10 +21,7 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) ([]rout
 			AllOpen: fleetwatch.AllOpen(pc.AllOpen),
 			Picker:  ps,
 		}
-		for j, bc := range pc.Backends {
-			if bc.URL == "" {
-				return nil, fmt.Errorf("config: pools[%d].backends[%d] (%s): the router needs a url", i, j, bc.ID)
-			}
+		for _, bc := range pc.Backends {
 			b := route.Backend{ID: bc.ID, URL: bc.URL, Priority: bc.Priority, CostPerMTok: bc.CostPerMTok}
 			if bc.APIKeyEnv != "" {
 				b.APIKey = getenv(bc.APIKeyEnv)
@@ -35,5 +30,5 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) ([]rout
 		}
 		pools = append(pools, p)
 	}
-	return pools, nil
+	return pools
 }

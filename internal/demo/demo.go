@@ -411,12 +411,7 @@ func startRouter(cfg *config.Config, natsURL string, s Settings) (base string, s
 		nc.Close()
 		return "", nil, err
 	}
-	pools, err := cfg.RoutePools(os.Getenv, p2c.Settings{})
-	if err != nil {
-		nc.Close()
-		return "", nil, err
-	}
-	rt, err := route.New(route.Settings{Pools: pools, Source: "demo", Publisher: events, Logf: s.Logf})
+	rt, err := route.New(route.Settings{Pools: cfg.RoutePools(os.Getenv, p2c.Settings{}), Source: "demo", Publisher: events, Logf: s.Logf})
 	if err != nil {
 		nc.Close()
 		return "", nil, err
