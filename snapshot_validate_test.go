@@ -3,6 +3,7 @@ package fleetwatch
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -317,4 +318,26 @@ func genSnapshot(t *rapid.T) *Snapshot {
 		s.Backends[i] = b
 	}
 	return s
+}
+
+// BenchmarkSnapshotValidate measures the check a watcher makes on every
+// snapshot it receives, for a pool of 32 backends.
+func BenchmarkSnapshotValidate(b *testing.B) {
+	s := validSnapshot()
+	tmpl := s.Backends[1]
+	s.Backends = s.Backends[:0]
+	for i := range 32 {
+		bk := tmpl
+		bk.Backend = fmt.Sprintf("vllm-%02d", i)
+		s.Backends = append(s.Backends, bk)
+	}
+	if err := s.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := s.Validate(); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

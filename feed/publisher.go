@@ -16,9 +16,9 @@ import (
 
 // Sentinel errors of the publisher.
 var (
-	// ErrInvalidSnapshot is returned for a snapshot that cannot be
-	// published: nil, an invalid pool id, or a number JSON cannot carry
-	// (NaN, ±Inf).
+	// ErrInvalidSnapshot is returned for a snapshot that is not published
+	// because every watcher would drop it: nil, or one that fails
+	// fleetwatch.Snapshot.Validate (whose error it also wraps).
 	ErrInvalidSnapshot = errors.New("feed: invalid snapshot")
 	// ErrPublish wraps a failure to publish on the decisions subject.
 	ErrPublish = errors.New("feed: publish failed")
@@ -168,14 +168,14 @@ func (p *Publisher) Metrics() *metrics.Set { return p.set }
 // Publish publishes snap as JSON on its pool's decisions subject and puts it
 // in the KV bucket under the pool id. The subject comes first and a KV
 // failure does not undo it: a router following the subject is never held
-// back by JetStream. The returned error wraps ErrInvalidSnapshot (nothing
-// was sent), or ErrPublish or ErrKVPut (or both). When ctx has no deadline,
-// the KV put is bounded by 2 s.
+// back by JetStream. The returned error wraps ErrInvalidSnapshot when snap
+// fails fleetwatch.Snapshot.Validate (nothing was sent), else ErrPublish or
+// ErrKVPut (or both). When ctx has no deadline, the KV put is bounded by 2 s.
 func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) error {
 	if snap == nil {
 		return fmt.Errorf("%w: nil", ErrInvalidSnapshot)
 	}
-	if err := fleetwatch.ValidatePoolID(snap.Pool); err != nil {
+	if err := snap.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidSnapshot, err)
 	}
 	data, err := json.Marshal(snap)

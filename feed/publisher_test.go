@@ -141,10 +141,43 @@ func TestPublisherRejectsInvalidSnapshot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, snap := range []*fleetwatch.Snapshot{nil, feedtest.Snapshot("bad pool", "e", 1, t0), feedtest.Snapshot("a..b", "e", 1, t0)} {
-		if err := p.Publish(t.Context(), snap); !errors.Is(err, ErrInvalidSnapshot) {
-			t.Errorf("Publish(%v) error = %v, want ErrInvalidSnapshot", snap, err)
+	sub, err := nc.SubscribeSync(fleetwatch.Subjects{}.DecisionsWildcard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Publish(t.Context(), nil); !errors.Is(err, ErrInvalidSnapshot) {
+		t.Errorf("Publish(nil) error = %v, want ErrInvalidSnapshot", err)
+	}
+	overweight := feedtest.Snapshot("p", "e", 1, t0, feedtest.Closed("a"))
+	overweight.Backends[0].Weight = 1.5
+	tests := []struct {
+		name string
+		snap *fleetwatch.Snapshot
+		kind error
+	}{
+		{"pool with a space", feedtest.Snapshot("bad pool", "e", 1, t0), fleetwatch.ErrInvalidPool},
+		{"pool with ..", feedtest.Snapshot("a..b", "e", 1, t0), fleetwatch.ErrInvalidPool},
+		{"backends not sorted", feedtest.Snapshot("p", "e", 1, t0, feedtest.Closed("b"), feedtest.Closed("a")), fleetwatch.ErrBadValue},
+		{"weight above 1", overweight, fleetwatch.ErrOutOfRange},
+	}
+	for _, tt := range tests {
+		err := p.Publish(t.Context(), tt.snap)
+		if !errors.Is(err, ErrInvalidSnapshot) || !errors.Is(err, fleetwatch.ErrInvalidSnapshot) || !errors.Is(err, tt.kind) {
+			t.Errorf("%s: Publish error = %v, want ErrInvalidSnapshot, fleetwatch.ErrInvalidSnapshot and %v", tt.name, err, tt.kind)
 		}
+	}
+	// Nothing was sent: the first message on the subjects is the valid
+	// snapshot published last.
+	if err := p.Publish(t.Context(), feedtest.Snapshot("p", "e", 2, t0, feedtest.Closed("a"))); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := sub.NextMsg(5 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got fleetwatch.Snapshot
+	if err := json.Unmarshal(msg.Data, &got); err != nil || got.Seq != 2 {
+		t.Errorf("first message on %s: seq %d (%v), want the valid snapshot, seq 2", msg.Subject, got.Seq, err)
 	}
 }
 
