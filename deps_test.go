@@ -29,7 +29,7 @@ var allowed = map[string][]string{
 	"probes":        {"."},
 	"dashboards":    {},
 	// The one mapping from the YAML file to every component's Settings.
-	"internal/config": {".", "analyzer", "feed", "feed/p2c", "feed/route", "probes"},
+	"internal/config": {".", "analyzer", "collector", "feed", "feed/p2c", "feed/route", "probes"},
 	// Helpers shared by tests; imported only from _test.go files.
 	"internal/testkit": {"."},
 }

@@ -116,6 +116,11 @@ func (s Subjects) jsName() string { return strings.ReplaceAll(s.prefix(), ".", "
 // for replay and audit ("FW_OUTCOMES").
 func (s Subjects) StreamOutcomes() string { return strings.ToUpper(s.jsName()) + "_OUTCOMES" }
 
+// StreamIntake is the JetStream work-queue stream that captures outcome
+// events as proxies publish them, when the durable intake is on
+// ("FW_INTAKE"): events published while no collector runs are kept.
+func (s Subjects) StreamIntake() string { return strings.ToUpper(s.jsName()) + "_INTAKE" }
+
 // StreamDrift is the JetStream stream keeping drift alerts for review
 // ("FW_DRIFT").
 func (s Subjects) StreamDrift() string { return strings.ToUpper(s.jsName()) + "_DRIFT" }

@@ -73,6 +73,8 @@ const (
 	DefaultRejectBurst         = 10
 	DefaultStreamMaxAge        = 5 * time.Minute
 	DefaultStreamMaxBytes      = 1 << 30
+	DefaultIntakeMaxAge        = time.Hour
+	DefaultIntakeMaxBytes      = 1 << 30
 )
 
 // setupTimeout bounds the JetStream calls New makes.
@@ -124,6 +126,21 @@ type Settings struct {
 	// StreamReplicas is FW_OUTCOMES' replica count when it is created. If
 	// zero, 1 is used.
 	StreamReplicas int
+	// Intake turns on the durable intake: the stream FW_INTAKE captures
+	// fw.outcomes and fw.outcomes.> as they are published, and the
+	// collector consumes it through the durable pull consumer
+	// fleetwatch.QueueCollectors, shared by every collector, instead of
+	// core queue subscriptions. Events published while no collector runs,
+	// or while a collector reconnects, are kept (within IntakeMaxAge and
+	// IntakeMaxBytes) and consumed when one runs again, at least once. It
+	// needs JetStream; without it New fails. It costs ingest rate: see
+	// BENCHMARKS.md.
+	Intake bool
+	// IntakeMaxAge and IntakeMaxBytes bound what FW_INTAKE keeps while no
+	// collector consumes it (oldest discarded first, counted by the
+	// server). If zero, 1 hour and 1 GiB are used.
+	IntakeMaxAge   time.Duration
+	IntakeMaxBytes int64
 	// Now is the clock events are stamped and checked against. If nil,
 	// time.Now is used.
 	Now func() time.Time
@@ -175,6 +192,12 @@ func (s Settings) withDefaults() Settings {
 	if s.StreamReplicas <= 0 {
 		s.StreamReplicas = 1
 	}
+	if s.IntakeMaxAge <= 0 {
+		s.IntakeMaxAge = DefaultIntakeMaxAge
+	}
+	if s.IntakeMaxBytes <= 0 {
+		s.IntakeMaxBytes = DefaultIntakeMaxBytes
+	}
 	if s.Now == nil {
 		s.Now = time.Now
 	}
@@ -199,6 +222,7 @@ type Collector struct {
 
 	js     jetstream.JetStream // nil without JetStream
 	stream string              // FW_OUTCOMES, when js != nil
+	intake jetstream.Consumer  // FW_INTAKE's durable consumer, with Settings.Intake
 
 	batchPool  sync.Pool // *[]fleetwatch.Event, BatchSize capacity
 	streamPool sync.Pool // *[]byte for republished NDJSON batches
@@ -248,6 +272,9 @@ func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
 		return &b
 	}
 	if s.NoJetStream {
+		if s.Intake {
+			return nil, fmt.Errorf("collector: the durable intake (%s) needs JetStream", c.subjects.StreamIntake())
+		}
 		s.Logf("collector: JetStream disabled: running without capture (%s) and replay", c.subjects.StreamOutcomes())
 		return c, nil
 	}
@@ -257,10 +284,18 @@ func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
 		if !errors.Is(err, errNotEnabled) {
 			return nil, err
 		}
+		if s.Intake {
+			return nil, fmt.Errorf("collector: the durable intake (%s) needs JetStream: %w", c.subjects.StreamIntake(), err)
+		}
 		s.Logf("collector: the NATS server has no JetStream: running without capture (%s) and replay", c.subjects.StreamOutcomes())
 		return c, nil
 	}
 	c.m.jetstream.Set(1)
+	if s.Intake {
+		if err := c.setupIntake(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return c, nil
 }
 
@@ -300,15 +335,26 @@ func (c *Collector) Run(ctx context.Context) error {
 		close(done)
 	}()
 
-	workers, err := c.subscribe()
+	var workers []*worker
+	var err error
+	if c.intake != nil {
+		workers, err = c.consumeIntake()
+	} else {
+		workers, err = c.subscribe()
+	}
 	if err != nil {
 		return err
 	}
 	c.mu.Lock()
 	c.workers = workers
 	c.mu.Unlock()
-	c.settings.Logf("collector: consuming %s and %s in queue group %s (%d subscriptions each)",
-		c.subjects.Outcomes(), c.subjects.OutcomesWildcard(), fleetwatch.QueueCollectors, c.settings.Subscriptions)
+	if c.intake != nil {
+		c.settings.Logf("collector: consuming %s and %s through stream %s, durable consumer %s (%d pullers)",
+			c.subjects.Outcomes(), c.subjects.OutcomesWildcard(), c.subjects.StreamIntake(), fleetwatch.QueueCollectors, c.settings.Subscriptions)
+	} else {
+		c.settings.Logf("collector: consuming %s and %s in queue group %s (%d subscriptions each)",
+			c.subjects.Outcomes(), c.subjects.OutcomesWildcard(), fleetwatch.QueueCollectors, c.settings.Subscriptions)
+	}
 
 	c.flushLoop(ctx, workers)
 	c.drain(workers)
@@ -385,10 +431,18 @@ const drainTimeout = 10 * time.Second
 // finished, and flushes what they left.
 func (c *Collector) drain(workers []*worker) {
 	var closed []<-chan nats.SubStatus
+	var pullers []<-chan struct{}
 	// Draining needs the server to acknowledge; with the connection down
 	// nothing more can arrive, so unsubscribe at once instead of waiting.
 	connected := c.nc.IsConnected()
 	for _, w := range workers {
+		if w.cc != nil {
+			// A puller: stop pulling, finish what was delivered (acked
+			// as decoded), and wait for its callback to return.
+			w.cc.Drain()
+			pullers = append(pullers, w.cc.Closed())
+			continue
+		}
 		w.countDropped()
 		ch := w.sub.StatusChanged(nats.SubscriptionClosed)
 		if !connected {
@@ -412,6 +466,15 @@ wait:
 		case <-deadline.C:
 			c.settings.Logf("collector: subscriptions did not drain within %v", drainTimeout)
 			break wait
+		}
+	}
+waitPullers:
+	for _, ch := range pullers {
+		select {
+		case <-ch:
+		case <-deadline.C:
+			c.settings.Logf("collector: intake pullers did not drain within %v", drainTimeout)
+			break waitPullers
 		}
 	}
 	for _, w := range workers {

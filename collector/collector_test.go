@@ -94,7 +94,11 @@ func startCollector(t testing.TB, nc *nats.Conn, sink Sink, s Settings) (c *Coll
 	waitFor(t, "subscriptions", func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return len(c.workers) == 2*c.settings.Subscriptions
+		want := 2 * c.settings.Subscriptions // two subjects
+		if c.settings.Intake {
+			want = c.settings.Subscriptions // pullers on one consumer
+		}
+		return len(c.workers) == want
 	})
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)

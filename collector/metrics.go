@@ -28,6 +28,7 @@ type collectorMetrics struct {
 	rejectsPublished      *metrics.Counter
 	rejectsSuppressed     *metrics.Counter
 	replayedEvents        *metrics.Counter
+	intakeAckErrors       *metrics.Counter
 	jetstream             *metrics.Gauge
 }
 
@@ -49,6 +50,7 @@ func newCollectorMetrics(set *metrics.Set) *collectorMetrics {
 		rejectsPublished:      set.GetOrCreateCounter("fleetwatch_rejects_published_total"),
 		rejectsSuppressed:     set.GetOrCreateCounter("fleetwatch_rejects_suppressed_total"),
 		replayedEvents:        set.GetOrCreateCounter("fleetwatch_replay_events_total"),
+		intakeAckErrors:       set.GetOrCreateCounter("fleetwatch_intake_ack_errors_total"),
 		jetstream:             set.GetOrCreateGauge("fleetwatch_collector_jetstream", nil),
 	}
 	for o := fleetwatch.OutcomeOK; int(o) < fleetwatch.NumOutcomes; o++ {

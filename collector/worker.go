@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
 )
@@ -16,7 +17,8 @@ import (
 // to that goroutine; what the flush loop also touches is guarded by mu.
 type worker struct {
 	c   *Collector
-	sub *nats.Subscription
+	sub *nats.Subscription       // core mode
+	cc  jetstream.ConsumeContext // durable intake
 
 	// Owned by the subscription's callback goroutine.
 	dec      fleetwatch.Decoder
@@ -66,14 +68,21 @@ func newWorker(c *Collector) *worker {
 // onMsg is the subscription callback: decode every event of the message,
 // accumulate the accepted ones, and hand over whatever filled up.
 func (w *worker) onMsg(msg *nats.Msg) {
-	w.subject = msg.Subject
+	w.handle(msg.Subject, msg.Data, w.c.settings.Now())
+}
+
+// handle decodes one message's events, received on subject at arrival
+// (the collector's clock for a core message, the time the stream stored it
+// for an intake message).
+func (w *worker) handle(subject string, data []byte, arrival time.Time) {
+	w.subject = subject
 	// The protocol's precision is the millisecond: an event stamped with
 	// its arrival time reads back the same from FW_OUTCOMES.
-	w.arrival = w.c.settings.Now().UTC().Truncate(time.Millisecond)
+	w.arrival = arrival.UTC().Truncate(time.Millisecond)
 
 	w.mu.Lock()
 	w.messages++
-	if ok, bad := w.dec.DecodeBatch(msg.Data, w.onLine); ok+bad == 0 {
+	if ok, bad := w.dec.DecodeBatch(data, w.onLine); ok+bad == 0 {
 		// An empty (or all blank) payload is not an event.
 		w.notices = append(w.notices, pendingReject{
 			err:    &fleetwatch.DecodeError{Err: fleetwatch.ErrBadJSON},
@@ -227,6 +236,9 @@ func (w *worker) flush(stream bool) {
 // the last call to the dropped metric, and counts slow-consumer episodes. It
 // runs on Run's goroutine.
 func (w *worker) countDropped() {
+	if w.sub == nil {
+		return // a puller: the stream keeps what it has not delivered
+	}
 	for episodes := true; episodes; {
 		select {
 		case <-w.slow:

@@ -36,6 +36,7 @@ type Config struct {
 	HTTP     HTTPConfig     `yaml:"http"`
 	Analyzer AnalyzerConfig `yaml:"analyzer"`
 	Pools    []PoolConfig   `yaml:"pools"`
+	Ingest   IngestConfig   `yaml:"ingest"`
 	Probes   ProbesConfig   `yaml:"probes"`
 	Review   ReviewConfig   `yaml:"review"`
 	Data     string         `yaml:"data"` // data directory; default ./data
@@ -47,6 +48,21 @@ type NATSConfig struct {
 	Listen      string `yaml:"listen"`    // embedded server; default 127.0.0.1:4222
 	StoreDir    string `yaml:"store_dir"` // embedded JetStream store; default <data>/nats
 	NoJetStream bool   `yaml:"no_jetstream"`
+}
+
+// IngestConfig is how outcome events come in.
+type IngestConfig struct {
+	// Durable turns on the durable intake: the stream FW_INTAKE keeps
+	// every outcome event as published until a collector takes it, so
+	// events published while no serve runs, or while it reconnects, are
+	// not lost (collector.Settings.Intake). Default false: core NATS, the
+	// fastest path, which loses what is published while no collector
+	// listens.
+	Durable bool `yaml:"durable"`
+	// MaxAge and MaxBytes bound what FW_INTAKE keeps while nobody
+	// consumes it; default 1h and 1 GiB.
+	MaxAge   *Duration `yaml:"max_age"`
+	MaxBytes int64     `yaml:"max_bytes"`
 }
 
 // HTTPConfig is serve's HTTP listener.
@@ -344,6 +360,15 @@ func (c *Config) validate(lines map[string]int, file string) error {
 		if _, err := probes.ParseSchedule(c.Probes.Schedule); err != nil {
 			return fail("probes.schedule", "%q: %v", c.Probes.Schedule, err)
 		}
+	}
+	if c.Ingest.MaxAge != nil && c.Ingest.MaxAge.Duration <= 0 {
+		return fail("ingest.max_age", "%v: must be > 0", c.Ingest.MaxAge.Duration)
+	}
+	if c.Ingest.MaxBytes < 0 {
+		return fail("ingest.max_bytes", "%d: must be >= 0", c.Ingest.MaxBytes)
+	}
+	if c.Ingest.Durable && c.NATS.NoJetStream {
+		return fail("ingest.durable", "true: the durable intake needs JetStream (nats.no_jetstream is true)")
 	}
 	if c.Probes.Timeout != nil && c.Probes.Timeout.Duration <= 0 {
 		return fail("probes.timeout", "%v: must be > 0", c.Probes.Timeout.Duration)

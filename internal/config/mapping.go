@@ -6,6 +6,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/collector"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
@@ -135,6 +136,25 @@ func (c *Config) ReviewSettings() probes.ReviewSettings {
 		dir = filepath.Join(c.Data, "reviews")
 	}
 	return probes.ReviewSettings{Schedule: c.Review.Schedule, Dir: dir}
+}
+
+// CollectorSettings is the file's part of the collector's Settings: the
+// prefix, JetStream or not, the durable intake and its bounds, and how long
+// FW_OUTCOMES keeps accepted events (twice the analyzer's window, at least
+// 10 minutes, so that a restart replays a full window). The caller adds the
+// clock, the metrics and the hooks.
+func (c *Config) CollectorSettings() collector.Settings {
+	s := collector.Settings{
+		Prefix:         c.Prefix,
+		NoJetStream:    c.NATS.NoJetStream,
+		Intake:         c.Ingest.Durable,
+		IntakeMaxBytes: c.Ingest.MaxBytes,
+		StreamMaxAge:   max(2*c.Analyzer.settings().WithDefaults().Window, 10*time.Minute),
+	}
+	if c.Ingest.MaxAge != nil {
+		s.IntakeMaxAge = c.Ingest.MaxAge.Duration
+	}
+	return s
 }
 
 // StoreDir is the embedded NATS server's JetStream store (default

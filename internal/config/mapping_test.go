@@ -10,17 +10,19 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/collector"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
 // mapped is everything the file turns into: the components' settings, and
 // the values serve reads from the file directly.
 type mapped struct {
-	Analyzer analyzer.Config
-	Probes   probes.Settings
-	Review   probes.ReviewSettings
-	StoreDir string
-	Direct   map[string]any
+	Analyzer  analyzer.Config
+	Collector collector.Settings
+	Probes    probes.Settings
+	Review    probes.ReviewSettings
+	StoreDir  string
+	Direct    map[string]any
 }
 
 // directKeys are read by serve (or route) from the Config as they are, not
@@ -59,11 +61,12 @@ func backendURLs(p PoolConfig) []string {
 func mapAll(c *Config) mapped {
 	env := func(name string) string { return "key-of-" + name }
 	m := mapped{
-		Analyzer: c.AnalyzerSettings(1),
-		Probes:   c.ProbeSettings(env),
-		Review:   c.ReviewSettings(),
-		StoreDir: c.StoreDir(),
-		Direct:   map[string]any{},
+		Analyzer:  c.AnalyzerSettings(1),
+		Collector: c.CollectorSettings(),
+		Probes:    c.ProbeSettings(env),
+		Review:    c.ReviewSettings(),
+		StoreDir:  c.StoreDir(),
+		Direct:    map[string]any{},
 	}
 	for k, f := range directKeys {
 		m.Direct[k] = f(c)
@@ -128,7 +131,7 @@ func setLeaf(t *testing.T, key string, v reflect.Value) {
 		v.Set(p)
 	case reflect.String:
 		v.SetString("x-" + key)
-	case reflect.Int:
+	case reflect.Int, reflect.Int64:
 		v.SetInt(7)
 	case reflect.Float64:
 		v.SetFloat(0.7)
@@ -200,6 +203,13 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		"probes.ReviewSettings.LastReview": true, "probes.ReviewSettings.DefaultSince": true,
 		"probes.ReviewSettings.Alerts": true, "probes.ReviewSettings.Statuses": true,
 		"probes.ReviewSettings.Publish": true, "probes.ReviewSettings.Now": true, "probes.ReviewSettings.Logf": true,
+		// The collector's tuning has no key: its defaults are measured
+		// (BENCHMARKS.md), and serve sets the hooks.
+		"collector.Settings.Subscriptions": true, "collector.Settings.PendingMsgs": true, "collector.Settings.PendingBytes": true,
+		"collector.Settings.BatchSize": true, "collector.Settings.FlushInterval": true, "collector.Settings.StreamFlushInterval": true,
+		"collector.Settings.StreamBatchBytes": true, "collector.Settings.RejectRate": true, "collector.Settings.RejectBurst": true,
+		"collector.Settings.StreamMaxBytes": true, "collector.Settings.StreamReplicas": true, "collector.Settings.Now": true,
+		"collector.Settings.Metrics": true, "collector.Settings.Logf": true, "collector.Settings.OnUrgent": true,
 	}
 	var unreached []string
 	reached := func(name string, v reflect.Value) {
@@ -219,6 +229,7 @@ func TestMappingReachesEverySetting(t *testing.T) {
 	reached("analyzer.PoolConfig", reflect.ValueOf(m.Analyzer.Pools[0]))
 	reached("analyzer.PoolConfig.Settings", reflect.ValueOf(m.Analyzer.Pools[0].Settings))
 	reached("analyzer.BackendConfig", reflect.ValueOf(m.Analyzer.Pools[0].Backends[0]))
+	reached("collector.Settings", reflect.ValueOf(m.Collector))
 	reached("probes.Settings", reflect.ValueOf(m.Probes))
 	if len(m.Probes.Targets) != 1 {
 		t.Fatalf("targets = %+v", m.Probes.Targets)

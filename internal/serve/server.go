@@ -207,14 +207,10 @@ func (s *Server) build() error {
 	if err != nil {
 		return fmt.Errorf("serve: feed publisher: %w", err)
 	}
-	s.col, err = collector.New(s.nc, s.an, collector.Settings{
-		Prefix:       s.cfg.Prefix,
-		NoJetStream:  s.js == nil,
-		StreamMaxAge: max(2*s.window, 10*time.Minute),
-		Metrics:      s.metrics,
-		Logf:         s.logf,
-		OnUrgent:     s.signalUrgent,
-	})
+	cs := s.cfg.CollectorSettings()
+	cs.NoJetStream = s.js == nil
+	cs.Metrics, cs.Logf, cs.OnUrgent = s.metrics, s.logf, s.signalUrgent
+	s.col, err = collector.New(s.nc, s.an, cs)
 	if err != nil {
 		return fmt.Errorf("serve: collector: %w", err)
 	}
