@@ -16,9 +16,10 @@ import (
 // poolID is the simulated pool's id.
 const poolID = "sim"
 
-// heartbeatMs is the analyzer's heartbeat (the default, 1 s) and the
-// latency-greedy policy's refresh period.
-const heartbeatMs = 1000
+// defaultFeedMs is the feed period when the scenario sets none: the
+// analyzer's default heartbeat (1 s), which is also the latency-greedy
+// policy's refresh period.
+const defaultFeedMs = 1000
 
 // sampleMs is how often backend occupancy is sampled for the imbalance.
 const sampleMs = 250
@@ -33,6 +34,7 @@ type sim struct {
 	policy  string
 	now     float64 // virtual ms
 	end     float64
+	feedMs  float64 // feed period: evaluations, snapshots, published loads
 	queue   eventQueue
 	seq     uint64
 	timeout float64
@@ -86,6 +88,9 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 	}
 	if s.timeout == 0 {
 		s.timeout = 30000
+	}
+	if s.feedMs = ms(sc.FeedPeriod); s.feedMs <= 0 {
+		s.feedMs = defaultFeedMs
 	}
 	n := len(sc.Backends)
 	s.global = &globalLatency{live: make([]float64, n), published: make([]float64, n)}
@@ -172,7 +177,7 @@ func (s *sim) run() {
 			s.timeoutAttempt(e.att)
 		case evHeartbeat:
 			s.heartbeat()
-			s.schedule(event{at: s.now + heartbeatMs, kind: evHeartbeat})
+			s.schedule(event{at: s.now + s.feedMs, kind: evHeartbeat})
 		case evUrgent:
 			s.urgent = false
 			s.evaluate()
