@@ -43,6 +43,8 @@ type sim struct {
 	backends []*backend
 	routers  []router
 	global   *globalLatency
+	feed     *fleetFeed
+	sources  []string // per router, its Event.Source
 	an       *analyzer.Analyzer
 	evBuf    []fleetwatch.Event
 	urgent   bool // an urgent evaluation is scheduled
@@ -111,6 +113,11 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 		s.backends = append(s.backends, be)
 		pc.Backends = append(pc.Backends, analyzer.BackendConfig{ID: spec.ID, Priority: spec.Priority})
 	}
+	slots := make([]float64, n)
+	for i, be := range s.backends {
+		slots[i] = float64(be.spec.Slots)
+	}
+	s.feed = newFleetFeed(slots, sc.Routers, analyzer.DefaultWindow)
 	if usesFeed(policy) {
 		settings := FleetwatchAnalyzer
 		if sc.Analyzer != (analyzer.Settings{}) {
@@ -132,11 +139,13 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 			now:    func() float64 { return s.now },
 			wall:   func() time.Time { return s.wall() },
 			global: s.global,
+			feed:   s.feed,
 		})
 		if err != nil {
 			return nil, err
 		}
 		s.routers = append(s.routers, rt)
+		s.sources = append(s.sources, fmt.Sprintf("r%d", r))
 	}
 	s.m.init(s)
 	return s, nil
@@ -416,6 +425,9 @@ func (s *sim) complete(att *attempt) {
 		s.global.observe(att.backend, s.now-att.sent)
 	}
 	s.routers[req.router].finish(att, ttft)
+	// The backend reports its load (running + waiting) with the answer.
+	be := s.backends[att.backend]
+	s.feed.report(s.now, att.backend, float64(be.busy+be.waiting), req.router, req.attempts > 1)
 	if s.an != nil {
 		s.observe(att, ttft)
 	}
@@ -445,6 +457,7 @@ func (s *sim) observe(att *attempt, ttft float64) {
 		DurationMs: s.now - att.sent, HasDuration: true,
 		InputTokens: int64(att.req.promptTokens), CacheHit: att.cacheHit,
 		Fingerprint: be.fingerprintAt(dur(att.sent)),
+		Source:      s.sources[att.req.router],
 	}
 	if att.outcome == fleetwatch.OutcomeOK {
 		ev.TTFTMs, ev.HasTTFT = ttft, true
@@ -471,6 +484,12 @@ func (be *backend) fingerprintAt(t time.Duration) string {
 
 func (s *sim) heartbeat() {
 	s.global.publish()
+	s.feed.publish(s.now)
+	for _, rt := range s.routers {
+		if lr, ok := rt.(loadReceiver); ok {
+			lr.loadPublished()
+		}
+	}
 	s.evaluate()
 }
 
