@@ -39,6 +39,7 @@ type publishedLoad struct {
 	valid   bool      // at least one load report was published
 	at      float64   // virtual ms of the snapshot
 	load    []float64 // per backend, the newest reported load (0 before any report)
+	exact   []float64 // per backend, its true load at the snapshot (the exact-load variant)
 	ageMs   []float64 // per backend, how old that report was when published
 	routers int       // distinct sources in the window (>= 1)
 	// spare is 1 - total load / total slots: the share of the pool's
@@ -66,7 +67,7 @@ func newFleetFeed(slots []float64, routers int, window time.Duration) *fleetFeed
 		slots:    slots,
 		lastSeen: make([]float64, routers),
 		pub: publishedLoad{
-			load: make([]float64, n), ageMs: make([]float64, n), routers: 1, spare: 1,
+			load: make([]float64, n), exact: make([]float64, n), ageMs: make([]float64, n), routers: 1, spare: 1,
 		},
 		budgetRatio: fleetBudgetRatio,
 		budgetFloor: fleetBudgetFloor,
@@ -109,10 +110,13 @@ func (f *fleetFeed) advance(now float64) {
 	f.balance = f.balance*decay + f.budgetFloor*fleetBudgetTauMs/1000*(1-decay)
 }
 
-// publish fills pub as a snapshot taken at now would carry it.
-func (f *fleetFeed) publish(now float64) {
+// publish fills pub as a snapshot taken at now would carry it; exact is
+// every backend's true load now (what a scrape at the snapshot would read,
+// for the exact-load variant only).
+func (f *fleetFeed) publish(now float64, exact []float64) {
 	p := &f.pub
 	p.at = now
+	copy(p.exact, exact)
 	total, slots := 0.0, 0.0
 	for b := range f.load {
 		p.load[b] = f.load[b]

@@ -26,6 +26,10 @@ const (
 	FLoadFull      = "fl-load-full"      // every candidate ranked (no sampling), load + R x own delta
 	FLoad3Fleet    = "fl-load3-fleet"    // FLoad3 with the proposed retry budget: free while spare, else fleet-wide
 	FLoad3NoBudget = "fl-load3-unbudget" // FLoad3 without a retry budget
+	// FLoad3Exact is FLoad3 with the backends' true load at the snapshot
+	// instead of the newest value reported on an outcome event: what the
+	// event-borne report costs against a perfect scrape.
+	FLoad3Exact = "fl-load3-exact"
 )
 
 // FleetLoadPolicies are the fleet-load variants, in report order.
@@ -46,6 +50,7 @@ type fleetLoadConfig struct {
 	delta   int // 0: no own delta; 1: x1; 2: x R
 	retry   retryMode
 	full    bool // rank every candidate
+	exact   bool // the true loads at the snapshot instead of the reported ones
 }
 
 var fleetLoadConfigs = map[string]fleetLoadConfig{
@@ -56,6 +61,7 @@ var fleetLoadConfigs = map[string]fleetLoadConfig{
 	FLoadFull:      {full: true, delta: 2},
 	FLoad3Fleet:    {choices: 3, delta: 2, retry: retryFleet},
 	FLoad3NoBudget: {choices: 3, delta: 2, retry: retryNone},
+	FLoad3Exact:    {choices: 3, delta: 2, exact: true},
 }
 
 func init() {
@@ -67,6 +73,7 @@ func init() {
 		FLoadFull:      "every candidate ranked by published load + R x own change (no sampling)",
 		FLoad3Fleet:    "fl-load3, retries free while half the pool's slots are idle, else one fleet-wide budget",
 		FLoad3NoBudget: "fl-load3 without a retry budget",
+		FLoad3Exact:    "fl-load3 with every backend's true load at the snapshot (a perfect scrape)",
 	} {
 		PolicyDescriptions[name] = d
 	}
@@ -137,16 +144,20 @@ func (p *fleetLoadRouter) allowRetry(retry bool) bool {
 func (p *fleetLoadRouter) score(b int) float64 {
 	pub := &p.feed.pub
 	own := float64(p.inFlight[b] - p.atSnap[b])
+	load := pub.load[b]
+	if p.cfg.exact {
+		load = pub.exact[b]
+	}
 	switch p.cfg.delta {
 	case 0:
 		if !pub.valid {
 			return float64(p.inFlight[b]) // nothing published yet: local counts
 		}
-		return pub.load[b]
+		return load
 	case 1:
-		return pub.load[b] + own
+		return load + own
 	}
-	return pub.load[b] + float64(pub.routers)*own
+	return load + float64(pub.routers)*own
 }
 
 func (p *fleetLoadRouter) pick(_ *request, exclude int) (int, error) {

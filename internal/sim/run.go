@@ -44,7 +44,8 @@ type sim struct {
 	routers  []router
 	global   *globalLatency
 	feed     *fleetFeed
-	sources  []string // per router, its Event.Source
+	sources  []string  // per router, its Event.Source
+	loads    []float64 // scratch: true backend loads at a heartbeat
 	an       *analyzer.Analyzer
 	evBuf    []fleetwatch.Event
 	urgent   bool // an urgent evaluation is scheduled
@@ -117,6 +118,7 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 	for i, be := range s.backends {
 		slots[i] = float64(be.spec.Slots)
 	}
+	s.loads = make([]float64, n)
 	s.feed = newFleetFeed(slots, sc.Routers, analyzer.DefaultWindow)
 	if usesFeed(policy) {
 		settings := FleetwatchAnalyzer
@@ -484,7 +486,10 @@ func (be *backend) fingerprintAt(t time.Duration) string {
 
 func (s *sim) heartbeat() {
 	s.global.publish()
-	s.feed.publish(s.now)
+	for i, be := range s.backends {
+		s.loads[i] = float64(be.busy + be.waiting)
+	}
+	s.feed.publish(s.now, s.loads)
 	for _, rt := range s.routers {
 		if lr, ok := rt.(loadReceiver); ok {
 			lr.loadPublished()
