@@ -25,6 +25,7 @@ const (
 	FLoad3Shared   = "fl-load3-shared"   // 3 choices, the published load alone (no delta)
 	FLoadFull      = "fl-load-full"      // every candidate ranked (no sampling), load + R x own delta
 	FLoad3Fleet    = "fl-load3-fleet"    // FLoad3 with the proposed retry budget: free while spare, else fleet-wide
+	FLoad3Fleet25  = "fl-load3-fleet25"  // as FLoad3Fleet, free while a quarter of the slots is idle
 	FLoad3NoBudget = "fl-load3-unbudget" // FLoad3 without a retry budget
 	// FLoad3Exact is FLoad3 with the backends' true load at the snapshot
 	// instead of the newest value reported on an outcome event: what the
@@ -51,6 +52,9 @@ type fleetLoadConfig struct {
 	retry   retryMode
 	full    bool // rank every candidate
 	exact   bool // the true loads at the snapshot instead of the reported ones
+	// spareFree: retries are free while at least this share of the pool's
+	// slots is idle (retryFleet; 0 means spareFreeThreshold).
+	spareFree float64
 }
 
 var fleetLoadConfigs = map[string]fleetLoadConfig{
@@ -60,6 +64,7 @@ var fleetLoadConfigs = map[string]fleetLoadConfig{
 	FLoad3Shared:   {choices: 3, delta: 0},
 	FLoadFull:      {full: true, delta: 2},
 	FLoad3Fleet:    {choices: 3, delta: 2, retry: retryFleet},
+	FLoad3Fleet25:  {choices: 3, delta: 2, retry: retryFleet, spareFree: 0.25},
 	FLoad3NoBudget: {choices: 3, delta: 2, retry: retryNone},
 	FLoad3Exact:    {choices: 3, delta: 2, exact: true},
 }
@@ -73,6 +78,7 @@ func init() {
 		FLoadFull:      "every candidate ranked by published load + R x own change (no sampling)",
 		FLoad3Fleet:    "fl-load3, retries free while half the pool's slots are idle, else one fleet-wide budget",
 		FLoad3NoBudget: "fl-load3 without a retry budget",
+		FLoad3Fleet25:  "fl-load3-fleet with retries free while a quarter of the slots is idle",
 		FLoad3Exact:    "fl-load3 with every backend's true load at the snapshot (a perfect scrape)",
 	} {
 		PolicyDescriptions[name] = d
@@ -129,7 +135,11 @@ func (p *fleetLoadRouter) allowRetry(retry bool) bool {
 		if !retry {
 			return true
 		}
-		if pub := &p.feed.pub; pub.valid && pub.spare >= spareFreeThreshold {
+		threshold := p.cfg.spareFree
+		if threshold == 0 {
+			threshold = spareFreeThreshold
+		}
+		if pub := &p.feed.pub; pub.valid && pub.spare >= threshold {
 			return true
 		}
 		if p.allowance <= 0 {
