@@ -43,6 +43,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	policies := fs.String("policies", "", "comma-separated policies to compare instead of each scenario's own")
 	routers := fs.Int("routers", 0, "routers sharing the traffic in every scenario (for example 1, 4, 16, 64); 0 keeps each scenario's")
 	feedPeriod := fs.Duration("feed-period", 0, "period of the analyzer's evaluations and snapshots (and of the published backend loads); 0 keeps 1s")
+	detection := fs.Bool("detection", false, "also print breaker openings and the time to open the watched backend, per seed")
 	variants := fs.Bool("variants", false, "also run the picker's score variants and the default-analyzer variant: "+strings.Join(simVariants, ", "))
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--variants]")
@@ -123,6 +124,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if _, err := io.WriteString(stdout, tables.String()); err != nil {
 		return err
+	}
+	if *detection {
+		for i, sc := range scenarios {
+			if err := sim.WriteDetection(stdout, sc, results[i]); err != nil {
+				return err
+			}
+		}
 	}
 	fmt.Fprintf(stderr, "fleetwatch sim: %d runs, %d simulated requests in %.2fs (%.0f requests per wall second)\n",
 		countRuns(results), requests, elapsed.Seconds(), float64(requests)/elapsed.Seconds())

@@ -506,7 +506,7 @@ func (s *sim) evaluate() {
 	ev := s.an.Evaluate(s.wall())
 	for _, tr := range ev.Transitions {
 		if tr.To == fleetwatch.StateOpen {
-			s.m.opened[slices.Index(s.ids, tr.Backend)]++
+			s.m.open(slices.Index(s.ids, tr.Backend), s.now)
 		}
 	}
 	for i := range ev.Snapshots {
