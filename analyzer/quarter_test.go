@@ -15,7 +15,9 @@ import (
 func TestRecentQuarterTrip(t *testing.T) {
 	evalAt := at(10 * time.Second)
 	// history: x was healthy for 15 s; the newest quarter is [4s, 10s].
-	history := func(n int) []fleetwatch.Event { return series("p", "x", ok, n, at(-15*time.Second), 15*time.Second, 200) }
+	history := func(n int) []fleetwatch.Event {
+		return series("p", "x", ok, n, at(-15*time.Second), 15*time.Second, 200)
+	}
 	recent := func(n int, outcomes ...fleetwatch.Outcome) []fleetwatch.Event {
 		return alternate("p", "x", n, at(4*time.Second), 6*time.Second, 200, outcomes...)
 	}

@@ -4,13 +4,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/fleetwatch/fleetwatch/analyzer"
 )
-
-// oldDetection are the analyzer settings before the quarter trip and the
-// pool-wide 429 hold (both off), everything else as FleetwatchAnalyzer.
-var oldDetection = analyzer.Settings{SlowFactor: 1e9, RecentMinRequests: -1, PoolThrottleHold: -1}
 
 // withRouters returns sc with n routers.
 func withRouters(sc Scenario, n int) Scenario {
@@ -29,7 +23,7 @@ func long(t *testing.T) {
 
 // The 429 breaker: with the newest-quarter trip it opens a backend that
 // starts answering 90% 429s within 10 s at 4 routers, within 14 s at 16;
-// it took 18-24 s before (oldDetection), so the test fails without the
+// it took 18-24 s before (FWOldDetection), so the test fails without the
 // rule.
 func TestThrottleDetection(t *testing.T) {
 	for _, c := range []struct {
@@ -75,10 +69,8 @@ func TestPoolThrottleHoldOverload(t *testing.T) {
 	long(t)
 	for _, routers := range []int{4, 16} {
 		t.Run(fmt.Sprintf("%d routers", routers), func(t *testing.T) {
-			sc := withRouters(scenario(t, Overload), routers)
-			old := sc
-			old.Analyzer = oldDetection
-			now, before := runs(t, sc, Fleetwatch)[Fleetwatch], runs(t, old, Fleetwatch)[Fleetwatch]
+			res := runs(t, withRouters(scenario(t, Overload), routers), Fleetwatch, FWOldDetection)
+			now, before := res[Fleetwatch], res[FWOldDetection]
 			for i, seed := range seeds {
 				t.Logf("seed %d: errors %.4f with the hold (%d opens), %.4f without (%d opens)",
 					seed, now[i].ErrorRate, now[i].Opens, before[i].ErrorRate, before[i].Opens)

@@ -128,6 +128,9 @@ func newRouter(name string, e env) (router, error) {
 	if cfg, ok := fleetLoadConfigs[name]; ok {
 		return newFleetLoadRouter(cfg, e), nil
 	}
+	if _, ok := fwAnalyzerVariants[name]; ok {
+		return newRouter(Fleetwatch, e)
+	}
 	return nil, fmt.Errorf("sim: unknown policy %q", name)
 }
 
@@ -137,8 +140,9 @@ func usesFeed(name string) bool {
 	case Fleetwatch, FWSeed, FWInFlight, FWSqrt, FWUnbudgeted, FWDefaultAnalyzer, FWNoGuard:
 		return true
 	}
-	_, ok := fleetLoadConfigs[name]
-	return ok
+	_, load := fleetLoadConfigs[name]
+	_, variant := fwAnalyzerVariants[name]
+	return load || variant
 }
 
 type roundRobin struct{ n, next int }

@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
@@ -32,6 +33,17 @@ const (
 	// event-borne report costs against a perfect scrape.
 	FLoad3Exact = "fl-load3-exact"
 )
+
+// FWOldDetection is fleetwatch with the analyzer's detection as it was
+// before the newest-quarter trip and the pool-wide 429 hold (both off),
+// for the comparison in docs/EVALUATION.md.
+const FWOldDetection = "fw-old-detection"
+
+// fwAnalyzerVariants are fleetwatch (the real picker) with other analyzer
+// settings.
+var fwAnalyzerVariants = map[string]analyzer.Settings{
+	FWOldDetection: {SlowFactor: FleetwatchAnalyzer.SlowFactor, RecentMinRequests: -1, PoolThrottleHold: -1},
+}
 
 // FleetLoadPolicies are the fleet-load variants, in report order.
 var FleetLoadPolicies = []string{FLoad3, FLoad2, FLoad3NoR, FLoad3Shared, FLoadFull}
@@ -80,6 +92,7 @@ func init() {
 		FLoad3NoBudget: "fl-load3 without a retry budget",
 		FLoad3Fleet25:  "fl-load3-fleet with retries free while a quarter of the slots is idle",
 		FLoad3Exact:    "fl-load3 with every backend's true load at the snapshot (a perfect scrape)",
+		FWOldDetection: "fleetwatch with the analyzer's newest-quarter trip and pool-wide 429 hold off (the detection before them)",
 	} {
 		PolicyDescriptions[name] = d
 	}

@@ -128,6 +128,9 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 		if policy == FWDefaultAnalyzer {
 			settings = analyzer.Settings{}
 		}
+		if v, ok := fwAnalyzerVariants[policy]; ok {
+			settings = v
+		}
 		an, err := analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
 		if err != nil {
 			return nil, err
