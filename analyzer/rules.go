@@ -157,9 +157,20 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 		// (its newest quarter) when that part has requests: a backend that
 		// has recovered is not opened on its history, which the window
 		// keeps for up to a whole window length after the recovery.
-		recent, recentLen := windowStats{}, recentBuckets(s)
-		if fr, ok := v.failureRate(); ok && fr >= s.FailureRate {
+		//
+		// The newest quarter may also trip on its own (RecentMinRequests):
+		// when it holds enough counted requests, its rate is past the
+		// threshold and the whole window's is at least half of it, the
+		// backend opens without waiting for the window to fill with the
+		// incident.
+		recentLen := recentBuckets(s)
+		var recent windowStats
+		fr, frOK := v.failureRate()
+		r429, r429OK := v.rate429()
+		if (frOK && fr >= s.FailureRate/2) || (r429OK && r429 >= s.ThrottleRate/2) {
 			recent = b.win.recent(recentLen)
+		}
+		if frOK && fr >= s.FailureRate {
 			if rf, ok := recent.failureRate(); !ok || rf >= s.FailureRate {
 				want[gateFailureRate] = true
 				n := v.ok() + v.failures()
@@ -169,15 +180,44 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 			} else {
 				a.stats.HeldByRecency++
 			}
-		}
-		if r, ok := v.rate429(); ok && r >= s.ThrottleRate && a.recentAgrees(b, recentLen, &recent, s) {
-			want[gateThrottled] = true
-			reason := fmt.Sprintf("429 rate %.2f >= %.2f over %d requests", r, s.ThrottleRate, v.counted)
-			wait := msDuration(v.maxRetryMs)
-			if wait > 0 {
-				reason += "; retry-after " + fmtDur(wait)
+		} else if frOK && fr >= s.FailureRate/2 && s.RecentMinRequests > 0 {
+			if rf, rok := recent.failureRate(); rok && rf >= s.FailureRate && recent.ok()+recent.failures() >= uint64(s.RecentMinRequests) {
+				want[gateFailureRate] = true
+				cand = append(cand, trip{b: b, cause: CauseFailureRate,
+					reason: fmt.Sprintf("error rate %.2f >= %.2f over the newest %s (%d requests; %.2f over %s)",
+						rf, s.FailureRate, fmtDur(time.Duration(recentLen)*s.Bucket), recent.ok()+recent.failures(), fr, fmtDur(s.Window)),
+					severity: rf / s.FailureRate})
 			}
-			cand = append(cand, trip{b: b, cause: CauseThrottled, reason: reason, minOpen: wait, severity: r / s.ThrottleRate})
+		}
+		if r := r429; r429OK && r >= s.ThrottleRate/2 {
+			rr, rok := recent.rate429()
+			var reason string
+			switch {
+			case r >= s.ThrottleRate && (!rok || rr >= s.ThrottleRate):
+				reason = fmt.Sprintf("429 rate %.2f >= %.2f over %d requests", r, s.ThrottleRate, v.counted)
+			case r >= s.ThrottleRate:
+				a.stats.HeldByRecency++
+			case s.RecentMinRequests > 0 && rok && rr >= s.ThrottleRate && recent.counted >= uint64(s.RecentMinRequests):
+				reason = fmt.Sprintf("429 rate %.2f >= %.2f over the newest %s (%d requests; %.2f over %s)",
+					rr, s.ThrottleRate, fmtDur(time.Duration(recentLen)*s.Bucket), recent.counted, r, fmtDur(s.Window))
+				r = rr
+			}
+			if reason != "" && s.PoolThrottleHold > 0 {
+				// Every backend answering 429 is a saturated pool, not a
+				// broken backend: opening one moves its load onto the
+				// others, which then 429 more.
+				if pm, ok := peerRecent429(b, bs, recentLen); ok && pm >= s.PoolThrottleHold {
+					reason = ""
+				}
+			}
+			if reason != "" {
+				want[gateThrottled] = true
+				wait := msDuration(v.maxRetryMs)
+				if wait > 0 {
+					reason += "; retry-after " + fmtDur(wait)
+				}
+				cand = append(cand, trip{b: b, cause: CauseThrottled, reason: reason, minOpen: wait, severity: r / s.ThrottleRate})
+			}
 		}
 		if b.hasEWMA {
 			// The EWMA screens (it is cheap and already known); the
@@ -309,18 +349,26 @@ func recentBuckets(s *Settings) int64 {
 	return max(1, int64(s.Window/s.Bucket)/4)
 }
 
-// recentAgrees reports whether the recent part of b's window, when it has
-// counted requests, also shows a 429 rate at or above the threshold.
-// *recent caches the recent counts between the rules of one backend.
-func (a *Analyzer) recentAgrees(b *backend, n int64, recent *windowStats, s *Settings) bool {
-	if recent.requests == 0 {
-		*recent = b.win.recent(n)
+// peerRecent429 is the median 429 rate of the newest n buckets of b's
+// peers (the other backends that are not open and have counted requests
+// there); ok is false when no peer has any.
+func peerRecent429(b *backend, bs []*backend, n int64) (float64, bool) {
+	var rates [16]float64
+	v := rates[:0]
+	for _, o := range bs {
+		if o == b || o.state == fleetwatch.StateOpen {
+			continue
+		}
+		st := o.win.recent(n)
+		if r, ok := st.rate429(); ok {
+			v = append(v, r)
+		}
 	}
-	if r, ok := recent.rate429(); ok && r < s.ThrottleRate {
-		a.stats.HeldByRecency++
-		return false
+	if len(v) == 0 {
+		return 0, false
 	}
-	return true
+	sort.Float64s(v)
+	return median(v), true
 }
 
 // slowConfirmed compares b's window median TTFT with the median of the

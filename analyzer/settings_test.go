@@ -2,6 +2,7 @@ package analyzer
 
 import (
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ func TestSettingsWithDefaults(t *testing.T) {
 		IdleGap: 5 * time.Minute, OpenBase: 30 * time.Second, OpenMax: 5 * time.Minute,
 		OpenJitter: 0.1, HalfOpenWeight: 0.05, HalfOpenSuccesses: 5, MaxOpenFraction: 0.5,
 		Heartbeat: time.Second, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,
+		RecentMinRequests: 10, PoolThrottleHold: 0.25,
 	}
 	if diff := cmp.Diff(want, Settings{}.WithDefaults()); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
@@ -75,6 +77,10 @@ func TestSettingsValidate(t *testing.T) {
 		{"ttl below heartbeat", Settings{TTL: 500 * time.Millisecond}, "analyzer.ttl"},
 		{"expiry below window", Settings{Expiry: 10 * time.Second}, "analyzer.expiry"},
 		{"max_weight_step above 1", Settings{MaxWeightStep: 2}, "analyzer.max_weight_step"},
+		{"negative recent_min_requests disables the quarter trip", Settings{RecentMinRequests: -1}, ""},
+		{"pool_throttle_hold above 1", Settings{PoolThrottleHold: 1.5}, "analyzer.pool_throttle_hold"},
+		{"pool_throttle_hold NaN", Settings{PoolThrottleHold: math.NaN()}, "analyzer.pool_throttle_hold"},
+		{"negative pool_throttle_hold disables the hold", Settings{PoolThrottleHold: -1}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -41,9 +41,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	out := fs.String("out", "", "directory for CSV, Markdown and SVG files (none when empty)")
 	duration := fs.Duration("duration", 0, "shorten every scenario to this simulated duration (incident times scale); 0 keeps each scenario's")
 	policies := fs.String("policies", "", "comma-separated policies to compare instead of each scenario's own")
+	routers := fs.Int("routers", 0, "routers sharing the traffic in every scenario (for example 1, 4, 16, 64); 0 keeps each scenario's")
+	feedPeriod := fs.Duration("feed-period", 0, "period of the analyzer's evaluations and snapshots (and of the published backend loads); 0 keeps 1s")
+	detection := fs.Bool("detection", false, "also print breaker openings and the time to open the watched backend, per seed")
 	variants := fs.Bool("variants", false, "also run the picker's score variants and the default-analyzer variant: "+strings.Join(simVariants, ", "))
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--variants]")
+		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--variants]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -51,6 +54,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "fleetwatch sim: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	if *routers < 0 || *feedPeriod < 0 {
+		fmt.Fprintln(stderr, "fleetwatch sim: --routers and --feed-period must be >= 0")
 		return errUsage
 	}
 	if *seeds < 1 {
@@ -71,6 +78,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	for i := range scenarios {
 		scenarios[i] = scenarios[i].Shorten(*duration)
+		if *routers > 0 {
+			scenarios[i].Routers = *routers
+		}
+		if *feedPeriod > 0 {
+			scenarios[i].FeedPeriod = *feedPeriod
+		}
 		switch {
 		case *policies != "":
 			scenarios[i].Policies = strings.Split(*policies, ",")
@@ -111,6 +124,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if _, err := io.WriteString(stdout, tables.String()); err != nil {
 		return err
+	}
+	if *detection {
+		for i, sc := range scenarios {
+			if err := sim.WriteDetection(stdout, sc, results[i]); err != nil {
+				return err
+			}
+		}
 	}
 	fmt.Fprintf(stderr, "fleetwatch sim: %d runs, %d simulated requests in %.2fs (%.0f requests per wall second)\n",
 		countRuns(results), requests, elapsed.Seconds(), float64(requests)/elapsed.Seconds())

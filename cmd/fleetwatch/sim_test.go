@@ -73,6 +73,21 @@ func TestSimSeedsAndPolicies(t *testing.T) {
 	}
 }
 
+func TestSimRoutersAndFeedPeriod(t *testing.T) {
+	args := []string{"--scenario", "low-traffic", "--duration", "30s", "--policies", "fleetwatch"}
+	base, _, err := runSimArgs(t, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := runSimArgs(t, append(args, "--routers", "16", "--feed-period", "250ms")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "16 routers") || !strings.Contains(base, "1 routers") {
+		t.Errorf("--routers 16 not applied:\n%s\nbase:\n%s", out, base)
+	}
+}
+
 func TestSimFlags(t *testing.T) {
 	tests := []struct {
 		name string
@@ -81,6 +96,8 @@ func TestSimFlags(t *testing.T) {
 	}{
 		{"unknown scenario", []string{"--scenario", "nope"}, errUsage},
 		{"bad seeds", []string{"--seeds", "0"}, errUsage},
+		{"negative routers", []string{"--routers", "-1"}, errUsage},
+		{"negative feed period", []string{"--feed-period", "-1s"}, errUsage},
 		{"stray argument", []string{"extra"}, errUsage},
 		{"unknown policy", []string{"--scenario", "low-traffic", "--duration", "10s", "--policies", "nope"}, nil},
 	}

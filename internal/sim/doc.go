@@ -23,4 +23,12 @@
 // Picker.Update. The other policies (round-robin, random, least
 // connections, latency-greedy, the seed's local p2c, LiteLLM's cooldowns,
 // always-sticky) are re-implementations of their described behaviour.
+//
+// The fleet-load policies (fl-load*, policy_fleetload.go) are an
+// experiment: a proposed picker that ranks candidates by each backend's
+// load as published by the feed plus R times the router's own change since
+// the snapshot, with a fleet-wide retry budget. Snapshots and events have no
+// load field yet, so the simulator computes the published values itself
+// from the same outcome events the analyzer sees (fleetfeed.go); see
+// docs/EVALUATION.md, "Fleet-wide load (experiment)".
 package sim

@@ -55,6 +55,13 @@ type Result struct {
 	// Ejections counts how often the scenario's quiet backend was taken
 	// out: breaker opened (feed policies) or cooled down (litellm).
 	Ejections int
+	// Opens counts the analyzer's breaker openings over all backends (feed
+	// policies): in a steady-state scenario every one is a false trip.
+	Opens int
+	// WatchOpenMs is the time from WatchFrom to the first opening of the
+	// watched backend's breaker at or after it (time to detect); NaN when
+	// it never opened.
+	WatchOpenMs float64
 	// Shares[t][b] is backend b's share of the attempts of second t.
 	Shares [][]float64
 	// Events is the number of simulated events processed.
@@ -83,6 +90,7 @@ type metrics struct {
 	prefixStarts int
 	cacheHits    int
 	opened       []int
+	watchOpenMs  float64 // -1 until the watched backend opens in the window
 	quietIdx     int
 }
 
@@ -95,6 +103,7 @@ func (m *metrics) init(s *sim) {
 	}
 	m.quietIdx = slices.Index(s.ids, s.sc.Quiet)
 	m.opened = make([]int, m.n)
+	m.watchOpenMs = -1
 	m.perSecond = make([][]int, int(s.end/1000)+1)
 }
 
@@ -112,6 +121,17 @@ func (m *metrics) attempt(s *sim, b int) {
 		if b == m.watchIdx {
 			m.watchHits++
 		}
+	}
+}
+
+// open records a breaker opening of backend b at now.
+func (m *metrics) open(b int, now float64) {
+	if b < 0 {
+		return
+	}
+	m.opened[b]++
+	if b == m.watchIdx && m.watchOpenMs < 0 && now >= m.watchFrom {
+		m.watchOpenMs = now - m.watchFrom
 	}
 }
 
@@ -148,7 +168,7 @@ func (s *sim) result(seed uint64) *Result {
 		Backends: s.ids,
 		Requests: m.requests, Failed: m.failed, Attempts: m.attempts,
 		Retries: m.retries, Shed: m.shed, Refused: m.refusedRetry,
-		WatchShare: math.NaN(), CacheHitRate: math.NaN(),
+		WatchShare: math.NaN(), CacheHitRate: math.NaN(), WatchOpenMs: math.NaN(),
 		Events: s.events,
 	}
 	if m.requests > 0 {
@@ -194,6 +214,12 @@ func (s *sim) result(seed uint64) *Result {
 		sum += stddev(v)
 	}
 	r.Oscillation = sum / float64(m.n)
+	for _, n := range m.opened {
+		r.Opens += n
+	}
+	if m.watchOpenMs >= 0 {
+		r.WatchOpenMs = m.watchOpenMs
+	}
 	if m.quietIdx >= 0 {
 		r.Ejections = m.opened[m.quietIdx]
 		for _, rt := range s.routers {

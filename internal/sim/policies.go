@@ -89,6 +89,7 @@ type env struct {
 	wall     func() time.Time
 	global   *globalLatency
 	usesFeed bool
+	feed     *fleetFeed // the published fleet loads (fleet-load policies)
 }
 
 func newRouter(name string, e env) (router, error) {
@@ -124,6 +125,12 @@ func newRouter(name string, e env) (router, error) {
 		}
 		return &fleetwatchRouter{picker: p2c.New(s), ids: e.ids, rng: e.rng}, nil
 	}
+	if cfg, ok := fleetLoadConfigs[name]; ok {
+		return newFleetLoadRouter(cfg, e), nil
+	}
+	if _, ok := fwAnalyzerVariants[name]; ok {
+		return newRouter(Fleetwatch, e)
+	}
 	return nil, fmt.Errorf("sim: unknown policy %q", name)
 }
 
@@ -133,7 +140,9 @@ func usesFeed(name string) bool {
 	case Fleetwatch, FWSeed, FWInFlight, FWSqrt, FWUnbudgeted, FWDefaultAnalyzer, FWNoGuard:
 		return true
 	}
-	return false
+	_, load := fleetLoadConfigs[name]
+	_, variant := fwAnalyzerVariants[name]
+	return load || variant
 }
 
 type roundRobin struct{ n, next int }

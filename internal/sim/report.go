@@ -89,7 +89,7 @@ func fix(v float64) string {
 var CSVHeader = []string{"scenario", "policy", "seed", "requests", "failed", "attempts", "retries", "shed",
 	"retries_refused", "error_rate", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms", "watch_share", "imbalance",
 	"imbalance_p95", "max_min_p95", "cache_hit_rate", "retries_per_request", "attempts_per_request",
-	"incident_attempts_per_request", "budget_limit", "oscillation", "ejections", "events"}
+	"incident_attempts_per_request", "budget_limit", "oscillation", "ejections", "events", "opens", "watch_open_ms"}
 
 // WriteCSV writes results as CSV with CSVHeader (header included when
 // header is true).
@@ -107,7 +107,7 @@ func WriteCSV(w io.Writer, results []*Result, header bool) error {
 			strconv.Itoa(r.Refused), f(r.ErrorRate), f(r.TTFTP50), f(r.TTFTP95), f(r.TTFTP99), f(r.WatchShare),
 			f(r.Imbalance), f(r.ImbalanceP95), f(r.MaxMinP95), f(r.CacheHitRate), f(r.RetriesPerRequest),
 			f(r.AttemptsPerRequest), f(r.WindowAttemptsPerRequest), f(r.BudgetLimit), f(r.Oscillation),
-			strconv.Itoa(r.Ejections), strconv.FormatInt(r.Events, 10)}
+			strconv.Itoa(r.Ejections), strconv.FormatInt(r.Events, 10), strconv.Itoa(r.Opens), f(r.WatchOpenMs)}
 		if err := cw.Write(rec); err != nil {
 			return err
 		}
@@ -302,6 +302,8 @@ func Median(rs []*Result) *Result {
 	out.Shed = medInt(func(r *Result) int { return r.Shed })
 	out.Refused = medInt(func(r *Result) int { return r.Refused })
 	out.Ejections = medInt(func(r *Result) int { return r.Ejections })
+	out.Opens = medInt(func(r *Result) int { return r.Opens })
+	out.WatchOpenMs = med(func(r *Result) float64 { return r.WatchOpenMs })
 	out.ErrorRate = med(func(r *Result) float64 { return r.ErrorRate })
 	out.TTFTP50 = med(func(r *Result) float64 { return r.TTFTP50 })
 	out.TTFTP95 = med(func(r *Result) float64 { return r.TTFTP95 })
@@ -317,4 +319,38 @@ func Median(rs []*Result) *Result {
 	out.BudgetLimit = med(func(r *Result) float64 { return r.BudgetLimit })
 	out.Oscillation = med(func(r *Result) float64 { return r.Oscillation })
 	return &out
+}
+
+// WriteDetection writes, for one scenario, every policy's breaker openings
+// (all backends; false trips in a steady state) and time from the watch
+// window's start to the watched backend's first opening, per seed and as
+// the median: runs[policy][seed].
+func WriteDetection(w io.Writer, sc Scenario, runs [][]*Result) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "### %s: detection (%d routers)\n\n", sc.Name, max(sc.Routers, 1))
+	b.WriteString("| policy | opens per seed | median opens | time to open the watched backend, s, per seed | median s |\n")
+	b.WriteString("| --- | --- | ---: | --- | ---: |\n")
+	for _, rs := range runs {
+		if len(rs) == 0 {
+			continue
+		}
+		var opens, times []string
+		for _, r := range rs {
+			opens = append(opens, strconv.Itoa(r.Opens))
+			times = append(times, secs(r.WatchOpenMs))
+		}
+		m := Median(rs)
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s |\n", rs[0].Policy, strings.Join(opens, " "), m.Opens,
+			strings.Join(times, " "), secs(m.WatchOpenMs))
+	}
+	b.WriteString("\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func secs(msv float64) string {
+	if math.IsNaN(msv) {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", msv/1000)
 }

@@ -16,9 +16,10 @@ import (
 // poolID is the simulated pool's id.
 const poolID = "sim"
 
-// heartbeatMs is the analyzer's heartbeat (the default, 1 s) and the
-// latency-greedy policy's refresh period.
-const heartbeatMs = 1000
+// defaultFeedMs is the feed period when the scenario sets none: the
+// analyzer's default heartbeat (1 s), which is also the latency-greedy
+// policy's refresh period.
+const defaultFeedMs = 1000
 
 // sampleMs is how often backend occupancy is sampled for the imbalance.
 const sampleMs = 250
@@ -33,6 +34,7 @@ type sim struct {
 	policy  string
 	now     float64 // virtual ms
 	end     float64
+	feedMs  float64 // feed period: evaluations, snapshots, published loads
 	queue   eventQueue
 	seq     uint64
 	timeout float64
@@ -41,6 +43,9 @@ type sim struct {
 	backends []*backend
 	routers  []router
 	global   *globalLatency
+	feed     *fleetFeed
+	sources  []string  // per router, its Event.Source
+	loads    []float64 // scratch: true backend loads at a heartbeat
 	an       *analyzer.Analyzer
 	evBuf    []fleetwatch.Event
 	urgent   bool // an urgent evaluation is scheduled
@@ -87,6 +92,9 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 	if s.timeout == 0 {
 		s.timeout = 30000
 	}
+	if s.feedMs = ms(sc.FeedPeriod); s.feedMs <= 0 {
+		s.feedMs = defaultFeedMs
+	}
 	n := len(sc.Backends)
 	s.global = &globalLatency{live: make([]float64, n), published: make([]float64, n)}
 	pc := analyzer.PoolConfig{ID: poolID}
@@ -106,6 +114,12 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 		s.backends = append(s.backends, be)
 		pc.Backends = append(pc.Backends, analyzer.BackendConfig{ID: spec.ID, Priority: spec.Priority})
 	}
+	slots := make([]float64, n)
+	for i, be := range s.backends {
+		slots[i] = float64(be.spec.Slots)
+	}
+	s.loads = make([]float64, n)
+	s.feed = newFleetFeed(slots, sc.Routers, analyzer.DefaultWindow)
 	if usesFeed(policy) {
 		settings := FleetwatchAnalyzer
 		if sc.Analyzer != (analyzer.Settings{}) {
@@ -113,6 +127,9 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 		}
 		if policy == FWDefaultAnalyzer {
 			settings = analyzer.Settings{}
+		}
+		if v, ok := fwAnalyzerVariants[policy]; ok {
+			settings = v
 		}
 		an, err := analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
 		if err != nil {
@@ -127,11 +144,13 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 			now:    func() float64 { return s.now },
 			wall:   func() time.Time { return s.wall() },
 			global: s.global,
+			feed:   s.feed,
 		})
 		if err != nil {
 			return nil, err
 		}
 		s.routers = append(s.routers, rt)
+		s.sources = append(s.sources, fmt.Sprintf("r%d", r))
 	}
 	s.m.init(s)
 	return s, nil
@@ -172,7 +191,7 @@ func (s *sim) run() {
 			s.timeoutAttempt(e.att)
 		case evHeartbeat:
 			s.heartbeat()
-			s.schedule(event{at: s.now + heartbeatMs, kind: evHeartbeat})
+			s.schedule(event{at: s.now + s.feedMs, kind: evHeartbeat})
 		case evUrgent:
 			s.urgent = false
 			s.evaluate()
@@ -411,6 +430,9 @@ func (s *sim) complete(att *attempt) {
 		s.global.observe(att.backend, s.now-att.sent)
 	}
 	s.routers[req.router].finish(att, ttft)
+	// The backend reports its load (running + waiting) with the answer.
+	be := s.backends[att.backend]
+	s.feed.report(s.now, att.backend, float64(be.busy+be.waiting), req.router, req.attempts > 1)
 	if s.an != nil {
 		s.observe(att, ttft)
 	}
@@ -440,6 +462,7 @@ func (s *sim) observe(att *attempt, ttft float64) {
 		DurationMs: s.now - att.sent, HasDuration: true,
 		InputTokens: int64(att.req.promptTokens), CacheHit: att.cacheHit,
 		Fingerprint: be.fingerprintAt(dur(att.sent)),
+		Source:      s.sources[att.req.router],
 	}
 	if att.outcome == fleetwatch.OutcomeOK {
 		ev.TTFTMs, ev.HasTTFT = ttft, true
@@ -466,6 +489,15 @@ func (be *backend) fingerprintAt(t time.Duration) string {
 
 func (s *sim) heartbeat() {
 	s.global.publish()
+	for i, be := range s.backends {
+		s.loads[i] = float64(be.busy + be.waiting)
+	}
+	s.feed.publish(s.now, s.loads)
+	for _, rt := range s.routers {
+		if lr, ok := rt.(loadReceiver); ok {
+			lr.loadPublished()
+		}
+	}
 	s.evaluate()
 }
 
@@ -477,7 +509,7 @@ func (s *sim) evaluate() {
 	ev := s.an.Evaluate(s.wall())
 	for _, tr := range ev.Transitions {
 		if tr.To == fleetwatch.StateOpen {
-			s.m.opened[slices.Index(s.ids, tr.Backend)]++
+			s.m.open(slices.Index(s.ids, tr.Backend), s.now)
 		}
 	}
 	for i := range ev.Snapshots {

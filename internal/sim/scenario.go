@@ -14,10 +14,17 @@ type Scenario struct {
 	// Duration is the simulated time. Tests may shorten it (Shorten).
 	Duration time.Duration
 	// Routers is how many independent routers share the traffic, each with
-	// its own policy instance and local view. If zero, 1 is used.
-	Routers  int
-	Backends []BackendSpec
-	Workload Workload
+	// its own policy instance and local view. If zero, 1 is used. The
+	// command's --routers flag overrides it (1, 4, 16, 64 in
+	// docs/EVALUATION.md).
+	Routers int
+	// FeedPeriod is how often the analyzer is evaluated and its snapshots
+	// (and the published backend loads of the fleet-load policies) reach
+	// the routers. If zero, 1s (the analyzer's default heartbeat) is used;
+	// the command's --feed-period flag sets it (250ms in the experiment).
+	FeedPeriod time.Duration
+	Backends   []BackendSpec
+	Workload   Workload
 	// Incidents change backends' behaviour over time.
 	Incidents []Incident
 	// Retries is how many times a client retries a failed attempt on

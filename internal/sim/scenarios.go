@@ -19,6 +19,7 @@ const (
 	Saturation     = "saturation-429"
 	Degradation    = "degradation"
 	ArtefactChange = "artefact-change"
+	Overload       = "overload"
 )
 
 // chatWorkload is mixed-cost chat traffic: prompts around 500 tokens and
@@ -143,6 +144,29 @@ func Scenarios() []Scenario {
 		// Every backend is "broken": WatchShare is 1; the window sets the
 		// incident's load figures.
 		Watch: "", WatchFrom: 30 * time.Second, WatchTo: 90 * time.Second,
+	})
+	// overload: the retry-storm fleet at twice its rate (about 76% of the
+	// slots busy), then every backend 2.5x slower for 60 s: the offered
+	// load is about 190% of what the pool can serve, queues fill, the
+	// backends answer 429 and clients retry. Retrying cannot help here;
+	// a budget must keep the retries from adding to the load.
+	overloadLoad := stormLoad
+	overloadLoad.RatePerSec = 300
+	var slowAll []Incident
+	for _, b := range storm {
+		slowAll = append(slowAll, Incident{Backend: b.ID, Kind: Slow, From: 30 * time.Second, To: 90 * time.Second, Factor: 2.5})
+	}
+	out = append(out, Scenario{
+		Name:        Overload,
+		Description: "overload with retries: the retry-storm fleet at 300 req/s (about 76% busy); every backend 2.5x slower from 30 s to 90 s (about 190% load); clients retry up to 3 times; 4 routers",
+		Duration:    2 * time.Minute,
+		Routers:     4,
+		Backends:    storm,
+		Workload:    overloadLoad,
+		Retries:     3,
+		Incidents:   slowAll,
+		Policies:    []string{Random, LeastConn, Fleetwatch, FWUnbudgeted, FLoad3, FLoad3Fleet, FLoad3Fleet25, FLoad3NoBudget},
+		Watch:       "", WatchFrom: 30 * time.Second, WatchTo: 90 * time.Second,
 	})
 	out = append(out, Scenario{
 		Name:        LowTraffic,

@@ -198,7 +198,9 @@ func TestSharedPromptAffinity(t *testing.T) {
 // Every scenario runs every one of its policies.
 func TestEveryScenarioRuns(t *testing.T) {
 	for _, sc := range Scenarios() {
-		sc = sc.Shorten(time.Minute)
+		// A minute, or about 3,000 requests for the busy scenarios.
+		d := min(time.Minute, time.Duration(3000/sc.Workload.RatePerSec*float64(time.Second)))
+		sc = sc.Shorten(d)
 		for _, p := range PoliciesOf(sc) {
 			r, err := Run(sc, p, 1)
 			if err != nil {

@@ -1,0 +1,270 @@
+package sim
+
+import (
+	"math/rand/v2"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+// Fleet-load policies: the proposed picker of docs/EVALUATION.md,
+// "Fleet-wide load (experiment)", as a simulator-local router. Each ranks
+// sampled candidates by the backend's published load (requests running +
+// waiting, from the feed) plus R times this router's own change of
+// in-flight requests to it since that snapshot, where R is the number of
+// routers sharing the pool (the distinct event sources the feed counted):
+// every other router is assumed to have added as much as this one. The
+// analyzer's breakers and weights are honoured as by feed/p2c (open and
+// weight-0 backends are never candidates; a down-weighted candidate after
+// the first joins the comparison only with probability weight / largest
+// weight).
+const (
+	FLoad3         = "fl-load3"          // the proposal: 3 choices, load + R x own delta, per-router retry budget
+	FLoad2         = "fl-load2"          // 2 choices
+	FLoad3NoR      = "fl-load3-nor"      // 3 choices, load + 1 x own delta (no R factor)
+	FLoad3Shared   = "fl-load3-shared"   // 3 choices, the published load alone (no delta)
+	FLoadFull      = "fl-load-full"      // every candidate ranked (no sampling), load + R x own delta
+	FLoad3Fleet    = "fl-load3-fleet"    // FLoad3 with the proposed retry budget: free while spare, else fleet-wide
+	FLoad3Fleet25  = "fl-load3-fleet25"  // as FLoad3Fleet, free while a quarter of the slots is idle
+	FLoad3NoBudget = "fl-load3-unbudget" // FLoad3 without a retry budget
+	// FLoad3Exact is FLoad3 with the backends' true load at the snapshot
+	// instead of the newest value reported on an outcome event: what the
+	// event-borne report costs against a perfect scrape.
+	FLoad3Exact = "fl-load3-exact"
+)
+
+// FWOldDetection is fleetwatch with the analyzer's detection as it was
+// before the newest-quarter trip and the pool-wide 429 hold (both off),
+// for the comparison in docs/EVALUATION.md.
+const FWOldDetection = "fw-old-detection"
+
+// fwAnalyzerVariants are fleetwatch (the real picker) with other analyzer
+// settings.
+var fwAnalyzerVariants = map[string]analyzer.Settings{
+	FWOldDetection: {SlowFactor: FleetwatchAnalyzer.SlowFactor, RecentMinRequests: -1, PoolThrottleHold: -1},
+}
+
+// FleetLoadPolicies are the fleet-load variants, in report order.
+var FleetLoadPolicies = []string{FLoad3, FLoad2, FLoad3NoR, FLoad3Shared, FLoadFull}
+
+// retryMode is how a fleet-load router budgets retries.
+type retryMode uint8
+
+const (
+	retryPerRouter retryMode = iota // p2c.Budget with its defaults, one per router (today)
+	retryFleet                      // free while the pool has spare capacity, else the fleet-wide budget
+	retryNone                       // every retry allowed
+)
+
+// fleetLoadConfig is one variant.
+type fleetLoadConfig struct {
+	choices int // candidates sampled; 0 ranks all
+	delta   int // 0: no own delta; 1: x1; 2: x R
+	retry   retryMode
+	full    bool // rank every candidate
+	exact   bool // the true loads at the snapshot instead of the reported ones
+	// spareFree: retries are free while at least this share of the pool's
+	// slots is idle (retryFleet; 0 means spareFreeThreshold).
+	spareFree float64
+}
+
+var fleetLoadConfigs = map[string]fleetLoadConfig{
+	FLoad3:         {choices: 3, delta: 2},
+	FLoad2:         {choices: 2, delta: 2},
+	FLoad3NoR:      {choices: 3, delta: 1},
+	FLoad3Shared:   {choices: 3, delta: 0},
+	FLoadFull:      {full: true, delta: 2},
+	FLoad3Fleet:    {choices: 3, delta: 2, retry: retryFleet},
+	FLoad3Fleet25:  {choices: 3, delta: 2, retry: retryFleet, spareFree: 0.25},
+	FLoad3NoBudget: {choices: 3, delta: 2, retry: retryNone},
+	FLoad3Exact:    {choices: 3, delta: 2, exact: true},
+}
+
+func init() {
+	for name, d := range map[string]string{
+		FLoad3:         "published backend load + R x own in-flight change since the snapshot, 3 weighted choices (proposal)",
+		FLoad2:         "as fl-load3 with 2 choices",
+		FLoad3NoR:      "as fl-load3 without the R factor (own change x 1)",
+		FLoad3Shared:   "3 choices ranked by the published load alone",
+		FLoadFull:      "every candidate ranked by published load + R x own change (no sampling)",
+		FLoad3Fleet:    "fl-load3, retries free while half the pool's slots are idle, else one fleet-wide budget",
+		FLoad3NoBudget: "fl-load3 without a retry budget",
+		FLoad3Fleet25:  "fl-load3-fleet with retries free while a quarter of the slots is idle",
+		FLoad3Exact:    "fl-load3 with every backend's true load at the snapshot (a perfect scrape)",
+		FWOldDetection: "fleetwatch with the analyzer's newest-quarter trip and pool-wide 429 hold off (the detection before them)",
+	} {
+		PolicyDescriptions[name] = d
+	}
+}
+
+// fleetLoadRouter is one router running a fleet-load variant.
+type fleetLoadRouter struct {
+	cfg  fleetLoadConfig
+	feed *fleetFeed
+	rng  *rand.Rand
+
+	inFlight []int
+	atSnap   []int // inFlight when the latest load snapshot arrived
+	weight   []float64
+	open     []bool
+	index    map[string]int
+
+	budget    *p2c.Budget // retryPerRouter
+	allowance float64     // retryFleet: this router's share of the fleet budget until the next snapshot
+
+	cand []int // scratch
+}
+
+func newFleetLoadRouter(cfg fleetLoadConfig, e env) *fleetLoadRouter {
+	n := len(e.ids)
+	p := &fleetLoadRouter{
+		cfg: cfg, feed: e.feed, rng: e.rng,
+		inFlight: make([]int, n), atSnap: make([]int, n),
+		weight: make([]float64, n), open: make([]bool, n),
+		index: make(map[string]int, n),
+		cand:  make([]int, 0, n),
+	}
+	for i, id := range e.ids {
+		p.weight[i] = 1
+		p.index[id] = i
+	}
+	if cfg.retry == retryPerRouter {
+		p.budget = p2c.NewBudget(p2c.DefaultRetryRatio, p2c.DefaultRetryFloorPerSec, e.wall)
+	}
+	return p
+}
+
+// allowRetry applies the variant's retry budget to one attempt.
+func (p *fleetLoadRouter) allowRetry(retry bool) bool {
+	switch p.cfg.retry {
+	case retryPerRouter:
+		if !retry {
+			p.budget.Deposit()
+			return true
+		}
+		return p.budget.Withdraw()
+	case retryFleet:
+		if !retry {
+			return true
+		}
+		threshold := p.cfg.spareFree
+		if threshold == 0 {
+			threshold = spareFreeThreshold
+		}
+		if pub := &p.feed.pub; pub.valid && pub.spare >= threshold {
+			return true
+		}
+		if p.allowance <= 0 {
+			return false
+		}
+		p.allowance--
+		return true
+	}
+	return true
+}
+
+func (p *fleetLoadRouter) score(b int) float64 {
+	pub := &p.feed.pub
+	own := float64(p.inFlight[b] - p.atSnap[b])
+	load := pub.load[b]
+	if p.cfg.exact {
+		load = pub.exact[b]
+	}
+	switch p.cfg.delta {
+	case 0:
+		if !pub.valid {
+			return float64(p.inFlight[b]) // nothing published yet: local counts
+		}
+		return load
+	case 1:
+		return load + own
+	}
+	return load + float64(pub.routers)*own
+}
+
+func (p *fleetLoadRouter) pick(_ *request, exclude int) (int, error) {
+	if !p.allowRetry(exclude >= 0) {
+		return -1, p2c.ErrRetryBudget
+	}
+	p.cand = p.cand[:0]
+	maxW := 0.0
+	for b := range p.weight {
+		if b != exclude && !p.open[b] && p.weight[b] > 0 {
+			p.cand = append(p.cand, b)
+			maxW = max(maxW, p.weight[b])
+		}
+	}
+	if len(p.cand) == 0 {
+		if exclude >= 0 && !p.open[exclude] && p.weight[exclude] > 0 {
+			return exclude, nil // the tried backend is the only candidate
+		}
+		return -1, errNoBackend
+	}
+	d := p.cfg.choices
+	if p.cfg.full {
+		d = len(p.cand)
+	}
+	best, bestScore, ties := -1, 0.0, 0
+	for k := 0; k < d && len(p.cand) > 0; k++ {
+		// Draw one remaining candidate in proportion to its weight and
+		// remove it from the draw.
+		total := 0.0
+		for _, b := range p.cand {
+			total += p.weight[b]
+		}
+		x, j := p.rng.Float64()*total, 0
+		for j = 0; j < len(p.cand)-1; j++ {
+			if x -= p.weight[p.cand[j]]; x < 0 {
+				break
+			}
+		}
+		b := p.cand[j]
+		p.cand = append(p.cand[:j], p.cand[j+1:]...)
+		// A down-weighted candidate after the first joins the comparison
+		// with probability weight / largest weight (as in feed/p2c).
+		if best >= 0 && p.weight[b] < maxW && p.rng.Float64()*maxW >= p.weight[b] {
+			continue
+		}
+		sc := p.score(b)
+		switch {
+		case best < 0 || sc < bestScore:
+			best, bestScore, ties = b, sc, 1
+		case sc == bestScore && p.cfg.full:
+			ties++
+			if p.rng.IntN(ties) == 0 {
+				best = b
+			}
+		}
+	}
+	return best, nil
+}
+
+func (p *fleetLoadRouter) start(b int)                  { p.inFlight[b]++ }
+func (p *fleetLoadRouter) finish(a *attempt, _ float64) { p.inFlight[a.backend]-- }
+
+// update applies the analyzer's breakers and weights.
+func (p *fleetLoadRouter) update(snap *fleetwatch.Snapshot) {
+	for i := range snap.Backends {
+		sb := &snap.Backends[i]
+		if b, ok := p.index[sb.Backend]; ok {
+			p.weight[b] = sb.Weight
+			p.open[b] = sb.State == fleetwatch.StateOpen
+		}
+	}
+}
+
+// loadPublished is called when a snapshot with fresh loads arrives: the
+// router's own in-flight counts now are the base of its delta, and its
+// share of the fleet retry budget is renewed.
+func (p *fleetLoadRouter) loadPublished() {
+	copy(p.atSnap, p.inFlight)
+	if pub := &p.feed.pub; p.cfg.retry == retryFleet {
+		p.allowance = pub.budget / float64(pub.routers)
+	}
+}
+
+// loadReceiver is a router that reads the published fleet loads.
+type loadReceiver interface{ loadPublished() }
+
+var _ loadReceiver = (*fleetLoadRouter)(nil)
