@@ -90,8 +90,10 @@ type AnalyzerConfig struct {
 	Heartbeat           *Duration `yaml:"heartbeat"`
 	TTL                 *Duration `yaml:"ttl"`
 	Expiry              *Duration `yaml:"expiry"`
-	MaxWeightStep       *float64  `yaml:"max_weight_step"` // weight change per heartbeat; default 0.25
-	OpenJitter          *float64  `yaml:"open_jitter"`     // relative jitter of open times; default 0.1, negative: none
+	MaxWeightStep       *float64  `yaml:"max_weight_step"`     // weight change per heartbeat; default 0.25
+	OpenJitter          *float64  `yaml:"open_jitter"`         // relative jitter of open times; default 0.1, negative: none
+	RecentMinRequests   *int      `yaml:"recent_min_requests"` // a rate rule may trip on the newest quarter of the window alone with this many requests there; default 10, negative: off
+	PoolThrottleHold    *float64  `yaml:"pool_throttle_hold"`  // hold a 429 trip while the peers' recent median 429 rate is at least this; default 0.25, negative: off
 }
 
 // PoolConfig is one pool of interchangeable backends.
@@ -418,6 +420,8 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"half_open_weight", a.HalfOpenWeight != nil && *a.HalfOpenWeight == 0},
 		{"max_open_fraction", a.MaxOpenFraction != nil && *a.MaxOpenFraction == 0},
 		{"max_weight_step", a.MaxWeightStep != nil && *a.MaxWeightStep == 0},
+		{"recent_min_requests", a.RecentMinRequests != nil && *a.RecentMinRequests == 0},
+		{"pool_throttle_hold", a.PoolThrottleHold != nil && *a.PoolThrottleHold == 0},
 	} {
 		if c.zero {
 			return fail(key+"."+c.name, "0: must be > 0")

@@ -40,6 +40,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setInt(&s.MinRequests, a.MinRequests)
 	setInt(&s.ConsecutiveFailures, a.ConsecutiveFailures)
 	setInt(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)
+	setInt(&s.RecentMinRequests, a.RecentMinRequests)
 	setFloat := func(dst *float64, v *float64) {
 		if v != nil {
 			*dst = *v
@@ -53,6 +54,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setFloat(&s.MaxOpenFraction, a.MaxOpenFraction)
 	setFloat(&s.MaxWeightStep, a.MaxWeightStep)
 	setFloat(&s.OpenJitter, a.OpenJitter)
+	setFloat(&s.PoolThrottleHold, a.PoolThrottleHold)
 	if a.OpenJitter != nil && *a.OpenJitter == 0 {
 		s.OpenJitter = -1 // "open_jitter: 0" means none; the analyzer reads 0 as the default
 	}
