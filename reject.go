@@ -62,6 +62,15 @@ var reasonErrs = map[error]Reason{
 	ErrTooManyPools: ReasonTooManyPools, ErrTooManyBackends: ReasonTooManyBackends,
 }
 
+// Refusal is a valid event that a sink did not count, with the reason: the
+// analyzer refuses events for pools and backends beyond its limits
+// (ReasonTooManyPools, ReasonTooManyBackends), and the collector rejects
+// them like events that break the protocol.
+type Refusal struct {
+	Index  int    // the event's index in the batch
+	Reason Reason // why it was not counted
+}
+
 // DecodeError describes why an outcome event was rejected.
 type DecodeError struct {
 	Err    error  // one of the sentinel errors above

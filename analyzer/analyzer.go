@@ -226,7 +226,7 @@ func (a *Analyzer) Observe(batch []fleetwatch.Event) (urgent bool) {
 
 // observe is Observe under a.mu; it appends the refused events to refused
 // when it is not nil.
-func (a *Analyzer) observe(batch []fleetwatch.Event, refused []Refusal) (urgent bool, _ []Refusal) {
+func (a *Analyzer) observe(batch []fleetwatch.Event, refused []fleetwatch.Refusal) (urgent bool, _ []fleetwatch.Refusal) {
 	for i := range batch {
 		ev := &batch[i]
 		p, b := a.lastPool, a.lastBackend
@@ -239,7 +239,7 @@ func (a *Analyzer) observe(batch []fleetwatch.Event, refused []Refusal) (urgent 
 					a.refused.Backends++
 				}
 				if refused != nil {
-					refused = append(refused, Refusal{Index: i, Reason: reason})
+					refused = append(refused, fleetwatch.Refusal{Index: i, Reason: reason})
 				}
 				continue
 			}

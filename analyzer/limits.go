@@ -80,22 +80,13 @@ func (l Limits) validate(pools []PoolConfig) error {
 	return nil
 }
 
-// Refusal is an event that Observe did not count because counting it would
-// have created a pool or a backend beyond Limits.
-type Refusal struct {
-	// Index is the event's index in the batch.
-	Index int
-	// Reason is fleetwatch.ReasonTooManyPools or
-	// fleetwatch.ReasonTooManyBackends.
-	Reason fleetwatch.Reason
-}
-
 // ObserveRefusing is Observe that also appends to refused every event it did
-// not count because of Limits, and returns the grown slice: a caller that
+// not count because of Limits (with fleetwatch.ReasonTooManyPools or
+// fleetwatch.ReasonTooManyBackends), and returns the grown slice: a caller that
 // passes the previous call's slice back (truncated to zero length) observes
 // without allocating. The collector uses it to reject those events with a
 // reason, counted and described on fw.rejects.
-func (a *Analyzer) ObserveRefusing(batch []fleetwatch.Event, refused []Refusal) (urgent bool, _ []Refusal) {
+func (a *Analyzer) ObserveRefusing(batch []fleetwatch.Event, refused []fleetwatch.Refusal) (urgent bool, _ []fleetwatch.Refusal) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.observe(batch, refused)

@@ -71,15 +71,15 @@ func TestObserveRefusesBeyondLimits(t *testing.T) {
 		event("p", "a", fail, ts, 0),     // 6 known
 		event("conf", "y", ok, ts, 100),  // 7 still full
 	}
-	urgent, refused := a.ObserveRefusing(batch, []Refusal{})
+	urgent, refused := a.ObserveRefusing(batch, []fleetwatch.Refusal{})
 	if urgent {
 		t.Errorf("urgent after one failure")
 	}
-	want := []Refusal{
-		{2, fleetwatch.ReasonTooManyBackends},
-		{4, fleetwatch.ReasonTooManyPools},
-		{5, fleetwatch.ReasonTooManyBackends},
-		{7, fleetwatch.ReasonTooManyBackends},
+	want := []fleetwatch.Refusal{
+		{Index: 2, Reason: fleetwatch.ReasonTooManyBackends},
+		{Index: 4, Reason: fleetwatch.ReasonTooManyPools},
+		{Index: 5, Reason: fleetwatch.ReasonTooManyBackends},
+		{Index: 7, Reason: fleetwatch.ReasonTooManyBackends},
 	}
 	if diff := cmp.Diff(want, refused); diff != "" {
 		t.Errorf("refused (-want +got):\n%s", diff)
@@ -134,7 +134,7 @@ func TestLimitsFreedByExpiry(t *testing.T) {
 	if last <= first[0].Seq {
 		t.Fatalf("no snapshot after the first")
 	}
-	_, refused = a.ObserveRefusing([]fleetwatch.Event{event("p", "c", ok, at(71*time.Second), 100)}, []Refusal{})
+	_, refused = a.ObserveRefusing([]fleetwatch.Event{event("p", "c", ok, at(71*time.Second), 100)}, []fleetwatch.Refusal{})
 	if len(refused) != 0 {
 		t.Errorf("refused %v after expiry made room", refused)
 	}
@@ -175,7 +175,7 @@ func TestObserveRefusingAllocatesNothing(t *testing.T) {
 	a := newAnalyzer(t, Config{Limits: Limits{MaxPools: 1, MaxBackends: 1}})
 	batch := []fleetwatch.Event{event("p", "a", ok, at(0), 100), event("p", "b", ok, at(0), 100), event("q", "a", ok, at(0), 100)}
 	a.Evaluate(at(0))
-	refused := make([]Refusal, 0, len(batch))
+	refused := make([]fleetwatch.Refusal, 0, len(batch))
 	allocs := testing.AllocsPerRun(100, func() {
 		_, refused = a.ObserveRefusing(batch, refused[:0])
 	})
