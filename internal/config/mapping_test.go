@@ -213,6 +213,7 @@ func TestMappingReachesEverySetting(t *testing.T) {
 	}
 	reached("analyzer.Config", reflect.ValueOf(m.Analyzer))
 	reached("analyzer.Settings", reflect.ValueOf(m.Analyzer.Settings))
+	reached("analyzer.Limits", reflect.ValueOf(m.Analyzer.Limits))
 	if len(m.Analyzer.Pools) != 1 || len(m.Analyzer.Pools[0].Backends) != 1 {
 		t.Fatalf("pools = %+v", m.Analyzer.Pools)
 	}
