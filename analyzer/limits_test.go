@@ -186,3 +186,33 @@ func TestObserveRefusingAllocatesNothing(t *testing.T) {
 		t.Errorf("refused %v, want 2", refused)
 	}
 }
+
+// BenchmarkObserveRefused is the cost per event of a flood the limits
+// refuse: every event names a pool or backend not tracked, with the
+// limits full, in batches of 64 through ObserveRefusing with a reused
+// slice.
+func BenchmarkObserveRefused(b *testing.B) {
+	a := newAnalyzer(b, Config{Limits: Limits{MaxPools: 10, MaxBackends: 100}})
+	var fill []fleetwatch.Event
+	for i := range 100 {
+		fill = append(fill, event(fmt.Sprintf("pool-%d", i%10), fmt.Sprintf("b-%d", i), ok, at(0), 100))
+	}
+	a.Observe(fill)
+	batch := make([]fleetwatch.Event, 64)
+	for i := range batch {
+		if i%2 == 0 {
+			batch[i] = event(fmt.Sprintf("invented-%d", i), "b", ok, at(0), 100)
+		} else {
+			batch[i] = event("pool-1", fmt.Sprintf("invented-%d", i), ok, at(0), 100)
+		}
+	}
+	refused := make([]fleetwatch.Refusal, 0, len(batch))
+	b.ReportAllocs()
+	for done := 0; b.Loop(); done += len(batch) {
+		_, refused = a.ObserveRefusing(batch, refused[:0])
+	}
+	if len(refused) != len(batch) {
+		b.Fatalf("refused %d of %d", len(refused), len(batch))
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch)), "ns/event")
+}

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
 	"strings"
@@ -251,5 +252,24 @@ func TestFloodOfInventedIDs(t *testing.T) {
 	const heapBound = 512 << 20
 	if ms.HeapInuse > heapBound {
 		t.Errorf("heap in use %d MiB after the flood, above %d MiB", ms.HeapInuse>>20, heapBound>>20)
+	}
+}
+
+// TestExpiredBackendForgetsTransitions: the transition counts of a backend
+// go when it expires, scraped or not, so invented backends that trip and
+// expire leave nothing behind.
+func TestExpiredBackendForgetsTransitions(t *testing.T) {
+	var s Server
+	for _, tr := range []analyzer.Transition{
+		{Pool: "p", Backend: "gone", From: fleetwatch.StateClosed, To: fleetwatch.StateOpen, Cause: analyzer.CauseConsecutive},
+		{Pool: "p", Backend: "gone", From: fleetwatch.StateOpen, To: fleetwatch.StateHalfOpen, Cause: analyzer.CauseOpenElapsed},
+		{Pool: "p", Backend: "stays", From: fleetwatch.StateClosed, To: fleetwatch.StateOpen, Cause: analyzer.CauseFailureRate},
+		{Pool: "p", Backend: "gone", From: fleetwatch.StateHalfOpen, To: "", Cause: analyzer.CauseExpired},
+	} {
+		s.countTransition(tr)
+	}
+	want := map[transitionKey]uint64{{"p", "stays", fleetwatch.StateOpen, analyzer.CauseFailureRate}: 1}
+	if !maps.Equal(want, s.transitions) {
+		t.Errorf("transitions = %v, want %v", s.transitions, want)
 	}
 }
