@@ -17,6 +17,12 @@ var (
 	ErrTooLong        = errors.New("too long")
 	ErrBadValue       = errors.New("bad value")
 	ErrBadVersion     = errors.New("unknown version")
+	// ErrTooManyPools and ErrTooManyBackends are not decode errors: the
+	// event is valid, but it names a pool (or a backend) that the analyzer
+	// does not track because its limits are reached (an extension of the
+	// protocol's reject reasons).
+	ErrTooManyPools    = errors.New("too many pools")
+	ErrTooManyBackends = errors.New("too many backends")
 )
 
 // Reason is a short, bounded-cardinality code for why an event was rejected,
@@ -34,12 +40,18 @@ const (
 	ReasonTooLong        Reason = "too_long"
 	ReasonBadValue       Reason = "bad_value"
 	ReasonBadVersion     Reason = "bad_version"
+	// ReasonTooManyPools: a new pool beyond the analyzer's max_pools.
+	ReasonTooManyPools Reason = "too_many_pools"
+	// ReasonTooManyBackends: a new backend beyond max_backends_per_pool or
+	// max_backends.
+	ReasonTooManyBackends Reason = "too_many_backends"
 )
 
 // Reasons lists every Reason, for pre-registering metrics.
 var Reasons = []Reason{
 	ReasonBadJSON, ReasonMissingField, ReasonInvalidPool, ReasonInvalidBackend,
 	ReasonWrongType, ReasonOutOfRange, ReasonTooLong, ReasonBadValue, ReasonBadVersion,
+	ReasonTooManyPools, ReasonTooManyBackends,
 }
 
 var reasonErrs = map[error]Reason{
@@ -47,6 +59,16 @@ var reasonErrs = map[error]Reason{
 	ErrInvalidPool: ReasonInvalidPool, ErrInvalidBackend: ReasonInvalidBackend,
 	ErrWrongType: ReasonWrongType, ErrOutOfRange: ReasonOutOfRange,
 	ErrTooLong: ReasonTooLong, ErrBadValue: ReasonBadValue, ErrBadVersion: ReasonBadVersion,
+	ErrTooManyPools: ReasonTooManyPools, ErrTooManyBackends: ReasonTooManyBackends,
+}
+
+// Refusal is a valid event that a sink did not count, with the reason: the
+// analyzer refuses events for pools and backends beyond its limits
+// (ReasonTooManyPools, ReasonTooManyBackends), and the collector rejects
+// them like events that break the protocol.
+type Refusal struct {
+	Index  int    // the event's index in the batch
+	Reason Reason // why it was not counted
 }
 
 // DecodeError describes why an outcome event was rejected.

@@ -64,6 +64,15 @@ type Snapshot struct {
 	MedianEWMATTFTMs  *float64  `json:"median_ewma_ttft_ms"`
 	AffinityTolerance float64   `json:"affinity_tolerance"`
 	Backends          []Backend `json:"backends"` // sorted by Backend
+
+	// Truncated is true when the publisher left backends out because the
+	// encoded snapshot exceeded the NATS server's max_payload (an
+	// extension: omitted when false). It keeps open and half_open
+	// backends first, then configured ones, then the busiest.
+	Truncated bool `json:"truncated,omitempty"`
+	// BackendsTotal is the pool's number of backends before truncation;
+	// set only when Truncated (an extension).
+	BackendsTotal int `json:"backends_total,omitempty"`
 }
 
 // Backend is the decision for one backend of a pool.

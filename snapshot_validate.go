@@ -26,7 +26,9 @@ var ErrInvalidSnapshot = errors.New("fleetwatch: invalid snapshot")
 //   - every number is finite; weight, success_rate and rate_429 are in
 //     [0, 1]; ttl_ms, TTFTs, affinity_tolerance, cost_per_mtok, requests and
 //     window_ms are not negative; times are representable in RFC 3339
-//     (ErrOutOfRange).
+//     (ErrOutOfRange);
+//   - backends_total is not negative and, when truncated, not below the
+//     number of backends listed (ErrOutOfRange).
 //
 // It does not reject what the protocol allows: null numbers (p50_ttft_ms
 // with no samples), an open backend with a null open_until, an empty
@@ -67,6 +69,9 @@ func (s *Snapshot) Validate() error {
 	}
 	if !inRange(s.AffinityTolerance, 0, math.MaxFloat64) {
 		return invalid("affinity_tolerance", s.AffinityTolerance, ErrOutOfRange, nonNegative)
+	}
+	if s.BackendsTotal < 0 || (s.Truncated && s.BackendsTotal < len(s.Backends)) {
+		return invalid("backends_total", s.BackendsTotal, ErrOutOfRange, fmt.Sprintf(" (want at least the %d backends listed)", len(s.Backends)))
 	}
 	for i := range s.Backends {
 		b := &s.Backends[i]

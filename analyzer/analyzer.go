@@ -29,6 +29,17 @@ type Analyzer struct {
 	// that comes back continues its seq within the epoch (a router drops a
 	// snapshot whose seq is not newer than the last it applied).
 	retiredSeq map[string]uint64
+	// retiredFloor is the largest seq retiredSeq forgot to stay within
+	// limits.MaxPools entries (see retire).
+	retiredFloor uint64
+
+	// limits bound the pools and backends (defaults applied);
+	// backendCount is the number of backends of all pools (recounted by
+	// evaluate, which drops expired ones), and refused counts the events
+	// the limits kept out.
+	limits       Limits
+	backendCount int
+	refused      RefusedCounts
 
 	// hasNow is true once Evaluate or Snapshots ran; lastNow is the latest
 	// now they saw, the reference for clamping future events.
@@ -82,6 +93,10 @@ func New(cfg Config) (*Analyzer, error) {
 	if err := cfg.validate(global); err != nil {
 		return nil, err
 	}
+	limits := cfg.Limits.WithDefaults()
+	if err := limits.validate(cfg.Pools); err != nil {
+		return nil, err
+	}
 	a := &Analyzer{
 		global:     global,
 		quarantine: cfg.Quarantine,
@@ -91,6 +106,7 @@ func New(cfg Config) (*Analyzer, error) {
 		pools:      make(map[string]*pool, len(cfg.Pools)),
 		configs:    make(map[string]*PoolConfig, len(cfg.Pools)),
 		retiredSeq: make(map[string]uint64),
+		limits:     limits,
 	}
 	a.stats.init()
 	for i := range cfg.Pools {
@@ -100,6 +116,7 @@ func New(cfg Config) (*Analyzer, error) {
 		p := a.newPool(pc.ID)
 		for _, bc := range pc.Backends {
 			b := p.addBackend(bc.ID)
+			a.backendCount++
 			b.configured = true
 			b.priority = bc.Priority
 			if bc.CostPerMTok != nil {
@@ -119,9 +136,8 @@ func (a *Analyzer) newPool(id string) *pool {
 		tolerance: fleetwatch.DefaultAffinityTolerance,
 		settings:  a.global,
 		backends:  make(map[string]*backend),
-		seq:       a.retiredSeq[id],
+		seq:       a.startSeq(id),
 	}
-	delete(a.retiredSeq, id)
 	if pc, ok := a.configs[id]; ok {
 		p.configured = true
 		p.settings = a.global.Override(pc.Settings)
@@ -195,17 +211,38 @@ func (a *Analyzer) sortedPools() []*pool {
 // (Stats.DroppedInvalid), and so is a TTFT outside [0, 1 h] as a latency
 // sample.
 //
+// An event that would create a pool or a backend beyond Config.Limits is
+// not counted (see Refused; ObserveRefusing also says which events).
+//
 // It returns true when an event may have decided a breaker transition (a
 // consecutive-failure trip, or a half-open probe's verdict), so that the
 // caller can Evaluate at once instead of waiting for the heartbeat.
 func (a *Analyzer) Observe(batch []fleetwatch.Event) (urgent bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	urgent, _ = a.observe(batch, nil)
+	return urgent
+}
+
+// observe is Observe under a.mu; it appends the refused events to refused
+// when it is not nil.
+func (a *Analyzer) observe(batch []fleetwatch.Event, refused []fleetwatch.Refusal) (urgent bool, _ []fleetwatch.Refusal) {
 	for i := range batch {
 		ev := &batch[i]
 		p, b := a.lastPool, a.lastBackend
 		if p == nil || p.id != ev.Pool || b.id != ev.Backend {
-			p, b = a.lookup(ev.Pool, ev.Backend)
+			var reason fleetwatch.Reason
+			if p, b, reason = a.lookup(ev.Pool, ev.Backend); reason != "" {
+				if reason == fleetwatch.ReasonTooManyPools {
+					a.refused.Pools++
+				} else {
+					a.refused.Backends++
+				}
+				if refused != nil {
+					refused = append(refused, fleetwatch.Refusal{Index: i, Reason: reason})
+				}
+				continue
+			}
 			a.lastPool, a.lastBackend = p, b
 		}
 		outcome := ev.Outcome
@@ -234,20 +271,33 @@ func (a *Analyzer) Observe(batch []fleetwatch.Event) (urgent bool) {
 			urgent = true
 		}
 	}
-	return urgent
+	return urgent, refused
 }
 
-// lookup returns the pool and backend of an event, creating them.
-func (a *Analyzer) lookup(poolID, backendID string) (*pool, *backend) {
+// lookup returns the pool and backend of an event, creating them within
+// the limits; when a limit keeps one out it returns the reason instead. A
+// pool is not created for an event whose backend could not be, so that
+// refused events leave no empty pools behind.
+func (a *Analyzer) lookup(poolID, backendID string) (*pool, *backend, fleetwatch.Reason) {
 	p := a.pools[poolID]
 	if p == nil {
+		switch {
+		case len(a.pools) >= a.limits.MaxPools:
+			return nil, nil, fleetwatch.ReasonTooManyPools
+		case a.backendCount >= a.limits.MaxBackends:
+			return nil, nil, fleetwatch.ReasonTooManyBackends
+		}
 		p = a.newPool(poolID)
 	}
 	b := p.backends[backendID]
 	if b == nil {
+		if len(p.backends) >= a.limits.MaxBackendsPerPool || a.backendCount >= a.limits.MaxBackends {
+			return nil, nil, fleetwatch.ReasonTooManyBackends
+		}
 		b = p.addBackend(backendID)
+		a.backendCount++
 	}
-	return p, b
+	return p, b, ""
 }
 
 // SetDrift records a backend's drift status (from the probes). With
@@ -340,10 +390,15 @@ func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
 		}
 	}
 	for _, id := range dropped {
-		a.retiredSeq[id] = a.pools[id].seq
+		a.retire(id, a.pools[id].seq)
 		delete(a.pools, id)
 		a.poolOrder = nil
 		a.lastPool, a.lastBackend = nil, nil
+	}
+	// The rules drop expired backends; recount rather than track each drop.
+	a.backendCount = 0
+	for _, p := range a.pools {
+		a.backendCount += len(p.backends)
 	}
 	return ev
 }

@@ -31,7 +31,8 @@ type Restored struct {
 //     from there.
 //
 // Pools and backends in snaps that the analyzer does not know are created,
-// as an event would create them. A snapshot that fails Validate is skipped.
+// as an event would create them, within the Limits. A snapshot that fails
+// Validate is skipped.
 func (a *Analyzer) Restore(snaps []fleetwatch.Snapshot, now time.Time) Restored {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -43,7 +44,10 @@ func (a *Analyzer) Restore(snaps []fleetwatch.Snapshot, now time.Time) Restored 
 		}
 		for j := range snap.Backends {
 			prev := &snap.Backends[j]
-			p, b := a.lookup(snap.Pool, prev.Backend)
+			p, b, refused := a.lookup(snap.Pool, prev.Backend)
+			if refused != "" {
+				continue // beyond the limits, as an event would be
+			}
 			a.restoreBackend(p, b, prev, snap.At.Time, now, &r)
 		}
 	}

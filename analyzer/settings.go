@@ -367,6 +367,9 @@ type Config struct {
 	Settings Settings
 	// Pools are the configured pools.
 	Pools []PoolConfig
+	// Limits bound the pools and backends tracked from events (see
+	// Limits); zero fields take their defaults.
+	Limits Limits
 	// Quarantine gives a backend whose drift status is drifted weight 0.
 	Quarantine bool
 	// Epoch names this analyzer instance in its snapshots. If empty, a

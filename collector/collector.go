@@ -60,6 +60,21 @@ type Sink interface {
 	Observe(batch []fleetwatch.Event) (urgent bool)
 }
 
+// RefusingSink is a Sink that may refuse valid events it does not count
+// (the analyzer refuses pools and backends beyond its limits). When the sink
+// given to New implements it, the collector calls ObserveRefusing instead
+// of Observe, passing a slice to append the refusals to (reused, so the
+// hot path does not allocate), and rejects each refused event with its
+// reason: counted in fleetwatch_ingest_rejects_total{reason} and
+// fleetwatch_ingest_rejects_by_source_total{reason,source}, and described
+// on fw.rejects within the rate limit. Such an event was already counted
+// in fleetwatch_ingest_events_total (it is valid) and republished for
+// FW_OUTCOMES, where a replay refuses it again.
+type RefusingSink interface {
+	Sink
+	ObserveRefusing(batch []fleetwatch.Event, refused []fleetwatch.Refusal) (urgent bool, _ []fleetwatch.Refusal)
+}
+
 // Default settings.
 const (
 	DefaultSubscriptions       = 2
@@ -75,6 +90,7 @@ const (
 	DefaultStreamMaxBytes      = 1 << 30
 	DefaultIntakeMaxAge        = time.Hour
 	DefaultIntakeMaxBytes      = 1 << 30
+	DefaultMaxRejectSources    = 100
 )
 
 // setupTimeout bounds the JetStream calls New makes.
@@ -113,6 +129,11 @@ type Settings struct {
 	// number. If zero, 10/s and a burst of 10 are used.
 	RejectRate  float64
 	RejectBurst int
+	// MaxRejectSources bounds the distinct values of the source label of
+	// fleetwatch_ingest_rejects_by_source_total: the first MaxRejectSources
+	// sources seen get their own series, later ones count as "other", and
+	// an event without a source counts as "unknown". If zero, 100 is used.
+	MaxRejectSources int
 	// NoJetStream disables capture and replay even when the server has
 	// JetStream.
 	NoJetStream bool
@@ -183,6 +204,9 @@ func (s Settings) withDefaults() Settings {
 	if s.RejectBurst <= 0 {
 		s.RejectBurst = DefaultRejectBurst
 	}
+	if s.MaxRejectSources <= 0 {
+		s.MaxRejectSources = DefaultMaxRejectSources
+	}
 	if s.StreamMaxAge <= 0 {
 		s.StreamMaxAge = DefaultStreamMaxAge
 	}
@@ -215,7 +239,8 @@ func (s Settings) withDefaults() Settings {
 type Collector struct {
 	nc       *nats.Conn
 	sink     Sink
-	settings Settings // with defaults applied
+	refusing RefusingSink // sink, when it implements RefusingSink; else nil
+	settings Settings     // with defaults applied
 	subjects fleetwatch.Subjects
 	m        *collectorMetrics
 	rejects  *rejectLimiter
@@ -225,6 +250,7 @@ type Collector struct {
 	intake jetstream.Consumer  // FW_INTAKE's durable consumer, with Settings.Intake
 
 	batchPool  sync.Pool // *[]fleetwatch.Event, BatchSize capacity
+	refusePool sync.Pool // *[]fleetwatch.Refusal for ObserveRefusing
 	streamPool sync.Pool // *[]byte for republished NDJSON batches
 
 	// mu guards running, workers and the lifecycle channels.
@@ -259,16 +285,24 @@ func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
 		sink:     sink,
 		settings: s,
 		subjects: fleetwatch.Subjects{Prefix: s.Prefix},
-		m:        newCollectorMetrics(s.Metrics),
+		m:        newCollectorMetrics(s.Metrics, s.MaxRejectSources),
 		closed:   make(chan struct{}),
+	}
+	c.refusing, _ = sink.(RefusingSink)
+	c.refusePool.New = func() any {
+		b := make([]fleetwatch.Refusal, 0, 16)
+		return &b
 	}
 	c.rejects = newRejectLimiter(s.RejectRate, float64(s.RejectBurst))
 	c.batchPool.New = func() any {
 		b := make([]fleetwatch.Event, 0, s.BatchSize)
 		return &b
 	}
+	// Stream buffers start small and grow: a flood of distinct pools gets
+	// one buffer each until the next flush, so a full-size buffer per pool
+	// would cost 64 KiB per invented pool.
 	c.streamPool.New = func() any {
-		b := make([]byte, 0, s.StreamBatchBytes+4096)
+		b := make([]byte, 0, min(s.StreamBatchBytes+4096, initialStreamBuf))
 		return &b
 	}
 	if s.NoJetStream {

@@ -2,6 +2,7 @@ package collector
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -30,9 +31,29 @@ type collectorMetrics struct {
 	replayedEvents        *metrics.Counter
 	intakeAckErrors       *metrics.Counter
 	jetstream             *metrics.Gauge
+
+	// bySourceMu guards bySource and sources: the rejects by reason and
+	// source, created on first use, with at most maxSources distinct
+	// sources (later ones count as "other").
+	bySourceMu sync.Mutex
+	bySource   map[sourceKey]*metrics.Counter
+	sources    map[string]struct{}
+	maxSources int
 }
 
-func newCollectorMetrics(set *metrics.Set) *collectorMetrics {
+// sourceKey names one series of fleetwatch_ingest_rejects_by_source_total.
+type sourceKey struct {
+	reason fleetwatch.Reason
+	source string
+}
+
+// Source labels that are not a publisher's own.
+const (
+	sourceOther   = "other"   // beyond MaxRejectSources
+	sourceUnknown = "unknown" // the event had no source, or it could not be read
+)
+
+func newCollectorMetrics(set *metrics.Set, maxSources int) *collectorMetrics {
 	if set == nil {
 		set = metrics.NewSet()
 	}
@@ -52,6 +73,9 @@ func newCollectorMetrics(set *metrics.Set) *collectorMetrics {
 		replayedEvents:        set.GetOrCreateCounter("fleetwatch_replay_events_total"),
 		intakeAckErrors:       set.GetOrCreateCounter("fleetwatch_intake_ack_errors_total"),
 		jetstream:             set.GetOrCreateGauge("fleetwatch_collector_jetstream", nil),
+		bySource:              make(map[sourceKey]*metrics.Counter),
+		sources:               make(map[string]struct{}),
+		maxSources:            max(maxSources, 1),
 	}
 	for o := fleetwatch.OutcomeOK; int(o) < fleetwatch.NumOutcomes; o++ {
 		m.events[o] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_events_total{outcome=%q}`, o.String()))
@@ -71,6 +95,31 @@ func (m *collectorMetrics) reject(r fleetwatch.Reason) *metrics.Counter {
 		return c
 	}
 	return m.rejects[fleetwatch.ReasonBadJSON]
+}
+
+// rejectBySource returns the counter of reason r and source: the source's
+// own series while fewer than maxSources sources have one, else "other".
+// Looking up an existing series does not allocate.
+func (m *collectorMetrics) rejectBySource(r fleetwatch.Reason, source string) *metrics.Counter {
+	m.bySourceMu.Lock()
+	defer m.bySourceMu.Unlock()
+	if source == "" {
+		source = sourceUnknown
+	} else if _, known := m.sources[source]; !known {
+		if len(m.sources) >= m.maxSources {
+			source = sourceOther
+		} else {
+			m.sources[source] = struct{}{}
+		}
+	}
+	k := sourceKey{r, source}
+	c := m.bySource[k]
+	if c == nil {
+		c = m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_rejects_by_source_total{reason=%q,source=%s}`,
+			string(r), fleetwatch.QuoteLabel(source)))
+		m.bySource[k] = c
+	}
+	return c
 }
 
 // Stats is a point-in-time copy of the collector's counters. Accepted

@@ -55,17 +55,33 @@ func (l *rejectLimiter) allow(reason fleetwatch.Reason, now time.Time) (ok bool,
 	return true, suppressed
 }
 
+// refuse rejects a valid event the sink refused. Its subject is not known
+// here (a batch gathers the events of many messages), so the notice's
+// subject is empty.
+func (c *Collector) refuse(ev *fleetwatch.Event, reason fleetwatch.Reason) {
+	err := fleetwatch.ErrTooManyBackends
+	if reason == fleetwatch.ReasonTooManyPools {
+		err = fleetwatch.ErrTooManyPools
+	}
+	c.reject("", &pendingReject{err: err, reason: reason, source: ev.Source, event: ev})
+}
+
 // reject counts a rejected event and, within the rate limit, describes it on
 // fw.rejects. It never blocks on the network beyond nats.go's buffered
 // Publish and never fails the pipeline: a notice that cannot be published
 // is only counted as suppressed.
 func (c *Collector) reject(subject string, r *pendingReject) {
 	c.m.reject(r.reason).Inc()
+	c.m.rejectBySource(r.reason, r.source).Inc()
 	now := c.settings.Now()
 	ok, suppressed := c.rejects.allow(r.reason, now)
 	if !ok {
 		c.m.rejectsSuppressed.Inc()
 		return
+	}
+	if r.event != nil && r.sample == "" {
+		sample := fleetwatch.AppendEvent(nil, r.event)
+		r.sample = string(sample[:min(len(sample), fleetwatch.MaxSampleLen)])
 	}
 	notice := fleetwatch.Reject{
 		V:          fleetwatch.ProtocolVersion,

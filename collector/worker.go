@@ -59,7 +59,18 @@ type pendingReject struct {
 	reason fleetwatch.Reason
 	source string
 	sample string
+	// event, when set, is a valid event the sink refused; its sample is
+	// encoded only when a notice is published.
+	event *fleetwatch.Event
 }
+
+// initialStreamBuf is the starting capacity of a pool's republish buffer.
+const initialStreamBuf = 4096
+
+// maxStreamPools bounds the pools with a republish buffer per worker: the
+// buffers are flushed every StreamFlushInterval, and a burst of more
+// distinct pools than this is sent at once rather than held.
+const maxStreamPools = 1024
 
 func newWorker(c *Collector) *worker {
 	return &worker{c: c, pools: make(map[string]*[]byte)}
@@ -157,6 +168,12 @@ func (w *worker) batchLocked() *[]fleetwatch.Event {
 func (w *worker) appendStreamLocked(ev *fleetwatch.Event, line []byte, restamped bool) {
 	buf := w.pools[ev.Pool]
 	if buf == nil {
+		if len(w.pools) >= maxStreamPools {
+			for pool, b := range w.pools {
+				w.readyOut = append(w.readyOut, streamBatch{pool: pool, buf: b, events: countLines(*b)})
+				delete(w.pools, pool)
+			}
+		}
 		buf = w.c.streamPool.Get().(*[]byte)
 		*buf = (*buf)[:0]
 		w.pools[ev.Pool] = buf
@@ -263,7 +280,20 @@ func (w *worker) countDropped() {
 // sink asks, and recycles the batch's memory.
 func (c *Collector) observe(batch *[]fleetwatch.Event) {
 	c.m.batches.Inc()
-	urgent := c.sink.Observe(*batch)
+	var urgent bool
+	if c.refusing != nil {
+		refused := c.refusePool.Get().(*[]fleetwatch.Refusal)
+		urgent, *refused = c.refusing.ObserveRefusing(*batch, (*refused)[:0])
+		for _, r := range *refused {
+			if r.Index >= 0 && r.Index < len(*batch) {
+				c.refuse(&(*batch)[r.Index], r.Reason)
+			}
+		}
+		*refused = (*refused)[:0]
+		c.refusePool.Put(refused)
+	} else {
+		urgent = c.sink.Observe(*batch)
+	}
 	clear(*batch) // drop string references before pooling
 	*batch = (*batch)[:0]
 	c.batchPool.Put(batch)

@@ -1,10 +1,13 @@
 package feed
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -22,14 +25,18 @@ var (
 	ErrInvalidSnapshot = errors.New("feed: invalid snapshot")
 	// ErrPublish wraps a failure to publish on the decisions subject.
 	ErrPublish = errors.New("feed: publish failed")
-	// ErrKVPut wraps a failure to put the snapshot in the KV bucket; the
-	// snapshot was still published on its subject.
+	// ErrKVPut names a failure to put a snapshot in the KV bucket in the
+	// log; the put is asynchronous, so Publish does not return it (the
+	// snapshot was still published on its subject).
 	ErrKVPut = errors.New("feed: kv put failed")
 )
 
-// defaultKVTimeout bounds a KV put when the caller's context has no deadline,
-// so that a slow JetStream never holds up the heartbeat for long.
+// defaultKVTimeout bounds one KV put.
 const defaultKVTimeout = 2 * time.Second
+
+// payloadHeadroom is kept free below the server's max_payload for what a
+// KV put adds to the snapshot (headers).
+const payloadHeadroom = 512
 
 // PublisherSettings configures a Publisher. The zero value publishes under
 // the default prefix with a KV bucket when JetStream is available.
@@ -47,21 +54,50 @@ type PublisherSettings struct {
 	// Logf receives operational messages (KV availability, put failures).
 	// If nil, nothing is logged.
 	Logf func(format string, args ...any)
+	// Configured reports whether a backend is in the configuration: when a
+	// snapshot must be truncated to fit the server's max_payload, open and
+	// half_open backends are kept first, then configured ones, then the
+	// busiest. If nil, no backend counts as configured.
+	Configured func(pool, backend string) bool
+	// KVTimeout bounds one KV put. If zero, 2s is used.
+	KVTimeout time.Duration
 }
 
 // Publisher publishes decision snapshots: JSON on fw.decisions.<pool> and the
 // last value per pool in the fw_decisions KV bucket (PROTOCOL.md "Decision
 // snapshot"). It is safe for concurrent use.
+//
+// The subject publish is synchronous (nats.go buffers it); the KV put is
+// not: Publish queues the snapshot and a worker goroutine, started when
+// there is something to put and ending when the queue is empty, puts the
+// queued snapshots one at a time. The queue keeps only the latest snapshot
+// of each pool (the KV holds only the last value anyway), so it is bounded
+// by the number of pools, and a slow JetStream or a flood of pools delays
+// the KV, never the next Publish. Flush waits for the queue to empty.
 type Publisher struct {
-	nc       *nats.Conn
-	subjects fleetwatch.Subjects
-	kv       jetstream.KeyValue // nil: subjects only
-	logf     func(format string, args ...any)
-	set      *metrics.Set
+	nc         *nats.Conn
+	subjects   fleetwatch.Subjects
+	kv         jetstream.KeyValue // nil: subjects only
+	logf       func(format string, args ...any)
+	set        *metrics.Set
+	configured func(pool, backend string) bool
+	kvTimeout  time.Duration
 
-	published   *metrics.Counter
-	publishErrs *metrics.Counter
-	kvPutErrs   *metrics.Counter
+	published    *metrics.Counter
+	publishErrs  *metrics.Counter
+	kvPutErrs    *metrics.Counter
+	kvPuts       *metrics.Counter
+	kvSuperseded *metrics.Counter
+	truncated    *metrics.Counter
+
+	// kvMu guards the KV queue: pending holds the latest unput snapshot
+	// of each pool, order the pools in the order they were queued (each
+	// once), and done is closed when the running worker exits (nil when
+	// none runs).
+	kvMu      sync.Mutex
+	kvPending map[string][]byte
+	kvOrder   []string
+	kvDone    chan struct{}
 }
 
 // NewPublisher returns a Publisher on nc. Unless s.NoKV, it detects JetStream
@@ -76,10 +112,16 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, s PublisherSettings) (*Pub
 		}
 	}
 	p := &Publisher{
-		nc:       nc,
-		subjects: fleetwatch.Subjects{Prefix: s.Prefix},
-		logf:     s.Logf,
-		set:      s.Metrics,
+		nc:         nc,
+		subjects:   fleetwatch.Subjects{Prefix: s.Prefix},
+		logf:       s.Logf,
+		set:        s.Metrics,
+		configured: s.Configured,
+		kvTimeout:  s.KVTimeout,
+		kvPending:  make(map[string][]byte),
+	}
+	if p.kvTimeout <= 0 {
+		p.kvTimeout = defaultKVTimeout
 	}
 	if p.logf == nil {
 		p.logf = func(string, ...any) {}
@@ -90,6 +132,14 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, s PublisherSettings) (*Pub
 	p.published = p.set.GetOrCreateCounter("fleetwatch_decisions_published_total")
 	p.publishErrs = p.set.GetOrCreateCounter("fleetwatch_decisions_publish_errors_total")
 	p.kvPutErrs = p.set.GetOrCreateCounter("fleetwatch_kv_put_errors_total")
+	p.kvPuts = p.set.GetOrCreateCounter("fleetwatch_kv_puts_total")
+	p.kvSuperseded = p.set.GetOrCreateCounter("fleetwatch_kv_put_superseded_total")
+	p.truncated = p.set.GetOrCreateCounter("fleetwatch_decisions_truncated_total")
+	p.set.GetOrCreateGauge("fleetwatch_kv_put_queue", func() float64 {
+		p.kvMu.Lock()
+		defer p.kvMu.Unlock()
+		return float64(len(p.kvPending))
+	})
 	kvGauge := p.set.GetOrCreateGauge("fleetwatch_decisions_kv", nil)
 
 	if s.NoKV {
@@ -165,13 +215,18 @@ func (p *Publisher) KV() bool { return p.kv != nil }
 // PublisherSettings, or the private one).
 func (p *Publisher) Metrics() *metrics.Set { return p.set }
 
-// Publish publishes snap as JSON on its pool's decisions subject and puts it
-// in the KV bucket under the pool id. The subject comes first and a KV
-// failure does not undo it: a router following the subject is never held
-// back by JetStream. The returned error wraps ErrInvalidSnapshot when snap
-// fails fleetwatch.Snapshot.Validate (nothing was sent), else ErrPublish or
-// ErrKVPut (or both). When ctx has no deadline, the KV put is bounded by 2 s.
+// Publish publishes snap as JSON on its pool's decisions subject and queues
+// it for the KV bucket under the pool id (see Publisher). The subject comes
+// first, and a KV failure never undoes it or holds it back: failed puts are
+// counted (fleetwatch_kv_put_errors_total) and logged, and the next
+// snapshot of the pool is put again. When the encoded snapshot exceeds the
+// server's max_payload, Publish sends it truncated (Snapshot.Truncated and
+// BackendsTotal; see truncate) and counts it
+// (fleetwatch_decisions_truncated_total). The returned error wraps
+// ErrInvalidSnapshot (nothing was sent) or ErrPublish. ctx is not used by
+// the asynchronous put; it is kept for callers that pass one.
 func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) error {
+	_ = ctx
 	if snap == nil {
 		return fmt.Errorf("%w: nil", ErrInvalidSnapshot)
 	}
@@ -182,6 +237,16 @@ func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) erro
 	if err != nil {
 		return fmt.Errorf("%w: pool %s: encode: %w", ErrInvalidSnapshot, snap.Pool, err)
 	}
+	if limit := p.nc.MaxPayload() - payloadHeadroom; p.nc.MaxPayload() > 0 && int64(len(data)) > limit {
+		full := len(data)
+		if data, err = p.truncate(snap, int(limit)); err != nil {
+			p.publishErrs.Inc()
+			return fmt.Errorf("%w: pool %s: %w", ErrPublish, snap.Pool, err)
+		}
+		p.truncated.Inc()
+		p.logf("feed: snapshot of pool %s is %d bytes, over the server's max_payload %d: published truncated to %d bytes",
+			snap.Pool, full, p.nc.MaxPayload(), len(data))
+	}
 	var publishErr error
 	subject := p.subjects.Decisions(snap.Pool)
 	if err := p.nc.Publish(subject, data); err != nil {
@@ -190,17 +255,163 @@ func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) erro
 	} else {
 		p.published.Inc()
 	}
-	if p.kv == nil {
-		return publishErr
-	}
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, defaultKVTimeout)
-		defer cancel()
-	}
-	if _, err := p.kv.Put(ctx, snap.Pool, data); err != nil {
-		p.kvPutErrs.Inc()
-		return errors.Join(publishErr, fmt.Errorf("%w: bucket %s key %s: %w", ErrKVPut, p.subjects.BucketDecisions(), snap.Pool, err))
+	if p.kv != nil {
+		p.queuePut(snap.Pool, data)
 	}
 	return publishErr
+}
+
+// errTooSmall reports a max_payload too small for a snapshot without
+// backends.
+var errTooSmall = errors.New("max_payload too small for an empty snapshot")
+
+// truncate encodes snap with as many backends as fit in limit bytes,
+// keeping those that matter most: open and half_open first (a router must
+// not send to them), then configured ones, then by requests in the window
+// (then by id, for a stable choice). The kept backends stay sorted by id,
+// and the snapshot says it is truncated and how many backends the pool has.
+func (p *Publisher) truncate(snap *fleetwatch.Snapshot, limit int) ([]byte, error) {
+	n := len(snap.Backends)
+	rank := make([]int, n) // indices of snap.Backends, most important first
+	for i := range rank {
+		rank[i] = i
+	}
+	configured := func(b *fleetwatch.Backend) bool {
+		return p.configured != nil && p.configured(snap.Pool, b.Backend)
+	}
+	slices.SortFunc(rank, func(x, y int) int {
+		bx, by := &snap.Backends[x], &snap.Backends[y]
+		if c := cmp.Compare(tripped(bx), tripped(by)); c != 0 {
+			return -c
+		}
+		if c := cmp.Compare(b2i(configured(bx)), b2i(configured(by))); c != 0 {
+			return -c
+		}
+		if c := cmp.Compare(bx.Requests, by.Requests); c != 0 {
+			return -c
+		}
+		return cmp.Compare(bx.Backend, by.Backend)
+	})
+	out := *snap
+	out.Truncated, out.BackendsTotal = true, n
+	encode := func(k int) ([]byte, error) {
+		keep := slices.Clone(rank[:k])
+		slices.Sort(keep) // snap.Backends is sorted by id
+		out.Backends = make([]fleetwatch.Backend, k)
+		for i, idx := range keep {
+			out.Backends[i] = snap.Backends[idx]
+		}
+		return json.Marshal(&out)
+	}
+	// The largest k whose encoding fits, by bisection: lo fits, hi does not.
+	best, err := encode(0)
+	if err != nil {
+		return nil, err
+	}
+	if len(best) > limit {
+		return nil, fmt.Errorf("%w (%d bytes)", errTooSmall, limit+payloadHeadroom)
+	}
+	lo, hi := 0, n
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		data, err := encode(mid)
+		if err != nil {
+			return nil, err
+		}
+		if len(data) <= limit {
+			lo, best = mid, data
+		} else {
+			hi = mid
+		}
+	}
+	return best, nil
+}
+
+// tripped ranks a backend's state for truncation: open and half_open first.
+func tripped(b *fleetwatch.Backend) int {
+	if b.State == fleetwatch.StateOpen || b.State == fleetwatch.StateHalfOpen {
+		return 1
+	}
+	return 0
+}
+
+func b2i(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// queuePut queues data as pool's latest KV value, replacing a queued one,
+// and starts the worker when none runs.
+func (p *Publisher) queuePut(pool string, data []byte) {
+	p.kvMu.Lock()
+	defer p.kvMu.Unlock()
+	if _, queued := p.kvPending[pool]; queued {
+		p.kvSuperseded.Inc()
+	} else {
+		p.kvOrder = append(p.kvOrder, pool)
+	}
+	p.kvPending[pool] = data
+	if p.kvDone == nil {
+		p.kvDone = make(chan struct{})
+		go p.putLoop(p.kvDone)
+	}
+}
+
+// putLoop puts the queued snapshots, oldest queued pool first, until the
+// queue is empty; then it closes done and returns.
+func (p *Publisher) putLoop(done chan struct{}) {
+	defer close(done)
+	failing := false
+	for {
+		p.kvMu.Lock()
+		if len(p.kvOrder) == 0 {
+			p.kvOrder = nil // let a grown array go
+			p.kvDone = nil
+			p.kvMu.Unlock()
+			return
+		}
+		pool := p.kvOrder[0]
+		p.kvOrder = p.kvOrder[1:]
+		data := p.kvPending[pool]
+		delete(p.kvPending, pool)
+		p.kvMu.Unlock()
+
+		ctx, cancel := context.WithTimeout(context.Background(), p.kvTimeout)
+		_, err := p.kv.Put(ctx, pool, data)
+		cancel()
+		switch {
+		case err != nil:
+			p.kvPutErrs.Inc()
+			if !failing {
+				p.logf("feed: %v: bucket %s key %s: %v (counted in fleetwatch_kv_put_errors_total; logged once until a put succeeds)",
+					ErrKVPut, p.subjects.BucketDecisions(), pool, err)
+			}
+			failing = true
+		default:
+			p.kvPuts.Inc()
+			failing = false
+		}
+	}
+}
+
+// Flush waits until the KV queue is empty (every queued snapshot put or
+// failed), or until ctx ends, and then returns ctx's error. A
+// process calls it after its last Publish, before it closes the
+// connection.
+func (p *Publisher) Flush(ctx context.Context) error {
+	for {
+		p.kvMu.Lock()
+		done := p.kvDone
+		p.kvMu.Unlock()
+		if done == nil {
+			return nil
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 }

@@ -39,6 +39,12 @@ func WithPort(port int) Option {
 	return func(o *server.Options) { o.Port = port }
 }
 
+// WithMaxPayload sets the server's max_payload (default 1 MiB), to test
+// what a publisher does with a message the server would refuse.
+func WithMaxPayload(n int32) Option {
+	return func(o *server.Options) { o.MaxPayload = n }
+}
+
 // NewServer starts an embedded NATS server on 127.0.0.1 with a random port
 // and JetStream in a t.TempDir() store, and shuts it down in t.Cleanup. It
 // returns the client URL and the server (tests may shut it down earlier, for

@@ -35,6 +35,7 @@ type Config struct {
 	NATS     NATSConfig     `yaml:"nats"`
 	HTTP     HTTPConfig     `yaml:"http"`
 	Analyzer AnalyzerConfig `yaml:"analyzer"`
+	Limits   LimitsConfig   `yaml:"limits"`
 	Pools    []PoolConfig   `yaml:"pools"`
 	Ingest   IngestConfig   `yaml:"ingest"`
 	Probes   ProbesConfig   `yaml:"probes"`
@@ -94,6 +95,14 @@ type AnalyzerConfig struct {
 	OpenJitter          *float64  `yaml:"open_jitter"`         // relative jitter of open times; default 0.1, negative: none
 	RecentMinRequests   *int      `yaml:"recent_min_requests"` // a rate rule may trip on the newest quarter of the window alone with this many requests there; default 10, negative: off
 	PoolThrottleHold    *float64  `yaml:"pool_throttle_hold"`  // hold a 429 trip while the peers' recent median 429 rate is at least this; default 0.25, negative: off
+}
+
+// LimitsConfig bounds the pools and backends the analyzer tracks from
+// events (analyzer.Limits); an absent key takes the analyzer's default.
+type LimitsConfig struct {
+	MaxPools           *int `yaml:"max_pools"`             // default 1,000
+	MaxBackendsPerPool *int `yaml:"max_backends_per_pool"` // default 1,000
+	MaxBackends        *int `yaml:"max_backends"`          // default 20,000
 }
 
 // PoolConfig is one pool of interchangeable backends.
@@ -324,6 +333,14 @@ func (c *Config) validate(lines map[string]int, file string) error {
 	// only the file knows: explicit zeros, models, URLs.
 	if err := c.Analyzer.validate("analyzer", fail); err != nil {
 		return err
+	}
+	for _, l := range []struct {
+		key string
+		v   *int
+	}{{"max_pools", c.Limits.MaxPools}, {"max_backends_per_pool", c.Limits.MaxBackendsPerPool}, {"max_backends", c.Limits.MaxBackends}} {
+		if l.v != nil && *l.v == 0 {
+			return fail("limits."+l.key, "0: must be > 0")
+		}
 	}
 	models := map[string]string{}
 	for i, p := range c.Pools {

@@ -85,6 +85,11 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		{"bad review cron", "review:\n  schedule: \"61 * * * *\"\n", "review.schedule", 2},
 		{"bad prefix", "prefix: \"fw..x\"\n", "prefix", 1},
 		{"bad http listen", "http:\n  listen: localhost\n", "http.listen", 2},
+		{"zero max_pools", "limits:\n  max_pools: 0\n", "limits.max_pools", 2},
+		{"negative max_backends", "limits:\n  max_backends: -1\n", "limits.max_backends", 2},
+		{"more pools than max_pools", "limits:\n  max_pools: 1\npools:\n  - id: a\n  - id: b\n", "limits.max_pools", 2},
+		{"more backends than max_backends_per_pool", "limits:\n  max_backends_per_pool: 1\npools:\n  - id: a\n    backends:\n      - id: b\n      - id: c\n", "limits.max_backends_per_pool", 2},
+		{"more backends than max_backends", "limits: {max_backends: 1}\npools:\n  - id: a\n    backends:\n      - id: b\n  - id: c\n    backends:\n      - id: d\n", "limits.max_backends", 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -61,12 +61,45 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	return s
 }
 
+// limits converts the limits block; absent keys stay zero, the analyzer's
+// "default".
+func (l LimitsConfig) limits() analyzer.Limits {
+	var out analyzer.Limits
+	for _, f := range []struct {
+		dst *int
+		v   *int
+	}{{&out.MaxPools, l.MaxPools}, {&out.MaxBackendsPerPool, l.MaxBackendsPerPool}, {&out.MaxBackends, l.MaxBackends}} {
+		if f.v != nil {
+			*f.dst = *f.v
+		}
+	}
+	return out
+}
+
+// Configured reports whether backend is listed under pool in the file (for
+// feed.PublisherSettings.Configured: a truncated snapshot keeps configured
+// backends before unconfigured ones).
+func (c *Config) Configured(pool, backend string) bool {
+	for _, p := range c.Pools {
+		if p.ID != pool {
+			continue
+		}
+		for _, b := range p.Backends {
+			if b.ID == backend {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // AnalyzerSettings is the analyzer's configuration. seed drives the open-time
 // jitter and the epoch: give each process its own, so that two analyzers
 // started together neither jitter alike nor share an epoch.
 func (c *Config) AnalyzerSettings(seed uint64) analyzer.Config {
 	ac := analyzer.Config{
 		Settings:   c.Analyzer.settings(),
+		Limits:     c.Limits.limits(),
 		Quarantine: c.Probes.Quarantine,
 		Seed:       seed,
 	}

@@ -210,6 +210,7 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		"collector.Settings.StreamBatchBytes": true, "collector.Settings.RejectRate": true, "collector.Settings.RejectBurst": true,
 		"collector.Settings.StreamMaxBytes": true, "collector.Settings.StreamReplicas": true, "collector.Settings.Now": true,
 		"collector.Settings.Metrics": true, "collector.Settings.Logf": true, "collector.Settings.OnUrgent": true,
+		"collector.Settings.MaxRejectSources": true,
 	}
 	var unreached []string
 	reached := func(name string, v reflect.Value) {
@@ -223,6 +224,7 @@ func TestMappingReachesEverySetting(t *testing.T) {
 	}
 	reached("analyzer.Config", reflect.ValueOf(m.Analyzer))
 	reached("analyzer.Settings", reflect.ValueOf(m.Analyzer.Settings))
+	reached("analyzer.Limits", reflect.ValueOf(m.Analyzer.Limits))
 	if len(m.Analyzer.Pools) != 1 || len(m.Analyzer.Pools[0].Backends) != 1 {
 		t.Fatalf("pools = %+v", m.Analyzer.Pools)
 	}

@@ -424,18 +424,18 @@ func (s *Server) evaluate(ctx context.Context, now time.Time) {
 	}
 }
 
-// publish sends snapshots on their subjects and to the KV, and records
-// them for the status page. While NATS is unreachable nothing is sent (a
-// KV put would wait out its timeout in this loop); the heartbeat publishes
-// the current state once the connection is back.
+// publish sends snapshots on their subjects and queues them for the KV,
+// and records them for the status page. The publisher puts in the KV
+// asynchronously, keeping only the latest queued snapshot per pool, so a
+// slow JetStream or a flood of pools never delays this loop and with it
+// another pool's heartbeat. While NATS is unreachable nothing is sent; the
+// heartbeat publishes the current state once the connection is back.
 func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
 	if s.nc.IsConnected() {
 		for i := range snaps {
-			pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			if err := s.pub.Publish(pctx, &snaps[i]); err != nil {
+			if err := s.pub.Publish(ctx, &snaps[i]); err != nil {
 				s.logf("publish %s: %v", snaps[i].Pool, err)
 			}
-			cancel()
 		}
 	} else if len(snaps) > 0 {
 		s.unpublished.Add(len(snaps))
@@ -454,6 +454,9 @@ func (s *Server) finalSnapshot() {
 	defer cancel()
 	final := s.an.Final(time.Now())
 	s.publish(ctx, final)
+	if err := s.pub.Flush(ctx); err != nil {
+		s.logf("final snapshot: the KV puts did not finish: %v", err)
+	}
 	s.logf("published a final snapshot of %d pools", len(final))
 }
 

@@ -101,14 +101,33 @@ type transitionKey struct {
 	cause         string
 }
 
+// transitionCauses are the causes a counted transition can have (a cause
+// added to the analyzer and missing here is still forgotten at the next
+// scrape).
+var transitionCauses = []string{
+	analyzer.CauseFailureRate, analyzer.CauseConsecutive, analyzer.CauseThrottled, analyzer.CauseSlow,
+	analyzer.CauseHalfOpenFailure, analyzer.CauseHalfOpenThrottled, analyzer.CauseOpenElapsed, analyzer.CauseRecovered,
+}
+
 // countTransition counts a breaker transition. The series is written at
 // scrape time, and only while its backend is in a snapshot, so backend ids
 // invented by a publisher leave no series behind once they expire.
+//
+// An expiry (To "") is not counted: it forgets the backend's counts at
+// once, so that they never outlive it when nobody scrapes.
 func (s *Server) countTransition(t analyzer.Transition) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.To == "" {
+		for _, to := range []fleetwatch.State{fleetwatch.StateOpen, fleetwatch.StateHalfOpen, fleetwatch.StateClosed} {
+			for _, cause := range transitionCauses {
+				delete(s.transitions, transitionKey{t.Pool, t.Backend, to, cause})
+			}
+		}
+		return
+	}
 	if s.transitions == nil {
 		s.transitions = map[transitionKey]uint64{}
 	}
 	s.transitions[transitionKey{t.Pool, t.Backend, t.To, t.Cause}]++
-	s.mu.Unlock()
 }
