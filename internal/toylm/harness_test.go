@@ -31,6 +31,7 @@ func testHarness(t *testing.T) (*Harness, map[string]Variant) {
 }
 
 func TestSwapCaughtInOneCycleAtEveryNoiseLevel(t *testing.T) {
+	t.Parallel()
 	h, vs := testHarness(t)
 	for _, sigma := range append(NoiseLevels, LoadRegime) {
 		r, err := h.Power(vs["swap"], sigma, 2, 1, 11)
@@ -44,6 +45,7 @@ func TestSwapCaughtInOneCycleAtEveryNoiseLevel(t *testing.T) {
 }
 
 func TestQ4CaughtInOneCycle(t *testing.T) {
+	t.Parallel()
 	h, vs := testHarness(t)
 	for _, sigma := range NoiseLevels {
 		r, err := h.Power(vs["q4-like"], sigma, 3, 1, 12)
@@ -57,6 +59,7 @@ func TestQ4CaughtInOneCycle(t *testing.T) {
 }
 
 func TestQ8CaughtWithinThreeCyclesAtSigma003(t *testing.T) {
+	t.Parallel()
 	h, vs := testHarness(t)
 	r, err := h.Power(vs["q8-like"], 0.03, 4, 3, 13)
 	if err != nil {
@@ -68,10 +71,11 @@ func TestQ8CaughtWithinThreeCyclesAtSigma003(t *testing.T) {
 }
 
 func TestFP16NeverAlarms(t *testing.T) {
+	t.Parallel()
 	h, vs := testHarness(t)
 	fp16 := vs["fp16"]
 	for _, sigma := range NoiseLevels {
-		r, err := h.Null(sigma, &fp16, 2, 100, 14)
+		r, err := h.Null(sigma, &fp16, 2, nullCycles, 14)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,9 +86,10 @@ func TestFP16NeverAlarms(t *testing.T) {
 }
 
 func TestUnchangedBackendStaysOK(t *testing.T) {
+	t.Parallel()
 	h, _ := testHarness(t)
 	for _, sigma := range append(NoiseLevels, LoadRegime) {
-		r, err := h.Null(sigma, nil, 2, 100, 15)
+		r, err := h.Null(sigma, nil, 2, nullCycles, 15)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,6 +100,7 @@ func TestUnchangedBackendStaysOK(t *testing.T) {
 }
 
 func TestQ4PeerAmongThreeIsNamed(t *testing.T) {
+	t.Parallel()
 	h, vs := testHarness(t)
 	for _, sigma := range NoiseLevels {
 		r, err := h.Peers(vs["q4-like"], sigma, 3, 1, 16)

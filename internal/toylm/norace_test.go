@@ -1,0 +1,7 @@
+//go:build !race
+
+package toylm
+
+// nullCycles is how many unchanged cycles the null tests run (see
+// race_test.go).
+const nullCycles = 100

@@ -1,0 +1,9 @@
+//go:build race
+
+package toylm
+
+// nullCycles is how many unchanged cycles the null tests run: the race
+// detector slows the toy model's arithmetic (single-goroutine code it has
+// nothing to check in) about tenfold, so the README's race suite runs a
+// quarter of them; a plain `go test` and `fleetwatch drift sim` run more.
+const nullCycles = 25
