@@ -2,17 +2,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
@@ -31,17 +27,10 @@ func (b *backendFlags) Set(v string) error { *b = append(*b, v); return nil }
 
 // runFake is `fleetwatch fake`: it runs fake OpenAI-compatible backends
 // (internal/fakeai), each on its own address, and an admin listener that
-// changes their behavior at run time:
-//
-//	GET  /admin/backends              names and URLs
-//	GET  /admin/<name>/behavior       the current behavior
-//	POST /admin/<name>/behavior       change it, e.g. {"refuse":true} or {"error_rate":0.5}
-//	GET  /admin/<name>/stats          request counters
-//	POST /admin/<name>/artefact       with --completer toy: serve another artefact,
-//	                                  {"variant":"fp16"} (ref, swap, q4-like, q6-like, q8-like, fp16)
-//
-// The admin listener is separate from the backends so that a backend told
-// to refuse connections can be told to accept them again.
+// changes their behavior at run time (fakeai.AdminHandler); with
+// --completer toy, POST /admin/<name>/artefact {"variant":"fp16"} swaps the
+// artefact served (toylm.ArtefactNames: fp16, q4-like, q6-like, q8-like,
+// ref, swap).
 func runFake(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("fake", flag.ContinueOnError)
 	var specs backendFlags
@@ -64,11 +53,11 @@ func runFake(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	var toy *fakeToy
+	var toy *toylm.Artefacts
 	switch *completer {
 	case "echo":
 	case "toy":
-		toy = newFakeToy(*sigma)
+		toy = toylm.NewArtefacts(*sigma)
 	default:
 		fmt.Fprintf(stderr, "--completer = %q: want echo or toy\n", *completer)
 		return errUsage
@@ -80,7 +69,7 @@ func runFake(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	servers := map[string]*fakeai.Server{}
-	var order []string
+	var order []*fakeai.Server
 	defer func() {
 		for _, s := range servers {
 			s.Close()
@@ -97,7 +86,7 @@ func runFake(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		srv := fakeai.New(fakeai.Settings{Name: name, Behavior: b, Seed: uint64(i + 1)})
 		if toy != nil {
-			c, err := toy.build("ref", uint64(i+1))
+			c, err := toy.Build("ref", uint64(i+1))
 			if err != nil {
 				return err
 			}
@@ -107,7 +96,7 @@ func runFake(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			return err
 		}
 		servers[name] = srv
-		order = append(order, name)
+		order = append(order, srv)
 		fmt.Fprintf(stdout, "fake: backend %s on %s\n", name, srv.URL())
 	}
 	serveErr := make(chan error, 1)
@@ -116,7 +105,11 @@ func runFake(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		if err != nil {
 			return fmt.Errorf("admin: %w", err)
 		}
-		hs := &http.Server{Handler: fakeAdmin(servers, order, toy), ReadHeaderTimeout: 10 * time.Second}
+		var artefact func(string) (fakeai.Completer, error)
+		if toy != nil {
+			artefact = func(v string) (fakeai.Completer, error) { return toy.Build(v, uint64(len(v))+1) }
+		}
+		hs := &http.Server{Handler: fakeai.AdminHandler(order, artefact), ReadHeaderTimeout: 10 * time.Second}
 		go func() { serveErr <- hs.Serve(ln) }() // exits when hs closes below
 		defer hs.Close()
 		fmt.Fprintf(stdout, "fake: admin on http://%s\n", ln.Addr())
@@ -130,98 +123,4 @@ func runFake(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		}
 		return err
 	}
-}
-
-// fakeAdmin routes /admin/<name>/... to the named backend's admin handler.
-func fakeAdmin(servers map[string]*fakeai.Server, order []string, toy *fakeToy) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /admin/{name}/artefact", func(w http.ResponseWriter, r *http.Request) {
-		srv := servers[r.PathValue("name")]
-		if srv == nil || toy == nil {
-			http.Error(w, "no such backend, or not --completer toy", http.StatusNotFound)
-			return
-		}
-		var req struct {
-			Variant string `json:"variant"`
-		}
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<12)).Decode(&req); err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		c, err := toy.build(req.Variant, uint64(len(req.Variant))+1)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		}
-		srv.SetCompleter(c)
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]string{"backend": srv.Name(), "variant": req.Variant})
-	})
-	mux.HandleFunc("GET /admin/backends", func(w http.ResponseWriter, r *http.Request) {
-		type entry struct {
-			Name string `json:"name"`
-			URL  string `json:"url"`
-		}
-		list := make([]entry, len(order))
-		for i, n := range order {
-			list[i] = entry{n, servers[n].URL()}
-		}
-		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(list)
-	})
-	mux.HandleFunc("/admin/{name}/{rest...}", func(w http.ResponseWriter, r *http.Request) {
-		srv := servers[r.PathValue("name")]
-		if srv == nil {
-			http.Error(w, "no such backend", http.StatusNotFound)
-			return
-		}
-		r2 := r.Clone(r.Context())
-		r2.URL.Path = "/admin/" + r.PathValue("rest")
-		srv.AdminHandler().ServeHTTP(w, r2)
-	})
-	return mux
-}
-
-// fakeToy builds toy language model completers (internal/toylm): the
-// reference artefact and its variants. Variants are built on first use (a
-// quantized one is calibrated by measured KL, which takes a moment), so the
-// command starts at once.
-type fakeToy struct {
-	ref   *toylm.Model
-	sigma float64
-
-	// mu guards built.
-	mu    sync.Mutex
-	built map[string]*toylm.Model
-}
-
-// fakeToyVariants are the artefacts /admin/<name>/artefact can serve.
-var fakeToyVariants = map[string]func(ref *toylm.Model) *toylm.Model{
-	"ref":     func(ref *toylm.Model) *toylm.Model { return ref },
-	"swap":    func(ref *toylm.Model) *toylm.Model { return ref.Swapped(0xdead) },
-	"fp16":    func(ref *toylm.Model) *toylm.Model { return ref.FP16() },
-	"q8-like": func(ref *toylm.Model) *toylm.Model { m, _ := ref.Quantized(toylm.KLQ8); return m },
-	"q6-like": func(ref *toylm.Model) *toylm.Model { m, _ := ref.Quantized(toylm.KLQ6); return m },
-	"q4-like": func(ref *toylm.Model) *toylm.Model { m, _ := ref.Quantized(toylm.KLQ4); return m },
-}
-
-func newFakeToy(sigma float64) *fakeToy {
-	return &fakeToy{ref: toylm.New(toylm.Config{}), sigma: sigma, built: map[string]*toylm.Model{}}
-}
-
-// build returns the completer serving variant, with its own noise seed.
-func (t *fakeToy) build(variant string, seed uint64) (fakeai.Completer, error) {
-	newModel, ok := fakeToyVariants[variant]
-	if !ok {
-		names := slices.Sorted(maps.Keys(fakeToyVariants))
-		return nil, fmt.Errorf("variant %q: want one of %s", variant, strings.Join(names, ", "))
-	}
-	t.mu.Lock()
-	m := t.built[variant]
-	if m == nil {
-		m = newModel(t.ref)
-		t.built[variant] = m
-	}
-	t.mu.Unlock()
-	return m.With(toylm.Options{Sigma: t.sigma, NoiseSeed: seed}), nil
 }

@@ -2,16 +2,11 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/internal/sim"
@@ -71,7 +66,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		return nil
 	}
-	scenarios, err := selectScenarios(all, *scenario)
+	scenarios, err := sim.SelectScenarios(all, *scenario)
 	if err != nil {
 		fmt.Fprintf(stderr, "fleetwatch sim: %v\n", err)
 		return errUsage
@@ -99,7 +94,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 
 	start := time.Now()
-	results, err := runScenarios(ctx, scenarios, *seed, *seeds)
+	results, err := sim.RunScenarios(ctx, scenarios, *seed, *seeds)
 	if err != nil {
 		return err
 	}
@@ -133,136 +128,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	fmt.Fprintf(stderr, "fleetwatch sim: %d runs, %d simulated requests in %.2fs (%.0f requests per wall second)\n",
-		countRuns(results), requests, elapsed.Seconds(), float64(requests)/elapsed.Seconds())
+		sim.CountRuns(results), requests, elapsed.Seconds(), float64(requests)/elapsed.Seconds())
 	if *out != "" {
-		if err := writeSimFiles(*out, scenarios, results, tables.String()); err != nil {
+		if err := sim.WriteFiles(*out, scenarios, results, tables.String()); err != nil {
 			return err
 		}
 		fmt.Fprintf(stderr, "fleetwatch sim: wrote %s\n", *out)
 	}
 	return nil
-}
-
-func selectScenarios(all []sim.Scenario, names string) ([]sim.Scenario, error) {
-	if names == "" {
-		return all, nil
-	}
-	var out []sim.Scenario
-	for _, name := range strings.Split(names, ",") {
-		sc, ok := sim.ScenarioByName(strings.TrimSpace(name))
-		if !ok {
-			return nil, fmt.Errorf("unknown scenario %q (fleetwatch sim --scenario list)", name)
-		}
-		out = append(out, sc)
-	}
-	return out, nil
-}
-
-// runScenarios runs every (scenario, policy, seed) on GOMAXPROCS workers and
-// returns results[scenario][policy][seed]. Each run is deterministic, so
-// the schedule does not change the results.
-func runScenarios(ctx context.Context, scenarios []sim.Scenario, seed uint64, seeds int) ([][][]*sim.Result, error) {
-	type job struct{ s, p, k int }
-	results := make([][][]*sim.Result, len(scenarios))
-	var jobs []job
-	for s, sc := range scenarios {
-		pols := sim.PoliciesOf(sc)
-		results[s] = make([][]*sim.Result, len(pols))
-		for p := range pols {
-			results[s][p] = make([]*sim.Result, seeds)
-			for k := range seeds {
-				jobs = append(jobs, job{s, p, k})
-			}
-		}
-	}
-	var (
-		mu    sync.Mutex
-		first error
-		next  int
-		wg    sync.WaitGroup
-	)
-	for range runtime.GOMAXPROCS(0) {
-		wg.Go(func() {
-			for {
-				mu.Lock()
-				if next >= len(jobs) || first != nil || ctx.Err() != nil {
-					mu.Unlock()
-					return
-				}
-				j := jobs[next]
-				next++
-				mu.Unlock()
-				sc := scenarios[j.s]
-				r, err := sim.Run(sc, sim.PoliciesOf(sc)[j.p], seed+uint64(j.k))
-				mu.Lock()
-				if err != nil && first == nil {
-					first = err
-				}
-				results[j.s][j.p][j.k] = r
-				mu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
-	if first != nil {
-		return nil, first
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return results, nil
-}
-
-func countRuns(results [][][]*sim.Result) int {
-	n := 0
-	for _, s := range results {
-		for _, p := range s {
-			n += len(p)
-		}
-	}
-	return n
-}
-
-// writeSimFiles writes results.csv (every run), tables.md, and per scenario
-// shares-<name>.csv, <name>-share.svg and <name>-ttft.svg (first seed).
-func writeSimFiles(dir string, scenarios []sim.Scenario, results [][][]*sim.Result, tables string) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	write := func(name string, fill func(io.Writer) error) error {
-		f, err := os.Create(filepath.Join(dir, name))
-		if err != nil {
-			return err
-		}
-		if err := fill(f); err != nil {
-			f.Close()
-			return fmt.Errorf("%s: %w", name, err)
-		}
-		return f.Close()
-	}
-	var flat []*sim.Result
-	for _, s := range results {
-		for _, p := range s {
-			flat = append(flat, p...)
-		}
-	}
-	if err := write("results.csv", func(w io.Writer) error { return sim.WriteCSV(w, flat, true) }); err != nil {
-		return err
-	}
-	if err := write("tables.md", func(w io.Writer) error { _, err := io.WriteString(w, tables); return err }); err != nil {
-		return err
-	}
-	var errs []error
-	for i, sc := range scenarios {
-		var firsts []*sim.Result
-		for _, runs := range results[i] {
-			firsts = append(firsts, runs[0])
-		}
-		errs = append(errs,
-			write("shares-"+sc.Name+".csv", func(w io.Writer) error { return sim.WriteSharesCSV(w, firsts) }),
-			write(sc.Name+"-share.svg", func(w io.Writer) error { return sim.WriteShareSVG(w, sc, firsts) }),
-			write(sc.Name+"-ttft.svg", func(w io.Writer) error { return sim.WriteTTFTSVG(w, sc, firsts) }),
-		)
-	}
-	return errors.Join(errs...)
 }

@@ -89,34 +89,3 @@ func TestWatchJSON(t *testing.T) {
 		t.Errorf("snapshot (-want +got):\n%s", diff)
 	}
 }
-
-func TestRenderSnapshotStale(t *testing.T) {
-	now := time.Now()
-	s := watchSnapshot(1, now.Add(-time.Minute))
-	var b strings.Builder
-	renderSnapshot(&b, s, now)
-	if !strings.Contains(b.String(), "STALE") {
-		t.Errorf("a minute-old snapshot with a 5s TTL is not marked stale:\n%s", b.String())
-	}
-}
-
-func TestWatchViewRedrawsInPlaceOnATerminal(t *testing.T) {
-	now := time.Now()
-	for _, tc := range []struct {
-		terminal  bool
-		wantClear int
-	}{{true, 2}, {false, 0}} {
-		var out strings.Builder
-		v := &watchView{out: &out, terminal: tc.terminal, now: func() time.Time { return now }}
-		v.add(watchSnapshot(1, now))
-		v.draw()
-		v.add(watchSnapshot(2, now))
-		v.draw()
-		if got := strings.Count(out.String(), "\x1b[H\x1b[2J"); got != tc.wantClear {
-			t.Errorf("terminal=%v: %d clear-screen sequences, want %d", tc.terminal, got, tc.wantClear)
-		}
-		if got := strings.Count(out.String(), "BACKEND"); got != 2 {
-			t.Errorf("terminal=%v: %d tables, want 2", tc.terminal, got)
-		}
-	}
-}

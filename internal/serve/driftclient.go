@@ -1,0 +1,189 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/probes"
+)
+
+// This file is the client side of the drift control requests and of the
+// FW_DRIFT stream: what `fleetwatch drift review|status|rebaseline` do,
+// with or without a running serve.
+
+// ControlTimeout bounds a control request to serve's probes.
+const ControlTimeout = 5 * time.Second
+
+// DefaultReviewSpan is how far back a review reaches when there is no
+// earlier review digest and no span is asked for.
+const DefaultReviewSpan = 7 * 24 * time.Hour
+
+// driftStreamErr explains a missing FW_DRIFT; op names the operation.
+func driftStreamErr(op string, subj fleetwatch.Subjects, err error) error {
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return fmt.Errorf("%s: no stream %s yet (it is created by serve with JetStream): %w", op, subj.StreamDrift(), err)
+	}
+	return fmt.Errorf("%s: %s: %w", op, subj.StreamDrift(), err)
+}
+
+// AskStatuses asks serve's probes for every backend's drift state; it
+// returns nil and no error when no serve answers.
+func AskStatuses(nc *nats.Conn, subj fleetwatch.Subjects) ([]probes.BackendStatus, error) {
+	m, err := nc.Request(subj.Control(ControlDriftStatus), nil, ControlTimeout)
+	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var r ControlReply
+	if err := json.Unmarshal(m.Data, &r); err != nil {
+		return nil, fmt.Errorf("drift status reply: %w", err)
+	}
+	if !r.OK {
+		return nil, errors.New(r.Error)
+	}
+	if r.Statuses == nil {
+		r.Statuses = []probes.BackendStatus{}
+	}
+	return r.Statuses, nil
+}
+
+// Review builds the drift review digest at now from the alerts in FW_DRIFT
+// and the statuses of a running serve (none when no serve answers). It
+// covers since back from now; if since is zero, from the last review
+// digest, or DefaultReviewSpan when there is none.
+func Review(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj fleetwatch.Subjects, now time.Time, since time.Duration) (fleetwatch.DriftReview, []probes.BackendStatus, error) {
+	from := now.Add(-DefaultReviewSpan)
+	if since > 0 {
+		from = now.Add(-since)
+	} else if t, ok, err := LastReview(ctx, js, subj); err != nil {
+		return fleetwatch.DriftReview{}, nil, driftStreamErr("drift review", subj, err)
+	} else if ok {
+		from = t
+	}
+	alerts, _, err := ReadDrift(ctx, js, subj, from)
+	if err != nil {
+		return fleetwatch.DriftReview{}, nil, driftStreamErr("drift review", subj, err)
+	}
+	statuses, err := AskStatuses(nc, subj)
+	if err != nil {
+		return fleetwatch.DriftReview{}, nil, err
+	}
+	return probes.BuildReview(now, from, alerts, statuses), statuses, nil
+}
+
+// DriftStatuses returns every backend's drift state and where it comes
+// from: a running serve's probes, or, when no serve answers, the latest
+// alert of each backend in FW_DRIFT (sorted by pool and backend).
+func DriftStatuses(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj fleetwatch.Subjects, now time.Time) (statuses []probes.BackendStatus, source string, err error) {
+	statuses, err = AskStatuses(nc, subj)
+	if err != nil {
+		return nil, "", err
+	}
+	if statuses != nil {
+		return statuses, "serve", nil
+	}
+	alerts, _, err := ReadDrift(ctx, js, subj, now.Add(-DriftRetention))
+	if err != nil {
+		return nil, "", driftStreamErr("drift status", subj, err)
+	}
+	latest := map[[2]string]fleetwatch.DriftAlert{}
+	for _, a := range alerts {
+		latest[[2]string{a.Pool, a.Backend}] = a
+	}
+	for _, a := range latest {
+		statuses = append(statuses, probes.BackendStatus{Pool: a.Pool, Backend: a.Backend, Status: a.Status, Since: a.At.Time,
+			Score: a.Score, Threshold: a.Threshold})
+	}
+	slices.SortFunc(statuses, func(a, b probes.BackendStatus) int {
+		return strings.Compare(a.Pool+"\x00"+a.Backend, b.Pool+"\x00"+b.Backend)
+	})
+	return statuses, subj.StreamDrift() + " (no running serve answered)", nil
+}
+
+// WriteDriftStatus writes statuses as a table under a line naming their
+// source.
+func WriteDriftStatus(w io.Writer, source string, statuses []probes.BackendStatus) error {
+	fmt.Fprintf(w, "drift status from %s\n", source)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POOL\tBACKEND\tSTATUS\tSINCE\tSCORE/THRESHOLD\tBASELINE\tLAST ERROR")
+	for _, s := range statuses {
+		since := "-"
+		if !s.Since.IsZero() {
+			since = fleetwatch.FormatTime(s.Since)
+		}
+		base := "-"
+		switch {
+		case s.Enrolling:
+			base = fmt.Sprintf("enrolling (%d cycles)", s.EnrolCycles)
+		case s.BaselineCycles > 0:
+			base = fmt.Sprintf("%d cycles, %s", s.BaselineCycles, fleetwatch.FormatTime(s.BaselineCreated))
+		}
+		lastErr := "-"
+		if s.LastError != "" {
+			lastErr = s.LastErrorKind + ": " + s.LastError
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3g/%.3g\t%s\t%s\n", s.Pool, s.Backend, s.Status, since, s.Score, s.Threshold, base, lastErr)
+	}
+	return tw.Flush()
+}
+
+// Rebaseline asks a running serve to drop a backend's baseline and enrol
+// it again; it returns the re-baseline alert and whether serve did it.
+// When no serve answers, it clears the stored baseline itself and records
+// a re-baseline alert (of the suite named suite, see probes.LoadSuite) in
+// FW_DRIFT.
+func Rebaseline(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj fleetwatch.Subjects, req RebaselineRequest, suite string, now time.Time) (alert fleetwatch.DriftAlert, byServe bool, err error) {
+	data, _ := json.Marshal(req)
+	m, err := nc.Request(subj.Control(ControlRebaseline), data, ControlTimeout)
+	switch {
+	case err == nil:
+		var r ControlReply
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			return fleetwatch.DriftAlert{}, false, fmt.Errorf("drift rebaseline reply: %w", err)
+		}
+		if !r.OK {
+			return fleetwatch.DriftAlert{}, false, fmt.Errorf("drift rebaseline: %s", r.Error)
+		}
+		if r.Alert != nil {
+			alert = *r.Alert
+		}
+		return alert, true, nil
+	case errors.Is(err, nats.ErrNoResponders):
+		// no serve running: clear the stored baseline and record it here
+		kv, err := OpenBaselines(ctx, js, subj)
+		if err != nil {
+			return fleetwatch.DriftAlert{}, false, err
+		}
+		if err := (KVBaselines{KV: kv}).Save(ctx, req.Pool, req.Backend, nil); err != nil {
+			return fleetwatch.DriftAlert{}, false, err
+		}
+		if _, err := EnsureDriftStream(ctx, js, subj); err != nil {
+			return fleetwatch.DriftAlert{}, false, err
+		}
+		s, err := probes.LoadSuite(suite)
+		if err != nil {
+			return fleetwatch.DriftAlert{}, false, err
+		}
+		a := probes.RebaselineAlert(req.Pool, req.Backend, s, fleetwatch.DriftUnknown, req.By, now)
+		data, _ := json.Marshal(a)
+		if _, err := js.Publish(ctx, subj.Drift(req.Pool), data); err != nil {
+			return fleetwatch.DriftAlert{}, false, err
+		}
+		return a, false, nil
+	default:
+		return fleetwatch.DriftAlert{}, false, fmt.Errorf("drift rebaseline: %w", err)
+	}
+}

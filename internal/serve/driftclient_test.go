@@ -1,0 +1,148 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/probes"
+)
+
+// answer replies reply to every request on subj's control verb and returns
+// a function that returns the requests' payloads.
+func answer(t *testing.T, nc *nats.Conn, subj fleetwatch.Subjects, verb string, reply ControlReply) func() []string {
+	t.Helper()
+	var mu sync.Mutex // guards got
+	var got []string
+	data, _ := json.Marshal(reply)
+	sub, err := nc.Subscribe(subj.Control(verb), func(m *nats.Msg) {
+		mu.Lock()
+		got = append(got, string(m.Data))
+		mu.Unlock()
+		m.Respond(data)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	nc.Flush()
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+func TestAskStatuses(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	subj := fleetwatch.Subjects{}
+	if st, err := AskStatuses(nc, subj); st != nil || err != nil {
+		t.Errorf("no serve: %v %v, want nil and no error", st, err)
+	}
+
+	server := feedtest.Connect(t, url)
+	answer(t, server, subj, ControlDriftStatus, ControlReply{OK: true})
+	st, err := AskStatuses(nc, subj)
+	if err != nil || st == nil || len(st) != 0 {
+		t.Errorf("serve with no backends: %#v %v, want an empty, non-nil list", st, err)
+	}
+
+	other := fleetwatch.Subjects{Prefix: "other"}
+	answer(t, server, other, ControlDriftStatus, ControlReply{Error: "probes are disabled"})
+	if _, err := AskStatuses(nc, other); err == nil || err.Error() != "probes are disabled" {
+		t.Errorf("refusing serve: %v, want its error", err)
+	}
+}
+
+// TestDriftClientWithoutServe re-baselines a backend with no serve running
+// and reads its status back from FW_DRIFT.
+func TestDriftClientWithoutServe(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := fleetwatch.Subjects{}
+	now := time.Now()
+	if _, _, err := DriftStatuses(t.Context(), nc, js, subj, now); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("status without FW_DRIFT: %v, want ErrStreamNotFound", err)
+	}
+	if _, _, err := Review(t.Context(), nc, js, subj, now, 0); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("review without FW_DRIFT: %v, want ErrStreamNotFound", err)
+	}
+
+	a, byServe, err := Rebaseline(t.Context(), nc, js, subj, RebaselineRequest{Pool: "p", Backend: "b", By: "carol"}, "", now)
+	if err != nil || byServe {
+		t.Fatalf("rebaseline: by serve %v, %v", byServe, err)
+	}
+	if a.Pool != "p" || a.Backend != "b" || a.Status != fleetwatch.DriftUnknown || a.Evidence.Extra["requested_by"] != "carol" {
+		t.Errorf("re-baseline alert %+v", a)
+	}
+
+	st, source, err := DriftStatuses(t.Context(), nc, js, subj, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []probes.BackendStatus{{Pool: "p", Backend: "b", Status: fleetwatch.DriftUnknown, Since: a.At.Time, Score: a.Score, Threshold: a.Threshold}}
+	if diff := cmp.Diff(want, st); diff != "" {
+		t.Errorf("statuses (-want +got):\n%s", diff)
+	}
+	if source != "FW_DRIFT (no running serve answered)" {
+		t.Errorf("source %q", source)
+	}
+	var out strings.Builder
+	if err := WriteDriftStatus(&out, source, st); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(out.String(), "\n")
+	if lines[0] != "drift status from FW_DRIFT (no running serve answered)" || !strings.HasPrefix(lines[1], "POOL") ||
+		!strings.HasPrefix(strings.Join(strings.Fields(lines[2]), " "), "p b unknown ") {
+		t.Errorf("status table:\n%s", out.String())
+	}
+
+	r, _, err := Review(t.Context(), nc, js, subj, time.Now(), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md := probes.RenderMarkdown(r, nil); !strings.Contains(md, "carol") {
+		t.Errorf("review lacks the re-baseline:\n%s", md)
+	}
+}
+
+func TestRebaselineAsksServe(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj := fleetwatch.Subjects{}
+	alert := fleetwatch.DriftAlert{Pool: "p", Backend: "b", Reason: "re-baseline requested by dave"}
+	asked := answer(t, feedtest.Connect(t, url), subj, ControlRebaseline, ControlReply{OK: true, Alert: &alert})
+	a, byServe, err := Rebaseline(t.Context(), nc, js, subj, RebaselineRequest{Pool: "p", Backend: "b", By: "dave"}, "", time.Now())
+	if err != nil || !byServe || a.Reason != alert.Reason {
+		t.Errorf("rebaseline: %+v by serve %v, %v", a, byServe, err)
+	}
+	if diff := cmp.Diff([]string{`{"pool":"p","backend":"b","by":"dave"}`}, asked()); diff != "" {
+		t.Errorf("requests (-want +got):\n%s", diff)
+	}
+
+	other := fleetwatch.Subjects{Prefix: "other"}
+	answer(t, feedtest.Connect(t, url), other, ControlRebaseline, ControlReply{Error: "no such backend"})
+	if _, _, err := Rebaseline(t.Context(), nc, js, other, RebaselineRequest{Pool: "p", Backend: "x"}, "", time.Now()); err == nil ||
+		err.Error() != "drift rebaseline: no such backend" {
+		t.Errorf("refused rebaseline: %v", err)
+	}
+}
