@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -14,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -383,6 +386,157 @@ func TestNATSFlagErrors(t *testing.T) {
 			if code != 1 || !strings.Contains(errOut, tc.want) {
 				t.Errorf("%s %v: exit %d, stderr %q, want %q", cmd, tc.args, code, errOut, tc.want)
 			}
+		}
+	}
+}
+
+// startJWTEmbeddedNATS runs the embedded nats-server in operator mode
+// (decentralized JWT authentication) with TLS, and returns its URL and a
+// .creds file of a user of a JetStream-enabled account.
+func startJWTEmbeddedNATS(t *testing.T, pki testkit.PKI) (url, creds string) {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	okp, err := nkeys.CreateOperator()
+	must(err)
+	opub, err := okp.PublicKey()
+	must(err)
+	account := func(jetStream bool) (nkeys.KeyPair, string, string) {
+		akp, err := nkeys.CreateAccount()
+		must(err)
+		apub, err := akp.PublicKey()
+		must(err)
+		ac := jwt.NewAccountClaims(apub)
+		if jetStream {
+			ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+		}
+		ajwt, err := ac.Encode(okp)
+		must(err)
+		return akp, apub, ajwt
+	}
+	_, sysPub, sysJWT := account(false)
+	akp, apub, ajwt := account(true)
+	oc := jwt.NewOperatorClaims(opub)
+	oc.SystemAccount = sysPub
+	ojwt, err := oc.Encode(okp)
+	must(err)
+	oc, err = jwt.DecodeOperatorClaims(ojwt)
+	must(err)
+
+	ukp, err := nkeys.CreateUser()
+	must(err)
+	upub, err := ukp.PublicKey()
+	must(err)
+	useed, err := ukp.Seed()
+	must(err)
+	uc := jwt.NewUserClaims(upub)
+	ujwt, err := uc.Encode(akp)
+	must(err)
+	credsData, err := jwt.FormatUserConfig(ujwt, useed)
+	must(err)
+	creds = filepath.Join(t.TempDir(), "user.creds")
+	must(os.WriteFile(creds, credsData, 0o600))
+
+	resolver := &server.MemAccResolver{}
+	must(resolver.Store(sysPub, sysJWT))
+	must(resolver.Store(apub, ajwt))
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: pki.ServerCert, KeyFile: pki.ServerKey})
+	must(err)
+	opts := &server.Options{
+		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(),
+		TLS: true, TLSConfig: tc, TLSTimeout: 5,
+		TrustedOperators: []*jwt.OperatorClaims{oc},
+		AccountResolver:  resolver,
+		SystemAccount:    sysPub,
+	}
+	ns, err := server.NewServer(opts)
+	must(err)
+	ns.Start()
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("embedded nats-server not ready")
+	}
+	return ns.ClientURL(), creds
+}
+
+// TestNATSCredsFile runs the commands with a .creds file (user JWT and
+// nkey seed) against a server in operator mode, over TLS; a creds file of
+// another operator is refused with the authentication error.
+func TestNATSCredsFile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs several commands end to end")
+	}
+	pki := testkit.NewPKI(t, "fleetwatch-test-ca")
+	url, creds := startJWTEmbeddedNATS(t, pki)
+	checkCommandsOverSecureNATS(t, url,
+		[]string{"--tls-ca", pki.CA, "--creds", creds},
+		secureClientOptions(pki, nats.UserCredentials(creds)))
+
+	_, strangerCreds := startJWTEmbeddedNATS(t, pki)
+	code, _, errOut := runCmd(context.Background(), "drift", "status", "--nats", url, "--tls-ca", pki.CA, "--creds", strangerCreds)
+	if code != 1 || !strings.Contains(errOut, "nats: connect "+url+": authentication refused") {
+		t.Errorf("a creds file of another operator: exit %d, stderr:\n%s", code, errOut)
+	}
+}
+
+// TestServeHTTPSecurity: serve refuses an exposed listener without
+// authentication, and with a token and TLS prints its https address and
+// guards everything but /healthz.
+func TestServeHTTPSecurity(t *testing.T) {
+	dir := t.TempDir()
+	code, _, errOut := runCmd(context.Background(), "serve", "--http", "0.0.0.0:0", "--nats-listen", "127.0.0.1:-1", "--data", filepath.Join(dir, "d1"))
+	if code != 1 || !strings.Contains(errOut, `http.listen: "0.0.0.0:0" is not a loopback address`) || !strings.Contains(errOut, "http.insecure: true") {
+		t.Errorf("serve on 0.0.0.0 without authentication: exit %d, stderr:\n%s", code, errOut)
+	}
+
+	pki := testkit.NewPKI(t, "fleetwatch-test-ca")
+	t.Setenv("FW_SEC_HTTP_TOKEN", "tok-123")
+	cfgPath := filepath.Join(dir, "fleetwatch.yaml")
+	cfg := fmt.Sprintf("http:\n  bearer_token_env: FW_SEC_HTTP_TOKEN\n  tls_cert: %s\n  tls_key: %s\n", pki.ServerCert, pki.ServerKey)
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv := startCmd(t, "serve", "--config", cfgPath, "--http", "127.0.0.1:0", "--nats-listen", "127.0.0.1:-1", "--no-probes", "--data", filepath.Join(dir, "d2"))
+	base := srv.wait(t, serveHTTPLine, "serve's HTTP line")
+	if !strings.HasPrefix(base, "https://127.0.0.1:") {
+		t.Fatalf("serve prints %s, want an https address", base)
+	}
+	pool := x509.NewCertPool()
+	pem, _ := os.ReadFile(pki.CA)
+	pool.AppendCertsFromPEM(pem)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	for _, tc := range []struct {
+		path, token string
+		want        int
+	}{
+		{"/healthz", "", http.StatusOK},
+		{"/metrics", "", http.StatusUnauthorized},
+		{"/metrics", "tok-12", http.StatusUnauthorized},
+		{"/metrics", "tok-123", http.StatusOK},
+		{"/api/decisions", "tok-123", http.StatusOK},
+		{"/", "", http.StatusUnauthorized},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, base+tc.path, nil)
+		if tc.token != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.token)
+		}
+		res, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		if res.StatusCode != tc.want {
+			t.Errorf("GET %s with token %q: %d, want %d", tc.path, tc.token, res.StatusCode, tc.want)
 		}
 	}
 }
