@@ -285,12 +285,44 @@ func TestNATSTLSAndCredentials(t *testing.T) {
 			append([]string{"--tls-ca", pki.CA, "--nkey", nk.seedFile}, clientCert...),
 			secureClientOptions(pki, nkeyOpt, nats.ClientCert(pki.ClientCert, pki.ClientKey)))
 	})
+	t.Run("debian-nats-server/client-cert+password", func(t *testing.T) {
+		url := startSecureDebianNATS(t, pki, nk)
+		checkCommandsOverSecureNATS(t, url,
+			append([]string{"--tls-ca", pki.CA, "--user", secUser, "--password", secPassword}, clientCert...),
+			secureClientOptions(pki, nats.UserInfo(secUser, secPassword), nats.ClientCert(pki.ClientCert, pki.ClientKey)))
+	})
 	t.Run("debian-nats-server/client-cert+nkey", func(t *testing.T) {
 		url := startSecureDebianNATS(t, pki, nk)
 		checkCommandsOverSecureNATS(t, url,
 			append([]string{"--tls-ca", pki.CA, "--nkey", nk.seedFile}, clientCert...),
 			secureClientOptions(pki, nkeyOpt, nats.ClientCert(pki.ClientCert, pki.ClientKey)))
 	})
+}
+
+// TestNATSSecurityErrorsDebian: the errors of TestNATSSecurityErrors with
+// Debian's nats-server and a configuration file.
+func TestNATSSecurityErrorsDebian(t *testing.T) {
+	pki := testkit.NewPKI(t, "fleetwatch-test-ca")
+	wrong := testkit.NewPKI(t, "some-other-ca")
+	nk := newNkeyUser(t)
+	url := startSecureDebianNATS(t, pki, nk)
+	clientCert := []string{"--tls-cert", pki.ClientCert, "--tls-key", pki.ClientKey}
+	for _, tc := range []struct {
+		name string
+		auth []string
+		want string
+	}{
+		{"wrong CA", append([]string{"--tls-ca", wrong.CA, "--nkey", nk.seedFile}, clientCert...), "TLS: the server's certificate does not verify"},
+		{"no client certificate", []string{"--tls-ca", pki.CA, "--nkey", nk.seedFile}, "TLS: the handshake failed"},
+		{"wrong password", append([]string{"--tls-ca", pki.CA, "--user", secUser, "--password", "nope"}, clientCert...), "authentication refused"},
+	} {
+		for _, cmd := range [][]string{{"watch", "--once"}, {"drift", "status"}, {"serve", "--http", "127.0.0.1:0", "--no-probes", "--data", t.TempDir()}} {
+			code, _, errOut := runCmd(context.Background(), append(append(cmd, "--nats", url), tc.auth...)...)
+			if code != 1 || !strings.Contains(errOut, "nats: connect "+url+": "+tc.want) {
+				t.Errorf("%s, %s: exit %d, stderr:\n%s", tc.name, cmd[0], code, errOut)
+			}
+		}
+	}
 }
 
 // TestNATSSecurityErrors: a wrong CA, a missing client certificate and
