@@ -1,6 +1,9 @@
 # fleetwatch: a static binary on a distroless base, run as a non-root user.
 #   docker build -t fleetwatch .
-#   docker run --rm -p 127.0.0.1:8080:8080 fleetwatch serve --http 0.0.0.0:8080
+#   docker run --rm -p 127.0.0.1:8080:8080 fleetwatch
+# The default command serves HTTP without authentication (--http-insecure),
+# for a port published on the host's loopback only; see docs/DEPLOY.md
+# "Security" to protect it.
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
@@ -19,4 +22,4 @@ USER 65532:65532
 WORKDIR /var/lib/fleetwatch
 EXPOSE 8080 4222
 ENTRYPOINT ["/usr/local/bin/fleetwatch"]
-CMD ["serve", "--http", "0.0.0.0:8080"]
+CMD ["serve", "--http", "0.0.0.0:8080", "--http-insecure"]

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -17,6 +21,7 @@ import (
 type natsFlags struct {
 	url        string
 	creds      string
+	nkey       string
 	user       string
 	password   string
 	tlsCA      string
@@ -28,7 +33,8 @@ type natsFlags struct {
 
 func (f *natsFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.url, "nats", "", "NATS server URL(s), comma separated (serve: empty starts an embedded server)")
-	fs.StringVar(&f.creds, "creds", "", "NATS credentials file")
+	fs.StringVar(&f.creds, "creds", "", "NATS credentials file (user JWT and nkey seed)")
+	fs.StringVar(&f.nkey, "nkey", "", "NATS nkey seed file (a user seed, SU...)")
 	fs.StringVar(&f.user, "user", os.Getenv("NATS_USER"), "NATS user (default $NATS_USER)")
 	fs.StringVar(&f.password, "password", os.Getenv("NATS_PASSWORD"), "NATS password (default $NATS_PASSWORD)")
 	fs.StringVar(&f.tlsCA, "tls-ca", "", "CA certificate to verify the NATS server")
@@ -57,11 +63,31 @@ func (f *natsFlags) loadConfig() (*config.Config, error) {
 }
 
 // options returns the nats.go options for the flags' authentication and
-// TLS.
+// TLS. The files they name must exist.
 func (f *natsFlags) options() ([]nats.Option, error) {
+	for _, file := range []struct{ flag, path string }{
+		{"--creds", f.creds}, {"--nkey", f.nkey}, {"--tls-ca", f.tlsCA}, {"--tls-cert", f.tlsCert}, {"--tls-key", f.tlsKey},
+	} {
+		if file.path == "" {
+			continue
+		}
+		if _, err := os.Stat(file.path); err != nil {
+			return nil, fmt.Errorf("%s: %w", file.flag, err)
+		}
+	}
+	if f.creds != "" && f.nkey != "" {
+		return nil, errors.New("--creds and --nkey exclude each other (a creds file holds its own nkey seed)")
+	}
 	var opts []nats.Option
 	if f.creds != "" {
 		opts = append(opts, nats.UserCredentials(f.creds))
+	}
+	if f.nkey != "" {
+		opt, err := nats.NkeyOptionFromSeed(f.nkey)
+		if err != nil {
+			return nil, fmt.Errorf("--nkey %s: %w", f.nkey, err)
+		}
+		opts = append(opts, opt)
 	}
 	if f.user != "" || f.password != "" {
 		opts = append(opts, nats.UserInfo(f.user, f.password))
@@ -108,8 +134,9 @@ func (f *natsFlags) clientOptions(name string, logf func(string, ...any)) ([]nat
 }
 
 // connectURL dials url (nats.DefaultURL when empty) with the flags'
-// options. With RetryOnFailedConnect it returns at once even when the
-// server is not up yet; nats.go keeps trying in the background.
+// options. A TLS or authentication problem fails at once (connectProblem);
+// a server that cannot be reached yet does not: nats.go keeps trying in
+// the background (RetryOnFailedConnect) and connectURL returns at once.
 func (f *natsFlags) connectURL(name, url string, logf func(string, ...any)) (*nats.Conn, error) {
 	if url == "" {
 		url = nats.DefaultURL
@@ -118,9 +145,61 @@ func (f *natsFlags) connectURL(name, url string, logf func(string, ...any)) (*na
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
+	// One attempt without retrying, to see why it fails.
+	nc, err := nats.Connect(url, append(slices.Clone(opts), nats.RetryOnFailedConnect(false))...)
+	if err == nil {
+		return nc, nil
+	}
+	if problem := connectProblem(url, err); problem != nil {
+		return nil, problem
+	}
+	if nc, err = nats.Connect(url, opts...); err != nil {
 		return nil, fmt.Errorf("nats: connect %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// check connects to url once with the flags' options and reports a TLS or
+// authentication problem (connectProblem); an unreachable server is not
+// one. serve calls it before New, whose connection retries forever.
+func (f *natsFlags) check(url string) error {
+	opts, err := f.options()
+	if err != nil {
+		return err
+	}
+	nc, err := nats.Connect(url, append(opts, nats.Name("fleetwatch check"), nats.RetryOnFailedConnect(false))...)
+	if err != nil {
+		return connectProblem(url, err)
+	}
+	nc.Close()
+	return nil
+}
+
+// connectProblem turns a failed first connection into an error naming url
+// and what to check, when retrying cannot help: the TLS handshake failed
+// or the server refused the credentials. It returns nil for the others (a
+// server that is down or unreachable may come up).
+func connectProblem(url string, err error) error {
+	var (
+		verify  *tls.CertificateVerificationError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
+		alert   tls.AlertError
+	)
+	switch {
+	case errors.As(err, &verify), errors.As(err, &unknown), errors.As(err, &host):
+		return fmt.Errorf("nats: connect %s: TLS: the server's certificate does not verify (check --tls-ca, and that the certificate names this host): %w", url, err)
+	case errors.Is(err, nats.ErrTLS), errors.As(err, &alert), strings.Contains(err.Error(), "remote error: tls:"):
+		// The server closed the handshake: most often it wants a client
+		// certificate signed by a CA it trusts.
+		return fmt.Errorf("nats: connect %s: TLS: the handshake failed (does the server require a client certificate? check --tls-cert and --tls-key): %w", url, err)
+	case errors.Is(err, nats.ErrSecureConnRequired):
+		return fmt.Errorf("nats: connect %s: TLS: the server requires TLS (use a tls:// URL, --tls-ca): %w", url, err)
+	case errors.Is(err, nats.ErrSecureConnWanted):
+		return fmt.Errorf("nats: connect %s: TLS: the server does not offer TLS: %w", url, err)
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired),
+		errors.Is(err, nats.ErrAuthRevoked), errors.Is(err, nats.ErrAccountAuthExpired):
+		return fmt.Errorf("nats: connect %s: authentication refused (check --user/--password, --creds or --nkey): %w", url, err)
+	}
+	return nil
 }

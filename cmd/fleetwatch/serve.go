@@ -22,6 +22,7 @@ type serveFlags struct {
 	natsListen  string
 	noJetStream bool
 	noProbes    bool
+	insecure    bool
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -31,6 +32,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.natsListen, "nats-listen", "", "listen address of the embedded NATS server when --nats is empty (default 127.0.0.1:4222)")
 	fs.BoolVar(&f.noJetStream, "no-jetstream", false, "run without JetStream: no replay on restart, no KV, no drift stream")
 	fs.BoolVar(&f.noProbes, "no-probes", false, "do not run drift probes")
+	fs.BoolVar(&f.insecure, "http-insecure", false, "allow a non-loopback --http without authentication (http.insecure)")
 }
 
 // apply sets the flags over cfg.
@@ -49,6 +51,9 @@ func (f *serveFlags) apply(cfg *config.Config) error {
 	}
 	if f.noProbes {
 		cfg.Probes.Disabled = true
+	}
+	if f.insecure {
+		cfg.HTTP.Insecure = true
 	}
 	return cfg.Validate()
 }
@@ -88,11 +93,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if cfg.NATS.URL != "" {
+		// serve's connection retries forever; a TLS or credentials
+		// problem is said now instead.
+		if err := f.nats.check(cfg.NATS.URL); err != nil {
+			return err
+		}
+	}
 	var srv *serve.Server
 	opts.OnReady = func() {
 		// After the restore and the replay: scripts and tests wait for
 		// this line.
-		fmt.Fprintf(stdout, "fleetwatch: HTTP on http://%s (status page /, /metrics, /api/decisions, /healthz)\n", srv.HTTPAddr())
+		fmt.Fprintf(stdout, "fleetwatch: HTTP on %s (status page /, /metrics, /api/decisions, /healthz)\n", srv.HTTPURL())
 	}
 	srv, err = serve.New(cfg, opts)
 	if err != nil {

@@ -66,10 +66,42 @@ type IngestConfig struct {
 	MaxBytes int64     `yaml:"max_bytes"`
 }
 
-// HTTPConfig is serve's HTTP listener.
+// HTTPConfig is serve's HTTP listener. Without BearerTokenEnv and
+// BasicUsersFile every endpoint is open, which Validate allows only on a
+// loopback address or with Insecure set. /healthz is always open.
 type HTTPConfig struct {
 	Listen string `yaml:"listen"` // default 127.0.0.1:8080
+	// BearerTokenEnv names the environment variable holding the token that
+	// "Authorization: Bearer TOKEN" must carry; empty: no bearer token.
+	BearerTokenEnv string `yaml:"bearer_token_env"`
+	// BasicUsersFile is an htpasswd file of "user:bcrypt-hash" lines for
+	// HTTP basic authentication; empty: no basic authentication.
+	BasicUsersFile string `yaml:"basic_users_file"`
+	// TLSCert and TLSKey are PEM files; both set: serve HTTPS only.
+	TLSCert string `yaml:"tls_cert"`
+	TLSKey  string `yaml:"tls_key"`
+	// Insecure allows a non-loopback Listen without authentication.
+	Insecure bool `yaml:"insecure"`
 }
+
+// HasAuth reports whether the HTTP API asks for credentials.
+func (h HTTPConfig) HasAuth() bool { return h.BearerTokenEnv != "" || h.BasicUsersFile != "" }
+
+// loopbackListen reports whether addr (host:port) listens on loopback
+// only: an empty host or an unspecified address listens everywhere.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil || host == "" {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+var envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // AnalyzerConfig holds the analyzer settings. In a pool's `analyzer` block a
 // nil field inherits the global value.
@@ -327,6 +359,9 @@ func (c *Config) validate(lines map[string]int, file string) error {
 			return fail("http.listen", "%q: want host:port", c.HTTP.Listen)
 		}
 	}
+	if err := c.HTTP.validate(fail); err != nil {
+		return err
+	}
 	// Pool and backend ids, modes, tolerances, priorities, costs and the
 	// analyzer's ranges are the analyzer's rules (analyzer.New checks them
 	// and names the key); the file adds the line. What is left here is what
@@ -399,6 +434,26 @@ func (c *Config) validate(lines map[string]int, file string) error {
 		if _, err := probes.ParseSchedule(c.Review.Schedule); err != nil {
 			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
 		}
+	}
+	return nil
+}
+
+// validate checks the HTTP keys: an exposed listener needs authentication
+// or an explicit http.insecure.
+func (h *HTTPConfig) validate(fail func(key, format string, args ...any) error) error {
+	if h.BearerTokenEnv != "" && !envNameRe.MatchString(h.BearerTokenEnv) {
+		return fail("http.bearer_token_env", "%q: want the name of an environment variable (not the token)", h.BearerTokenEnv)
+	}
+	if h.TLSCert != "" && h.TLSKey == "" {
+		return fail("http.tls_key", "missing: http.tls_cert needs http.tls_key")
+	}
+	if h.TLSKey != "" && h.TLSCert == "" {
+		return fail("http.tls_cert", "missing: http.tls_key needs http.tls_cert")
+	}
+	if h.Listen != "" && !loopbackListen(h.Listen) && !h.HasAuth() && !h.Insecure {
+		return fail("http.listen", "%q is not a loopback address and the HTTP API has no authentication: "+
+			"set http.bearer_token_env or http.basic_users_file, or http.insecure: true to serve it to anyone who can connect",
+			h.Listen)
 	}
 	return nil
 }

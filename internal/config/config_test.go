@@ -196,3 +196,45 @@ func TestProbeTargetsFromConfig(t *testing.T) {
 		t.Errorf("targets (-want +got):\n%s", diff)
 	}
 }
+
+// TestHTTPSecurityKeys: a listener beyond loopback needs authentication or
+// an explicit http.insecure, and the TLS keys go together; each error
+// names its key.
+func TestHTTPSecurityKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name, http string
+		wantKey    string // "" when valid
+	}{
+		{"loopback", "listen: 127.0.0.1:8080", ""},
+		{"localhost", "listen: localhost:8080", ""},
+		{"ipv6 loopback", `listen: "[::1]:8080"`, ""},
+		{"all interfaces", "listen: 0.0.0.0:8080", "http.listen"},
+		{"empty host", `listen: ":8080"`, "http.listen"},
+		{"lan address", "listen: 192.168.1.5:8080", "http.listen"},
+		{"hostname", "listen: fleetwatch.example:8080", "http.listen"},
+		{"insecure", "listen: 0.0.0.0:8080\n  insecure: true", ""},
+		{"bearer", "listen: 0.0.0.0:8080\n  bearer_token_env: FLEETWATCH_HTTP_TOKEN", ""},
+		{"basic", "listen: 0.0.0.0:8080\n  basic_users_file: /etc/fleetwatch/users", ""},
+		{"token in place of a name", "bearer_token_env: \"s3cret token!\"", "http.bearer_token_env"},
+		{"cert without key", "tls_cert: cert.pem", "http.tls_key"},
+		{"key without cert", "tls_key: key.pem", "http.tls_cert"},
+		{"tls", "tls_cert: cert.pem\n  tls_key: key.pem", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte("http:\n  "+tc.http+"\n"), "fw.yaml")
+			if tc.wantKey == "" {
+				if err != nil {
+					t.Fatalf("err = %v", err)
+				}
+				return
+			}
+			var ce *Error
+			if !errors.As(err, &ce) || ce.Key != tc.wantKey || ce.Line == 0 {
+				t.Fatalf("err = %#v, want a config error at key %s with its line", err, tc.wantKey)
+			}
+			if tc.wantKey == "http.listen" && !strings.Contains(ce.Msg, "http.insecure") {
+				t.Errorf("message %q does not say how to allow it", ce.Msg)
+			}
+		})
+	}
+}

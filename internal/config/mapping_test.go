@@ -33,6 +33,11 @@ var directKeys = map[string]func(c *Config) any{
 	"nats.listen":              func(c *Config) any { return c.NATS.Listen },
 	"nats.no_jetstream":        func(c *Config) any { return c.NATS.NoJetStream },
 	"http.listen":              func(c *Config) any { return c.HTTP.Listen },
+	"http.bearer_token_env":    func(c *Config) any { return c.HTTP.BearerTokenEnv }, // serve.New reads the variable
+	"http.basic_users_file":    func(c *Config) any { return c.HTTP.BasicUsersFile },
+	"http.tls_cert":            func(c *Config) any { return c.HTTP.TLSCert },
+	"http.tls_key":             func(c *Config) any { return c.HTTP.TLSKey },
+	"http.insecure":            func(c *Config) any { return c.HTTP.Insecure },
 	"probes.disabled":          func(c *Config) any { return c.Probes.Disabled },
 	"probes.suite":             func(c *Config) any { return c.Probes.Suite }, // probes.LoadSuite(name)
 	"pools[0].models":          func(c *Config) any { return poolsField(c, func(p PoolConfig) any { return p.Models }) },

@@ -12,7 +12,8 @@ import (
 )
 
 // routes is serve's HTTP API: /metrics (Prometheus text), /healthz,
-// /api/decisions (every pool's current snapshot) and the status page.
+// /api/decisions (every pool's current snapshot) and the status page; all
+// but /healthz behind the configured authentication (auth.go).
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
@@ -51,7 +52,7 @@ func (s *Server) routes() http.Handler {
 		enc.Encode(snaps)
 	})
 	s.statusRoutes(mux)
-	return mux
+	return s.httpAuth.wrap(mux) // /healthz stays open
 }
 
 // registerAnalyzerMetrics writes the per-backend series at scrape time from

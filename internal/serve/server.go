@@ -79,6 +79,10 @@ type Server struct {
 	urgent  chan struct{}
 	hist    *history
 
+	// httpAuth guards the HTTP API (nil: no authentication configured);
+	// ln is a TLS listener when http.tls_cert is set (listenHTTP).
+	httpAuth *httpAuth
+
 	decisionLatency *metrics.Histogram
 	unpublished     *metrics.Counter // snapshots not sent while NATS was unreachable
 	evalDuration    *metrics.Histogram
@@ -214,8 +218,8 @@ func (s *Server) build() error {
 	if err != nil {
 		return fmt.Errorf("serve: collector: %w", err)
 	}
-	if s.ln, err = net.Listen("tcp", s.cfg.HTTP.Listen); err != nil {
-		return fmt.Errorf("serve: http listen %s: %w", s.cfg.HTTP.Listen, err)
+	if s.ln, err = s.listenHTTP(); err != nil {
+		return err
 	}
 	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	return nil
