@@ -58,6 +58,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	if nf.url != "" {
+		// A TLS or credentials mistake is reported at once, before the
+		// daemon under test starts (its own connection retries forever).
+		if err := nf.check(nf.url); err != nil {
+			return err
+		}
+	}
 	r, err := bench.Run(ctx, bench.Settings{
 		URL:         nf.url,
 		NATSOptions: nopts,
