@@ -207,6 +207,7 @@ func (s *Server) build() error {
 	defer cancel()
 	s.pub, err = feed.NewPublisher(ctx, s.nc, feed.PublisherSettings{
 		Prefix: s.cfg.Prefix, NoKV: s.js == nil, Metrics: s.metrics, Logf: s.logf,
+		Configured: s.cfg.Configured, // kept first when a snapshot must be truncated
 	})
 	if err != nil {
 		return fmt.Errorf("serve: feed publisher: %w", err)
