@@ -24,6 +24,19 @@
 // manner of Finagle's RetryBudget: every first attempt deposits a fraction
 // of a token, every retry withdraws a whole one.
 //
+// Failover mode judges a tier (the backends of one priority that are not
+// open) by its weights, not by whether it has a backend. Tiers are taken
+// lowest priority number first; a tier whose total weight is W receives the
+// share min(W, 1) of the traffic that the tiers before it left, so a
+// healthy tier (W >= 1) takes everything left, a tier whose only usable
+// backend is half-open (W = 0.05) takes a 5% trickle and passes the other
+// 95% on, and a quarantined or throttled-to-zero tier (W = 0) passes
+// everything on. When even the last tier leaves traffic over (every tier
+// below 1), the shares are normalised; when every tier has weight 0 the
+// lowest one is spread equally rather than send nothing. A request first
+// draws its tier by these shares, then two choices by weight within it;
+// affinity holds within the tier with the largest share.
+//
 // The package is pure: it imports only the module root, takes randomness as
 // a parameter and reads the clock through Settings.Now. Discovery (the
 // snapshot, swapped atomically by Update), load (the router's own in-flight

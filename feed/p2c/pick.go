@@ -10,7 +10,9 @@ import (
 // Pick chooses a backend for req.
 //
 // With a fresh snapshot: open backends are never candidates; in failover
-// mode only the lowest priority that has a backend not open is. A request
+// mode the request first draws a tier by the tiers' shares (see the package
+// doc: a tier of total weight W < 1 gets a share W, the next tiers the
+// rest). A request
 // with a prefix goes to its sticky backend (rendezvous hashing over the
 // closed candidates with weight > 0, through a slot table; see affinity.go) while that backend's EWMA TTFT is below
 // the affinity tolerance times the pool median. Otherwise two distinct
@@ -71,19 +73,37 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 
 func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, error) {
 	tbl := &st.fresh
+	k := st.affinityTier
 	if st.allOpen {
 		if st.shed {
 			return -1, false, ErrShed
 		}
 		tbl = &st.spread
-	} else if req.HasPrefix {
+	} else {
+		if len(st.tiers) > 1 {
+			// Failover with a trickle tier: the tier first, by its share.
+			k = st.tierOf(unitFloat(r.Uint64()))
+			tbl = &st.tiers[k].tbl
+		}
 		// The sticky backend of a retry that already failed there is not
 		// sticky; the retry goes through two choices.
-		if i := st.affinity.lookup(req.Prefix); i >= 0 && i != ex && p.keepSticky(st, i, len(st.sticky), false) {
-			return i, true, nil
+		if req.HasPrefix && k == st.affinityTier {
+			if i := st.affinity.lookup(req.Prefix); i >= 0 && i != ex && p.keepSticky(st, i, len(st.sticky), false) {
+				return i, true, nil
+			}
 		}
 	}
-	a := tbl.sample(r.Uint64(), ex, -1)
+	u := r.Uint64()
+	a := tbl.sample(u, ex, -1)
+	for j := 0; a < 0 && j < len(st.tiers); j++ {
+		// The drawn tier holds only the backend this retry excludes:
+		// another tier, lowest priority first.
+		if j != k {
+			if a = st.tiers[j].tbl.sample(u, ex, -1); a >= 0 {
+				tbl = &st.tiers[j].tbl
+			}
+		}
+	}
 	if a < 0 {
 		if ex >= 0 && tbl.weight(ex) > 0 {
 			return ex, false, nil // the tried backend is the only candidate

@@ -161,6 +161,9 @@ type Settings struct {
 	Metrics *metrics.Set
 	// Now is the clock. If nil, time.Now.
 	Now func() time.Time
+	// Seed seeds the pickers' random choices. If zero, a random seed is
+	// used; set it to make a test's sequence of picks repeatable.
+	Seed uint64
 	// Logf receives operational messages (decisions naming backends that
 	// are not configured). If nil, nothing is logged.
 	Logf func(format string, args ...any)
@@ -306,7 +309,10 @@ func New(s Settings) (*Router, error) {
 	if len(rt.pools) == 1 {
 		rt.single = rt.pools[rt.ids[0]]
 	}
-	seed := rand.Uint64()
+	seed := s.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
 	var n atomic.Uint64
 	rt.rngs.New = func() any { return rand.New(rand.NewPCG(seed, n.Add(1))) }
 	rt.metrics = newRouterMetrics(s.Metrics, rt)
