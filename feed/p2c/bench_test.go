@@ -193,3 +193,22 @@ func BenchmarkPickStale(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickStaleTripped is BenchmarkPickStale with one backend's local
+// breaker open: the draws weigh the candidates by their local breakers.
+func BenchmarkPickStaleTripped(b *testing.B) {
+	fixed := time.Now()
+	for _, n := range []int{8, 100, 1000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			p := New(Settings{RetryRatio: -1, Now: func() time.Time { return fixed.Add(time.Hour) }})
+			snap := pool(1, ids(n)...)
+			snap.At.Time = fixed
+			p.Update(snap)
+			for range DefaultLocalFailures {
+				c, _ := p.Choose("b0001")
+				c.Done(fleetwatch.OutcomeError, 1, false)
+			}
+			benchPickWith(b, p, plain)
+		})
+	}
+}

@@ -19,6 +19,7 @@ type countingBackend struct {
 	srv      *httptest.Server
 	requests atomic.Int64
 	status   atomic.Int64
+	delay    atomic.Int64 // time.Duration before the answer
 }
 
 func startCountingBackend(t testing.TB, id string, status int) *countingBackend {
@@ -27,6 +28,9 @@ func startCountingBackend(t testing.TB, id string, status int) *countingBackend 
 	b.status.Store(int64(status))
 	b.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b.requests.Add(1)
+		if d := time.Duration(b.delay.Load()); d > 0 {
+			time.Sleep(d)
+		}
 		code := int(b.status.Load())
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(code)

@@ -9,7 +9,9 @@
 // ErrUnknownModel (404). GET /v1/models lists the routable model ids. Until
 // a pool's first decision arrives (and whenever its decision is stale) the
 // picker routes on equal weights and the router's own signals; open
-// breakers whose open_until is ahead stay honoured.
+// breakers whose open_until is ahead stay honoured, and the picker's local
+// breakers (p2c.Settings.LocalFailures) keep a backend that fails at once
+// from drawing the traffic its empty queue would win.
 //
 // Connect errors, 5xx and 429 are retried on another backend while the
 // client has seen nothing, within the pool's retry budget and MaxAttempts;

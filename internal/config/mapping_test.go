@@ -10,6 +10,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+	"github.com/fleetwatch/fleetwatch/feed/route"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
@@ -20,6 +22,7 @@ type mapped struct {
 	Probes   probes.Settings
 	Review   probes.ReviewSettings
 	StoreDir string
+	Route    []route.Pool
 	Direct   map[string]any
 }
 
@@ -63,6 +66,7 @@ func mapAll(c *Config) mapped {
 		Probes:   c.ProbeSettings(env),
 		Review:   c.ReviewSettings(),
 		StoreDir: c.StoreDir(),
+		Route:    c.RoutePools(env, p2c.Settings{}),
 		Direct:   map[string]any{},
 	}
 	for k, f := range directKeys {
