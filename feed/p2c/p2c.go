@@ -97,7 +97,9 @@ type Settings struct {
 	Score Score
 	// CostWeightPerMs is the exchange rate between money and milliseconds
 	// in the score's cost term: cost_per_mtok / CostWeightPerMs is added in
-	// ms. If zero, +Inf is used (pure latency routing; cost ignored).
+	// ms. If zero, +Inf is used (pure latency routing; cost ignored). The
+	// configuration sets it per pool as ms_per_cost_unit, its inverse
+	// (docs/CONFIG.md).
 	CostWeightPerMs float64
 	// AffinityTolerance keeps a request on the backend holding its prefix
 	// while that backend's EWMA TTFT is below this multiple of the pool

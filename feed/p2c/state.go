@@ -278,7 +278,7 @@ func (st *state) buildTiers() {
 		}
 		return newTable(w)
 	}
-	if shares[0] == 0 && !slices.ContainsFunc(shares, func(s float64) bool { return s > 0 }) {
+	if !slices.ContainsFunc(shares, func(s float64) bool { return s > 0 }) {
 		// Every tier has weight 0 (all quarantined, say): spread equally
 		// over the lowest tier rather than send nothing.
 		st.fresh = tierTable(prios[0], true)
