@@ -1,7 +1,9 @@
 package p2c
 
 import (
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -99,5 +101,55 @@ func TestFailoverTrickleRetry(t *testing.T) {
 	got, err := pickDone(p, &scripted{vals: []uint64{at(0.01), at(0.5)}}, Request{Exclude: "a"})
 	if err != nil || got.Backend != "b" {
 		t.Errorf("retry excluding a = %q, %v; want b", got.Backend, err)
+	}
+}
+
+// Affinity in a split failover pool holds within the tier with the largest
+// share: with a half-open primary, prefixed requests stick to backends of
+// the second tier, and the primary still gets its trickle.
+func TestFailoverTrickleAffinity(t *testing.T) {
+	a, b, c := backend("a", 100), backend("b", 100), backend("c", 100)
+	a.State, a.Weight = fleetwatch.StateHalfOpen, 0.05
+	b.Priority, c.Priority = 1, 1
+	snap := pool(1, a, b, c)
+	snap.Mode = fleetwatch.ModeFailover
+	p := newPicker(&clock{now: t0}, Settings{})
+	p.Update(snap)
+	const n = 20000
+	r := seeded(12)
+	got, sticky := map[string]int{}, 0
+	for range n {
+		ch, err := pickDone(p, r, Request{Prefix: 77, HasPrefix: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[ch.Backend]++
+		if ch.Sticky {
+			sticky++
+			if ch.Backend == "a" {
+				t.Fatalf("the half-open primary was chosen as sticky")
+			}
+		}
+	}
+	if f := float64(got["a"]) / n; f < 0.04 || f > 0.06 {
+		t.Errorf("the primary's share %.4f, want its trickle 0.05 (counts %v)", f, got)
+	}
+	if sticky < n*9/10 || (got["b"] > 0 && got["c"] > 0 && min(got["b"], got["c"]) > n/20) {
+		t.Errorf("%d of %d picks sticky, counts %v: want the prefix to stay on one backend of the second tier", sticky, n, got)
+	}
+}
+
+func TestFailoverAllOpenSheds(t *testing.T) {
+	a, b := backend("a", 100), backend("b", 100)
+	b.Priority = 1
+	for _, x := range []*fleetwatch.Backend{&a, &b} {
+		x.State, x.Weight, x.OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+	}
+	snap := pool(1, a, b)
+	snap.Mode = fleetwatch.ModeFailover
+	p := newPicker(&clock{now: t0}, Settings{})
+	p.Update(snap)
+	if _, err := pickDone(p, seeded(1), Request{Prefix: 1, HasPrefix: true}); !errors.Is(err, ErrShed) {
+		t.Errorf("err = %v, want ErrShed", err)
 	}
 }
