@@ -177,3 +177,38 @@ func BenchmarkUpdate(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPickStale is the stale path (no feed: equal weights and local
+// signals) over 8, 100 and 1,000 backends, with a fixed clock; every
+// outcome is a success.
+func BenchmarkPickStale(b *testing.B) {
+	fixed := time.Now()
+	for _, n := range []int{8, 100, 1000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			p := New(Settings{RetryRatio: -1, Now: func() time.Time { return fixed.Add(time.Hour) }})
+			snap := pool(1, ids(n)...)
+			snap.At.Time = fixed
+			p.Update(snap)
+			benchPickWith(b, p, plain)
+		})
+	}
+}
+
+// BenchmarkPickStaleTripped is BenchmarkPickStale with one backend's local
+// breaker open: the draws weigh the candidates by their local breakers.
+func BenchmarkPickStaleTripped(b *testing.B) {
+	fixed := time.Now()
+	for _, n := range []int{8, 100, 1000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			p := New(Settings{RetryRatio: -1, Now: func() time.Time { return fixed.Add(time.Hour) }})
+			snap := pool(1, ids(n)...)
+			snap.At.Time = fixed
+			p.Update(snap)
+			for range DefaultLocalFailures {
+				c, _ := p.Choose("b0001")
+				c.Done(fleetwatch.OutcomeError, 1, false)
+			}
+			benchPickWith(b, p, plain)
+		})
+	}
+}

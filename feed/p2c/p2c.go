@@ -24,6 +24,19 @@
 // manner of Finagle's RetryBudget: every first attempt deposits a fraction
 // of a token, every retry withdraws a whole one.
 //
+// Failover mode judges a tier (the backends of one priority that are not
+// open) by its weights, not by whether it has a backend. Tiers are taken
+// lowest priority number first; a tier whose total weight is W receives the
+// share min(W, 1) of the traffic that the tiers before it left, so a
+// healthy tier (W >= 1) takes everything left, a tier whose only usable
+// backend is half-open (W = 0.05) takes a 5% trickle and passes the other
+// 95% on, and a quarantined or throttled-to-zero tier (W = 0) passes
+// everything on. When even the last tier leaves traffic over (every tier
+// below 1), the shares are normalised; when every tier has weight 0 the
+// lowest one is spread equally rather than send nothing. A request first
+// draws its tier by these shares, then two choices by weight within it;
+// affinity holds within the tier with the largest share.
+//
 // The package is pure: it imports only the module root, takes randomness as
 // a parameter and reads the clock through Settings.Now. Discovery (the
 // snapshot, swapped atomically by Update), load (the router's own in-flight
@@ -84,7 +97,9 @@ type Settings struct {
 	Score Score
 	// CostWeightPerMs is the exchange rate between money and milliseconds
 	// in the score's cost term: cost_per_mtok / CostWeightPerMs is added in
-	// ms. If zero, +Inf is used (pure latency routing; cost ignored).
+	// ms. If zero, +Inf is used (pure latency routing; cost ignored). The
+	// configuration sets it per pool as ms_per_cost_unit, its inverse
+	// (docs/CONFIG.md).
 	CostWeightPerMs float64
 	// AffinityTolerance keeps a request on the backend holding its prefix
 	// while that backend's EWMA TTFT is below this multiple of the pool
@@ -117,8 +132,32 @@ type Settings struct {
 	// used.
 	RetryFloorPerSec float64
 	// Now is the clock, read once per Pick and used for staleness and the
-	// retry budget. If nil, time.Now is used.
+	// retry budget (and by Done when an outcome moves a local breaker). If
+	// nil, time.Now is used.
 	Now func() time.Time
+
+	// The local breaker (breaker.go) keeps a backend that fails at once
+	// from winning every comparison while the feed is stale: it is
+	// consulted only on the stale path, before the first snapshot or when
+	// the last one is older than its ttl_ms.
+
+	// LocalFailures is how many failures in a row (error, timeout or
+	// throttled outcomes) open a backend's local breaker. If zero, 5; a
+	// negative value disables the local breaker.
+	LocalFailures int
+	// LocalOpen is how long the local breaker stays open on its first
+	// trip; the n-th trip in a row opens it for n x LocalOpen. If zero,
+	// 10s.
+	LocalOpen time.Duration
+	// LocalOpenMax caps the open time. If zero, 1 minute.
+	LocalOpenMax time.Duration
+	// LocalTrickle is the weight of a backend whose local breaker is
+	// half-open (its open time has passed), against 1 for a closed one. If
+	// zero, 0.05 (the analyzer's half_open_weight default).
+	LocalTrickle float64
+	// LocalSuccesses is how many ok outcomes in a row close a tripped
+	// local breaker. If zero, 3.
+	LocalSuccesses int
 }
 
 // Request describes what is being routed.
@@ -186,8 +225,15 @@ type Picker struct {
 	now        func() time.Time
 	budget     *Budget
 	unbudgeted bool
-	state      atomic.Pointer[state]
-	updateMu   sync.Mutex // serialises Update, which carries locals over
+	// The local breaker's settings; localFailures <= 0 disables it.
+	localFailures  int32
+	localSuccesses int32
+	localOpen      time.Duration
+	localOpenMax   time.Duration
+	localTrickle   float64
+	tripped        atomic.Int64 // backends whose local breaker is not closed
+	state          atomic.Pointer[state]
+	updateMu       sync.Mutex // serialises Update, which carries locals over
 }
 
 // New returns a Picker with no snapshot; Pick returns ErrNoBackends until
@@ -220,6 +266,25 @@ func New(s Settings) *Picker {
 	if p.now == nil {
 		p.now = time.Now
 	}
+	p.localFailures, p.localSuccesses = int32(s.LocalFailures), int32(s.LocalSuccesses)
+	p.localOpen, p.localOpenMax, p.localTrickle = s.LocalOpen, s.LocalOpenMax, s.LocalTrickle
+	if p.localFailures == 0 {
+		p.localFailures = DefaultLocalFailures
+	}
+	if p.localSuccesses <= 0 {
+		p.localSuccesses = DefaultLocalSuccesses
+	}
+	if p.localOpen <= 0 {
+		p.localOpen = DefaultLocalOpen
+	}
+	if p.localOpenMax <= 0 {
+		p.localOpenMax = DefaultLocalOpenMax
+	}
+	p.localOpenMax = max(p.localOpenMax, p.localOpen)
+	if !(p.localTrickle > 0) {
+		p.localTrickle = DefaultLocalTrickle
+	}
+	p.localTrickle = min(p.localTrickle, 1)
 	ratio, floor := s.RetryRatio, s.RetryFloorPerSec
 	if ratio < 0 {
 		p.unbudgeted = true
@@ -242,6 +307,11 @@ func (p *Picker) Budget() *Budget { return p.budget }
 type local struct {
 	inFlight atomic.Int64
 	ewmaBits atomic.Uint64 // math.Float64bits of the EWMA; 0 = no sample yet
+	// The local breaker (breaker.go).
+	openUntil atomic.Int64 // unix ns; 0: closed; open before it, half-open after
+	fails     atomic.Int32 // failures in a row
+	oks       atomic.Int32 // ok outcomes in a row while not closed
+	trips     atomic.Int32 // trips in a row since the breaker last closed
 }
 
 func (l *local) ewma() (float64, bool) {
@@ -282,6 +352,9 @@ func (p *Picker) finish(l *local, outcome fleetwatch.Outcome, ttftMs float64, co
 		p.unbalanced.Add(1)
 	} else {
 		p.total.Add(-1)
+	}
+	if p.localFailures > 0 {
+		p.localOutcome(l, outcome)
 	}
 	if outcome == fleetwatch.OutcomeOK && !cold && ttftMs >= 0 && !math.IsNaN(ttftMs) && !math.IsInf(ttftMs, 0) {
 		l.observe(ttftMs, p.alpha)

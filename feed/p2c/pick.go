@@ -10,7 +10,9 @@ import (
 // Pick chooses a backend for req.
 //
 // With a fresh snapshot: open backends are never candidates; in failover
-// mode only the lowest priority that has a backend not open is. A request
+// mode the request first draws a tier by the tiers' shares (see the package
+// doc: a tier of total weight W < 1 gets a share W, the next tiers the
+// rest). A request
 // with a prefix goes to its sticky backend (rendezvous hashing over the
 // closed candidates with weight > 0, through a slot table; see affinity.go) while that backend's EWMA TTFT is below
 // the affinity tolerance times the pool median. Otherwise two distinct
@@ -22,7 +24,11 @@ import (
 // With a stale snapshot (now after at + ttl_ms) the picker fails static:
 // breakers whose open_until is still in the future stay honoured, every
 // other backend is a candidate with equal weight, and the router's own EWMA
-// is preferred over the snapshot's. Affinity then uses the same slots over
+// is preferred over the snapshot's. The router's local breakers (see
+// breaker.go and Settings.LocalFailures) then weigh the candidates: 0 while
+// a backend's is open, the trickle while half-open, 1 closed; in failover
+// mode the tiers follow the fresh path's rule over these weights. When
+// every candidate's local breaker is open they are ignored. Affinity then uses the same slots over
 // these candidates (not in failover mode, where the lowest priority's
 // candidates are balanced by a scan of the pool: a degraded mode).
 //
@@ -71,19 +77,37 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 
 func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, error) {
 	tbl := &st.fresh
+	k := st.affinityTier
 	if st.allOpen {
 		if st.shed {
 			return -1, false, ErrShed
 		}
 		tbl = &st.spread
-	} else if req.HasPrefix {
+	} else {
+		if len(st.tiers) > 1 {
+			// Failover with a trickle tier: the tier first, by its share.
+			k = st.tierOf(unitFloat(r.Uint64()))
+			tbl = &st.tiers[k].tbl
+		}
 		// The sticky backend of a retry that already failed there is not
 		// sticky; the retry goes through two choices.
-		if i := st.affinity.lookup(req.Prefix); i >= 0 && i != ex && p.keepSticky(st, i, len(st.sticky), false) {
-			return i, true, nil
+		if req.HasPrefix && k == st.affinityTier {
+			if i := st.affinity.lookup(req.Prefix); i >= 0 && i != ex && p.keepSticky(st, i, len(st.sticky), false) {
+				return i, true, nil
+			}
 		}
 	}
-	a := tbl.sample(r.Uint64(), ex, -1)
+	u := r.Uint64()
+	a := tbl.sample(u, ex, -1)
+	for j := 0; a < 0 && j < len(st.tiers); j++ {
+		// The drawn tier holds only the backend this retry excludes:
+		// another tier, lowest priority first.
+		if j != k {
+			if a = st.tiers[j].tbl.sample(u, ex, -1); a >= 0 {
+				tbl = &st.tiers[j].tbl
+			}
+		}
+	}
 	if a < 0 {
 		if ex >= 0 && tbl.weight(ex) > 0 {
 			return ex, false, nil // the tried backend is the only candidate
@@ -107,15 +131,24 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, e
 
 func (p *Picker) pickStale(st *state, r Rand, req Request, ex int, now int64) (int, bool, error) {
 	m := st.staleCandidates(now)
+	// local: some backend's local breaker is not closed, so the draws
+	// weigh candidates by it (a rare, slower path).
+	local := p.tripped.Load() > 0
 	switch {
 	case m == 0 && st.shed:
 		return -1, false, ErrShed
 	case m == 0:
 		m = len(st.staleOrder) // all_open=spread: ignore the breakers
 	case st.mode == fleetwatch.ModeFailover:
+		if local {
+			if i := p.pickStaleFailoverLocal(st, r, ex, m, now); i >= 0 {
+				return i, false, nil
+			}
+		}
 		return p.pickStaleFailover(st, r, ex, m)
 	case req.HasPrefix:
-		if i := st.rendezvousSlot(req.Prefix, st.staleOrder, m, ex); i >= 0 && p.keepSticky(st, i, m, true) {
+		if i := st.rendezvousSlot(req.Prefix, st.staleOrder, m, ex); i >= 0 && p.keepSticky(st, i, m, true) &&
+			(!local || p.localWeight(st, i, now) >= 1) {
 			return i, true, nil
 		}
 	}
@@ -123,18 +156,85 @@ func (p *Picker) pickStale(st *state, r Rand, req Request, ex int, now int64) (i
 	if ex >= 0 && st.stalePos[ex] < m {
 		exPos = st.stalePos[ex]
 	}
-	a := uniformSkip(r.Uint64(), m, exPos, -1)
+	var a, b int
+	if local {
+		a = p.drawLocal(st, r, m, exPos, -1, now)
+	} else {
+		a = uniformSkip(r.Uint64(), m, exPos, -1)
+	}
 	if a < 0 {
 		if exPos >= 0 {
 			return ex, false, nil
 		}
 		return -1, false, ErrNoBackends
 	}
-	b := uniformSkip(r.Uint64(), m, exPos, a)
+	if local {
+		b = p.drawLocal(st, r, m, exPos, a, now)
+	} else {
+		b = uniformSkip(r.Uint64(), m, exPos, a)
+	}
 	if b < 0 {
 		return st.staleOrder[a], false, nil
 	}
-	return p.better(st, st.staleOrder[a], st.staleOrder[b], true), false, nil
+	ia, ib := st.staleOrder[a], st.staleOrder[b]
+	if local {
+		// As on the fresh path: a down-weighted (half-open) second
+		// candidate joins the comparison only with probability wb/wa, or
+		// its empty queue would win every one.
+		if wa, wb := p.localWeight(st, ia, now), p.localWeight(st, ib, now); wb < wa && unitFloat(r.Uint64())*wa >= wb {
+			return ia, false, nil
+		}
+	}
+	return p.better(st, ia, ib, true), false, nil
+}
+
+// drawLocal draws a position of staleOrder[:m] other than s1 and s2 with
+// probability proportional to its local breaker weight, by rejection; -1
+// when none is left. After a run of rejections (most candidates tripped) it
+// scans for a closed one, then a half-open one; when every candidate's
+// local breaker is open it ignores them (never send nothing).
+func (p *Picker) drawLocal(st *state, r Rand, m, s1, s2 int, now int64) int {
+	for range 8 {
+		pos := uniformSkip(r.Uint64(), m, s1, s2)
+		if pos < 0 {
+			return -1
+		}
+		w := p.localWeight(st, st.staleOrder[pos], now)
+		if w >= 1 || (w > 0 && unitFloat(r.Uint64()) < w) {
+			return pos
+		}
+	}
+	for _, closedOnly := range [2]bool{true, false} {
+		count := 0
+		for pos := range m {
+			if p.drawable(st, pos, s1, s2, closedOnly, now) {
+				count++
+			}
+		}
+		if count == 0 {
+			continue
+		}
+		j := uniformInt(r.Uint64(), count)
+		for pos := range m {
+			if p.drawable(st, pos, s1, s2, closedOnly, now) {
+				if j == 0 {
+					return pos
+				}
+				j--
+			}
+		}
+	}
+	return uniformSkip(r.Uint64(), m, s1, s2)
+}
+
+// drawable reports whether position pos of staleOrder may be drawn: not s1
+// or s2, and its local breaker closed (closedOnly) or not open.
+func (p *Picker) drawable(st *state, pos, s1, s2 int, closedOnly bool, now int64) bool {
+	if pos == s1 || pos == s2 {
+		return false
+	}
+	w := p.localWeight(st, st.staleOrder[pos], now)
+	return w >= 1 || (!closedOnly && w > 0)
 }
 
 // pickStaleFailover balances, with equal weights, over the lowest priority
@@ -175,6 +275,97 @@ func (p *Picker) pickStaleFailover(st *state, r Rand, ex, m int) (int, bool, err
 		jb++
 	}
 	return p.better(st, a, nth(jb), true), false, nil
+}
+
+// pickStaleFailoverLocal is the stale failover pick while some local
+// breaker is tripped: the failover rule of the fresh path (see the package
+// doc) over the candidates' local breaker weights (1 closed, 0 open, the
+// trickle half-open; the excluded backend counts 0), then two choices by
+// those weights within the drawn tier. It returns -1 when every candidate
+// weighs 0, for the caller to ignore the local breakers.
+func (p *Picker) pickStaleFailoverLocal(st *state, r Rand, ex, m int, now int64) int {
+	cands := st.staleOrder[:m]
+	// tierWeight is the total local weight of priority prio's candidates.
+	tierWeight := func(prio int) float64 {
+		w := 0.0
+		for _, i := range cands {
+			if i != ex && st.entries[i].priority == prio {
+				w += p.localWeight(st, i, now)
+			}
+		}
+		return w
+	}
+	// next is the lowest priority above prev among the candidates.
+	next := func(prev int, first bool) (int, bool) {
+		best, found := 0, false
+		for _, i := range cands {
+			if pr := st.entries[i].priority; (first || pr > prev) && (!found || pr < best) {
+				best, found = pr, true
+			}
+		}
+		return best, found
+	}
+	sum, left := 0.0, 1.0
+	for prio, ok := next(0, true); ok && left > 0; prio, ok = next(prio, false) {
+		share := left * min(tierWeight(prio), 1)
+		sum, left = sum+share, left-share
+	}
+	if sum <= 0 {
+		return -1
+	}
+	x := unitFloat(r.Uint64()) * sum
+	chosen := 0
+	left = 1
+	for prio, ok := next(0, true); ok && left > 0; prio, ok = next(prio, false) {
+		share := left * min(tierWeight(prio), 1)
+		left -= share
+		if share > 0 {
+			chosen = prio // the last tier with a share, should rounding leave x over
+			if x < share {
+				break
+			}
+		}
+		x -= share
+	}
+	a := p.scanDraw(st, cands, chosen, ex, -1, unitFloat(r.Uint64()), now)
+	if a < 0 {
+		return -1
+	}
+	b := p.scanDraw(st, cands, chosen, ex, a, unitFloat(r.Uint64()), now)
+	if b < 0 {
+		return a
+	}
+	if wa, wb := p.localWeight(st, a, now), p.localWeight(st, b, now); wb < wa && unitFloat(r.Uint64())*wa >= wb {
+		return a
+	}
+	return p.better(st, a, b, true)
+}
+
+// scanDraw draws one of cands with priority prio, other than ex and skip,
+// with probability proportional to its local weight, from the unit draw u;
+// -1 when none weighs more than 0.
+func (p *Picker) scanDraw(st *state, cands []int, prio, ex, skip int, u float64, now int64) int {
+	total := 0.0
+	for _, i := range cands {
+		if i != ex && i != skip && st.entries[i].priority == prio {
+			total += p.localWeight(st, i, now)
+		}
+	}
+	if total <= 0 {
+		return -1
+	}
+	x, last := u*total, -1
+	for _, i := range cands {
+		if i != ex && i != skip && st.entries[i].priority == prio {
+			if w := p.localWeight(st, i, now); w > 0 {
+				if x < w {
+					return i
+				}
+				x, last = x-w, i
+			}
+		}
+	}
+	return last // rounding
 }
 
 // ewmaFor is the TTFT estimate of entry i: with a fresh snapshot the feed's

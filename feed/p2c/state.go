@@ -2,6 +2,7 @@ package p2c
 
 import (
 	"math"
+	"slices"
 	"sort"
 	"time"
 
@@ -59,12 +60,14 @@ type state struct {
 	locals  map[string]*local // the entries' locals plus removed ones still in flight
 
 	// Fresh snapshot.
-	allOpen    bool     // no backend is usable (every one open)
-	fresh      table    // the candidates: balance = not open, by weight; failover = the active tier
-	spread     table    // every backend, equal weights (all_open=spread)
-	sticky     []int    // affinity candidates: closed, weight > 0, within fresh's candidates
-	stickyHash []uint64 // stickyHash[k] is entries[sticky[k]].idHash
-	affinity   *affinityTable
+	allOpen      bool     // no backend is usable (every one open)
+	fresh        table    // the candidates: balance = not open, by weight; failover = the tier with the largest share
+	tiers        []tier   // failover with traffic split over several tiers (a trickle tier); nil otherwise
+	affinityTier int      // the index in tiers of fresh's tier
+	spread       table    // every backend, equal weights (all_open=spread)
+	sticky       []int    // affinity candidates: closed, weight > 0, within fresh's candidates
+	stickyHash   []uint64 // stickyHash[k] is entries[sticky[k]].idHash
+	affinity     *affinityTable
 
 	// Stale snapshot: every backend not open is a candidate, then open ones
 	// whose open_until has passed, with equal weights.
@@ -178,38 +181,32 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 // buildFresh builds the candidate table of a fresh snapshot.
 func (st *state) buildFresh() {
 	n := len(st.entries)
-	candidate := func(e *entry) bool { return e.state != fleetwatch.StateOpen }
-	if st.mode == fleetwatch.ModeFailover {
-		best, found := 0, false
-		for i := range st.entries {
-			e := &st.entries[i]
-			if candidate(e) && (!found || e.priority < best) {
-				best, found = e.priority, true
-			}
-		}
-		candidate = func(e *entry) bool { return e.state != fleetwatch.StateOpen && e.priority == best }
-	}
 	weights := make([]float64, n)
 	anyPositive, anyCandidate := false, false
 	for i := range st.entries {
 		e := &st.entries[i]
-		if candidate(e) {
+		if e.state != fleetwatch.StateOpen {
 			anyCandidate = true
 			weights[i] = e.weight
 			anyPositive = anyPositive || e.weight > 0
 		}
 	}
 	st.allOpen = !anyCandidate
-	if anyCandidate && !anyPositive {
+	switch {
+	case st.mode == fleetwatch.ModeFailover && anyCandidate:
+		st.buildTiers()
+	case anyCandidate && !anyPositive:
 		// Every candidate has weight 0 (for example all quarantined):
 		// spread equally rather than send nothing.
 		for i := range st.entries {
-			if candidate(&st.entries[i]) {
+			if st.entries[i].state != fleetwatch.StateOpen {
 				weights[i] = 1
 			}
 		}
+		st.fresh = newTable(weights)
+	default:
+		st.fresh = newTable(weights)
 	}
-	st.fresh = newTable(weights)
 	for i := range weights {
 		weights[i] = 1
 	}
@@ -221,6 +218,99 @@ func (st *state) buildFresh() {
 			st.stickyHash = append(st.stickyHash, e.idHash)
 		}
 	}
+}
+
+// tier is one priority level of a failover pool that receives traffic.
+type tier struct {
+	upTo float64 // the cumulative share of the tiers up to this one; the last is 1
+	tbl  table   // the tier's backends by weight, every other entry 0
+}
+
+// tierShares applies the failover rule (see the package doc) to the total
+// weights of the tiers, lowest priority first: tier k receives
+// (1 - what the tiers before it received) x min(totals[k], 1), and the
+// shares are normalised when every tier's total is below 1. All shares are
+// 0 when every total is 0.
+func tierShares(totals, shares []float64) {
+	left, sum := 1.0, 0.0
+	for k, w := range totals {
+		shares[k] = left * min(max(w, 0), 1)
+		left -= shares[k]
+		sum += shares[k]
+	}
+	if sum > 0 {
+		for k := range shares {
+			shares[k] /= sum
+		}
+	}
+}
+
+// buildTiers builds the failover tables: the backends that are not open,
+// grouped by priority, each group (tier) given its share of the traffic by
+// tierShares. st.fresh is the table of the tier with the largest share (the
+// lowest priority among equals), whose closed backends affinity uses;
+// st.tiers lists every tier with a positive share when there are several.
+func (st *state) buildTiers() {
+	var prios []int
+	for i := range st.entries {
+		if e := &st.entries[i]; e.state != fleetwatch.StateOpen && !slices.Contains(prios, e.priority) {
+			prios = append(prios, e.priority)
+		}
+	}
+	slices.Sort(prios)
+	totals := make([]float64, len(prios))
+	for i := range st.entries {
+		if e := &st.entries[i]; e.state != fleetwatch.StateOpen {
+			totals[slices.Index(prios, e.priority)] += e.weight
+		}
+	}
+	shares := make([]float64, len(prios))
+	tierShares(totals, shares)
+	tierTable := func(prio int, equal bool) table {
+		w := make([]float64, len(st.entries))
+		for i := range st.entries {
+			if e := &st.entries[i]; e.state != fleetwatch.StateOpen && e.priority == prio {
+				w[i] = e.weight
+				if equal {
+					w[i] = 1
+				}
+			}
+		}
+		return newTable(w)
+	}
+	if !slices.ContainsFunc(shares, func(s float64) bool { return s > 0 }) {
+		// Every tier has weight 0 (all quarantined, say): spread equally
+		// over the lowest tier rather than send nothing.
+		st.fresh = tierTable(prios[0], true)
+		return
+	}
+	best, upTo := -1, 0.0
+	for k, prio := range prios {
+		if shares[k] <= 0 {
+			continue
+		}
+		upTo += shares[k]
+		st.tiers = append(st.tiers, tier{upTo: upTo, tbl: tierTable(prio, false)})
+		if best < 0 || shares[k] > shares[best] {
+			best = k
+			st.fresh = st.tiers[len(st.tiers)-1].tbl
+			st.affinityTier = len(st.tiers) - 1
+		}
+	}
+	st.tiers[len(st.tiers)-1].upTo = 1 // rounding
+	if len(st.tiers) == 1 {
+		st.tiers, st.affinityTier = nil, 0
+	}
+}
+
+// tierOf returns the tier a unit draw u in [0, 1) falls in.
+func (st *state) tierOf(u float64) int {
+	for k := range st.tiers {
+		if u < st.tiers[k].upTo {
+			return k
+		}
+	}
+	return len(st.tiers) - 1
 }
 
 func newTable(weights []float64) table {

@@ -9,7 +9,9 @@
 // ErrUnknownModel (404). GET /v1/models lists the routable model ids. Until
 // a pool's first decision arrives (and whenever its decision is stale) the
 // picker routes on equal weights and the router's own signals; open
-// breakers whose open_until is ahead stay honoured.
+// breakers whose open_until is ahead stay honoured, and the picker's local
+// breakers (p2c.Settings.LocalFailures) keep a backend that fails at once
+// from drawing the traffic its empty queue would win.
 //
 // Connect errors, 5xx and 429 are retried on another backend while the
 // client has seen nothing, within the pool's retry budget and MaxAttempts;
@@ -161,6 +163,9 @@ type Settings struct {
 	Metrics *metrics.Set
 	// Now is the clock. If nil, time.Now.
 	Now func() time.Time
+	// Seed seeds the pickers' random choices. If zero, a random seed is
+	// used; set it to make a test's sequence of picks repeatable.
+	Seed uint64
 	// Logf receives operational messages (decisions naming backends that
 	// are not configured). If nil, nothing is logged.
 	Logf func(format string, args ...any)
@@ -306,7 +311,10 @@ func New(s Settings) (*Router, error) {
 	if len(rt.pools) == 1 {
 		rt.single = rt.pools[rt.ids[0]]
 	}
-	seed := rand.Uint64()
+	seed := s.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
 	var n atomic.Uint64
 	rt.rngs.New = func() any { return rand.New(rand.NewPCG(seed, n.Add(1))) }
 	rt.metrics = newRouterMetrics(s.Metrics, rt)

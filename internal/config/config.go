@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/url"
 	"os"
@@ -139,13 +140,18 @@ type LimitsConfig struct {
 
 // PoolConfig is one pool of interchangeable backends.
 type PoolConfig struct {
-	ID                string          `yaml:"id"`
-	Models            []string        `yaml:"models"` // request `model` values routed here (route)
-	Mode              string          `yaml:"mode"`   // balance (default) or failover
-	AllOpen           string          `yaml:"all_open"`
-	AffinityTolerance *float64        `yaml:"affinity_tolerance"`
-	Analyzer          AnalyzerConfig  `yaml:"analyzer"`
-	Backends          []BackendConfig `yaml:"backends"`
+	ID                string   `yaml:"id"`
+	Models            []string `yaml:"models"` // request `model` values routed here (route)
+	Mode              string   `yaml:"mode"`   // balance (default) or failover
+	AllOpen           string   `yaml:"all_open"`
+	AffinityTolerance *float64 `yaml:"affinity_tolerance"`
+	// MsPerCostUnit is the router's exchange rate between money and
+	// latency: how many milliseconds of time to first token one unit of
+	// cost_per_mtok is worth in the picker's score (route only). Absent or
+	// 0: cost is ignored.
+	MsPerCostUnit *float64        `yaml:"ms_per_cost_unit"`
+	Analyzer      AnalyzerConfig  `yaml:"analyzer"`
+	Backends      []BackendConfig `yaml:"backends"`
 }
 
 // BackendConfig is one backend of a pool.
@@ -382,6 +388,9 @@ func (c *Config) validate(lines map[string]int, file string) error {
 		key := fmt.Sprintf("pools[%d]", i)
 		if err := p.Analyzer.validate(key+".analyzer", fail); err != nil {
 			return err
+		}
+		if v := p.MsPerCostUnit; v != nil && (!(*v >= 0) || math.IsInf(*v, 0)) {
+			return fail(key+".ms_per_cost_unit", "%v: must be a finite number >= 0", *v)
 		}
 		for j, m := range p.Models {
 			if other, dup := models[m]; dup && other != p.ID {

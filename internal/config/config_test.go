@@ -80,6 +80,7 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		{"model in two pools", "pools:\n  - id: a\n    models: [m]\n  - id: b\n    models: [m]\n", "pools[1].models[0]", 5},
 		{"bad probe endpoint", "pools:\n  - id: a\n    backends:\n      - id: b\n        url: http://x\n        probe_endpoint: responses\n", "pools[0].backends[0].probe_endpoint", 6},
 		{"affinity below one", "pools:\n  - id: a\n    affinity_tolerance: 0.5\n", "pools[0].affinity_tolerance", 3},
+		{"negative cost exchange rate", "pools:\n  - id: a\n    ms_per_cost_unit: -1\n", "pools[0].ms_per_cost_unit", 3},
 		{"negative priority", "pools:\n  - id: a\n    backends:\n      - id: b\n        priority: -1\n", "pools[0].backends[0].priority", 5},
 		{"bad cron", "probes:\n  schedule: every now and then\n", "probes.schedule", 2},
 		{"bad review cron", "review:\n  schedule: \"61 * * * *\"\n", "review.schedule", 2},

@@ -11,6 +11,8 @@ import (
 
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/collector"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+	"github.com/fleetwatch/fleetwatch/feed/route"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
@@ -22,6 +24,7 @@ type mapped struct {
 	Probes    probes.Settings
 	Review    probes.ReviewSettings
 	StoreDir  string
+	Route     []route.Pool
 	Direct    map[string]any
 }
 
@@ -71,6 +74,7 @@ func mapAll(c *Config) mapped {
 		Probes:    c.ProbeSettings(env),
 		Review:    c.ReviewSettings(),
 		StoreDir:  c.StoreDir(),
+		Route:     c.RoutePools(env, p2c.Settings{}),
 		Direct:    map[string]any{},
 	}
 	for k, f := range directKeys {

@@ -9,7 +9,9 @@ import (
 // RoutePools is the router's view of the pools: ids, models, the initial
 // mode and all_open policy, backends with their URL, API key (read with
 // getenv from the variable the file names), priority and cost, and the
-// picker settings ps for every pool. route.New checks them and names the
+// picker settings ps for every pool, with the pool's ms_per_cost_unit as
+// the score's exchange rate (p2c.Settings.CostWeightPerMs, its inverse)
+// when the file sets it. route.New checks them and names the
 // pool, backend or URL at fault (a backend without a URL, for one).
 func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route.Pool {
 	pools := make([]route.Pool, 0, len(c.Pools))
@@ -20,6 +22,9 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 			Mode:    fleetwatch.Mode(pc.Mode),
 			AllOpen: fleetwatch.AllOpen(pc.AllOpen),
 			Picker:  ps,
+		}
+		if v := pc.MsPerCostUnit; v != nil && *v > 0 {
+			p.Picker.CostWeightPerMs = 1 / *v // cost / CostWeightPerMs is in ms
 		}
 		for _, bc := range pc.Backends {
 			b := route.Backend{ID: bc.ID, URL: bc.URL, Priority: bc.Priority, CostPerMTok: bc.CostPerMTok}

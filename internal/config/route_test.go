@@ -1,0 +1,38 @@
+package config
+
+import (
+	"math"
+	"testing"
+
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+// ms_per_cost_unit reaches the pool's picker as the score's exchange rate
+// (its inverse, CostWeightPerMs); absent, the caller's setting stays.
+func TestRoutePoolsCostExchangeRate(t *testing.T) {
+	c, err := Parse([]byte(`pools:
+  - id: cheap-aware
+    ms_per_cost_unit: 250
+    backends: [{id: a, url: "http://127.0.0.1:1", cost_per_mtok: 0.5}]
+  - id: cost-blind
+    backends: [{id: b, url: "http://127.0.0.1:2"}]
+`), "fw.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools := c.RoutePools(func(string) string { return "" }, p2c.Settings{RetryRatio: 0.3})
+	if len(pools) != 2 {
+		t.Fatalf("pools = %+v", pools)
+	}
+	if got := pools[0].Picker.CostWeightPerMs; math.Abs(got-1.0/250) > 1e-15 {
+		t.Errorf("cheap-aware CostWeightPerMs = %v, want 1/250", got)
+	}
+	if got := pools[1].Picker.CostWeightPerMs; got != 0 {
+		t.Errorf("cost-blind CostWeightPerMs = %v, want 0 (the picker's default: cost ignored)", got)
+	}
+	for _, p := range pools {
+		if p.Picker.RetryRatio != 0.3 {
+			t.Errorf("pool %s lost the caller's picker settings: %+v", p.ID, p.Picker)
+		}
+	}
+}
