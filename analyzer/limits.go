@@ -14,7 +14,7 @@ import (
 // full 30 s window (BenchmarkMemory10kBackends), and in serve about 57 KiB
 // more for the status page's ten minutes of history: about 62 KiB of live
 // heap in all, so 5,000 backends are about 310 MiB once the history is
-// full (20,000 measured 1.5 GiB of heap, docs/DECISIONS.md "Bounded under
+// full (20,000 measured 1.4 GiB of heap in use, docs/DECISIONS.md "Bounded under
 // abuse"). A pool of 1,000 backends encodes to about 450 KB of snapshot
 // JSON, under NATS's default max_payload of 1 MiB.
 const (
