@@ -7,17 +7,20 @@ import (
 )
 
 // Defaults of Limits. They bound what a publisher inventing pool and backend
-// ids can make the analyzer hold, and sit far above a large real fleet: a
-// pool is usually one model name (hundreds at most), a backend one inference
-// server (a big pool has tens to a few hundred replicas). At about 5.4 KiB
-// of analyzer state per backend with a full 30 s window
-// (BenchmarkMemory10kBackends), 20,000 backends are about 110 MiB; a pool of
-// 1,000 backends encodes to about 450 KB of snapshot JSON, under NATS's
-// default max_payload of 1 MiB.
+// ids can make fleetwatch hold, and sit far above a large real fleet: a pool
+// is usually one model name (hundreds at most), a backend one inference
+// server (a big pool has tens to a few hundred replicas, a big fleet a few
+// thousand). A tracked backend costs about 5.4 KiB of analyzer state with a
+// full 30 s window (BenchmarkMemory10kBackends), and in serve about 57 KiB
+// more for the status page's ten minutes of history: about 62 KiB of live
+// heap in all, so 5,000 backends are about 310 MiB once the history is
+// full (20,000 measured 1.4 GiB of heap in use, docs/DECISIONS.md "Bounded under
+// abuse"). A pool of 1,000 backends encodes to about 450 KB of snapshot
+// JSON, under NATS's default max_payload of 1 MiB.
 const (
 	DefaultMaxPools           = 1000
 	DefaultMaxBackendsPerPool = 1000
-	DefaultMaxBackends        = 20000
+	DefaultMaxBackends        = 5000
 )
 
 // Limits bound how many pools and backends the analyzer tracks. The zero
@@ -33,7 +36,7 @@ type Limits struct {
 	// included. If zero, 1,000 is used.
 	MaxBackendsPerPool int
 	// MaxBackends bounds the backends of all pools together. If zero,
-	// 20,000 is used.
+	// 5,000 is used.
 	MaxBackends int
 }
 

@@ -135,7 +135,7 @@ type AnalyzerConfig struct {
 type LimitsConfig struct {
 	MaxPools           *int `yaml:"max_pools"`             // default 1,000
 	MaxBackendsPerPool *int `yaml:"max_backends_per_pool"` // default 1,000
-	MaxBackends        *int `yaml:"max_backends"`          // default 20,000
+	MaxBackends        *int `yaml:"max_backends"`          // default 5,000
 }
 
 // PoolConfig is one pool of interchangeable backends.
