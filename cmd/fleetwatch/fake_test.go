@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http"
 	"regexp"
 	"strings"
@@ -33,27 +34,27 @@ func TestFakeCommandScriptsIncidents(t *testing.T) {
 		}
 		return len(urls) == 2
 	})
-	c := newRouteClient(t, urls["backend b"])
-	c.http.Transport = &http.Transport{DisableKeepAlives: true}
-	if r, err := c.post("/v1/completions", map[string]any{"prompt": "x"}); err != nil || r.status != 200 ||
-		!strings.Contains(string(r.body), `"model":"llama"`) {
-		t.Fatalf("healthy: %v %d %s", err, r.status, r.body)
+	c := testkit.NewChatClient(urls["backend b"])
+	c.HTTP.Transport = &http.Transport{DisableKeepAlives: true}
+	if r, err := c.Post("/v1/completions", map[string]any{"prompt": "x"}); err != nil || r.Status != 200 ||
+		!strings.Contains(string(r.Body), `"model":"llama"`) {
+		t.Fatalf("healthy: %v %d %s", err, r.Status, r.Body)
 	}
-	admin := newRouteClient(t, urls["admin"])
-	if r, err := admin.post("/admin/b/behavior", map[string]any{"refuse": true}); err != nil || r.status != 200 {
-		t.Fatalf("admin: %v %d %s", err, r.status, r.body)
+	admin := testkit.NewChatClient(urls["admin"])
+	if r, err := admin.Post("/admin/b/behavior", map[string]any{"refuse": true}); err != nil || r.Status != 200 {
+		t.Fatalf("admin: %v %d %s", err, r.Status, r.Body)
 	}
-	if _, err := c.post("/v1/completions", map[string]any{"prompt": "x"}); !errors.Is(err, syscall.ECONNREFUSED) {
+	if _, err := c.Post("/v1/completions", map[string]any{"prompt": "x"}); !errors.Is(err, syscall.ECONNREFUSED) {
 		t.Errorf("refusing backend: error %v, want connection refused", err)
 	}
-	if r, err := admin.post("/admin/b/behavior", map[string]any{"refuse": false, "throttle_rate": 1}); err != nil || r.status != 200 {
-		t.Fatalf("admin: %v %d", err, r.status)
+	if r, err := admin.Post("/admin/b/behavior", map[string]any{"refuse": false, "throttle_rate": 1}); err != nil || r.Status != 200 {
+		t.Fatalf("admin: %v %d", err, r.Status)
 	}
-	if r, err := c.post("/v1/completions", map[string]any{"prompt": "x"}); err != nil || r.status != 429 {
-		t.Errorf("throttling backend: %v status %d, want 429", err, r.status)
+	if r, err := c.Post("/v1/completions", map[string]any{"prompt": "x"}); err != nil || r.Status != 429 {
+		t.Errorf("throttling backend: %v status %d, want 429", err, r.Status)
 	}
-	if r, err := admin.post("/admin/nope/behavior", map[string]any{}); err != nil || r.status != 404 {
-		t.Errorf("unknown backend: %v status %d, want 404", err, r.status)
+	if r, err := admin.Post("/admin/nope/behavior", map[string]any{}); err != nil || r.Status != 404 {
+		t.Errorf("unknown backend: %v status %d, want 404", err, r.Status)
 	}
 }
 
@@ -79,26 +80,26 @@ func TestFakeCommandSwapsTheToyArtefact(t *testing.T) {
 		}
 		return len(urls) == 2
 	})
-	c := newRouteClient(t, urls["backend a"])
-	admin := newRouteClient(t, urls["admin"])
+	c := testkit.NewChatClient(urls["backend a"])
+	admin := testkit.NewChatClient(urls["admin"])
 	greedy := func() string {
-		r, err := c.post("/v1/completions", map[string]any{"prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0})
-		if err != nil || r.status != 200 {
-			t.Fatalf("completion: %v %d", err, r.status)
+		r, err := c.Post("/v1/completions", map[string]any{"prompt": "the quick brown fox", "max_tokens": 12, "temperature": 0})
+		if err != nil || r.Status != 200 {
+			t.Fatalf("completion: %v %d", err, r.Status)
 		}
-		return string(r.body[strings.Index(string(r.body), `"choices"`):])
+		return string(r.Body[strings.Index(string(r.Body), `"choices"`):])
 	}
 	ref := greedy()
 	if again := greedy(); again != ref {
 		t.Fatalf("greedy output of the reference is not stable:\n%s\n%s", ref, again)
 	}
-	if r, err := admin.post("/admin/a/artefact", map[string]any{"variant": "swap"}); err != nil || r.status != 200 {
-		t.Fatalf("artefact swap: %v %d %s", err, r.status, r.body)
+	if r, err := admin.Post("/admin/a/artefact", map[string]any{"variant": "swap"}); err != nil || r.Status != 200 {
+		t.Fatalf("artefact swap: %v %d %s", err, r.Status, r.Body)
 	}
 	if swapped := greedy(); swapped == ref {
 		t.Errorf("greedy output unchanged after swapping the artefact:\n%s", swapped)
 	}
-	if r, err := admin.post("/admin/a/artefact", map[string]any{"variant": "nope"}); err != nil || r.status != 400 {
-		t.Errorf("unknown variant: %v status %d, want 400", err, r.status)
+	if r, err := admin.Post("/admin/a/artefact", map[string]any{"variant": "nope"}); err != nil || r.Status != 400 {
+		t.Errorf("unknown variant: %v status %d, want 400", err, r.Status)
 	}
 }

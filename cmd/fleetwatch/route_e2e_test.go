@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"os/exec"
 	"strings"
@@ -110,7 +111,7 @@ func startLoad(t *testing.T, base string, workers int) *loadGen {
 		g.wg.Add(1)
 		go func() { // exits when g.stop closes
 			defer g.wg.Done()
-			c := newRouteClient(t, base)
+			c := testkit.NewChatClient(base)
 			for i := 0; ; i++ {
 				select {
 				case <-g.stop:
@@ -118,9 +119,9 @@ func startLoad(t *testing.T, base string, workers int) *loadGen {
 				default:
 				}
 				phase := int(g.phase.Load())
-				r, err := c.chat("", fmt.Sprintf("worker %d request %d", w, i), i%2 == 0)
+				r, err := c.Chat("", fmt.Sprintf("worker %d request %d", w, i), i%2 == 0)
 				g.mu.Lock()
-				g.results = append(g.results, loadResult{phase: phase, status: r.status, backend: r.backend, err: err})
+				g.results = append(g.results, loadResult{phase: phase, status: r.Status, backend: r.Backend, err: err})
 				g.mu.Unlock()
 				time.Sleep(2 * time.Millisecond)
 			}
@@ -219,15 +220,15 @@ func TestRouteEndToEnd(t *testing.T) {
 
 	// Phase 0, all healthy: requests sharing a system prompt stay on one
 	// backend.
-	c := newRouteClient(t, base)
+	c := testkit.NewChatClient(base)
 	for _, system := range []string{"you are a pirate", "you are a poet"} {
 		seen := map[string]int{}
 		for i := range 20 {
-			r, err := c.chat(system, fmt.Sprint("q", i), i%2 == 0)
-			if err != nil || r.status != 200 {
-				t.Fatalf("affinity request: %v %d", err, r.status)
+			r, err := c.Chat(system, fmt.Sprint("q", i), i%2 == 0)
+			if err != nil || r.Status != 200 {
+				t.Fatalf("affinity request: %v %d", err, r.Status)
 			}
-			seen[r.backend]++
+			seen[r.Backend]++
 		}
 		if len(seen) != 1 {
 			t.Errorf("system prompt %q spread over %v, want one backend", system, seen)
@@ -317,8 +318,8 @@ func TestRouteEndToEnd(t *testing.T) {
 // routeMetricsText scrapes the router's /metrics.
 func routeMetricsText(t *testing.T, base string) string {
 	t.Helper()
-	c := newRouteClient(t, base)
-	resp, err := c.http.Get(base + "/metrics")
+	c := testkit.NewChatClient(base)
+	resp, err := c.HTTP.Get(base + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

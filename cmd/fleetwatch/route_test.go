@@ -1,12 +1,11 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"net/http"
 	"os"
@@ -128,76 +127,6 @@ func (l *routeEventLog) snapshot() []fleetwatch.Event {
 }
 
 // client sends OpenAI requests to the router.
-type routeClient struct {
-	t    testing.TB
-	base string
-	http *http.Client
-}
-
-type routeReply struct {
-	status  int
-	backend string
-	text    string // content (non-streaming) or the concatenated deltas
-	body    []byte
-	header  http.Header
-}
-
-func (c *routeClient) chat(system, user string, stream bool) (routeReply, error) {
-	msgs := []map[string]string{{"role": "user", "content": user}}
-	if system != "" {
-		msgs = append([]map[string]string{{"role": "system", "content": system}}, msgs...)
-	}
-	return c.post("/v1/chat/completions", map[string]any{
-		"model": "llama-3.1-70b", "messages": msgs, "max_tokens": 4, "stream": stream,
-		"stream_options": map[string]any{"include_usage": stream},
-	})
-}
-
-func (c *routeClient) post(path string, body any) (routeReply, error) {
-	b, _ := json.Marshal(body)
-	resp, err := c.http.Post(c.base+path, "application/json", bytes.NewReader(b))
-	if err != nil {
-		return routeReply{}, err
-	}
-	defer resp.Body.Close()
-	// A body cut off is returned as far as it came, with the read error.
-	data, readErr := io.ReadAll(resp.Body)
-	r := routeReply{status: resp.StatusCode, backend: resp.Header.Get("X-Fleetwatch-Backend"), body: data, header: resp.Header}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		for sc.Scan() {
-			line, ok := strings.CutPrefix(sc.Text(), "data: ")
-			if !ok || line == "[DONE]" {
-				continue
-			}
-			var chunk struct {
-				Choices []struct {
-					Delta struct{ Content string } `json:"delta"`
-				} `json:"choices"`
-			}
-			if json.Unmarshal([]byte(line), &chunk) == nil {
-				for _, ch := range chunk.Choices {
-					r.text += ch.Delta.Content
-				}
-			}
-		}
-	} else {
-		var full struct {
-			Choices []struct {
-				Message struct{ Content string } `json:"message"`
-			} `json:"choices"`
-		}
-		if json.Unmarshal(data, &full) == nil && len(full.Choices) > 0 {
-			r.text = full.Choices[0].Message.Content
-		}
-	}
-	return r, readErr
-}
-
-func newRouteClient(t testing.TB, base string) *routeClient {
-	return &routeClient{t: t, base: base, http: &http.Client{Timeout: 30 * time.Second}}
-}
-
 // TestRouteProxiesAndPublishesEvents is the smoke test of `fleetwatch
 // route` as a command: flags, configuration, NATS, /metrics and /healthz.
 // The router's behaviour is tested in feed/route.
@@ -207,29 +136,29 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	log := collectRouteEvents(t, nc)
 	backends := startFakeBackends(t, 2)
 	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""))
-	c := newRouteClient(t, base)
+	c := testkit.NewChatClient(base)
 
-	direct := &routeClient{t: t, base: backends[0].URL(), http: http.DefaultClient}
-	want, err := direct.chat("be brief", "hello world", false)
+	direct := &testkit.ChatClient{Base: backends[0].URL(), HTTP: http.DefaultClient}
+	want, err := direct.Chat("be brief", "hello world", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, stream := range []bool{false, true} {
-		got, err := c.chat("be brief", "hello world", stream)
+		got, err := c.Chat("be brief", "hello world", stream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.status != 200 || got.text != want.text || got.backend == "" {
-			t.Errorf("stream=%v: status %d backend %q text %q, want 200 and %q", stream, got.status, got.backend, got.text, want.text)
+		if got.Status != 200 || got.Text != want.Text || got.Backend == "" {
+			t.Errorf("stream=%v: status %d backend %q text %q, want 200 and %q", stream, got.Status, got.Backend, got.Text, want.Text)
 		}
 	}
 	// Embeddings and an unknown model.
-	if r, err := c.post("/v1/embeddings", map[string]any{"model": "llama", "input": "x"}); err != nil || r.status != 200 {
-		t.Errorf("embeddings: %v status %d", err, r.status)
+	if r, err := c.Post("/v1/embeddings", map[string]any{"model": "llama", "input": "x"}); err != nil || r.Status != 200 {
+		t.Errorf("embeddings: %v status %d", err, r.Status)
 	}
 	// One pool: a request for an unknown model still goes there.
-	if r, err := c.post("/v1/completions", map[string]any{"model": "other", "prompt": "x"}); err != nil || r.status != 200 {
-		t.Errorf("unknown model with one pool: %v status %d", err, r.status)
+	if r, err := c.Post("/v1/completions", map[string]any{"model": "other", "prompt": "x"}); err != nil || r.Status != 200 {
+		t.Errorf("unknown model with one pool: %v status %d", err, r.Status)
 	}
 	resp, err := http.Get(base + "/v1/models")
 	if err != nil {

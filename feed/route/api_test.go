@@ -3,6 +3,7 @@ package route
 import (
 	"errors"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -134,22 +135,22 @@ func TestRouteTwoPools(t *testing.T) {
 	if diff := cmp.Diff([]string{"llama", "qwen"}, rt.Pools()); diff != "" {
 		t.Errorf("Pools (-want +got):\n%s", diff)
 	}
-	c := newRouteClient(newTestServer(t, rt))
+	c := testkit.NewChatClient(newTestServer(t, rt))
 	for model, want := range map[string]string{"llama": "b0", "llama-3.1-70b": "b0", "qwen": "b1"} {
-		r, err := c.post("/v1/completions", map[string]any{"model": model, "prompt": "x"})
-		if err != nil || r.status != 200 || r.backend != want {
-			t.Errorf("model %s: %v status %d from %q, want 200 from %s", model, err, r.status, r.backend, want)
+		r, err := c.Post("/v1/completions", map[string]any{"model": model, "prompt": "x"})
+		if err != nil || r.Status != 200 || r.Backend != want {
+			t.Errorf("model %s: %v status %d from %q, want 200 from %s", model, err, r.Status, r.Backend, want)
 		}
 	}
-	r, err := c.post("/v1/completions", map[string]any{"model": "gpt-9", "prompt": "x"})
-	if err != nil || r.status != 404 || !strings.Contains(string(r.body), "model_not_found") {
-		t.Errorf("unknown model: %v status %d body %s", err, r.status, r.body)
+	r, err := c.Post("/v1/completions", map[string]any{"model": "gpt-9", "prompt": "x"})
+	if err != nil || r.Status != 404 || !strings.Contains(string(r.Body), "model_not_found") {
+		t.Errorf("unknown model: %v status %d body %s", err, r.Status, r.Body)
 	}
 	for _, tc := range []struct {
 		body string
 		want int
 	}{{`not json`, 400}, {`{"model":"qwen","prompt":"` + strings.Repeat("x", 40<<20) + `"}`, 413}} {
-		resp, err := c.http.Post(c.base+"/v1/completions", "application/json", strings.NewReader(tc.body))
+		resp, err := c.HTTP.Post(c.Base+"/v1/completions", "application/json", strings.NewReader(tc.body))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,10 +200,10 @@ func TestRouteHooks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newRouteClient(newTestServer(t, rt))
-	r, err := c.post("/v1/completions", map[string]any{"model": "a", "prompt": "x"})
-	if err != nil || r.status != 200 {
-		t.Fatalf("%v %d", err, r.status)
+	c := testkit.NewChatClient(newTestServer(t, rt))
+	r, err := c.Post("/v1/completions", map[string]any{"model": "a", "prompt": "x"})
+	if err != nil || r.Status != 200 {
+		t.Fatalf("%v %d", err, r.Status)
 	}
 	mu.Lock()
 	if diff := cmp.Diff([]Attempt{{Pool: "a", Backend: "x"}}, attempts); diff != "" {
@@ -220,19 +221,19 @@ func TestRouteHooks(t *testing.T) {
 	open := feedtest.Snapshot("b", "e1", 1, now, feedtest.Open("y", now.Add(time.Minute), "x"))
 	open.TTLMs = 60_000
 	rt.Apply(open)
-	r, _ = c.post("/v1/completions", map[string]any{"model": "b", "prompt": "x"})
-	if r.status != http.StatusTeapot || r.header.Get("Retry-After") != "60" {
-		t.Errorf("shed: status %d Retry-After %q", r.status, r.header.Get("Retry-After"))
+	r, _ = c.Post("/v1/completions", map[string]any{"model": "b", "prompt": "x"})
+	if r.Status != http.StatusTeapot || r.Header.Get("Retry-After") != "60" {
+		t.Errorf("shed: status %d Retry-After %q", r.Status, r.Header.Get("Retry-After"))
 	}
-	r, _ = c.post("/v1/completions", map[string]any{"model": "nope", "prompt": "x"})
-	if r.status != http.StatusTeapot {
-		t.Errorf("unknown model: status %d", r.status)
+	r, _ = c.Post("/v1/completions", map[string]any{"model": "nope", "prompt": "x"})
+	if r.Status != http.StatusTeapot {
+		t.Errorf("unknown model: status %d", r.Status)
 	}
 	rt.Close()
 	rt.Close() // idempotent
-	r, _ = c.post("/v1/completions", map[string]any{"model": "a", "prompt": "x"})
-	if r.status != http.StatusTeapot {
-		t.Errorf("closed: status %d", r.status)
+	r, _ = c.Post("/v1/completions", map[string]any{"model": "a", "prompt": "x"})
+	if r.Status != http.StatusTeapot {
+		t.Errorf("closed: status %d", r.Status)
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -264,10 +265,10 @@ func TestRouteBackendErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := newRouteClient(newTestServer(t, rt))
-		r, err := c.post("/v1/completions", map[string]any{"model": "p", "prompt": "x"})
-		if err != nil || r.status != tc.status || r.backend != tc.backend.Name() || !strings.Contains(string(r.body), tc.typ) {
-			t.Errorf("%s: %v status %d backend %q body %s", tc.backend.Name(), err, r.status, r.backend, r.body)
+		c := testkit.NewChatClient(newTestServer(t, rt))
+		r, err := c.Post("/v1/completions", map[string]any{"model": "p", "prompt": "x"})
+		if err != nil || r.Status != tc.status || r.Backend != tc.backend.Name() || !strings.Contains(string(r.Body), tc.typ) {
+			t.Errorf("%s: %v status %d backend %q body %s", tc.backend.Name(), err, r.Status, r.Backend, r.Body)
 		}
 		rt.Close()
 	}

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http"
 	"sync"
 	"testing"
@@ -42,15 +43,15 @@ func TestRouteCostExchangeRate(t *testing.T) {
 				Weight: 1, Drift: fleetwatch.DriftOK, EWMATTFTMs: fleetwatch.Float(100), CostPerMTok: fleetwatch.Float(cost)})
 		}
 		rt.Apply(snap)
-		c := newRouteClient(url)
+		c := testkit.NewChatClient(url)
 		var wg sync.WaitGroup
 		for w := range 8 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for i := range 40 {
-					if r, err := c.chat("", fmt.Sprint(w, i), false); err != nil || r.status != http.StatusOK {
-						t.Errorf("request: %v, status %d", err, r.status)
+					if r, err := c.Chat("", fmt.Sprint(w, i), false); err != nil || r.Status != http.StatusOK {
+						t.Errorf("request: %v, status %d", err, r.Status)
 					}
 				}
 			}()

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
@@ -102,11 +103,11 @@ func TestRouteFailoverFollowsWeights(t *testing.T) {
 			}
 			rt.Apply(snap)
 
-			c := newRouteClient(url)
+			c := testkit.NewChatClient(url)
 			const n = 1000
 			for i := range n {
-				if r, err := c.chat("", fmt.Sprint(i), false); err != nil || r.status != http.StatusOK {
-					t.Fatalf("request %d: %v, status %d", i, err, r.status)
+				if r, err := c.Chat("", fmt.Sprint(i), false); err != nil || r.Status != http.StatusOK {
+					t.Fatalf("request %d: %v, status %d", i, err, r.Status)
 				}
 			}
 			got := []int64{primary.requests.Load(), s1.requests.Load(), s2.requests.Load()}

@@ -1,15 +1,10 @@
 package route
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"net/http/httptest"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -149,76 +144,7 @@ func (l *routeEventLog) snapshot() []fleetwatch.Event {
 	return append([]fleetwatch.Event(nil), l.events...)
 }
 
-// routeClient sends OpenAI requests to the router.
-type routeClient struct {
-	base string
-	http *http.Client
-}
-
-type routeReply struct {
-	status  int
-	backend string
-	text    string // content (non-streaming) or the concatenated deltas
-	body    []byte
-	header  http.Header
-}
-
-func newRouteClient(base string) *routeClient {
-	return &routeClient{base: base, http: &http.Client{Timeout: 30 * time.Second}}
-}
-
-func (c *routeClient) chat(system, user string, stream bool) (routeReply, error) {
-	msgs := []map[string]string{{"role": "user", "content": user}}
-	if system != "" {
-		msgs = append([]map[string]string{{"role": "system", "content": system}}, msgs...)
-	}
-	return c.post("/v1/chat/completions", map[string]any{
-		"model": "llama-3.1-70b", "messages": msgs, "max_tokens": 4, "stream": stream,
-		"stream_options": map[string]any{"include_usage": stream},
-	})
-}
-
-func (c *routeClient) post(path string, body any) (routeReply, error) {
-	b, _ := json.Marshal(body)
-	resp, err := c.http.Post(c.base+path, "application/json", bytes.NewReader(b))
-	if err != nil {
-		return routeReply{}, err
-	}
-	defer resp.Body.Close()
-	// A body cut off is returned as far as it came, with the read error.
-	data, readErr := io.ReadAll(resp.Body)
-	r := routeReply{status: resp.StatusCode, backend: resp.Header.Get("X-Fleetwatch-Backend"), body: data, header: resp.Header}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		for sc.Scan() {
-			line, ok := strings.CutPrefix(sc.Text(), "data: ")
-			if !ok || line == "[DONE]" {
-				continue
-			}
-			var chunk struct {
-				Choices []struct {
-					Delta struct{ Content string } `json:"delta"`
-				} `json:"choices"`
-			}
-			if json.Unmarshal([]byte(line), &chunk) == nil {
-				for _, ch := range chunk.Choices {
-					r.text += ch.Delta.Content
-				}
-			}
-		}
-	} else {
-		var full struct {
-			Choices []struct {
-				Message struct{ Content string } `json:"message"`
-			} `json:"choices"`
-		}
-		if json.Unmarshal(data, &full) == nil && len(full.Choices) > 0 {
-			r.text = full.Choices[0].Message.Content
-		}
-	}
-	return r, readErr
-}
-
+// testkit.ChatClient sends OpenAI requests to the router.
 // eventually polls cond every 10ms until it holds, failing the test after
 // timeout.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"net/http"
 	"strconv"
@@ -25,30 +26,30 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	log := collectRouteEvents(t, nc)
 	backends := startFakeBackends(t, 2)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
-	c := newRouteClient(rt.url)
+	c := testkit.NewChatClient(rt.url)
 
-	direct := &routeClient{base: backends[0].URL(), http: http.DefaultClient}
-	want, err := direct.chat("be brief", "hello world", false)
+	direct := &testkit.ChatClient{Base: backends[0].URL(), HTTP: http.DefaultClient}
+	want, err := direct.Chat("be brief", "hello world", false)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, stream := range []bool{false, true} {
-		got, err := c.chat("be brief", "hello world", stream)
+		got, err := c.Chat("be brief", "hello world", stream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.status != 200 || got.text != want.text || got.backend == "" || got.header.Get("X-Fleetwatch-Attempts") != "1" {
-			t.Errorf("stream=%v: status %d backend %q attempts %q text %q, want 200 and %q", stream, got.status,
-				got.backend, got.header.Get("X-Fleetwatch-Attempts"), got.text, want.text)
+		if got.Status != 200 || got.Text != want.Text || got.Backend == "" || got.Header.Get("X-Fleetwatch-Attempts") != "1" {
+			t.Errorf("stream=%v: status %d backend %q attempts %q text %q, want 200 and %q", stream, got.Status,
+				got.Backend, got.Header.Get("X-Fleetwatch-Attempts"), got.Text, want.Text)
 		}
 	}
 	// Embeddings, and with one pool a request for an unknown model still
 	// goes there.
-	if r, err := c.post("/v1/embeddings", map[string]any{"model": "llama", "input": "x"}); err != nil || r.status != 200 {
-		t.Errorf("embeddings: %v status %d", err, r.status)
+	if r, err := c.Post("/v1/embeddings", map[string]any{"model": "llama", "input": "x"}); err != nil || r.Status != 200 {
+		t.Errorf("embeddings: %v status %d", err, r.Status)
 	}
-	if r, err := c.post("/v1/completions", map[string]any{"model": "other", "prompt": "x"}); err != nil || r.status != 200 {
-		t.Errorf("unknown model with one pool: %v status %d", err, r.status)
+	if r, err := c.Post("/v1/completions", map[string]any{"model": "other", "prompt": "x"}); err != nil || r.Status != 200 {
+		t.Errorf("unknown model with one pool: %v status %d", err, r.Status)
 	}
 	resp, err := http.Get(rt.url + "/v1/models")
 	if err != nil {
@@ -117,16 +118,16 @@ func TestRouteRetriesFailuresTheClientHasNotSeen(t *testing.T) {
 	pool := llamaPool(backends)
 	pool.Picker.RetryRatio = 10
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{pool}})
-	c := newRouteClient(rt.url)
+	c := testkit.NewChatClient(rt.url)
 	codes := map[int]int{}
 	for i := range 60 {
-		r, err := c.chat("", fmt.Sprintf("q%d", i), i%2 == 0)
+		r, err := c.Chat("", fmt.Sprintf("q%d", i), i%2 == 0)
 		if err != nil {
 			t.Fatal(err)
 		}
-		codes[r.status]++
-		if r.status == 200 && r.backend != "b2" {
-			t.Errorf("a 200 from %s, want only b2 healthy", r.backend)
+		codes[r.Status]++
+		if r.Status == 200 && r.Backend != "b2" {
+			t.Errorf("a 200 from %s, want only b2 healthy", r.Backend)
 		}
 	}
 	// Three attempts reach the one healthy backend whatever the first two
@@ -158,14 +159,14 @@ func TestRouteMaxAttemptsOne(t *testing.T) {
 	backends[0].SetBehavior(fakeai.Behavior{InstantError: true})
 	backends[1].SetBehavior(fakeai.Behavior{Refuse: true})
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}, MaxAttempts: 1})
-	c := newRouteClient(rt.url)
+	c := testkit.NewChatClient(rt.url)
 	codes := map[string]int{}
 	for i := 0; i < 400 && len(codes) < 2; i++ {
-		r, err := c.chat("", fmt.Sprint(i), false)
+		r, err := c.Chat("", fmt.Sprint(i), false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		codes[fmt.Sprintf("%s %d %s", r.backend, r.status, r.header.Get("X-Fleetwatch-Attempts"))]++
+		codes[fmt.Sprintf("%s %d %s", r.Backend, r.Status, r.Header.Get("X-Fleetwatch-Attempts"))]++
 	}
 	if diff := cmp.Diff([]string{"b0 500 1", "b1 502 "}, sortedKeys(codes)); diff != "" {
 		t.Errorf("answers (-want +got):\n%s", diff)
@@ -178,7 +179,7 @@ func TestRouteFollowsDecisions(t *testing.T) {
 	script := feedtest.NewScript(t, nc, "")
 	backends := startFakeBackends(t, 3)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
-	c := newRouteClient(rt.url)
+	c := testkit.NewChatClient(rt.url)
 
 	now := time.Now()
 	openB0 := feedtest.Snapshot("llama", "e1", 1, now,
@@ -190,14 +191,14 @@ func TestRouteFollowsDecisions(t *testing.T) {
 	eventually(t, 30*time.Second, "the open breaker to be followed", func() bool {
 		before := backends[0].Stats().Requests
 		for i := range 20 {
-			c.chat("", fmt.Sprint(i), false)
+			c.Chat("", fmt.Sprint(i), false)
 		}
 		return backends[0].Stats().Requests == before
 	})
 	before := backends[0].Stats().Requests
 	for i := range 100 {
-		if r, err := c.chat("", fmt.Sprint(i), i%3 == 0); err != nil || r.status != 200 {
-			t.Fatalf("request %d: %v %d", i, err, r.status)
+		if r, err := c.Chat("", fmt.Sprint(i), i%3 == 0); err != nil || r.Status != 200 {
+			t.Fatalf("request %d: %v %d", i, err, r.Status)
 		}
 	}
 	if got := backends[0].Stats().Requests - before; got != 0 {
@@ -214,14 +215,14 @@ func TestRouteFollowsDecisions(t *testing.T) {
 		feedtest.Open("b1", now.Add(20*time.Second), "x"), feedtest.Open("b2", now.Add(time.Hour), "x"))
 	allOpen.TTLMs = 3_600_000
 	script.Publish(allOpen)
-	var shed routeReply
+	var shed testkit.ChatReply
 	eventually(t, 30*time.Second, "shedding", func() bool {
-		r, err := c.chat("", "x", false)
+		r, err := c.Chat("", "x", false)
 		shed = r
-		return err == nil && r.status == 503
+		return err == nil && r.Status == 503
 	})
-	if ra, err := strconv.Atoi(shed.header.Get("Retry-After")); err != nil || ra < 1 || ra > 20 {
-		t.Errorf("Retry-After %q, want 1..20 seconds", shed.header.Get("Retry-After"))
+	if ra, err := strconv.Atoi(shed.Header.Get("Retry-After")); err != nil || ra < 1 || ra > 20 {
+		t.Errorf("Retry-After %q, want 1..20 seconds", shed.Header.Get("Retry-After"))
 	}
 	if text := rt.metricsText(); !strings.Contains(text, `fleetwatch_route_shed_total{pool="llama"}`) ||
 		!strings.Contains(text, `fleetwatch_route_requests_total{pool="llama",code="503"}`) {
@@ -262,11 +263,11 @@ func TestRouteIgnoresUnconfiguredBackends(t *testing.T) {
 		t.Errorf("metrics:\n%s", text.String())
 	}
 	srv := newTestServer(t, rt)
-	c := newRouteClient(srv)
+	c := testkit.NewChatClient(srv)
 	for i := range 50 {
-		r, err := c.chat("", fmt.Sprint(i), false)
-		if err != nil || r.status != 200 || (r.backend != "b0" && r.backend != "b1") {
-			t.Fatalf("request %d: %v %d from %q", i, err, r.status, r.backend)
+		r, err := c.Chat("", fmt.Sprint(i), false)
+		if err != nil || r.Status != 200 || (r.Backend != "b0" && r.Backend != "b1") {
+			t.Fatalf("request %d: %v %d from %q", i, err, r.Status, r.Backend)
 		}
 	}
 }
@@ -275,15 +276,15 @@ func TestRouteAffinityKeepsAPromptOnOneBackend(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	backends := startFakeBackends(t, 3)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
-	c := newRouteClient(rt.url)
+	c := testkit.NewChatClient(rt.url)
 	for _, system := range []string{"you are a pirate", "you are a lawyer", "you are a poet"} {
 		seen := map[string]int{}
 		for i := range 30 {
-			r, err := c.chat(system, fmt.Sprint("question ", i), i%2 == 0)
-			if err != nil || r.status != 200 {
-				t.Fatalf("%v %d", err, r.status)
+			r, err := c.Chat(system, fmt.Sprint("question ", i), i%2 == 0)
+			if err != nil || r.Status != 200 {
+				t.Fatalf("%v %d", err, r.Status)
 			}
-			seen[r.backend]++
+			seen[r.Backend]++
 		}
 		if len(seen) != 1 {
 			t.Errorf("system prompt %q spread over %v, want one backend", system, seen)
@@ -297,14 +298,14 @@ func TestRoutePrefixFromNone(t *testing.T) {
 	log := collectRouteEvents(t, feedtest.Connect(t, natsURL))
 	backends := startFakeBackends(t, 3)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}, PrefixFrom: PrefixNone})
-	c := newRouteClient(rt.url)
+	c := testkit.NewChatClient(rt.url)
 	seen := map[string]int{}
 	for i := range 60 {
-		r, err := c.chat("you are a pirate", fmt.Sprint("question ", i), false)
-		if err != nil || r.status != 200 {
-			t.Fatalf("%v %d", err, r.status)
+		r, err := c.Chat("you are a pirate", fmt.Sprint("question ", i), false)
+		if err != nil || r.Status != 200 {
+			t.Fatalf("%v %d", err, r.Status)
 		}
-		seen[r.backend]++
+		seen[r.Backend]++
 	}
 	if len(seen) < 2 {
 		t.Errorf("without affinity one prompt went only to %v", seen)
@@ -321,16 +322,16 @@ func TestRouteKeepsServingWhenNATSIsGone(t *testing.T) {
 	natsURL, ns := feedtest.NewServer(t)
 	backends := startFakeBackends(t, 2)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
-	c := newRouteClient(rt.url)
-	if r, err := c.chat("", "before", false); err != nil || r.status != 200 {
-		t.Fatalf("before: %v %d", err, r.status)
+	c := testkit.NewChatClient(rt.url)
+	if r, err := c.Chat("", "before", false); err != nil || r.Status != 200 {
+		t.Fatalf("before: %v %d", err, r.Status)
 	}
 	ns.Shutdown()
 	ns.WaitForShutdown()
 	for i := range 200 {
-		r, err := c.chat("", fmt.Sprint(i), i%2 == 0)
-		if err != nil || r.status != 200 {
-			t.Fatalf("request %d with NATS down: %v %d", i, err, r.status)
+		r, err := c.Chat("", fmt.Sprint(i), i%2 == 0)
+		if err != nil || r.Status != 200 {
+			t.Fatalf("request %d with NATS down: %v %d", i, err, r.Status)
 		}
 	}
 }
@@ -374,13 +375,13 @@ func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
 	pool := llamaPool(backends)
 	pool.Picker.RetryRatio = 10
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{pool}, HeaderTimeout: 100 * time.Millisecond})
-	c := newRouteClient(rt.url)
+	c := testkit.NewChatClient(rt.url)
 	// Until the picker has tried the hanging backend at least once, every
 	// request must still be answered by b1.
 	for i := 0; i < 20 || backends[0].Stats().Requests == 0; i++ {
-		r, err := c.chat("", fmt.Sprint(i), false)
-		if err != nil || r.status != 200 || r.backend != "b1" {
-			t.Fatalf("request %d: %v status %d from %q", i, err, r.status, r.backend)
+		r, err := c.Chat("", fmt.Sprint(i), false)
+		if err != nil || r.Status != 200 || r.Backend != "b1" {
+			t.Fatalf("request %d: %v status %d from %q", i, err, r.Status, r.Backend)
 		}
 		if i > 1000 {
 			t.Fatal("the picker never chose b0")
@@ -407,32 +408,32 @@ func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
 	pool := llamaPool(backends)
 	pool.Picker.RetryRatio = 10
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{pool}})
-	c := newRouteClient(rt.url)
+	c := testkit.NewChatClient(rt.url)
 	cut, fromB1, requests := 0, 0, 0
 	for i := 0; cut < 3; i++ {
 		requests++
 		if i > 1000 {
 			t.Fatal("the picker never chose b0")
 		}
-		r, err := c.chat("", fmt.Sprint(i), true)
-		if err != nil && !(r.backend == "b0" && errors.Is(err, io.ErrUnexpectedEOF)) {
+		r, err := c.Chat("", fmt.Sprint(i), true)
+		if err != nil && !(r.Backend == "b0" && errors.Is(err, io.ErrUnexpectedEOF)) {
 			t.Fatal(err)
 		}
-		switch r.backend {
+		switch r.Backend {
 		case "b0":
 			cut++
 			if !errors.Is(err, io.ErrUnexpectedEOF) {
 				t.Errorf("cut stream read error %v, want unexpected EOF", err)
 			}
-			if r.header.Get("X-Fleetwatch-Attempts") != "1" || strings.Contains(string(r.body), "[DONE]") ||
-				r.text != fmt.Sprintf("user: %d", i) {
+			if r.Header.Get("X-Fleetwatch-Attempts") != "1" || strings.Contains(string(r.Body), "[DONE]") ||
+				r.Text != fmt.Sprintf("user: %d", i) {
 				t.Errorf("from b0: attempts %s, body %q: want one attempt and a stream cut after 2 tokens",
-					r.header.Get("X-Fleetwatch-Attempts"), r.body)
+					r.Header.Get("X-Fleetwatch-Attempts"), r.Body)
 			}
 		case "b1":
 			fromB1++
-			if r.status != 200 || !strings.Contains(string(r.body), "[DONE]") {
-				t.Errorf("from b1: status %d body %q", r.status, r.body)
+			if r.Status != 200 || !strings.Contains(string(r.Body), "[DONE]") {
+				t.Errorf("from b1: status %d body %q", r.Status, r.Body)
 			}
 		}
 	}
@@ -460,9 +461,9 @@ func TestRouteTTFTIsTheFirstToken(t *testing.T) {
 	backends := startFakeBackends(t, 1)
 	backends[0].SetBehavior(fakeai.Behavior{TTFT: 150 * time.Millisecond})
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
-	c := newRouteClient(rt.url)
-	if r, err := c.chat("", "hello", true); err != nil || r.status != 200 {
-		t.Fatalf("%v %d", err, r.status)
+	c := testkit.NewChatClient(rt.url)
+	if r, err := c.Chat("", "hello", true); err != nil || r.Status != 200 {
+		t.Fatalf("%v %d", err, r.Status)
 	}
 	eventually(t, 30*time.Second, "the event", func() bool { return len(log.snapshot()) == 1 })
 	ev := log.snapshot()[0]

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -43,7 +44,7 @@ func TestRouteStaleLocalBreakerFastFailure(t *testing.T) {
 			pool := countingPool(good1, good2, bad)
 			pool.Picker = p2c.Settings{LocalFailures: tt.localFailures}
 			_, url := serveRouter(t, Settings{Pools: []Pool{pool}, Now: clk.Now, Seed: 7, PrefixFrom: PrefixNone})
-			c := newRouteClient(url)
+			c := testkit.NewChatClient(url)
 
 			const rounds, workers, perWorker = 30, 8, 5
 			for round := range rounds {
@@ -53,7 +54,7 @@ func TestRouteStaleLocalBreakerFastFailure(t *testing.T) {
 					go func() {
 						defer wg.Done()
 						for i := range perWorker {
-							if _, err := c.chat("", fmt.Sprint(round, w, i), false); err != nil {
+							if _, err := c.Chat("", fmt.Sprint(round, w, i), false); err != nil {
 								t.Errorf("request: %v", err)
 							}
 						}
