@@ -45,19 +45,7 @@ func startEmbeddedDeployNATS(t *testing.T, conf string) string {
 	opts.Host, opts.Port, opts.HTTPPort = "127.0.0.1", -1, 0
 	opts.StoreDir = t.TempDir()
 	opts.NoLog, opts.NoSigs = true, true
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("embedded nats-server not ready")
-	}
-	return ns.ClientURL()
+	return runEmbeddedNATS(t, opts)
 }
 
 const debianNATSServer = "/usr/sbin/nats-server"

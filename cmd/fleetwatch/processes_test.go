@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
+	"github.com/nats-io/nats-server/v2/server"
 	"net"
 	"os"
 	"os/exec"
@@ -139,4 +140,24 @@ func startNATSServerProcess(t *testing.T, bin string, env []string, args ...stri
 		return addr != ""
 	})
 	return "nats://" + addr
+}
+
+// runEmbeddedNATS starts the embedded nats-server with opts (a port of its
+// own choosing when opts.Port is -1), stops it in t.Cleanup, and returns its
+// client URL.
+func runEmbeddedNATS(t *testing.T, opts *server.Options) string {
+	t.Helper()
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Start()
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("embedded nats-server not ready")
+	}
+	return ns.ClientURL()
 }

@@ -71,19 +71,7 @@ func startSecureEmbeddedNATS(t *testing.T, pki testkit.PKI, verify bool, nk nkey
 		Users: []*server.User{{Username: secUser, Password: secPassword}},
 		Nkeys: []*server.NkeyUser{{Nkey: nk.public}},
 	}
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("embedded nats-server not ready")
-	}
-	return ns.ClientURL()
+	return runEmbeddedNATS(t, opts)
 }
 
 // startSecureDebianNATS runs Debian's nats-server binary with a
