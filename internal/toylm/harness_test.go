@@ -48,7 +48,7 @@ func TestQ4CaughtInOneCycle(t *testing.T) {
 	t.Parallel()
 	h, vs := testHarness(t)
 	for _, sigma := range NoiseLevels {
-		r, err := h.Power(vs["q4-like"], sigma, 3, 1, 12)
+		r, err := h.Power(vs["q4-like"], sigma, raceFewer(3), 1, 12)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func TestUnchangedBackendStaysOK(t *testing.T) {
 	t.Parallel()
 	h, _ := testHarness(t)
 	for _, sigma := range append(NoiseLevels, LoadRegime) {
-		r, err := h.Null(sigma, nil, 2, nullCycles, 15)
+		r, err := h.Null(sigma, nil, raceFewer(2), nullCycles, 15)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,3 +5,6 @@ package toylm
 // nullCycles is how many unchanged cycles the null tests run (see
 // race_test.go).
 const nullCycles = 100
+
+// raceFewer is n without the race detector (see race_test.go).
+func raceFewer(n int) int { return n }

@@ -7,3 +7,7 @@ package toylm
 // nothing to check in) about tenfold, so the README's race suite runs a
 // quarter of them; a plain `go test` and `fleetwatch drift sim` run more.
 const nullCycles = 25
+
+// raceFewer is one fewer trial (or null backend) under the race detector,
+// at least one.
+func raceFewer(n int) int { return max(1, n-1) }
