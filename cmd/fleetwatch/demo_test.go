@@ -14,6 +14,7 @@ import (
 // artefact changes must be reported drifted and end with weight 0
 // (quarantine is on in the demo); the demo must stop by itself and exit 0.
 func TestDemoShowsBreakersOpenAndClose(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	if testing.Short() {
 		t.Skip("the demo runs for a minute")
 	}

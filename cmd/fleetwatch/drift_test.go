@@ -38,6 +38,7 @@ func TestDriftUsage(t *testing.T) {
 }
 
 func TestDriftSimSmoke(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	var out, errOut bytes.Buffer
 	err := runDrift(t.Context(), []string{"sim", "--cycles", "4", "--backends", "1", "--trials", "1", "--peer-trials", "1", "--max-delay", "1", "--enrol", "6", "--enrol-min", "0"}, &out, &errOut)
 	if err != nil {

@@ -296,6 +296,7 @@ probes:
 // with a backend failing on and off, and checks docs/METRICS.md against the
 // /metrics it exposes.
 func TestDashboardsAgainstServe(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	testkit.RequireTool(t, victoriaMetricsBin, "victoria-metrics")
 	config := serveTestConfig(t)
 	p := startServeProcess(t, config)
