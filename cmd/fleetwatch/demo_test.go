@@ -18,7 +18,7 @@ func TestDemoShowsBreakersOpenAndClose(t *testing.T) {
 	if testing.Short() {
 		t.Skip("the demo runs for a minute")
 	}
-	p := startProc(t, false, "demo", "--duration", "65s", "--script", "50s", "--http", "127.0.0.1:0", "--rate", "30")
+	p := startProc(t, false, "demo", "--duration", "56s", "--script", "50s", "--http", "127.0.0.1:0", "--rate", "30")
 	select {
 	case <-p.done:
 	case <-time.After(3 * time.Minute):

@@ -8,3 +8,6 @@ const nullCycles = 100
 
 // raceFewer is n without the race detector (see race_test.go).
 func raceFewer(n int) int { return n }
+
+// calibrationTargets are the KL targets whose calibration the tests check.
+var calibrationTargets = []float64{KLQ8, KLQ6, KLQ4}

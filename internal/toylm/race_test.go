@@ -11,3 +11,8 @@ const nullCycles = 25
 // raceFewer is one fewer trial (or null backend) under the race detector,
 // at least one.
 func raceFewer(n int) int { return max(1, n-1) }
+
+// calibrationTargets are the KL targets whose calibration the tests check:
+// under the race detector the q4-like one only (the search is the same for
+// all three).
+var calibrationTargets = []float64{KLQ4}

@@ -14,7 +14,7 @@ import (
 // 5% of its target; fp16 rounding is about zero and a swap is far.
 func TestCalibrationByMeasuredKL(t *testing.T) {
 	ref := New(Config{})
-	for _, target := range []float64{KLQ8, KLQ6, KLQ4} {
+	for _, target := range calibrationTargets {
 		v, kl := ref.Quantized(target)
 		if again := MeasureKL(ref, v); again != kl {
 			t.Errorf("target %g: reported KL %g, measured again %g", target, kl, again)
