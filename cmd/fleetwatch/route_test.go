@@ -11,12 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
@@ -87,53 +85,13 @@ func startRouteCmd(t testing.TB, configPath string, args ...string) string {
 	return url
 }
 
-// collectEvents subscribes to every outcome subject and decodes the batches.
-type routeEventLog struct {
-	mu      sync.Mutex
-	events  []fleetwatch.Event
-	subject map[string]int
-}
-
-func collectRouteEvents(t *testing.T, nc *nats.Conn) *routeEventLog {
-	t.Helper()
-	l := &routeEventLog{subject: map[string]int{}}
-	var dec fleetwatch.Decoder
-	sub, err := nc.Subscribe(fleetwatch.Subjects{}.OutcomesWildcard(), func(m *nats.Msg) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.subject[m.Subject]++
-		dec.DecodeBatch(m.Data, func(line []byte, ev *fleetwatch.Event, err error) {
-			if err != nil {
-				t.Errorf("bad event %s: %v", line, err)
-				return
-			}
-			l.events = append(l.events, *ev)
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-func (l *routeEventLog) snapshot() []fleetwatch.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]fleetwatch.Event(nil), l.events...)
-}
-
-// client sends OpenAI requests to the router.
 // TestRouteProxiesAndPublishesEvents is the smoke test of `fleetwatch
 // route` as a command: flags, configuration, NATS, /metrics and /healthz.
 // The router's behaviour is tested in feed/route.
 func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
-	log := collectRouteEvents(t, nc)
+	log := testkit.CollectEvents(t, nc)
 	backends := startFakeBackends(t, 2)
 	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""))
 	c := testkit.NewChatClient(base)
@@ -171,8 +129,8 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 		t.Errorf("models (-want +got):\n%s", diff)
 	}
 
-	eventually(t, 30*time.Second, "4 outcome events", func() bool { return len(log.snapshot()) >= 4 })
-	evs := log.snapshot()
+	eventually(t, 30*time.Second, "4 outcome events", func() bool { return len(log.Events()) >= 4 })
+	evs := log.Events()
 	for _, ev := range evs {
 		if ev.Pool != "llama" || ev.Status != 200 || ev.Outcome != fleetwatch.OutcomeOK || !ev.HasTTFT ||
 			!ev.HasDuration || ev.Source != "test-route" || ev.TTFTMs > ev.DurationMs {
@@ -182,11 +140,9 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	if evs[0].Prefix == "" || evs[0].Prefix != evs[1].Prefix || evs[0].Fingerprint != "fp_echo" || evs[0].OutputTokens != 4 {
 		t.Errorf("chat events: prefix %q %q fingerprint %q output %d", evs[0].Prefix, evs[1].Prefix, evs[0].Fingerprint, evs[0].OutputTokens)
 	}
-	log.mu.Lock()
-	if log.subject["fw.outcomes.test-route"] == 0 {
-		t.Errorf("subjects %v, want fw.outcomes.test-route", log.subject)
+	if log.Messages("fw.outcomes.test-route") == 0 {
+		t.Errorf("no message on fw.outcomes.test-route")
 	}
-	log.mu.Unlock()
 
 	// The router's metrics count what happened.
 	resp, err = http.Get(base + "/metrics")

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
-	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed"
@@ -103,45 +102,6 @@ func (tr *testRouter) metricsText() string {
 	var b bytes.Buffer
 	tr.set.WritePrometheus(&b)
 	return b.String()
-}
-
-// routeEventLog collects the outcome events published on NATS.
-type routeEventLog struct {
-	mu      sync.Mutex
-	events  []fleetwatch.Event
-	subject map[string]int
-}
-
-func collectRouteEvents(t *testing.T, nc *nats.Conn) *routeEventLog {
-	t.Helper()
-	l := &routeEventLog{subject: map[string]int{}}
-	var dec fleetwatch.Decoder
-	sub, err := nc.Subscribe(fleetwatch.Subjects{}.OutcomesWildcard(), func(m *nats.Msg) {
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		l.subject[m.Subject]++
-		dec.DecodeBatch(m.Data, func(line []byte, ev *fleetwatch.Event, err error) {
-			if err != nil {
-				t.Errorf("bad event %s: %v", line, err)
-				return
-			}
-			l.events = append(l.events, *ev)
-		})
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sub.Unsubscribe() })
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return l
-}
-
-func (l *routeEventLog) snapshot() []fleetwatch.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]fleetwatch.Event(nil), l.events...)
 }
 
 // testkit.ChatClient sends OpenAI requests to the router.

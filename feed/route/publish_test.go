@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"strings"
 	"sync"
 	"testing"
@@ -164,7 +165,7 @@ func TestSubjectToken(t *testing.T) {
 func TestOutcomePublisherOverNATS(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
-	log := collectRouteEvents(t, nc)
+	log := testkit.CollectEvents(t, nc)
 	p := mustPublisher(t, PublisherSettings{Subject: "fw.outcomes.edge-1", Publish: nc.Publish})
 	done := make(chan error, 1)
 	go func() { done <- p.Run(context.Background()) }() // exits on Close
@@ -181,8 +182,8 @@ func TestOutcomePublisherOverNATS(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "500 events", func() bool { return len(log.snapshot()) == 500 })
-	if diff := cmp.Diff(want, log.snapshot()); diff != "" {
+	eventually(t, 30*time.Second, "500 events", func() bool { return len(log.Events()) == 500 })
+	if diff := cmp.Diff(want, log.Events()); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }

@@ -23,7 +23,7 @@ import (
 func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
-	log := collectRouteEvents(t, nc)
+	log := testkit.CollectEvents(t, nc)
 	backends := startFakeBackends(t, 2)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
 	c := testkit.NewChatClient(rt.url)
@@ -73,8 +73,8 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 		}
 	}
 
-	eventually(t, 30*time.Second, "4 outcome events", func() bool { return len(log.snapshot()) >= 4 })
-	evs := log.snapshot()
+	eventually(t, 30*time.Second, "4 outcome events", func() bool { return len(log.Events()) >= 4 })
+	evs := log.Events()
 	for _, ev := range evs {
 		if ev.Pool != "llama" || ev.Status != 200 || ev.Outcome != fleetwatch.OutcomeOK || !ev.HasTTFT ||
 			!ev.HasDuration || ev.Source != "test-route" || ev.TTFTMs > ev.DurationMs {
@@ -84,11 +84,9 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	if evs[0].Prefix == "" || evs[0].Prefix != evs[1].Prefix || evs[0].Fingerprint != "fp_echo" || evs[0].OutputTokens != 4 {
 		t.Errorf("chat events: prefix %q %q fingerprint %q output %d", evs[0].Prefix, evs[1].Prefix, evs[0].Fingerprint, evs[0].OutputTokens)
 	}
-	log.mu.Lock()
-	if log.subject["fw.outcomes.test-route"] == 0 {
-		t.Errorf("subjects %v, want fw.outcomes.test-route", log.subject)
+	if log.Messages("fw.outcomes.test-route") == 0 {
+		t.Errorf("no message on fw.outcomes.test-route")
 	}
-	log.mu.Unlock()
 
 	// The router's metrics count what happened.
 	metricsText := rt.metricsText()
@@ -295,7 +293,7 @@ func TestRouteAffinityKeepsAPromptOnOneBackend(t *testing.T) {
 // PrefixFrom none: no prefix in the events, and prompts spread.
 func TestRoutePrefixFromNone(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
-	log := collectRouteEvents(t, feedtest.Connect(t, natsURL))
+	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
 	backends := startFakeBackends(t, 3)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}, PrefixFrom: PrefixNone})
 	c := testkit.NewChatClient(rt.url)
@@ -310,8 +308,8 @@ func TestRoutePrefixFromNone(t *testing.T) {
 	if len(seen) < 2 {
 		t.Errorf("without affinity one prompt went only to %v", seen)
 	}
-	eventually(t, 30*time.Second, "60 events", func() bool { return len(log.snapshot()) == 60 })
-	for _, ev := range log.snapshot() {
+	eventually(t, 30*time.Second, "60 events", func() bool { return len(log.Events()) == 60 })
+	for _, ev := range log.Events() {
 		if ev.Prefix != "" {
 			t.Fatalf("event with prefix %q, want none", ev.Prefix)
 		}
@@ -338,7 +336,7 @@ func TestRouteKeepsServingWhenNATSIsGone(t *testing.T) {
 
 func TestRouteClientCancellationReachesTheBackend(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
-	log := collectRouteEvents(t, feedtest.Connect(t, natsURL))
+	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
 	backends := startFakeBackends(t, 1)
 	backends[0].SetBehavior(fakeai.Behavior{Hang: true})
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
@@ -357,7 +355,7 @@ func TestRouteClientCancellationReachesTheBackend(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "the backend to see the cancellation", func() bool { return backends[0].Stats().Canceled == 1 })
 	eventually(t, 30*time.Second, "a canceled event and a 499", func() bool {
-		evs := log.snapshot()
+		evs := log.Events()
 		return len(evs) == 1 && evs[0].Outcome == fleetwatch.OutcomeCanceled &&
 			strings.Contains(rt.metricsText(), `fleetwatch_route_requests_total{pool="llama",code="499"} 1`)
 	})
@@ -369,7 +367,7 @@ func TestRouteClientCancellationReachesTheBackend(t *testing.T) {
 func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
-	log := collectRouteEvents(t, nc)
+	log := testkit.CollectEvents(t, nc)
 	backends := startFakeBackends(t, 2)
 	backends[0].SetBehavior(fakeai.Behavior{Hang: true})
 	pool := llamaPool(backends)
@@ -388,7 +386,7 @@ func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
 		}
 	}
 	eventually(t, 30*time.Second, "a timeout event for b0", func() bool {
-		for _, ev := range log.snapshot() {
+		for _, ev := range log.Events() {
 			if ev.Backend == "b0" && ev.Outcome == fleetwatch.OutcomeTimeout && ev.Status == 0 && ev.HasStatus {
 				return true
 			}
@@ -402,7 +400,7 @@ func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
 // duplicate them) whose connection drops, one attempt, and an error event.
 func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
-	log := collectRouteEvents(t, feedtest.Connect(t, natsURL))
+	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
 	backends := startFakeBackends(t, 2)
 	backends[0].SetBehavior(fakeai.Behavior{BreakAfterTokens: 2})
 	pool := llamaPool(backends)
@@ -440,10 +438,10 @@ func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
 	if got := backends[1].Stats().Requests; got != int64(fromB1) {
 		t.Errorf("b1 got %d requests but answered %d clients: a retry after the stream began?", got, fromB1)
 	}
-	eventually(t, 30*time.Second, "one event per request", func() bool { return len(log.snapshot()) == requests })
+	eventually(t, 30*time.Second, "one event per request", func() bool { return len(log.Events()) == requests })
 	eventually(t, 30*time.Second, "error events for the cut streams", func() bool {
 		n := 0
-		for _, ev := range log.snapshot() {
+		for _, ev := range log.Events() {
 			if ev.Backend == "b0" && ev.Outcome == fleetwatch.OutcomeError && ev.Status == 200 {
 				n++
 			}
@@ -457,7 +455,7 @@ func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
 // a role-only chunk). A lower bound only: a timer never fires early.
 func TestRouteTTFTIsTheFirstToken(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
-	log := collectRouteEvents(t, feedtest.Connect(t, natsURL))
+	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
 	backends := startFakeBackends(t, 1)
 	backends[0].SetBehavior(fakeai.Behavior{TTFT: 150 * time.Millisecond})
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
@@ -465,8 +463,8 @@ func TestRouteTTFTIsTheFirstToken(t *testing.T) {
 	if r, err := c.Chat("", "hello", true); err != nil || r.Status != 200 {
 		t.Fatalf("%v %d", err, r.Status)
 	}
-	eventually(t, 30*time.Second, "the event", func() bool { return len(log.snapshot()) == 1 })
-	ev := log.snapshot()[0]
+	eventually(t, 30*time.Second, "the event", func() bool { return len(log.Events()) == 1 })
+	ev := log.Events()[0]
 	if !ev.HasTTFT || ev.TTFTMs < 150 || ev.DurationMs < ev.TTFTMs || ev.OutputTokens != 4 {
 		t.Errorf("event ttft %v (has %v) duration %v output %d: want ttft >= 150 and 4 tokens",
 			ev.TTFTMs, ev.HasTTFT, ev.DurationMs, ev.OutputTokens)

@@ -251,3 +251,53 @@ func (l *Lines) String() string {
 	defer l.mu.Unlock()
 	return l.b.String()
 }
+
+// EventLog collects the outcome events published on fw.outcomes.> (one
+// event or an NDJSON batch per message), failing the test on an event that
+// does not decode.
+type EventLog struct {
+	mu       sync.Mutex // guards events, subjects
+	events   []fleetwatch.Event
+	subjects map[string]int
+}
+
+// CollectEvents subscribes an EventLog on nc until t's cleanup.
+func CollectEvents(t testing.TB, nc *nats.Conn) *EventLog {
+	t.Helper()
+	l := &EventLog{subjects: map[string]int{}}
+	var dec fleetwatch.Decoder
+	sub, err := nc.Subscribe(fleetwatch.Subjects{}.OutcomesWildcard(), func(m *nats.Msg) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.subjects[m.Subject]++
+		dec.DecodeBatch(m.Data, func(line []byte, ev *fleetwatch.Event, err error) {
+			if err != nil {
+				t.Errorf("bad event %s: %v", line, err)
+				return
+			}
+			l.events = append(l.events, *ev)
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// Events is a copy of the events seen so far.
+func (l *EventLog) Events() []fleetwatch.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]fleetwatch.Event(nil), l.events...)
+}
+
+// Messages is how many messages arrived on subject.
+func (l *EventLog) Messages(subject string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.subjects[subject]
+}
