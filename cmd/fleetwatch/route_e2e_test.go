@@ -208,7 +208,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	// b1 from opening later. Slowness is not under test either: on a loaded
 	// machine (and under -race) a 10ms TTFT can spike past 5x the median,
 	// so the slow trip is set far out of reach.
-	backends := startFakeBackends(t, 4)
+	backends := testkit.StartFakeBackends(t, 4)
 	healthy := fakeai.Behavior{TTFT: 10 * time.Millisecond, TokenTime: 500 * time.Microsecond}
 	for _, b := range backends {
 		b.SetBehavior(healthy)

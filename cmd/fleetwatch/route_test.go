@@ -16,25 +16,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 )
-
-// fakeBackends starts n fake backends named b0, b1, ...
-func startFakeBackends(t testing.TB, n int) []*fakeai.Server {
-	t.Helper()
-	out := make([]*fakeai.Server, n)
-	for i := range out {
-		srv, err := fakeai.Listen(fakeai.Settings{Name: fmt.Sprintf("b%d", i), Seed: uint64(i + 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Close() })
-		out[i] = srv
-	}
-	return out
-}
 
 // routeConfig writes a config with one pool "llama" (model alias
 // "llama-3.1-70b") whose backends are the fakes, and returns its path.
@@ -92,7 +76,7 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
 	log := testkit.CollectEvents(t, nc)
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	base := startRouteCmd(t, routeConfig(t, natsURL, backends, ""))
 	c := testkit.NewChatClient(base)
 
@@ -130,16 +114,7 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	}
 
 	eventually(t, 30*time.Second, "4 outcome events", func() bool { return len(log.Events()) >= 4 })
-	evs := log.Events()
-	for _, ev := range evs {
-		if ev.Pool != "llama" || ev.Status != 200 || ev.Outcome != fleetwatch.OutcomeOK || !ev.HasTTFT ||
-			!ev.HasDuration || ev.Source != "test-route" || ev.TTFTMs > ev.DurationMs {
-			t.Errorf("event %+v", ev)
-		}
-	}
-	if evs[0].Prefix == "" || evs[0].Prefix != evs[1].Prefix || evs[0].Fingerprint != "fp_echo" || evs[0].OutputTokens != 4 {
-		t.Errorf("chat events: prefix %q %q fingerprint %q output %d", evs[0].Prefix, evs[1].Prefix, evs[0].Fingerprint, evs[0].OutputTokens)
-	}
+	testkit.CheckEchoChatEvents(t, log.Events(), "llama", "test-route")
 	if log.Messages("fw.outcomes.test-route") == 0 {
 		t.Errorf("no message on fw.outcomes.test-route")
 	}
@@ -179,7 +154,7 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 // without a URL is a configuration error that names it.
 func TestRouteFlagsAndConfigErrors(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
-	backends := startFakeBackends(t, 1)
+	backends := testkit.StartFakeBackends(t, 1)
 	cfg := routeConfig(t, natsURL, backends, "")
 	for _, args := range [][]string{{"--prefix-from", "user"}, {"--max-attempts", "0"}} {
 		var stderr syncBuffer

@@ -123,7 +123,7 @@ func TestRetryAfterMs(t *testing.T) {
 // Two pools: a request goes to the pool naming its model; an unknown model
 // is ErrUnknownModel, a 404 by default.
 func TestRouteTwoPools(t *testing.T) {
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	rt, err := New(Settings{Pools: []Pool{
 		{ID: "llama", Models: []string{"llama-3.1-70b"}, Backends: []Backend{{ID: "b0", URL: backends[0].URL()}}},
 		{ID: "qwen", Backends: []Backend{{ID: "b1", URL: backends[1].URL() + "/v1"}}},
@@ -250,7 +250,7 @@ func TestRouteHooks(t *testing.T) {
 // A backend that gives no answer reaches the ErrorHandler as a
 // *BackendError; the default answers 502, or 504 for a timeout.
 func TestRouteBackendErrors(t *testing.T) {
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	backends[0].SetBehavior(fakeai.Behavior{Refuse: true})
 	backends[1].SetBehavior(fakeai.Behavior{Hang: true})
 	for _, tc := range []struct {

@@ -2,6 +2,7 @@ package route
 
 import (
 	"bytes"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"net/http"
 	"slices"
@@ -26,7 +27,7 @@ import (
 //	go test -run '^$' -bench BenchmarkRouteOverhead -benchtime=5000x -benchmem ./feed/route/
 func BenchmarkRouteOverhead(b *testing.B) {
 	natsURL, _ := feedtest.NewServer(b)
-	backends := startFakeBackends(b, 1)
+	backends := testkit.StartFakeBackends(b, 1)
 	routeURL := startRouter(b, natsURL, Settings{Pools: []Pool{llamaPool(backends)}}).url
 	body := []byte(`{"model":"llama","messages":[{"role":"system","content":"be brief"},` +
 		`{"role":"user","content":"hello there"}],"max_tokens":4}`)
@@ -100,7 +101,7 @@ func BenchmarkRouteOverhead(b *testing.B) {
 //	go test -run '^$' -bench BenchmarkRouteSequential -benchmem ./feed/route/
 func BenchmarkRouteSequential(b *testing.B) {
 	natsURL, _ := feedtest.NewServer(b)
-	backends := startFakeBackends(b, 1)
+	backends := testkit.StartFakeBackends(b, 1)
 	routeURL := startRouter(b, natsURL, Settings{Pools: []Pool{llamaPool(backends)}}).url
 	body := []byte(`{"model":"llama","messages":[{"role":"system","content":"be brief"},` +
 		`{"role":"user","content":"hello there"}],"max_tokens":4}`)

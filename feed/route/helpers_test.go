@@ -3,7 +3,6 @@ package route
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"net/http/httptest"
 	"sync"
 	"testing"
@@ -16,22 +15,6 @@ import (
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 )
-
-// startFakeBackends starts n fake OpenAI-compatible backends named b0, b1,
-// ... on loopback ports; they stop in t.Cleanup.
-func startFakeBackends(t testing.TB, n int) []*fakeai.Server {
-	t.Helper()
-	out := make([]*fakeai.Server, n)
-	for i := range out {
-		srv, err := fakeai.Listen(fakeai.Settings{Name: fmt.Sprintf("b%d", i), Seed: uint64(i + 1)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Close() })
-		out[i] = srv
-	}
-	return out
-}
 
 // llamaPool is one pool "llama" (model alias "llama-3.1-70b") over the fakes.
 func llamaPool(backends []*fakeai.Server) Pool {

@@ -24,7 +24,7 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
 	log := testkit.CollectEvents(t, nc)
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
 	c := testkit.NewChatClient(rt.url)
 
@@ -74,16 +74,7 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 	}
 
 	eventually(t, 30*time.Second, "4 outcome events", func() bool { return len(log.Events()) >= 4 })
-	evs := log.Events()
-	for _, ev := range evs {
-		if ev.Pool != "llama" || ev.Status != 200 || ev.Outcome != fleetwatch.OutcomeOK || !ev.HasTTFT ||
-			!ev.HasDuration || ev.Source != "test-route" || ev.TTFTMs > ev.DurationMs {
-			t.Errorf("event %+v", ev)
-		}
-	}
-	if evs[0].Prefix == "" || evs[0].Prefix != evs[1].Prefix || evs[0].Fingerprint != "fp_echo" || evs[0].OutputTokens != 4 {
-		t.Errorf("chat events: prefix %q %q fingerprint %q output %d", evs[0].Prefix, evs[1].Prefix, evs[0].Fingerprint, evs[0].OutputTokens)
-	}
+	testkit.CheckEchoChatEvents(t, log.Events(), "llama", "test-route")
 	if log.Messages("fw.outcomes.test-route") == 0 {
 		t.Errorf("no message on fw.outcomes.test-route")
 	}
@@ -108,7 +99,7 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 
 func TestRouteRetriesFailuresTheClientHasNotSeen(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
-	backends := startFakeBackends(t, 3)
+	backends := testkit.StartFakeBackends(t, 3)
 	backends[0].SetBehavior(fakeai.Behavior{InstantError: true})
 	backends[1].SetBehavior(fakeai.Behavior{Refuse: true})
 	// A generous retry budget: this test is about the retry mechanics; the
@@ -153,7 +144,7 @@ func TestRouteRetriesFailuresTheClientHasNotSeen(t *testing.T) {
 // or the ErrorHandler's 502 for a refused connection.
 func TestRouteMaxAttemptsOne(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	backends[0].SetBehavior(fakeai.Behavior{InstantError: true})
 	backends[1].SetBehavior(fakeai.Behavior{Refuse: true})
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}, MaxAttempts: 1})
@@ -175,7 +166,7 @@ func TestRouteFollowsDecisions(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
 	script := feedtest.NewScript(t, nc, "")
-	backends := startFakeBackends(t, 3)
+	backends := testkit.StartFakeBackends(t, 3)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
 	c := testkit.NewChatClient(rt.url)
 
@@ -232,7 +223,7 @@ func TestRouteFollowsDecisions(t *testing.T) {
 // URL for it, routes only to configured backends, and writes no series for
 // it.
 func TestRouteIgnoresUnconfiguredBackends(t *testing.T) {
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	var logged []string
 	rt, err := New(Settings{Pools: []Pool{llamaPool(backends)}, Logf: func(format string, args ...any) {
 		logged = append(logged, fmt.Sprintf(format, args...))
@@ -272,7 +263,7 @@ func TestRouteIgnoresUnconfiguredBackends(t *testing.T) {
 
 func TestRouteAffinityKeepsAPromptOnOneBackend(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
-	backends := startFakeBackends(t, 3)
+	backends := testkit.StartFakeBackends(t, 3)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
 	c := testkit.NewChatClient(rt.url)
 	for _, system := range []string{"you are a pirate", "you are a lawyer", "you are a poet"} {
@@ -294,7 +285,7 @@ func TestRouteAffinityKeepsAPromptOnOneBackend(t *testing.T) {
 func TestRoutePrefixFromNone(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
-	backends := startFakeBackends(t, 3)
+	backends := testkit.StartFakeBackends(t, 3)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}, PrefixFrom: PrefixNone})
 	c := testkit.NewChatClient(rt.url)
 	seen := map[string]int{}
@@ -318,7 +309,7 @@ func TestRoutePrefixFromNone(t *testing.T) {
 
 func TestRouteKeepsServingWhenNATSIsGone(t *testing.T) {
 	natsURL, ns := feedtest.NewServer(t)
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
 	c := testkit.NewChatClient(rt.url)
 	if r, err := c.Chat("", "before", false); err != nil || r.Status != 200 {
@@ -337,7 +328,7 @@ func TestRouteKeepsServingWhenNATSIsGone(t *testing.T) {
 func TestRouteClientCancellationReachesTheBackend(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
-	backends := startFakeBackends(t, 1)
+	backends := testkit.StartFakeBackends(t, 1)
 	backends[0].SetBehavior(fakeai.Behavior{Hang: true})
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
 	ctx, cancel := context.WithCancel(t.Context())
@@ -368,7 +359,7 @@ func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
 	log := testkit.CollectEvents(t, nc)
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	backends[0].SetBehavior(fakeai.Behavior{Hang: true})
 	pool := llamaPool(backends)
 	pool.Picker.RetryRatio = 10
@@ -401,7 +392,7 @@ func TestRouteHeaderTimeoutRetriesAHangingBackend(t *testing.T) {
 func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
-	backends := startFakeBackends(t, 2)
+	backends := testkit.StartFakeBackends(t, 2)
 	backends[0].SetBehavior(fakeai.Behavior{BreakAfterTokens: 2})
 	pool := llamaPool(backends)
 	pool.Picker.RetryRatio = 10
@@ -456,7 +447,7 @@ func TestRouteNeverRetriesAfterTheStreamBegan(t *testing.T) {
 func TestRouteTTFTIsTheFirstToken(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
-	backends := startFakeBackends(t, 1)
+	backends := testkit.StartFakeBackends(t, 1)
 	backends[0].SetBehavior(fakeai.Behavior{TTFT: 150 * time.Millisecond})
 	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}})
 	c := testkit.NewChatClient(rt.url)
