@@ -31,7 +31,7 @@ var allowed = map[string][]string{
 	// The one mapping from the YAML file to every component's Settings.
 	"internal/config": {".", "analyzer", "collector", "feed", "feed/p2c", "feed/route", "probes"},
 	// Helpers shared by tests; imported only from _test.go files.
-	"internal/testkit": {"."},
+	"internal/testkit": {".", "internal/fakeai"},
 }
 
 // testOnly are packages that only tests may import.
