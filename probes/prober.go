@@ -159,7 +159,7 @@ func New(s Settings) (*Prober, error) {
 		s.Logf = func(string, ...any) {}
 	}
 	s.Params = s.Params.withDefaults()
-	sched, err := cron.ParseStandard(s.Schedule)
+	sched, err := ParseSchedule(s.Schedule)
 	if err != nil {
 		return nil, fmt.Errorf("probes: schedule %q: %w", s.Schedule, err)
 	}

@@ -287,7 +287,7 @@ func NewReviewer(s ReviewSettings) (*Reviewer, error) {
 	if s.Logf == nil {
 		s.Logf = func(string, ...any) {}
 	}
-	sched, err := cron.ParseStandard(s.Schedule)
+	sched, err := ParseSchedule(s.Schedule)
 	if err != nil {
 		return nil, fmt.Errorf("probes: review schedule %q: %w", s.Schedule, err)
 	}

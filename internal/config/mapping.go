@@ -14,6 +14,13 @@ import (
 // TestMappingReachesEverySetting ties it to both sides: every key reaches a
 // setting, and every setting is reached by a key.
 
+// setIf sets *dst to *v when the key was given (v not nil).
+func setIf[T any](dst *T, v *T) {
+	if v != nil {
+		*dst = *v
+	}
+}
+
 // settings converts a YAML analyzer block into analyzer.Settings; absent
 // keys stay zero, which the analyzer reads as "default" (global block) or
 // "inherit" (a pool's block).
@@ -32,29 +39,19 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setDur(&s.Heartbeat, a.Heartbeat)
 	setDur(&s.TTL, a.TTL)
 	setDur(&s.Expiry, a.Expiry)
-	setInt := func(dst *int, v *int) {
-		if v != nil {
-			*dst = *v
-		}
-	}
-	setInt(&s.MinRequests, a.MinRequests)
-	setInt(&s.ConsecutiveFailures, a.ConsecutiveFailures)
-	setInt(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)
-	setInt(&s.RecentMinRequests, a.RecentMinRequests)
-	setFloat := func(dst *float64, v *float64) {
-		if v != nil {
-			*dst = *v
-		}
-	}
-	setFloat(&s.FailureRate, a.FailureRate)
-	setFloat(&s.ThrottleRate, a.ThrottleRate)
-	setFloat(&s.SlowFactor, a.SlowFactor)
-	setFloat(&s.EWMAAlpha, a.EWMAAlpha)
-	setFloat(&s.HalfOpenWeight, a.HalfOpenWeight)
-	setFloat(&s.MaxOpenFraction, a.MaxOpenFraction)
-	setFloat(&s.MaxWeightStep, a.MaxWeightStep)
-	setFloat(&s.OpenJitter, a.OpenJitter)
-	setFloat(&s.PoolThrottleHold, a.PoolThrottleHold)
+	setIf(&s.MinRequests, a.MinRequests)
+	setIf(&s.ConsecutiveFailures, a.ConsecutiveFailures)
+	setIf(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)
+	setIf(&s.RecentMinRequests, a.RecentMinRequests)
+	setIf(&s.FailureRate, a.FailureRate)
+	setIf(&s.ThrottleRate, a.ThrottleRate)
+	setIf(&s.SlowFactor, a.SlowFactor)
+	setIf(&s.EWMAAlpha, a.EWMAAlpha)
+	setIf(&s.HalfOpenWeight, a.HalfOpenWeight)
+	setIf(&s.MaxOpenFraction, a.MaxOpenFraction)
+	setIf(&s.MaxWeightStep, a.MaxWeightStep)
+	setIf(&s.OpenJitter, a.OpenJitter)
+	setIf(&s.PoolThrottleHold, a.PoolThrottleHold)
 	if a.OpenJitter != nil && *a.OpenJitter == 0 {
 		s.OpenJitter = -1 // "open_jitter: 0" means none; the analyzer reads 0 as the default
 	}
