@@ -130,6 +130,9 @@ const (
 	fieldCacheHit
 	fieldFingerprint
 	fieldSource
+	fieldRunning
+	fieldWaiting
+	fieldKVCache
 	numFields
 	noField = numFields
 )
@@ -141,6 +144,7 @@ var fieldNames = [numFields]string{
 	fieldOutputTokens: "output_tokens", fieldCold: "cold",
 	fieldRetryAfter: "retry_after_ms", fieldPrefix: "prefix",
 	fieldCacheHit: "cache_hit", fieldFingerprint: "fingerprint", fieldSource: "source",
+	fieldRunning: "running", fieldWaiting: "waiting", fieldKVCache: "kv_cache_usage",
 }
 
 // fieldOf returns the field named key, noField for an unknown key. It is
@@ -481,7 +485,7 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 			return fail(ErrOutOfRange), end
 		}
 		ev.Status, ev.HasStatus = int(v), true
-	case fieldInputTokens, fieldOutputTokens:
+	case fieldInputTokens, fieldOutputTokens, fieldRunning, fieldWaiting:
 		if !n.isInt {
 			return fail(ErrWrongType), end
 		}
@@ -489,11 +493,22 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 		if !ok || v < 0 {
 			return fail(ErrOutOfRange), end
 		}
-		if k == fieldInputTokens {
+		switch k {
+		case fieldInputTokens:
 			ev.InputTokens = v
-		} else {
+		case fieldOutputTokens:
 			ev.OutputTokens = v
+		case fieldRunning:
+			ev.Running, ev.HasRunning = v, true
+		default:
+			ev.Waiting, ev.HasWaiting = v, true
 		}
+	case fieldKVCache:
+		f, ok := n.float(num)
+		if !ok || !(f >= 0 && f <= 1) { // NaN fails both
+			return fail(ErrOutOfRange), end
+		}
+		ev.KVCacheUsage, ev.HasKVCache = f, true
 	case fieldTTFT, fieldDuration, fieldRetryAfter:
 		f, ok := n.float(num)
 		if !ok || !(f >= 0 && f <= MaxDurationMs) { // NaN fails both
@@ -621,5 +636,11 @@ func clearField(ev *Event, k field) {
 		ev.Fingerprint = ""
 	case fieldSource:
 		ev.Source = ""
+	case fieldRunning:
+		ev.Running, ev.HasRunning = 0, false
+	case fieldWaiting:
+		ev.Waiting, ev.HasWaiting = 0, false
+	case fieldKVCache:
+		ev.KVCacheUsage, ev.HasKVCache = 0, false
 	}
 }

@@ -175,6 +175,15 @@ func TestDecodeValid(t *testing.T) {
 		{"prefix 128 bytes", ev(`"prefix":"` + long(128) + `"`), with(func(e *Event) { e.Prefix = long(128) })},
 		{"fingerprint 256 bytes", ev(`"fingerprint":"` + long(256) + `"`), with(func(e *Event) { e.Fingerprint = long(256) })},
 		{"source 256 bytes", ev(`"source":"` + long(256) + `"`), with(func(e *Event) { e.Source = long(256) })},
+		{"load", ev(`"running":12`, `"waiting":3`, `"kv_cache_usage":0.42`),
+			with(func(e *Event) {
+				e.Running, e.HasRunning, e.Waiting, e.HasWaiting = 12, true, 3, true
+				e.KVCacheUsage, e.HasKVCache = 0.42, true
+			})},
+		{"load zero is present", ev(`"running":0`, `"waiting":0`, `"kv_cache_usage":0`),
+			with(func(e *Event) { e.HasRunning, e.HasWaiting, e.HasKVCache = true, true, true })},
+		{"kv_cache_usage 1", ev(`"kv_cache_usage":1`), with(func(e *Event) { e.KVCacheUsage, e.HasKVCache = 1, true })},
+		{"load null", ev(`"running":null`, `"waiting":null`, `"kv_cache_usage":null`), base()},
 
 		{"unknown fields skipped", `{"x":{"a":[1,-2.5e+3,{"b":null}],"c":"\"}\u1234"},"pool":"p","y":[[],{}],"backend":"b","z":true,"w":"s"}`, base()},
 		{"unknown field case differs", ev(`"Pool":7`, `"TTFT_MS":"x"`), base()},
@@ -284,6 +293,13 @@ func TestDecodeRejects(t *testing.T) {
 		{"input_tokens string", ev(`"input_tokens":"5"`), ErrWrongType, "input_tokens"},
 		{"output_tokens negative", ev(`"output_tokens":-350`), ErrOutOfRange, "output_tokens"},
 		{"output_tokens fraction", ev(`"output_tokens":0.5`), ErrWrongType, "output_tokens"},
+		{"running negative", ev(`"running":-1`), ErrOutOfRange, "running"},
+		{"running fraction", ev(`"running":2.5`), ErrWrongType, "running"},
+		{"waiting negative", ev(`"waiting":-3`), ErrOutOfRange, "waiting"},
+		{"waiting string", ev(`"waiting":"3"`), ErrWrongType, "waiting"},
+		{"kv_cache_usage above 1", ev(`"kv_cache_usage":1.01`), ErrOutOfRange, "kv_cache_usage"},
+		{"kv_cache_usage negative", ev(`"kv_cache_usage":-0.1`), ErrOutOfRange, "kv_cache_usage"},
+		{"kv_cache_usage percent", ev(`"kv_cache_usage":"42%"`), ErrWrongType, "kv_cache_usage"},
 
 		{"cold number", ev(`"cold":1`), ErrWrongType, "cold"},
 		{"cold string", ev(`"cold":"true"`), ErrWrongType, "cold"},
@@ -785,13 +801,20 @@ func crossCheck(t *testing.T, data []byte, ev *Event) {
 		}
 		want.Status, want.HasStatus = int(v), true
 	}
-	for k, p := range map[string]*int64{"input_tokens": &want.InputTokens, "output_tokens": &want.OutputTokens} {
+	ints := map[string]struct {
+		v   *int64
+		has *bool
+	}{
+		"input_tokens": {&want.InputTokens, new(bool)}, "output_tokens": {&want.OutputTokens, new(bool)},
+		"running": {&want.Running, &want.HasRunning}, "waiting": {&want.Waiting, &want.HasWaiting},
+	}
+	for k, p := range ints {
 		if n, ok := num(k); ok {
 			v, err := n.Int64()
 			if err != nil {
 				t.Fatalf("%s %v: %v", k, n, err)
 			}
-			*p = v
+			*p.v, *p.has = v, true
 		}
 	}
 	floats := map[string]struct {
@@ -800,6 +823,7 @@ func crossCheck(t *testing.T, data []byte, ev *Event) {
 	}{
 		"ttft_ms": {&want.TTFTMs, &want.HasTTFT}, "duration_ms": {&want.DurationMs, &want.HasDuration},
 		"retry_after_ms": {&want.RetryAfterMs, new(bool)},
+		"kv_cache_usage": {&want.KVCacheUsage, &want.HasKVCache},
 	}
 	for k, p := range floats {
 		if n, ok := num(k); ok {

@@ -78,6 +78,18 @@ func AppendEvent(dst []byte, ev *Event) []byte {
 		dst = append(dst, `,"source":`...)
 		dst = appendString(dst, ev.Source)
 	}
+	if ev.HasRunning {
+		dst = append(dst, `,"running":`...)
+		dst = strconv.AppendInt(dst, ev.Running, 10)
+	}
+	if ev.HasWaiting {
+		dst = append(dst, `,"waiting":`...)
+		dst = strconv.AppendInt(dst, ev.Waiting, 10)
+	}
+	if ev.HasKVCache {
+		dst = append(dst, `,"kv_cache_usage":`...)
+		dst = appendFloat(dst, ev.KVCacheUsage)
+	}
 	return append(dst, '}')
 }
 

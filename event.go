@@ -48,7 +48,20 @@ type Event struct {
 	CacheHit     bool    // the backend reported a prefix-cache hit
 	Fingerprint  string  // artefact id the backend reported; "" when absent
 	Source       string  // the publishing proxy's id; "" when absent
+
+	// The backend's load when it answered (an extension of the protocol:
+	// from an ORCA load report, the backend's metrics or the proxy's own
+	// knowledge). Each has a Has flag, because 0 is a meaningful load.
+	Running      int64   // requests the backend was running, >= 0
+	HasRunning   bool    // the event carried "running"
+	Waiting      int64   // requests waiting in the backend's queue, >= 0
+	HasWaiting   bool    // the event carried "waiting"
+	KVCacheUsage float64 // fraction of the backend's KV cache in use, in [0, 1]
+	HasKVCache   bool    // the event carried "kv_cache_usage"
 }
+
+// HasLoad reports whether e carries any of the load fields.
+func (e *Event) HasLoad() bool { return e.HasRunning || e.HasWaiting || e.HasKVCache }
 
 // Latency reports whether e may contribute a latency sample by its own
 // fields: an ok outcome with a TTFT that is not marked cold. The analyzer

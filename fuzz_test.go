@@ -321,6 +321,15 @@ func eventGen() *rapid.Generator[Event] {
 		e.CacheHit = rapid.Bool().Draw(t, "cacheHit")
 		e.Fingerprint = truncateUTF8(optGen(MaxFingerprintLen).Draw(t, "fingerprint"), MaxFingerprintLen)
 		e.Source = truncateUTF8(optGen(MaxSourceLen).Draw(t, "source"), MaxSourceLen)
+		if e.HasRunning = rapid.Bool().Draw(t, "hasRunning"); e.HasRunning {
+			e.Running = rapid.Int64Min(0).Draw(t, "running")
+		}
+		if e.HasWaiting = rapid.Bool().Draw(t, "hasWaiting"); e.HasWaiting {
+			e.Waiting = rapid.Int64Min(0).Draw(t, "waiting")
+		}
+		if e.HasKVCache = rapid.Bool().Draw(t, "hasKVCache"); e.HasKVCache {
+			e.KVCacheUsage = rapid.Float64Range(0, 1).Draw(t, "kvCache")
+		}
 		e.Backend = truncateUTF8(e.Backend, MaxIDLen)
 		return e
 	})

@@ -73,7 +73,33 @@ type Snapshot struct {
 	// BackendsTotal is the pool's number of backends before truncation;
 	// set only when Truncated (an extension).
 	BackendsTotal int `json:"backends_total,omitempty"`
+
+	// Routers is the number of distinct event sources that reported
+	// outcomes for this pool in the window: an estimate of how many
+	// routers share it, which a load-aware picker scales its own
+	// in-flight change by (an extension, omitted when 0).
+	Routers int `json:"routers,omitempty"`
 }
+
+// Load is a backend's most recent load report (an extension of the
+// protocol): how many requests it was running and queueing, and how full
+// its KV cache was, as of AgeMs before the snapshot's At.
+type Load struct {
+	Running float64 `json:"running"` // requests running, >= 0
+	Waiting float64 `json:"waiting"` // requests waiting in the backend's queue, >= 0
+	// KVCacheUsage is the fraction of the KV cache in use, in [0, 1]; nil
+	// when the report did not carry it.
+	KVCacheUsage *float64 `json:"kv_cache_usage,omitempty"`
+	// AgeMs is how old the report was when the snapshot was taken, >= 0.
+	AgeMs int64 `json:"age_ms"`
+	// Source names where the report came from: "event" (an outcome event's
+	// load fields, for example copied from an ORCA header by a router) or
+	// "metrics" (fleetwatch read the backend's Prometheus metrics).
+	Source string `json:"source"`
+}
+
+// Total is the load a picker ranks by: requests running plus waiting.
+func (l *Load) Total() float64 { return l.Running + l.Waiting }
 
 // Backend is the decision for one backend of a pool.
 type Backend struct {
@@ -102,6 +128,9 @@ type Backend struct {
 	// backend last closed; the open time grows with it (an extension of
 	// the protocol, omitted when 0). A restarted analyzer restores it.
 	Trips int `json:"trips,omitempty"`
+	// Load is the backend's most recent load report; nil when none is
+	// fresh enough to publish (an extension, omitted when nil).
+	Load *Load `json:"load,omitempty"`
 }
 
 // Find returns the decision for backend id, or nil.

@@ -70,6 +70,9 @@ func (s *Snapshot) Validate() error {
 	if !inRange(s.AffinityTolerance, 0, math.MaxFloat64) {
 		return invalid("affinity_tolerance", s.AffinityTolerance, ErrOutOfRange, nonNegative)
 	}
+	if s.Routers < 0 {
+		return invalid("routers", s.Routers, ErrOutOfRange, nonNegative)
+	}
 	if s.BackendsTotal < 0 || (s.Truncated && s.BackendsTotal < len(s.Backends)) {
 		return invalid("backends_total", s.BackendsTotal, ErrOutOfRange, fmt.Sprintf(" (want at least the %d backends listed)", len(s.Backends)))
 	}
@@ -143,6 +146,18 @@ func (b *Backend) validate() error {
 	}
 	if b.Since != nil && !representable(*b.Since) {
 		return fmt.Errorf("since = %v: %w%s", *b.Since, ErrOutOfRange, yearRange)
+	}
+	if l := b.Load; l != nil {
+		switch {
+		case !inRange(l.Running, 0, math.MaxFloat64):
+			return fmt.Errorf("load.running = %v: %w%s", l.Running, ErrOutOfRange, nonNegative)
+		case !inRange(l.Waiting, 0, math.MaxFloat64):
+			return fmt.Errorf("load.waiting = %v: %w%s", l.Waiting, ErrOutOfRange, nonNegative)
+		case l.KVCacheUsage != nil && !inRange(*l.KVCacheUsage, 0, 1):
+			return fmt.Errorf("load.kv_cache_usage = %v: %w [0, 1]", *l.KVCacheUsage, ErrOutOfRange)
+		case l.AgeMs < 0:
+			return fmt.Errorf("load.age_ms = %d: %w%s", l.AgeMs, ErrOutOfRange, nonNegative)
+		}
 	}
 	return nil
 }

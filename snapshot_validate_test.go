@@ -126,6 +126,11 @@ func TestSnapshotValidateRejects(t *testing.T) {
 		{"no drift", func(s *Snapshot) { s.Backends[3].Drift = "" }, ErrBadValue},
 		{"unknown drift", func(s *Snapshot) { s.Backends[3].Drift = "fine" }, ErrBadValue},
 		{"since after 9999", func(s *Snapshot) { s.Backends[0].Since = far }, ErrOutOfRange},
+		{"negative routers", func(s *Snapshot) { s.Routers = -1 }, ErrOutOfRange},
+		{"negative load.running", func(s *Snapshot) { s.Backends[1].Load = &Load{Running: -1} }, ErrOutOfRange},
+		{"NaN load.waiting", func(s *Snapshot) { s.Backends[1].Load = &Load{Waiting: math.NaN()} }, ErrOutOfRange},
+		{"load.kv_cache_usage above 1", func(s *Snapshot) { s.Backends[1].Load = &Load{KVCacheUsage: Float(1.2)} }, ErrOutOfRange},
+		{"negative load.age_ms", func(s *Snapshot) { s.Backends[1].Load = &Load{AgeMs: -5} }, ErrOutOfRange},
 	}
 	kinds := []error{ErrBadVersion, ErrInvalidPool, ErrInvalidBackend, ErrMissingField, ErrOutOfRange, ErrBadValue}
 	for _, tt := range tests {
@@ -294,6 +299,7 @@ func genSnapshot(t *rapid.T) *Snapshot {
 		AllOpen:           rapid.SampledFrom([]AllOpen{AllOpenShed, AllOpenSpread}).Draw(t, "all_open"),
 		MedianEWMATTFTMs:  genNullable("median", MaxDurationMs),
 		AffinityTolerance: rapid.Float64Range(0, 100).Draw(t, "affinity_tolerance"),
+		Routers:           rapid.IntRange(0, 1000).Draw(t, "routers"),
 		Backends:          make([]Backend, len(ids)),
 	}
 	for i, id := range ids {
@@ -314,6 +320,13 @@ func genSnapshot(t *rapid.T) *Snapshot {
 		if rapid.Bool().Draw(t, "since set") {
 			v := genTime("since")
 			b.Since = &v
+		}
+		if rapid.Bool().Draw(t, "load set") {
+			b.Load = &Load{
+				Running: rapid.Float64Range(0, 1e6).Draw(t, "running"), Waiting: rapid.Float64Range(0, 1e6).Draw(t, "waiting"),
+				KVCacheUsage: genNullable("kv_cache_usage", 1), AgeMs: rapid.Int64Min(0).Draw(t, "age_ms"),
+				Source: rapid.SampledFrom([]string{"event", "metrics"}).Draw(t, "source"),
+			}
 		}
 		s.Backends[i] = b
 	}
