@@ -72,6 +72,7 @@ type pool struct {
 	signature []decisionKey // the decisions of the last returned snapshot
 	spare     []decisionKey // the other buffer of signature
 	peers     peers         // scratch of the slowness rule
+	routers   routerSet     // the distinct event sources (load.go)
 }
 
 // decisionKey is what makes a snapshot "changed" and published before the

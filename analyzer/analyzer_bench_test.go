@@ -53,8 +53,19 @@ const benchBatch = 64
 // stamping each with a time that keeps moving forward (10,000 events/s), so
 // windows rotate as in production.
 func runObserveBench(b *testing.B, observe func([]fleetwatch.Event)) {
+	runObserveBenchWith(b, nil, observe)
+}
+
+// runObserveBenchWith is runObserveBench with each pregenerated event
+// passed to decorate first (when not nil).
+func runObserveBenchWith(b *testing.B, decorate func(i int, e *fleetwatch.Event), observe func([]fleetwatch.Event)) {
 	const pregenerated = 1 << 16
 	evs, offsets := benchEvents(pregenerated, 10, 10, 10_000)
+	if decorate != nil {
+		for i := range evs {
+			decorate(i, &evs[i])
+		}
+	}
 	span := offsets[pregenerated-1] + 100*time.Microsecond
 	batch := make([]fleetwatch.Event, benchBatch)
 	b.ReportAllocs()
@@ -134,6 +145,40 @@ func BenchmarkObserveVsBaseline(b *testing.B) {
 	if events > 0 && inBaseline > 0 {
 		b.ReportMetric(float64(inAnalyzer)/float64(events), "observe-ns/event")
 		b.ReportMetric(float64(inBaseline)/float64(events), "baseline-ns/event")
+		b.ReportMetric(float64(inAnalyzer)/float64(inBaseline), "ratio")
+	}
+}
+
+// withLoad gives events what routers that copy ORCA reports send: one of
+// four sources (interned strings, as the collector hands them over) per
+// batch-sized run of events, and running, waiting and kv_cache_usage.
+func withLoad(i int, e *fleetwatch.Event) {
+	sources := [...]string{"router-a", "router-b", "router-c", "router-d"}
+	e.Source = sources[(i/benchBatch)%len(sources)]
+	e.Running, e.HasRunning = int64(i%16), true
+	e.Waiting, e.HasWaiting = int64(i%3), true
+	e.KVCacheUsage, e.HasKVCache = float64(i%100)/100, true
+}
+
+// BenchmarkObserveWithLoad is BenchmarkObserveVsBaseline on events that
+// carry a source and load fields: the cost of the load report and the
+// router count on the hot path.
+func BenchmarkObserveWithLoad(b *testing.B) {
+	a := newAnalyzer(b, Config{})
+	var c baselineCounter
+	var inAnalyzer, inBaseline time.Duration
+	var events int
+	runObserveBenchWith(b, withLoad, func(batch []fleetwatch.Event) {
+		start := time.Now()
+		c.observe(batch)
+		mid := time.Now()
+		a.Observe(batch)
+		inBaseline += mid.Sub(start)
+		inAnalyzer += time.Since(mid)
+		events += len(batch)
+	})
+	if events > 0 && inBaseline > 0 {
+		b.ReportMetric(float64(inAnalyzer)/float64(events), "observe-ns/event")
 		b.ReportMetric(float64(inAnalyzer)/float64(inBaseline), "ratio")
 	}
 }

@@ -58,6 +58,9 @@ type backend struct {
 	holdReason  string // set while the ejection cap holds a trip back
 	drift       fleetwatch.DriftStatus
 
+	// load is the latest load report (load.go).
+	load loadState
+
 	// Edge detection for the held-back counters.
 	gateHeld [numCauses]bool
 	// tripping: a rule wants to open b at the current Evaluate.
@@ -93,6 +96,10 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		a.stats.DroppedOld++
 		return false
 	}
+	if ev.HasRunning || ev.HasWaiting || ev.HasKVCache {
+		b.observeEventLoad(ev, ts)
+	}
+	p.routers.observe(ev.Source, ts.UnixNano(), int64(s.Window))
 	first := !b.seen
 	idle := !first && ts.Sub(b.lastSeen) > s.IdleGap
 	if first || ts.After(b.lastSeen) {

@@ -133,6 +133,21 @@
 // Since is when the backend entered its state (the first Evaluate for a
 // backend that never changed).
 //
+// # Load and routers
+//
+// An extension (load.go, docs/DECISIONS.md "Backend load"): each backend
+// keeps its latest load report, from events that carry running, waiting or
+// kv_cache_usage (source "event") and from ObserveLoad (its metrics, source
+// "metrics"). The newest report wins whatever its source; each field keeps
+// the time of the newest report that carried it, and a field older than
+// LoadMaxAge (3s) is left out (running and waiting as 0, kv_cache_usage
+// null). The snapshot's load carries the newest report's age at the
+// snapshot's time and its source, and is nil once the newest report is
+// older than LoadMaxAge. Load never changes a decision and never triggers
+// a snapshot: it rides on the heartbeat. Routers counts the distinct event
+// sources of the pool seen within the window, up to MaxRouters (32), from
+// a fixed array per pool: the hot path allocates nothing for either.
+//
 // # Time
 //
 // Windows are keyed by event time. Events older than their backend's window

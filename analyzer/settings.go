@@ -58,6 +58,7 @@ const (
 	DefaultOpenJitter          = 0.1
 	DefaultRecentMinRequests   = 10
 	DefaultPoolThrottleHold    = 0.25
+	DefaultLoadMaxAge          = 3 * time.Second
 )
 
 // maxBucketsPerWindow bounds Window/Bucket so that a typo cannot allocate a
@@ -147,6 +148,12 @@ type Settings struct {
 	// onto the others. The backend's weight still falls with its 429
 	// rate. If zero, 0.25 is used; a negative value turns the hold off.
 	PoolThrottleHold float64
+	// LoadMaxAge is how long a backend's load report (from an event's
+	// load fields or its metrics) is published in the snapshots: an older
+	// one is left out (load: null), so that a picker never ranks by a
+	// queue that emptied long ago. If zero, 3s (three default heartbeats)
+	// is used.
+	LoadMaxAge time.Duration
 }
 
 // WithDefaults returns s with every zero field set to its default.
@@ -177,6 +184,7 @@ func (Settings) defaults() Settings {
 		MaxWeightStep:       DefaultMaxWeightStep,
 		RecentMinRequests:   DefaultRecentMinRequests,
 		PoolThrottleHold:    DefaultPoolThrottleHold,
+		LoadMaxAge:          DefaultLoadMaxAge,
 	}
 }
 
@@ -204,6 +212,7 @@ func (s Settings) Override(pool Settings) Settings {
 	pick(&s.MaxWeightStep, pool.MaxWeightStep)
 	pick(&s.RecentMinRequests, pool.RecentMinRequests)
 	pick(&s.PoolThrottleHold, pool.PoolThrottleHold)
+	pick(&s.LoadMaxAge, pool.LoadMaxAge)
 	return s
 }
 
@@ -309,6 +318,7 @@ func (s Settings) validate(prefix string) error {
 			return nil
 		},
 		func() error { return fraction("max_weight_step", s.MaxWeightStep, false) },
+		func() error { return durPositive("load_max_age", s.LoadMaxAge) },
 		func() error {
 			if math.IsNaN(s.PoolThrottleHold) || s.PoolThrottleHold > 1 {
 				return settingErr(prefix, "pool_throttle_hold", fmtFloat(s.PoolThrottleHold), "must be <= 1 (negative disables the hold)")

@@ -17,7 +17,7 @@ func TestSettingsWithDefaults(t *testing.T) {
 		IdleGap: 5 * time.Minute, OpenBase: 30 * time.Second, OpenMax: 5 * time.Minute,
 		OpenJitter: 0.1, HalfOpenWeight: 0.05, HalfOpenSuccesses: 5, MaxOpenFraction: 0.5,
 		Heartbeat: time.Second, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,
-		RecentMinRequests: 10, PoolThrottleHold: 0.25,
+		RecentMinRequests: 10, PoolThrottleHold: 0.25, LoadMaxAge: 3 * time.Second,
 	}
 	if diff := cmp.Diff(want, Settings{}.WithDefaults()); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)

@@ -25,9 +25,11 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		AffinityTolerance: p.tolerance,
 		Backends:          make([]fleetwatch.Backend, len(bs)),
 	}
-	// Six nullable numbers per backend plus the median: the capacity is
-	// fixed, so pointers into the array stay valid.
-	nums := make([]float64, 0, 6*len(bs)+1)
+	// Seven nullable numbers per backend (kv_cache_usage included) plus
+	// the median: the capacity is fixed, so pointers into the array stay
+	// valid. Loads share one array too, made when the first is needed.
+	nums := make([]float64, 0, 7*len(bs)+1)
+	var loads []fleetwatch.Load
 	ptr := func(v float64) *float64 {
 		nums = append(nums, v)
 		return &nums[len(nums)-1]
@@ -76,11 +78,22 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		if b.cost != nil {
 			d.CostPerMTok = ptr(*b.cost)
 		}
+		if l, kv, hasKV, ok := b.load.publish(now, s.LoadMaxAge); ok {
+			if loads == nil {
+				loads = make([]fleetwatch.Load, 0, len(bs))
+			}
+			if hasKV {
+				l.KVCacheUsage = ptr(kv)
+			}
+			loads = append(loads, l)
+			d.Load = &loads[len(loads)-1]
+		}
 		snap.Backends[i] = d
 	}
 	if len(ewmas) > 0 {
 		slices.Sort(ewmas)
 		snap.MedianEWMATTFTMs = ptr(median(ewmas))
 	}
+	snap.Routers = p.routers.count(now.UnixNano(), int64(s.Window))
 	return snap
 }

@@ -128,6 +128,7 @@ type AnalyzerConfig struct {
 	OpenJitter          *float64  `yaml:"open_jitter"`         // relative jitter of open times; default 0.1, negative: none
 	RecentMinRequests   *int      `yaml:"recent_min_requests"` // a rate rule may trip on the newest quarter of the window alone with this many requests there; default 10, negative: off
 	PoolThrottleHold    *float64  `yaml:"pool_throttle_hold"`  // hold a 429 trip while the peers' recent median 429 rate is at least this; default 0.25, negative: off
+	LoadMaxAge          *Duration `yaml:"load_max_age"`        // a backend's load report is published this long; default 3s
 }
 
 // LimitsConfig bounds the pools and backends the analyzer tracks from
@@ -491,6 +492,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"heartbeat", a.Heartbeat != nil && a.Heartbeat.Duration == 0},
 		{"ttl", a.TTL != nil && a.TTL.Duration == 0},
 		{"expiry", a.Expiry != nil && a.Expiry.Duration == 0},
+		{"load_max_age", a.LoadMaxAge != nil && a.LoadMaxAge.Duration == 0},
 		{"min_requests", a.MinRequests != nil && *a.MinRequests == 0},
 		{"consecutive_failures", a.ConsecutiveFailures != nil && *a.ConsecutiveFailures == 0},
 		{"half_open_successes", a.HalfOpenSuccesses != nil && *a.HalfOpenSuccesses == 0},

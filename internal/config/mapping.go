@@ -39,6 +39,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setDur(&s.Heartbeat, a.Heartbeat)
 	setDur(&s.TTL, a.TTL)
 	setDur(&s.Expiry, a.Expiry)
+	setDur(&s.LoadMaxAge, a.LoadMaxAge)
 	setIf(&s.MinRequests, a.MinRequests)
 	setIf(&s.ConsecutiveFailures, a.ConsecutiveFailures)
 	setIf(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)

@@ -2,7 +2,9 @@
 // HTTP, for tests, the demo and docker-compose. It serves
 // POST /v1/chat/completions and /v1/completions (streaming SSE and not, with
 // usage, system_fingerprint and logprobs in the OpenAI shapes),
-// POST /v1/embeddings, GET /v1/models, GET /version and GET /health.
+// POST /v1/embeddings, GET /v1/models, GET /version, GET /health and
+// GET /metrics (vLLM's load gauges), and vLLM's ORCA load report header on
+// non-streaming answers when asked for it (metrics.go).
 //
 // Its Behavior (latency, 500s, instant 500s, 429s with Retry-After, hangs,
 // refused connections, cold starts, a concurrency limit, model id and
@@ -44,6 +46,10 @@ type Settings struct {
 	// PrefixCacheSize bounds the system prompts remembered for prefix-cache
 	// hits. If zero, 1024 is used.
 	PrefixCacheSize int
+	// KVCacheRequests is how many running requests fill the fake KV cache
+	// that /metrics and the ORCA header report (metrics.go). If zero, 32
+	// is used.
+	KVCacheRequests int
 }
 
 // Stats counts requests to the generation and embedding endpoints by
@@ -69,6 +75,7 @@ type Server struct {
 	name         string
 	embeddingDim int
 	cacheSize    int
+	kvRequests   int
 	mux          *http.ServeMux
 
 	// mu guards the fields below it.
@@ -93,6 +100,7 @@ func New(s Settings) *Server {
 		name:         s.Name,
 		embeddingDim: s.EmbeddingDim,
 		cacheSize:    s.PrefixCacheSize,
+		kvRequests:   max(s.KVCacheRequests, 0),
 		behavior:     s.Behavior,
 		completer:    s.Completer,
 		prefixes:     make(map[uint64]struct{}),
@@ -106,6 +114,9 @@ func New(s Settings) *Server {
 	}
 	if srv.cacheSize <= 0 {
 		srv.cacheSize = 1024
+	}
+	if srv.kvRequests == 0 {
+		srv.kvRequests = 32
 	}
 	if srv.completer == nil {
 		srv.completer = Echo{}
@@ -125,6 +136,7 @@ func New(s Settings) *Server {
 		writeJSON(w, http.StatusOK, map[string]string{"version": "fakeai-1", "model": srv.Behavior().model()})
 	})
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /metrics", srv.serveMetrics)
 	mux.Handle("/admin/", srv.AdminHandler())
 	srv.mux = mux
 	return srv
@@ -447,6 +459,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 			if a.b.BreakAfterTokens > 0 {
 				s.breakOff(w, base)
 			}
+			s.orcaHeader(w, r)
 			writeJSON(w, http.StatusOK, base)
 		}
 	}

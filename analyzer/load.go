@@ -1,0 +1,203 @@
+package analyzer
+
+import (
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// This file keeps each backend's most recent load report and counts the
+// routers of each pool (docs/DECISIONS.md "Backend load").
+//
+// A report comes from an outcome event that carries load fields (a router
+// copied them from the backend's ORCA header; source "event") or from
+// ObserveLoad (serve read the backend's Prometheus metrics; source
+// "metrics"). The newest report wins whatever its source: each field keeps
+// the time of the newest report that carried it, so a report that lacks a
+// field (vLLM's ORCA header has no running count) leaves the value an
+// earlier report gave, which is published only while it is itself within
+// LoadMaxAge. The snapshot's load is nil once every field is older than
+// LoadMaxAge: a picker must not rank by a queue that emptied seconds ago.
+
+// Load sources, the snapshot's load.source.
+const (
+	LoadSourceEvent   = "event"   // an outcome event's load fields
+	LoadSourceMetrics = "metrics" // the backend's Prometheus metrics (ObserveLoad)
+)
+
+// MaxRouters is the most routers Snapshot.Routers counts per pool: the
+// distinct sources are kept in a fixed array scanned on every event, so it
+// stays small; a pool shared by more routers publishes MaxRouters.
+const MaxRouters = 32
+
+// LoadReport is one load report for ObserveLoad. A field whose Has flag is
+// false was not reported; the one reported earlier is kept while fresh.
+type LoadReport struct {
+	Running    float64 // requests the backend is running, >= 0
+	HasRunning bool
+	Waiting    float64 // requests waiting in its queue, >= 0
+	HasWaiting bool
+	// KVCacheUsage is the fraction of the KV cache in use, in [0, 1].
+	KVCacheUsage float64
+	HasKVCache   bool
+}
+
+// loadSource indexes the Load* source names.
+type loadSource uint8
+
+const (
+	sourceEvent loadSource = iota
+	sourceMetrics
+)
+
+var loadSourceNames = [...]string{sourceEvent: LoadSourceEvent, sourceMetrics: LoadSourceMetrics}
+
+// loadState is a backend's latest load report, field by field. Times are
+// Unix nanoseconds (0: never reported), which keeps the state small and
+// the hot path free of time.Time arithmetic.
+type loadState struct {
+	running, waiting, kv       float64
+	runningAt, waitingAt, kvAt int64
+	at                         int64      // the newest report's time
+	source                     loadSource // the newest report's source
+}
+
+// update records the fields a report carries, each only when the report is
+// at least as new as the value held (reports may arrive out of order).
+func (l *loadState) update(at int64, src loadSource, running float64, hasRunning bool,
+	waiting float64, hasWaiting bool, kv float64, hasKV bool) {
+	if !hasRunning && !hasWaiting && !hasKV {
+		return
+	}
+	if hasRunning && at >= l.runningAt {
+		l.running, l.runningAt = running, at
+	}
+	if hasWaiting && at >= l.waitingAt {
+		l.waiting, l.waitingAt = waiting, at
+	}
+	if hasKV && at >= l.kvAt {
+		l.kv, l.kvAt = kv, at
+	}
+	if at >= l.at {
+		l.at, l.source = at, src
+	}
+}
+
+// observeEventLoad records the load fields of an event counted at ts. It
+// runs on the hot path: no allocation, a few stores.
+func (b *backend) observeEventLoad(ev *fleetwatch.Event, ts time.Time) {
+	kv := ev.KVCacheUsage
+	hasKV := ev.HasKVCache && kv >= 0 && kv <= 1 // NaN fails both
+	b.load.update(ts.UnixNano(), sourceEvent,
+		float64(ev.Running), ev.HasRunning && ev.Running >= 0,
+		float64(ev.Waiting), ev.HasWaiting && ev.Waiting >= 0,
+		kv, hasKV)
+}
+
+// publish returns the snapshot's load at now, or false when no field is
+// fresher than maxAge. AgeMs is the age of the newest report.
+func (l *loadState) publish(now time.Time, maxAge time.Duration) (fleetwatch.Load, float64, bool, bool) {
+	if l.at == 0 {
+		return fleetwatch.Load{}, 0, false, false
+	}
+	nowNs := now.UnixNano()
+	fresh := func(at int64) bool { return at != 0 && nowNs-at <= int64(maxAge) }
+	if !fresh(l.at) {
+		return fleetwatch.Load{}, 0, false, false // every field is at most as new
+	}
+	var out fleetwatch.Load
+	if fresh(l.runningAt) {
+		out.Running = l.running
+	}
+	if fresh(l.waitingAt) {
+		out.Waiting = l.waiting
+	}
+	out.AgeMs = max(0, (nowNs-l.at)/int64(time.Millisecond))
+	out.Source = loadSourceNames[l.source]
+	return out, l.kv, fresh(l.kvAt), true
+}
+
+// ObserveLoad records a load report of a backend read at at (from its
+// metrics, published with source "metrics"). A pool or backend the
+// analyzer does not know is ignored (the scraper reads configured
+// backends, which exist from New), and so are out-of-range values; it
+// reports whether the report was recorded.
+func (a *Analyzer) ObserveLoad(poolID, backendID string, r LoadReport, at time.Time) bool {
+	valid := func(v float64) bool { return v >= 0 && v <= 1e12 } // NaN fails
+	hasRunning := r.HasRunning && valid(r.Running)
+	hasWaiting := r.HasWaiting && valid(r.Waiting)
+	hasKV := r.HasKVCache && r.KVCacheUsage >= 0 && r.KVCacheUsage <= 1
+	if at.IsZero() || (!hasRunning && !hasWaiting && !hasKV) {
+		return false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pools[poolID]
+	if p == nil {
+		return false
+	}
+	b := p.backends[backendID]
+	if b == nil {
+		return false
+	}
+	b.load.update(at.UnixNano(), sourceMetrics, r.Running, hasRunning, r.Waiting, hasWaiting, r.KVCacheUsage, hasKV)
+	return true
+}
+
+// routerSet counts the distinct event sources of a pool over its window:
+// a fixed array of (source, last seen), scanned linearly. Sources are
+// interned by the collector, so the comparison is mostly a pointer
+// comparison, and the last match is tried first.
+type routerSet struct {
+	sources [MaxRouters]string
+	seen    [MaxRouters]int64 // Unix nanoseconds of the newest event
+	n       int               // slots in use
+	last    int               // the slot of the previous event
+}
+
+// observe records an event of source at ts (Unix nanoseconds). A new
+// source takes a free slot, or the slot of a source not seen for longer
+// than window; when every slot is in use within the window it is not
+// counted (the count saturates at MaxRouters).
+func (r *routerSet) observe(source string, ts, window int64) {
+	if source == "" {
+		return // an anonymous publisher is no router we can count
+	}
+	if r.n > 0 && r.sources[r.last] == source {
+		if ts > r.seen[r.last] {
+			r.seen[r.last] = ts
+		}
+		return
+	}
+	oldest := -1
+	for i := 0; i < r.n; i++ {
+		if r.sources[i] == source {
+			if ts > r.seen[i] {
+				r.seen[i] = ts
+			}
+			r.last = i
+			return
+		}
+		if oldest < 0 || r.seen[i] < r.seen[oldest] {
+			oldest = i
+		}
+	}
+	switch {
+	case r.n < MaxRouters:
+		r.sources[r.n], r.seen[r.n], r.last = source, ts, r.n
+		r.n++
+	case ts-r.seen[oldest] > window:
+		r.sources[oldest], r.seen[oldest], r.last = source, ts, oldest
+	}
+}
+
+// count returns the sources seen within window of now.
+func (r *routerSet) count(now, window int64) int {
+	n := 0
+	for i := 0; i < r.n; i++ {
+		if now-r.seen[i] <= window {
+			n++
+		}
+	}
+	return n
+}
