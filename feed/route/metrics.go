@@ -18,6 +18,7 @@ import (
 //	fleetwatch_route_shed_total{pool}                   picks refused because every backend is open
 //	fleetwatch_route_retry_budget_exhausted_total{pool} retries refused by the retry budget
 //	fleetwatch_route_pick_duration_seconds              time spent in the picker (histogram)
+//	fleetwatch_route_load_reports_total{pool,result}    ORCA load reports read (ok) or not understood (invalid)
 //
 // and, written at scrape time from the pools' current state, so that a
 // backend a decision no longer names leaves no stale series:
@@ -51,6 +52,8 @@ const (
 	kindRetry
 	kindShed
 	kindBudget
+	kindLoadOK
+	kindLoadInvalid
 )
 
 func newRouterMetrics(set *metrics.Set, rt *Router) *routerMetrics {
@@ -83,6 +86,10 @@ func (m *routerMetrics) counter(k counterKey) *metrics.Counter {
 		name = fmt.Sprintf(`fleetwatch_route_shed_total{pool=%s}`, pool)
 	case kindBudget:
 		name = fmt.Sprintf(`fleetwatch_route_retry_budget_exhausted_total{pool=%s}`, pool)
+	case kindLoadOK:
+		name = fmt.Sprintf(`fleetwatch_route_load_reports_total{pool=%s,result="ok"}`, pool)
+	case kindLoadInvalid:
+		name = fmt.Sprintf(`fleetwatch_route_load_reports_total{pool=%s,result="invalid"}`, pool)
 	}
 	c, _ := m.counters.LoadOrStore(k, m.set.GetOrCreateCounter(name))
 	return c.(*metrics.Counter)
@@ -106,6 +113,13 @@ func (m *routerMetrics) shed(pool string) *metrics.Counter {
 
 func (m *routerMetrics) budgetExhausted(pool string) *metrics.Counter {
 	return m.counter(counterKey{kind: kindBudget, pool: pool})
+}
+
+func (m *routerMetrics) loadReport(pool string, valid bool) *metrics.Counter {
+	if valid {
+		return m.counter(counterKey{kind: kindLoadOK, pool: pool})
+	}
+	return m.counter(counterKey{kind: kindLoadInvalid, pool: pool})
 }
 
 // writeGauges writes the per-pool and per-backend gauges from the pools'

@@ -24,6 +24,7 @@ type pool struct {
 	picker   *p2c.Picker
 	applied  atomic.Pointer[fleetwatch.Snapshot] // the last snapshot given to picker
 	logf     func(format string, args ...any)
+	orca     string // the endpoint-load-metrics-format value to send; "": none (orca.go)
 
 	warnMu sync.Mutex // guards warned
 	warned string     // the unconfigured backends last logged, so each set is logged once
@@ -47,6 +48,10 @@ func newPool(i int, pc Pool, now func() time.Time, logf func(string, ...any)) (*
 		ps.Now = now
 	}
 	p := &pool{id: pc.ID, cfg: pc, backends: map[string]*backend{}, picker: p2c.New(ps), logf: logf}
+	var ok bool
+	if p.orca, ok = orcaFormat(pc.ORCA); !ok {
+		return nil, fmt.Errorf("%w: pools[%d].orca = %q: want %q, %q or %q", ErrConfig, i, pc.ORCA, ORCAText, ORCAJSON, ORCAOff)
+	}
 	p.cfg.Backends = slices.Clone(pc.Backends)
 	p.models = append([]string{pc.ID}, pc.Models...)
 	for j, bc := range pc.Backends {

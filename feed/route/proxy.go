@@ -226,6 +226,9 @@ func (rt *Router) send(ctx context.Context, r *http.Request, body []byte, a *att
 	if a.backend.apiKey != "" {
 		up.Header.Set("Authorization", "Bearer "+a.backend.apiKey)
 	}
+	if a.pool.orca != "" {
+		up.Header.Set(orcaRequestHeader, a.pool.orca)
+	}
 	if rt.rewrite != nil {
 		rt.rewrite(up, Attempt{Pool: a.pool.id, Backend: a.backend.id, N: a.n})
 	}
@@ -255,6 +258,9 @@ func (rt *Router) classify(ctx context.Context, resp *http.Response, err error, 
 		return true
 	}
 	ev.Status = resp.StatusCode
+	if a.pool.orca != "" {
+		rt.loadReport(a.pool.id, resp.Header, ev)
+	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
 		ev.Outcome = fleetwatch.OutcomeFromStatus(resp.StatusCode)
 		ev.RetryAfterMs = retryAfterMs(resp.Header, a.headersAt)

@@ -108,6 +108,12 @@ type Pool struct {
 	// Picker configures the pool's p2c picker. If Picker.Now is nil,
 	// Settings.Now is used.
 	Picker p2c.Settings
+	// ORCA is how the router asks the pool's backends for ORCA load
+	// reports (the endpoint-load-metrics header vLLM answers, see
+	// orca.go): ORCAText, ORCAJSON or ORCAOff. A report is copied into the
+	// attempt's outcome event. If empty, ORCAText: servers that do not
+	// know the request header ignore it.
+	ORCA string
 }
 
 // Attempt describes one try of a request, for Settings.Rewrite.

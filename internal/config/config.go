@@ -41,7 +41,8 @@ type Config struct {
 	Ingest   IngestConfig   `yaml:"ingest"`
 	Probes   ProbesConfig   `yaml:"probes"`
 	Review   ReviewConfig   `yaml:"review"`
-	Data     string         `yaml:"data"` // data directory; default ./data
+	Scrape   ScrapeConfig   `yaml:"scrape"` // reading the backends' metrics_url (load.go)
+	Data     string         `yaml:"data"`   // data directory; default ./data
 }
 
 // NATSConfig says where NATS is. An empty URL starts the embedded server.
@@ -150,9 +151,12 @@ type PoolConfig struct {
 	// latency: how many milliseconds of time to first token one unit of
 	// cost_per_mtok is worth in the picker's score (route only). Absent or
 	// 0: cost is ignored.
-	MsPerCostUnit *float64        `yaml:"ms_per_cost_unit"`
-	Analyzer      AnalyzerConfig  `yaml:"analyzer"`
-	Backends      []BackendConfig `yaml:"backends"`
+	MsPerCostUnit *float64 `yaml:"ms_per_cost_unit"`
+	// ORCA is how route asks the pool's backends for ORCA load reports
+	// (route.Pool.ORCA): text (default), json or off.
+	ORCA     string          `yaml:"orca"`
+	Analyzer AnalyzerConfig  `yaml:"analyzer"`
+	Backends []BackendConfig `yaml:"backends"`
 }
 
 // BackendConfig is one backend of a pool.
@@ -168,6 +172,10 @@ type BackendConfig struct {
 	// ProbeEndpoint is the API the probes use: chat (default) or
 	// completions.
 	ProbeEndpoint string `yaml:"probe_endpoint"`
+	// MetricsURL is the backend's Prometheus metrics, which serve reads
+	// for its load (load.go): an http(s) URL, or "auto" for the url's
+	// host with the path /metrics. Empty: not read.
+	MetricsURL string `yaml:"metrics_url"`
 }
 
 // ProbesConfig configures drift probes.
@@ -445,7 +453,7 @@ func (c *Config) validate(lines map[string]int, file string) error {
 			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
 		}
 	}
-	return nil
+	return c.validateLoad(fail)
 }
 
 // validate checks the HTTP keys: an exposed listener needs authentication

@@ -25,6 +25,7 @@ type mapped struct {
 	Review    probes.ReviewSettings
 	StoreDir  string
 	Route     []route.Pool
+	Scrape    ScrapeSettings
 	Direct    map[string]any
 }
 
@@ -75,6 +76,7 @@ func mapAll(c *Config) mapped {
 		Review:    c.ReviewSettings(),
 		StoreDir:  c.StoreDir(),
 		Route:     c.RoutePools(env, p2c.Settings{}),
+		Scrape:    c.ScrapeSettings(),
 		Direct:    map[string]any{},
 	}
 	for k, f := range directKeys {
@@ -247,6 +249,11 @@ func TestMappingReachesEverySetting(t *testing.T) {
 	}
 	reached("probes.Target", reflect.ValueOf(m.Probes.Targets[0]))
 	reached("probes.ReviewSettings", reflect.ValueOf(m.Review))
+	reached("config.ScrapeSettings", reflect.ValueOf(m.Scrape))
+	if len(m.Scrape.Targets) != 1 {
+		t.Fatalf("scrape targets = %+v", m.Scrape.Targets)
+	}
+	reached("config.ScrapeTarget", reflect.ValueOf(m.Scrape.Targets[0]))
 	for _, f := range unreached {
 		t.Errorf("setting %s is reached by no key of the file", f)
 	}

@@ -22,6 +22,7 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 			Mode:    fleetwatch.Mode(pc.Mode),
 			AllOpen: fleetwatch.AllOpen(pc.AllOpen),
 			Picker:  ps,
+			ORCA:    pc.ORCA,
 		}
 		if v := pc.MsPerCostUnit; v != nil && *v > 0 {
 			p.Picker.CostWeightPerMs = 1 / *v // cost / CostWeightPerMs is in ms
