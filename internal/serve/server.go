@@ -79,6 +79,9 @@ type Server struct {
 	urgent  chan struct{}
 	hist    *history
 
+	scraper *scraper         // nil without metrics_url targets (scrape.go)
+	loads   chan loadReading // the scraper's hand-off to the evaluation loop
+
 	// httpAuth guards the HTTP API (nil: no authentication configured);
 	// ln is a TLS listener when http.tls_cert is set (listenHTTP).
 	httpAuth *httpAuth
@@ -223,6 +226,7 @@ func (s *Server) build() error {
 		return err
 	}
 	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	s.buildScraper()
 	return nil
 }
 
@@ -284,6 +288,7 @@ func (s *Server) Run(ctx context.Context) error {
 	errs := make(chan error, 2)
 	work.Go(func() { errs <- s.col.Run(runCtx) })
 	work.Go(func() { s.evaluateLoop(runCtx) })
+	work.Go(func() { s.runScraper(runCtx) })
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.httpSrv.Serve(s.ln) }() // ends with Shutdown below
 
@@ -414,6 +419,7 @@ func (s *Server) evaluate(ctx context.Context, now time.Time) {
 	s.urgentAt = time.Time{}
 	s.mu.Unlock()
 
+	s.drainLoads()
 	ev := s.an.Evaluate(now)
 	s.evalDuration.UpdateDuration(now)
 	s.publish(ctx, ev.Snapshots)
