@@ -1,7 +1,9 @@
 package analyzer
 
 import (
+	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/fleetwatch/fleetwatch"
 )
@@ -145,50 +147,73 @@ func (a *Analyzer) ObserveLoad(poolID, backendID string, r LoadReport, at time.T
 }
 
 // routerSet counts the distinct event sources of a pool over its window:
-// a fixed array of (source, last seen), scanned linearly. Sources are
-// interned by the collector, so the comparison is mostly a pointer
-// comparison, and the last match is tried first.
+// a fixed array of (source, last seen) slots. Sources are interned by the
+// decoder, so the address of a source's bytes identifies it; a small
+// direct-mapped index from that address to its slot finds it without a
+// scan, whatever the order of the sources' events. A miss (another string
+// in the index's entry, or a source not interned) falls back to comparing
+// the slots' strings.
 type routerSet struct {
 	sources [MaxRouters]string
-	seen    [MaxRouters]int64 // Unix nanoseconds of the newest event
-	n       int               // slots in use
-	last    int               // the slot of the previous event
+	seen    [MaxRouters]int64      // Unix nanoseconds of the newest event
+	n       int                    // slots in use
+	index   [routerIndexSize]uint8 // slot+1 by address hash; 0: none
+}
+
+const routerIndexSize = 64 // a power of two, twice MaxRouters
+
+// routerIndex hashes the address of s's bytes (MurmurHash3's 64-bit
+// finalizer: allocations sit at small strides, which a plain
+// multiplicative hash maps to few entries).
+func routerIndex(s string) int {
+	p := uint64(uintptr(unsafe.Pointer(unsafe.StringData(s))))
+	p ^= p >> 33
+	p *= 0xff51afd7ed558ccd
+	p ^= p >> 33
+	return int(p & (routerIndexSize - 1))
 }
 
 // observe records an event of source at ts (Unix nanoseconds). A new
-// source takes a free slot, or the slot of a source not seen for longer
-// than window; when every slot is in use within the window it is not
-// counted (the count saturates at MaxRouters).
+// source takes a free slot, or the slot of the source seen longest ago
+// when that is older than window; when every slot was seen within the
+// window it is not counted (the count saturates at MaxRouters).
 func (r *routerSet) observe(source string, ts, window int64) {
 	if source == "" {
 		return // an anonymous publisher is no router we can count
 	}
-	if r.n > 0 && r.sources[r.last] == source {
-		if ts > r.seen[r.last] {
-			r.seen[r.last] = ts
-		}
-		return
-	}
-	oldest := -1
-	for i := 0; i < r.n; i++ {
-		if r.sources[i] == source {
-			if ts > r.seen[i] {
-				r.seen[i] = ts
+	h := routerIndex(source)
+	slot := int(r.index[h]) - 1
+	if slot < 0 || r.sources[slot] != source {
+		slot = slices.Index(r.sources[:r.n], source)
+		switch {
+		case slot >= 0:
+		case r.n < MaxRouters:
+			slot = r.n
+			r.n++
+			r.sources[slot], r.seen[slot] = source, ts
+		default:
+			slot = r.oldest()
+			if ts-r.seen[slot] <= window {
+				return
 			}
-			r.last = i
-			return
+			r.sources[slot], r.seen[slot] = source, ts
 		}
-		if oldest < 0 || r.seen[i] < r.seen[oldest] {
+		r.index[h] = uint8(slot + 1)
+	}
+	if ts > r.seen[slot] {
+		r.seen[slot] = ts
+	}
+}
+
+// oldest returns the slot seen longest ago.
+func (r *routerSet) oldest() int {
+	oldest := 0
+	for i := 1; i < r.n; i++ {
+		if r.seen[i] < r.seen[oldest] {
 			oldest = i
 		}
 	}
-	switch {
-	case r.n < MaxRouters:
-		r.sources[r.n], r.seen[r.n], r.last = source, ts, r.n
-		r.n++
-	case ts-r.seen[oldest] > window:
-		r.sources[oldest], r.seen[oldest], r.last = source, ts, oldest
-	}
+	return oldest
 }
 
 // count returns the sources seen within window of now.

@@ -236,3 +236,33 @@ func TestObserveLoadAllocatesNothing(t *testing.T) {
 		t.Errorf("Observe with load allocates %v times per batch", n)
 	}
 }
+
+// BenchmarkLoadHotPath is what an event with load fields and a source adds
+// to Observe: the report's update and the router count, with four sources
+// in runs of a batch (the previous slot hits) and, as the worst case,
+// interleaved event by event among 32.
+func BenchmarkLoadHotPath(b *testing.B) {
+	for _, tt := range []struct {
+		name    string
+		sources int
+		run     int
+	}{{"4-sources-batched", 4, benchBatch}, {"32-sources-interleaved", MaxRouters, 1}} {
+		b.Run(tt.name, func(b *testing.B) {
+			names := make([]string, tt.sources)
+			for i := range names {
+				names[i] = fmt.Sprintf("router-%02d", i)
+			}
+			var rs routerSet
+			var bk backend
+			ev := loadEvent("a", "", at(0), 3, 1, 0.5)
+			window := int64(30 * time.Second)
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				ts := at(time.Duration(i) * time.Microsecond)
+				ev.Source = names[(i/tt.run)%tt.sources]
+				bk.observeEventLoad(&ev, ts)
+				rs.observe(ev.Source, ts.UnixNano(), window)
+			}
+		})
+	}
+}
