@@ -96,10 +96,11 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		a.stats.DroppedOld++
 		return false
 	}
+	tsNs := ts.UnixNano()
 	if ev.HasRunning || ev.HasWaiting || ev.HasKVCache {
-		b.observeEventLoad(ev, ts)
+		b.observeEventLoad(ev, tsNs)
 	}
-	p.routers.observe(ev.Source, ts.UnixNano(), int64(s.Window))
+	p.routers.observe(ev.Source, tsNs, int64(s.Window))
 	first := !b.seen
 	idle := !first && ts.Sub(b.lastSeen) > s.IdleGap
 	if first || ts.After(b.lastSeen) {

@@ -85,12 +85,13 @@ func (l *loadState) update(at int64, src loadSource, running float64, hasRunning
 	}
 }
 
-// observeEventLoad records the load fields of an event counted at ts. It
+// observeEventLoad records the load fields of an event counted at tsNs
+// (Unix nanoseconds). It
 // runs on the hot path: no allocation, a few stores.
-func (b *backend) observeEventLoad(ev *fleetwatch.Event, ts time.Time) {
+func (b *backend) observeEventLoad(ev *fleetwatch.Event, tsNs int64) {
 	kv := ev.KVCacheUsage
 	hasKV := ev.HasKVCache && kv >= 0 && kv <= 1 // NaN fails both
-	b.load.update(ts.UnixNano(), sourceEvent,
+	b.load.update(tsNs, sourceEvent,
 		float64(ev.Running), ev.HasRunning && ev.Running >= 0,
 		float64(ev.Waiting), ev.HasWaiting && ev.Waiting >= 0,
 		kv, hasKV)
@@ -157,6 +158,7 @@ type routerSet struct {
 	sources [MaxRouters]string
 	seen    [MaxRouters]int64      // Unix nanoseconds of the newest event
 	n       int                    // slots in use
+	last    int                    // the previous event's slot: a batch comes from one router
 	index   [routerIndexSize]uint8 // slot+1 by address hash; 0: none
 }
 
@@ -181,6 +183,12 @@ func (r *routerSet) observe(source string, ts, window int64) {
 	if source == "" {
 		return // an anonymous publisher is no router we can count
 	}
+	if last := r.sources[r.last]; len(last) == len(source) && unsafe.StringData(last) == unsafe.StringData(source) {
+		if ts > r.seen[r.last] {
+			r.seen[r.last] = ts
+		}
+		return
+	}
 	h := routerIndex(source)
 	slot := int(r.index[h]) - 1
 	if slot < 0 || r.sources[slot] != source {
@@ -200,6 +208,7 @@ func (r *routerSet) observe(source string, ts, window int64) {
 		}
 		r.index[h] = uint8(slot + 1)
 	}
+	r.last = slot
 	if ts > r.seen[slot] {
 		r.seen[slot] = ts
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -260,9 +261,23 @@ func BenchmarkLoadHotPath(b *testing.B) {
 			for i := 0; b.Loop(); i++ {
 				ts := at(time.Duration(i) * time.Microsecond)
 				ev.Source = names[(i/tt.run)%tt.sources]
-				bk.observeEventLoad(&ev, ts)
+				bk.observeEventLoad(&ev, ts.UnixNano())
 				rs.observe(ev.Source, ts.UnixNano(), window)
 			}
 		})
+	}
+}
+
+// TestRoutersNotInterned: equal sources in different strings (not
+// interned) are one router, whatever the order of their events.
+func TestRoutersNotInterned(t *testing.T) {
+	var rs routerSet
+	window := int64(time.Minute)
+	for i := range 200 {
+		src := strings.Clone([]string{"alpha", "beta", "gamma"}[i%3])
+		rs.observe(src, int64(i), window)
+	}
+	if got := rs.count(200, window); got != 3 {
+		t.Errorf("count = %d, want 3", got)
 	}
 }
