@@ -79,6 +79,11 @@ const (
 	DefaultAffinityLoadFactor = 1.5
 	DefaultRetryRatio         = 0.2
 	DefaultRetryFloorPerSec   = 3.0
+	// DefaultChoices is Settings.Choices' default (docs/EVALUATION.md,
+	// "The load score").
+	DefaultChoices = 3
+	// DefaultLoadStale is Settings.LoadStale's default.
+	DefaultLoadStale = 2 * time.Second
 	// DefaultTTL is the staleness horizon used when a snapshot carries no
 	// ttl_ms (DESIGN.md's analyzer.ttl default).
 	DefaultTTL = 5 * time.Second
@@ -92,7 +97,7 @@ type Rand interface{ Uint64() uint64 }
 
 // Settings configure a Picker. The zero value works.
 type Settings struct {
-	// Score ranks a candidate; lower is better. If nil, DefaultScore is
+	// Score ranks a candidate; lower is better. If unset, DefaultScore is
 	// used (the simulator's winner; see docs/EVALUATION.md).
 	Score Score
 	// CostWeightPerMs is the exchange rate between money and milliseconds
@@ -123,9 +128,22 @@ type Settings struct {
 	// LocalAlpha is the weight of the newest sample in the router's own
 	// EWMA of TTFT. If zero, 0.2 is used (the seed's alpha).
 	LocalAlpha float64
+	// Choices is how many distinct candidates a pick samples by weight and
+	// compares by score on a fresh snapshot. If zero, DefaultChoices (3)
+	// is used; values above 8 are 8; 1 is weighted random. The stale path
+	// always compares two.
+	Choices int
+	// LoadStale is how old a backend's published load may be (its age_ms
+	// at the snapshot plus the time since the snapshot) before a
+	// load-aware score (Score.FleetLoad) counts the backend by the
+	// router's own in-flight count instead. If zero, 2s is used; a
+	// negative value never discards a published load.
+	LoadStale time.Duration
 	// RetryRatio is the share of first attempts that may be retried. If
 	// zero, 0.2 is used. A negative value disables the budget (unlimited
-	// retries; for comparison runs only).
+	// retries; for comparison runs only). The per-router budget applies
+	// while the snapshot carries no retry_budget or is stale; a fresh
+	// snapshot's retry_budget replaces it (see Pick).
 	RetryRatio float64
 	// RetryFloorPerSec is the retry allowance per second that does not
 	// depend on traffic, so a quiet router can still retry. If zero, 3 is
@@ -225,6 +243,11 @@ type Picker struct {
 	now        func() time.Time
 	budget     *Budget
 	unbudgeted bool
+	choices    int
+	loadStale  time.Duration // < 0: a published load never goes stale
+	// fleet is this router's share of the snapshot's fleet-wide retry
+	// budget: it accrues retry_budget.per_sec / routers a second.
+	fleet *Budget
 	// The local breaker's settings; localFailures <= 0 disables it.
 	localFailures  int32
 	localSuccesses int32
@@ -248,8 +271,17 @@ func New(s Settings) *Picker {
 		alpha:      s.LocalAlpha,
 		now:        s.Now,
 	}
-	if p.score == nil {
+	if p.score.Rank == nil {
 		p.score = DefaultScore
+	}
+	p.choices = s.Choices
+	if p.choices <= 0 {
+		p.choices = DefaultChoices
+	}
+	p.choices = min(p.choices, maxChoices)
+	p.loadStale = s.LoadStale
+	if p.loadStale == 0 {
+		p.loadStale = DefaultLoadStale
 	}
 	if p.costWeight == 0 {
 		p.costWeight = math.Inf(1)
@@ -296,12 +328,21 @@ func New(s Settings) *Picker {
 		floor = DefaultRetryFloorPerSec
 	}
 	p.budget = NewBudget(ratio, floor, p.now)
+	p.fleet = NewBudget(0, 0, p.now)
 	return p
 }
 
-// Budget returns the picker's retry budget (for metrics, or for callers that
-// retry through other means).
+// Budget returns the picker's per-router retry budget (for metrics, or for
+// callers that retry through other means).
 func (p *Picker) Budget() *Budget { return p.budget }
+
+// FleetBudget returns the router's share of the fleet-wide retry budget the
+// snapshots carry (see Pick); its Balance is the retries it may make now
+// while the pool has no spare capacity.
+func (p *Picker) FleetBudget() *Budget { return p.fleet }
+
+// maxChoices bounds Settings.Choices.
+const maxChoices = 8
 
 // local is what one router knows about one backend by itself.
 type local struct {
