@@ -19,9 +19,9 @@ type RetryBudget struct {
 	// publisher's threshold): retries are not budgeted.
 	Free bool `json:"free"`
 	// Spare is the share of the pool's capacity that was idle, the mean
-	// over the backends that are not open of 1 - load / capacity (negative
-	// when requests wait); nil when no backend's load and capacity are
-	// known, in which case Free is false.
+	// over the backends with a published load of 1 - load / capacity
+	// (negative when requests wait); nil when no backend's load and
+	// capacity are known, in which case Free is false.
 	Spare *float64 `json:"spare,omitempty"`
 	// PerSec is how many retries a second the whole fleet may make while
 	// Free is false, >= 0.
@@ -75,8 +75,14 @@ type RetryBudgetSettings struct {
 // capacity returns how many requests a backend runs at once (its batch
 // slots); 0 (or a nil capacity) means unknown, and the backend's
 // kv_cache_usage stands for its utilisation instead (1 when requests wait).
-// A backend that is open, has no load, or has neither capacity nor
-// kv_cache_usage is left out of Spare.
+// A backend with no load, or with neither capacity nor kv_cache_usage, is
+// left out of Spare. An open backend counts with its last reported load:
+// a breaker says how a backend answers, not how loaded the pool is (in a
+// pool-wide failure such as docs/EVALUATION.md's retry-storm the analyzer
+// opens backends that still have their capacity, and leaving them out made
+// the budget refuse 9% of requests' retries that would have succeeded),
+// and a publisher drops a load it has no recent report of (PROTOCOL.md,
+// "Backend load (extension)").
 //
 // attemptsPerSec is the rate of attempts the pool received (first attempts
 // and retries alike: outcome events do not tell them apart), for example
@@ -103,7 +109,7 @@ func ComputeRetryBudget(backends []Backend, capacity func(backend string) float6
 	for i := range backends {
 		be := &backends[i]
 		l := be.Load
-		if l == nil || be.State == StateOpen {
+		if l == nil {
 			continue
 		}
 		var used float64

@@ -39,16 +39,20 @@ func TestLoadEstimate(t *testing.T) {
 	check := func(when string, want map[string]float64, stale bool) {
 		t.Helper()
 		for id, w := range want {
-			if got := load(id, stale); got != w {
+			if got := load(id, stale); math.Abs(got-w) > 1e-9 {
 				t.Errorf("%s: load of %s = %v, want %v", when, id, got, w)
 			}
 		}
 	}
-	// a: 10 + 4 x (2 - 1); b: 4 + 4 x 1; c has no load: 4 x 2.
-	check("fresh", map[string]float64{"a": 14, "b": 8, "c": 8}, false)
-	// b's report was 1.5 s old at the snapshot: stale 0.5 s later (2 s).
+	// a: 10 + 4 x (2 - 1) = 14, its report fresh; b: 4 + 4 x 1 = 8, its
+	// report 1.5 s old, so blended with 4 x its own count (4) with the
+	// share e^(-1.5/2); c has no load: 4 x 2.
+	wb := math.Exp(-0.75)
+	check("fresh", map[string]float64{"a": 14, "b": wb*8 + (1-wb)*4, "c": 8}, false)
+	// 0.6 s later b's report is past LoadStale (2.1 s): 4 x its own count.
 	c.Advance(600 * time.Millisecond)
-	check("b stale", map[string]float64{"a": 14, "b": 4, "c": 8}, false)
+	wa := math.Exp(-0.3)
+	check("b stale", map[string]float64{"a": wa*14 + (1-wa)*8, "b": 4, "c": 8}, false)
 	// A stale snapshot: every backend by R x its own count.
 	check("stale snapshot", map[string]float64{"a": 8, "b": 4, "c": 8}, true)
 
@@ -208,5 +212,33 @@ func TestFleetRetryBudget(t *testing.T) {
 	c.Advance(2 * time.Minute)
 	if got := allowed(); got != 9 {
 		t.Errorf("stale snapshot: %d retries allowed, want 9 (the per-router floor's 10 s ceiling)", got)
+	}
+}
+
+// Choices unset: three while the snapshot counts at most 16 routers, two
+// beyond.
+func TestDefaultChoicesByRouters(t *testing.T) {
+	for _, tt := range []struct{ routers, want int }{{0, 3}, {1, 3}, {16, 3}, {17, 2}, {64, 2}} {
+		p := newPicker(&clock{now: t0}, Settings{})
+		snap := pool(1, ids(8)...)
+		snap.Routers = tt.routers
+		p.Update(snap)
+		if got := p.state.Load().choices; got != tt.want {
+			t.Errorf("routers %d: %d choices, want %d", tt.routers, got, tt.want)
+		}
+	}
+}
+
+// A negative LoadStale never discards or discounts a published load.
+func TestLoadNeverStale(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{LoadStale: -1})
+	snap := pool(1, withLoad(backend("a", 200), 7, 60_000))
+	snap.TTLMs = 3_600_000
+	p.Update(snap)
+	c.Advance(time.Minute)
+	st := p.state.Load()
+	if got := p.loadOf(st, &st.entries[0], false, c.now.UnixNano()); got != 7 {
+		t.Errorf("a two-minute-old load: %v, want 7 as published", got)
 	}
 }

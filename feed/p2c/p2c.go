@@ -79,9 +79,12 @@ const (
 	DefaultAffinityLoadFactor = 1.5
 	DefaultRetryRatio         = 0.2
 	DefaultRetryFloorPerSec   = 3.0
-	// DefaultChoices is Settings.Choices' default (docs/EVALUATION.md,
-	// "The load score").
-	DefaultChoices = 3
+	// DefaultChoices and DefaultChoicesMany are Settings.Choices'
+	// defaults: 3 while the snapshot counts at most 16 routers, 2 beyond
+	// (docs/EVALUATION.md, "The load score": 3 choices had the lower p99
+	// up to 16 routers; at 64 they herded, 2 did not).
+	DefaultChoices     = 3
+	DefaultChoicesMany = 2
 	// DefaultLoadStale is Settings.LoadStale's default.
 	DefaultLoadStale = 2 * time.Second
 	// DefaultTTL is the staleness horizon used when a snapshot carries no
@@ -129,15 +132,18 @@ type Settings struct {
 	// EWMA of TTFT. If zero, 0.2 is used (the seed's alpha).
 	LocalAlpha float64
 	// Choices is how many distinct candidates a pick samples by weight and
-	// compares by score on a fresh snapshot. If zero, DefaultChoices (3)
-	// is used; values above 8 are 8; 1 is weighted random. The stale path
-	// always compares two.
+	// compares by score on a fresh snapshot. If zero, 3 while the
+	// snapshot's routers are at most 16 and 2 beyond (DefaultChoices,
+	// DefaultChoicesMany); values above 8 are 8; 1 is weighted random. The
+	// stale path always compares two.
 	Choices int
 	// LoadStale is how old a backend's published load may be (its age_ms
 	// at the snapshot plus the time since the snapshot) before a
-	// load-aware score (Score.FleetLoad) counts the backend by the
-	// router's own in-flight count instead. If zero, 2s is used; a
-	// negative value never discards a published load.
+	// load-aware score (Score.FleetLoad) counts the backend by R x the
+	// router's own in-flight count instead. Before that, the published
+	// estimate is blended with that local one, its share decaying as
+	// exp(-age / LoadStale). If zero, 2s is used; a negative value never
+	// discards or discounts a published load.
 	LoadStale time.Duration
 	// RetryRatio is the share of first attempts that may be retried. If
 	// zero, 0.2 is used. A negative value disables the budget (unlimited
@@ -274,11 +280,7 @@ func New(s Settings) *Picker {
 	if p.score.Rank == nil {
 		p.score = DefaultScore
 	}
-	p.choices = s.Choices
-	if p.choices <= 0 {
-		p.choices = DefaultChoices
-	}
-	p.choices = min(p.choices, maxChoices)
+	p.choices = min(max(s.Choices, 0), maxChoices) // 0: by the snapshot's routers
 	p.loadStale = s.LoadStale
 	if p.loadStale == 0 {
 		p.loadStale = DefaultLoadStale
@@ -341,8 +343,12 @@ func (p *Picker) Budget() *Budget { return p.budget }
 // while the pool has no spare capacity.
 func (p *Picker) FleetBudget() *Budget { return p.fleet }
 
-// maxChoices bounds Settings.Choices.
-const maxChoices = 8
+// maxChoices bounds Settings.Choices; manyRouters is the router count from
+// which the default is DefaultChoicesMany.
+const (
+	maxChoices  = 8
+	manyRouters = 16
+)
 
 // local is what one router knows about one backend by itself.
 type local struct {

@@ -132,7 +132,7 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int, now int64) (i
 	)
 	cands[0] = a
 	n, nskip := 1, 2
-	for k := 1; k < p.choices; k++ {
+	for k := 1; k < st.choices; k++ {
 		b := tbl.sampleSkip(r.Uint64(), skip[:nskip])
 		if b < 0 {
 			break
@@ -468,10 +468,22 @@ func (p *Picker) loadOf(st *state, e *entry, stale bool, now int64) float64 {
 	if !p.score.FleetLoad {
 		return float64(own)
 	}
+	local := st.routers * float64(own)
 	if stale || math.IsNaN(e.pubLoad) || now >= e.loadStaleAt {
-		return st.routers * float64(own)
+		return local
 	}
-	return max(0, e.pubLoad+st.routers*float64(own-e.atSnap))
+	est := max(0, e.pubLoad+st.routers*float64(own-e.atSnap))
+	if p.loadStale < 0 {
+		return est
+	}
+	// The published load's share decays with its age (the report's age at
+	// the snapshot plus the time since), with LoadStale as time constant:
+	// the fleet's changes between the report and the snapshot are not in
+	// it, and R x the router's own count is the other estimate of the
+	// same load.
+	age := float64(now - e.loadAt)
+	w := math.Exp(-max(age, 0) / float64(p.loadStale))
+	return w*est + (1-w)*local
 }
 
 // slowPenalty is the outlier guard: a candidate whose EWMA has reached

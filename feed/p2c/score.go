@@ -34,7 +34,9 @@ type Score struct {
 	// have added as much as this one since. A backend whose snapshot has
 	// no load, or whose load is older than Settings.LoadStale, is counted
 	// as R x the router's own in-flight count, and with a stale snapshot
-	// every backend is.
+	// every backend is. In between, the published estimate's share decays
+	// as exp(-age / Settings.LoadStale), the rest taken from R x the
+	// router's own count.
 	FleetLoad bool
 	// Weighted divides the score by the backend's weight (in (0, 1]), so
 	// that a down-weighted backend must be that much emptier to win.
@@ -75,13 +77,18 @@ var SqrtScore = Score{Name: "sqrt", Rank: sqrtRank}
 // LoadScore is InFlightScore over the fleet-wide load estimate (see
 // Score.FleetLoad): (load+1) + cost/costWeightPerMs/ewma, where load is the
 // backend's published load (requests running + waiting, fleet-wide) plus R
-// x this router's in-flight change since the snapshot. Routers that share a
-// pool thus rank by what the whole fleet sends, not by the 1/R of it each
+// x this router's in-flight change since the snapshot, blended with R x
+// its own count as the report ages (Settings.LoadStale). Routers that share
+// a pool thus rank by what the whole fleet sends, not by the 1/R of it each
 // sees. Without published loads (an analyzer that does not fill them, or a
-// stale snapshot) it ranks as InFlightScore does. The score is divided by
-// the backend's weight, so that a backend the analyzer throttled (a 429ing
-// backend holds no requests and so looks empty) or is ramping up wins in
-// proportion to its weight (docs/EVALUATION.md, "The load score").
+// stale snapshot) it ranks as InFlightScore does.
+//
+// It does not divide by the weight (Score.Weighted): a backend answering
+// 429 at once holds no requests and looks empty, but the weighted variant,
+// which measured fewer errors in the 429, stall and fast-failure
+// scenarios, also starves a half-open backend of the trickle its breaker
+// needs to close; the analyzer's quicker 429 trip covers that case
+// (docs/EVALUATION.md, "The load score").
 var LoadScore = Score{Name: "load", Rank: inFlightRank, FleetLoad: true}
 
 // PowerScore returns the member of the family with exponent g (see Score),

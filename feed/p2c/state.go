@@ -24,6 +24,7 @@ type entry struct {
 	// snapshot has none; it goes stale at loadStaleAt (unix ns); atSnap is
 	// the router's in-flight count when the snapshot was applied.
 	pubLoad     float64
+	loadAt      int64 // unix ns of the report: the snapshot's at - age_ms
 	loadStaleAt int64
 	atSnap      int64
 }
@@ -61,6 +62,7 @@ type state struct {
 	median    float64 // pool median EWMA TTFT; NaN when unknown
 	tolerance float64
 	routers   float64 // the snapshot's routers, at least 1
+	choices   int     // candidates a fresh pick compares
 	// The snapshot's retry budget: retryFree, retries are free;
 	// retryFleet, they draw from Picker.fleet. Neither: the per-router
 	// budget.
@@ -104,10 +106,10 @@ func (p *Picker) Update(snap *fleetwatch.Snapshot) {
 	}
 	st := p.build(snap, prev)
 	if rb := snap.RetryBudget; rb != nil {
+		// The share accrues while retries are free too, so that it holds
+		// up to about ten seconds' worth when the pool fills up.
 		st.retryFree, st.retryFleet = rb.Free, !rb.Free
-		if st.retryFleet {
-			p.fleet.setRate(rb.PerSec/st.routers, p.now())
-		}
+		p.fleet.setRate(rb.PerSec/st.routers, p.now())
 	}
 	p.state.Store(st)
 }
@@ -125,9 +127,16 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		shed:    snap.AllOpen != fleetwatch.AllOpenSpread,
 		median:  math.NaN(),
 		routers: float64(max(snap.Routers, 1)),
+		choices: p.choices,
 		entries: make([]entry, n),
 		byID:    make(map[string]int, n),
 		locals:  make(map[string]*local, n),
+	}
+	if st.choices == 0 { // Settings.Choices unset: by the number of routers
+		st.choices = DefaultChoices
+		if snap.Routers > manyRouters {
+			st.choices = DefaultChoicesMany
+		}
 	}
 	if snap.MedianEWMATTFTMs != nil && *snap.MedianEWMATTFTMs > 0 {
 		st.median = *snap.MedianEWMATTFTMs
@@ -153,9 +162,10 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		if l := b.Load; l != nil && p.score.FleetLoad {
 			if t := l.Total(); t >= 0 && !math.IsInf(t, 0) {
 				e.pubLoad = t
+				e.loadAt = snap.At.Add(-time.Duration(l.AgeMs) * time.Millisecond).UnixNano()
 				e.loadStaleAt = math.MaxInt64
 				if p.loadStale >= 0 {
-					e.loadStaleAt = snap.At.Add(p.loadStale - time.Duration(l.AgeMs)*time.Millisecond).UnixNano()
+					e.loadStaleAt = e.loadAt + int64(p.loadStale)
 				}
 			}
 		}
