@@ -242,3 +242,29 @@ func TestLoadNeverStale(t *testing.T) {
 		t.Errorf("a two-minute-old load: %v, want 7 as published", got)
 	}
 }
+
+// Pick stays at 0 allocations with published loads, a fleet retry budget
+// and every choice count.
+func TestLoadPickAllocs(t *testing.T) {
+	for _, choices := range []int{0, 2, 8} {
+		c := &clock{now: t0}
+		p := newPicker(c, Settings{Choices: choices})
+		bs := ids(100)
+		for i := range bs {
+			bs[i] = withLoad(bs[i], float64(i%9), 100)
+		}
+		snap := pool(1, bs...)
+		snap.Routers = 8
+		snap.RetryBudget = &fleetwatch.RetryBudget{PerSec: 1000}
+		p.Update(snap)
+		r := seeded(1)
+		for _, req := range []Request{{}, {Prefix: 42, HasPrefix: true}, {Exclude: "b0003"}} {
+			if a := testing.AllocsPerRun(1000, func() {
+				c, _ := p.Pick(r, req)
+				c.Done(fleetwatch.OutcomeOK, 100, false)
+			}); a != 0 {
+				t.Errorf("choices %d: Pick(%+v) allocates %v times", choices, req, a)
+			}
+		}
+	}
+}
