@@ -8,7 +8,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
-// Fleet-load policies (docs/EVALUATION.md, "Fleet-wide load"). Those the
+// Fleet-load policies (docs/EVALUATION.md, "Fleet-wide load (experiment)"). Those the
 // picker implements run the real feed/p2c with its load score
 // (p2c.LoadScore: the backend's published load plus R times the router's
 // own change of in-flight requests since the snapshot, R the snapshot's
