@@ -3,6 +3,7 @@ package fleetwatch
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -76,4 +77,17 @@ func TestRetryBudgetValidateAndJSON(t *testing.T) {
 	if err := json.Unmarshal([]byte(`{"v":1}`), &old); err != nil || old.RetryBudget != nil {
 		t.Errorf("a snapshot without retry_budget: %+v, %v", old.RetryBudget, err)
 	}
+}
+
+// A publisher computes the pool's retry budget from the snapshot's
+// backends, their capacities and the pool's attempt rate.
+func ExampleComputeRetryBudget() {
+	slots := map[string]float64{"a": 8, "b": 8}
+	backends := []Backend{
+		{Backend: "a", Load: &Load{Running: 8, Waiting: 2}},
+		{Backend: "b", Load: &Load{Running: 7}},
+	}
+	rb := ComputeRetryBudget(backends, func(id string) float64 { return slots[id] }, 120, RetryBudgetSettings{})
+	fmt.Printf("free %v, spare %.3f, %.0f retries/s for the fleet\n", rb.Free, *rb.Spare, rb.PerSec)
+	// Output: free false, spare -0.062, 23 retries/s for the fleet
 }

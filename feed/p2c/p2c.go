@@ -5,13 +5,18 @@
 // The algorithm is the seed article's pick (two random candidates, the lower
 // score wins; Mitzenmacher, "The Power of Two Choices in Randomized Load
 // Balancing", IEEE TPDS 2001), extended the way tower's p2c balancer and
-// grpc-go's weighted balancers are: the two candidates are distinct and
+// grpc-go's weighted balancers are: the candidates are distinct and
 // sampled with probability proportional to the snapshot's weight, from a
 // cumulative weight table built once per snapshot and binary-searched per
-// pick. The score is pluggable (Score); the default ranks by the router's
-// own in-flight count, because in the simulator the seed's
-// (inFlight+1) x EWMA(TTFT), which counts the queue twice, lost to it in
-// every steady state (docs/EVALUATION.md). A slow-outlier guard keeps the
+// pick; the number of candidates compared is a setting (Settings.Choices:
+// 3 by default, 2 beyond 16 routers). The score is pluggable (Score); the
+// default, LoadScore, ranks by the backend's load as the snapshot publishes
+// it plus R times the router's own change since the snapshot (R the
+// routers sharing the pool), and by the router's own in-flight count when
+// the snapshot has no load; in the simulator the seed's
+// (inFlight+1) x EWMA(TTFT), which counts the queue twice, lost to
+// in-flight counting in every steady state (docs/EVALUATION.md). A
+// slow-outlier guard keeps the
 // latency signal where it pays: a candidate whose EWMA has reached five
 // times the pool median has its score scaled by the excess.
 //
@@ -40,8 +45,12 @@
 // The package is pure: it imports only the module root, takes randomness as
 // a parameter and reads the clock through Settings.Now. Discovery (the
 // snapshot, swapped atomically by Update), load (the router's own in-flight
-// count per backend) and choice (Pick) are kept apart, and Pick does not
-// allocate.
+// count per backend, and the published load with the count at the
+// snapshot) and choice (Pick) are kept apart, and Pick does not allocate.
+//
+// The retry budget is the snapshot's fleet-wide one when it carries
+// retry_budget (free while the pool has spare capacity, else a share of
+// the fleet's rate per router), the router's own otherwise.
 //
 // Load is counted the way grpc-go's balancers count it: Pick counts the
 // request in flight on the backend it returns, and the returned Choice is the

@@ -15,10 +15,12 @@ import (
 // rest). A request
 // with a prefix goes to its sticky backend (rendezvous hashing over the
 // closed candidates with weight > 0, through a slot table; see affinity.go) while that backend's EWMA TTFT is below
-// the affinity tolerance times the pool median. Otherwise two distinct
-// candidates are sampled with probability proportional to their weight (a
-// weight of 0 is never sampled) and the one with the lower score wins, ties
-// to the first sampled. When every backend is open, Pick returns ErrShed
+// the affinity tolerance times the pool median. Otherwise Settings.Choices
+// distinct candidates (3 by default, 2 beyond 16 routers) are sampled with
+// probability proportional to their weight (a weight of 0 is never
+// sampled; a down-weighted one after the first joins the comparison with
+// probability weight / largest weight) and the one with the lowest score
+// wins, ties to the first sampled. When every backend is open, Pick returns ErrShed
 // (all_open=shed) or ignores the breakers (all_open=spread).
 //
 // With a stale snapshot (now after at + ttl_ms) the picker fails static:
@@ -32,9 +34,12 @@ import (
 // these candidates (not in failover mode, where the lowest priority's
 // candidates are balanced by a scan of the pool: a degraded mode).
 //
-// A retry (req.Exclude or req.Retry set) withdraws a token from the retry
-// budget and fails with ErrRetryBudget when none is left; a first attempt
-// deposits. Pick does not allocate.
+// A retry (req.Exclude or req.Retry set) is free while a fresh snapshot's
+// retry_budget says the pool has spare capacity; otherwise it withdraws a
+// token from the router's share of that fleet-wide budget, or, with a stale
+// snapshot or one without retry_budget, from the router's own budget, and
+// fails with ErrRetryBudget when none is left. A first attempt deposits
+// into the router's own budget. Pick does not allocate.
 //
 // The request is counted in flight on the chosen backend until Done is
 // called on the returned Choice; on an error nothing is counted.
