@@ -79,6 +79,10 @@ type Snapshot struct {
 	// routers share it, which a load-aware picker scales its own
 	// in-flight change by (an extension, omitted when 0).
 	Routers int `json:"routers,omitempty"`
+
+	// RetryBudget is the pool's fleet-wide retry budget (an extension,
+	// omitted when nil; see RetryBudget and ComputeRetryBudget).
+	RetryBudget *RetryBudget `json:"retry_budget,omitempty"`
 }
 
 // Load is a backend's most recent load report (an extension of the

@@ -73,6 +73,9 @@ func (s *Snapshot) Validate() error {
 	if s.Routers < 0 {
 		return invalid("routers", s.Routers, ErrOutOfRange, nonNegative)
 	}
+	if err := s.RetryBudget.validate(); err != nil {
+		return err
+	}
 	if s.BackendsTotal < 0 || (s.Truncated && s.BackendsTotal < len(s.Backends)) {
 		return invalid("backends_total", s.BackendsTotal, ErrOutOfRange, fmt.Sprintf(" (want at least the %d backends listed)", len(s.Backends)))
 	}

@@ -212,3 +212,43 @@ func BenchmarkPickStaleTripped(b *testing.B) {
 		})
 	}
 }
+
+// benchLoadPicker is benchPickerClock with a published load on every
+// backend and 8 routers, so that the default score ranks by the fleet-load
+// estimate over 3 choices.
+func benchLoadPicker(b *testing.B, n int, s Settings) *Picker {
+	b.Helper()
+	fixed := time.Now()
+	s.RetryRatio, s.Now = -1, func() time.Time { return fixed }
+	p := New(s)
+	bs := ids(n)
+	for i := range bs {
+		bs[i].EWMATTFTMs = floatPtr(100 + float64(i%7)*30)
+		bs[i].Weight = 0.5 + float64(i%3)/4
+		bs[i].Load = &fleetwatch.Load{Running: float64(i % 11), Waiting: float64(i % 3), AgeMs: 200, Source: "event"}
+	}
+	snap := pool(1, bs...)
+	snap.At.Time = fixed
+	snap.TTLMs = int64(time.Hour / time.Millisecond)
+	snap.Routers = 8
+	p.Update(snap)
+	return p
+}
+
+// BenchmarkPickLoad is the default picker (load score, 3 choices) over a
+// snapshot with loads; BenchmarkPickInFlight2 is the previous default (the
+// in-flight score, 2 choices) over the same snapshot, for the ratio in one
+// binary. Both with a fixed clock.
+func BenchmarkPickLoad(b *testing.B) {
+	for _, n := range []int{8, 100, 1000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) { benchPickWith(b, benchLoadPicker(b, n, Settings{}), plain) })
+	}
+}
+
+func BenchmarkPickInFlight2(b *testing.B) {
+	for _, n := range []int{8, 100, 1000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			benchPickWith(b, benchLoadPicker(b, n, Settings{Score: InFlightScore, Choices: 2}), plain)
+		})
+	}
+}

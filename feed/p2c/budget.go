@@ -22,9 +22,23 @@ type Budget struct {
 	floorPerSec float64
 	now         func() time.Time
 
-	mu      sync.Mutex // guards balance and last
+	mu      sync.Mutex // guards balance, last, floorPerSec and rated
 	balance float64
 	last    time.Time
+	rated   bool // setRate was called
+}
+
+// setRate changes the budget's accrual to ratePerSec from now on (the fleet
+// share's rate, from the snapshot). The first call gives it one second's
+// worth to start with.
+func (b *Budget) setRate(ratePerSec float64, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.advance(now)
+	if !b.rated {
+		b.balance, b.rated = ratePerSec, true
+	}
+	b.floorPerSec = ratePerSec
 }
 
 // NewBudget returns a budget allowing retries of ratio of the first attempts

@@ -13,7 +13,10 @@ import (
 // are enough busier.
 func TestCostExchangeRateShiftsTraffic(t *testing.T) {
 	cheapShare := func(msPerUnit float64) float64 {
-		s := Settings{RetryRatio: -1}
+		// Two choices: with three of these four backends one of the
+		// sample is always cheap, and at 1000 ms per unit cost decides
+		// every comparison.
+		s := Settings{RetryRatio: -1, Choices: 2}
 		if msPerUnit > 0 {
 			s.CostWeightPerMs = 1 / msPerUnit
 		}

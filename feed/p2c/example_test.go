@@ -40,3 +40,31 @@ func Example() {
 	choice.Done(fleetwatch.OutcomeOK, 180, false) // a second Done is a no-op
 	// Output: picked vllm-c
 }
+
+// With the default score the picker ranks by the load the snapshot
+// publishes for each backend (fleet-wide) plus the number of routers times
+// its own change since the snapshot: here vllm-a is busy across the fleet
+// although this router has sent it nothing, and its own two requests to
+// vllm-c count as 2 x 4 routers.
+func ExampleLoadScore() {
+	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	picker := p2c.New(p2c.Settings{Score: p2c.LoadScore, Now: func() time.Time { return now }})
+	backend := func(id string, running float64) fleetwatch.Backend {
+		return fleetwatch.Backend{Backend: id, State: fleetwatch.StateClosed, Weight: 1,
+			Load: &fleetwatch.Load{Running: running, Source: "event"}}
+	}
+	picker.Update(&fleetwatch.Snapshot{
+		V: 1, Pool: "llama-3.1-70b", Epoch: "e1", Seq: 1, At: fleetwatch.At(now), TTLMs: 5000,
+		Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed, Routers: 4,
+		Backends: []fleetwatch.Backend{backend("vllm-a", 12), backend("vllm-b", 9), backend("vllm-c", 2)},
+	})
+	for range 2 {
+		c, _ := picker.Choose("vllm-c") // 2 + 4 x 2 = 10
+		defer c.Done(fleetwatch.OutcomeOK, 150, false)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	choice, _ := picker.Pick(r, p2c.Request{}) // three choices of three: the least loaded
+	fmt.Println("picked", choice.Backend)
+	choice.Done(fleetwatch.OutcomeOK, 150, false)
+	// Output: picked vllm-b
+}

@@ -5,13 +5,18 @@
 // The algorithm is the seed article's pick (two random candidates, the lower
 // score wins; Mitzenmacher, "The Power of Two Choices in Randomized Load
 // Balancing", IEEE TPDS 2001), extended the way tower's p2c balancer and
-// grpc-go's weighted balancers are: the two candidates are distinct and
+// grpc-go's weighted balancers are: the candidates are distinct and
 // sampled with probability proportional to the snapshot's weight, from a
 // cumulative weight table built once per snapshot and binary-searched per
-// pick. The score is pluggable (Score); the default ranks by the router's
-// own in-flight count, because in the simulator the seed's
-// (inFlight+1) x EWMA(TTFT), which counts the queue twice, lost to it in
-// every steady state (docs/EVALUATION.md). A slow-outlier guard keeps the
+// pick; the number of candidates compared is a setting (Settings.Choices:
+// 3 by default, 2 beyond 16 routers). The score is pluggable (Score); the
+// default, LoadScore, ranks by the backend's load as the snapshot publishes
+// it plus R times the router's own change since the snapshot (R the
+// routers sharing the pool), and by the router's own in-flight count when
+// the snapshot has no load; in the simulator the seed's
+// (inFlight+1) x EWMA(TTFT), which counts the queue twice, lost to
+// in-flight counting in every steady state (docs/EVALUATION.md). A
+// slow-outlier guard keeps the
 // latency signal where it pays: a candidate whose EWMA has reached five
 // times the pool median has its score scaled by the excess.
 //
@@ -40,8 +45,12 @@
 // The package is pure: it imports only the module root, takes randomness as
 // a parameter and reads the clock through Settings.Now. Discovery (the
 // snapshot, swapped atomically by Update), load (the router's own in-flight
-// count per backend) and choice (Pick) are kept apart, and Pick does not
-// allocate.
+// count per backend, and the published load with the count at the
+// snapshot) and choice (Pick) are kept apart, and Pick does not allocate.
+//
+// The retry budget is the snapshot's fleet-wide one when it carries
+// retry_budget (free while the pool has spare capacity, else a share of
+// the fleet's rate per router), the router's own otherwise.
 //
 // Load is counted the way grpc-go's balancers count it: Pick counts the
 // request in flight on the backend it returns, and the returned Choice is the
@@ -79,6 +88,14 @@ const (
 	DefaultAffinityLoadFactor = 1.5
 	DefaultRetryRatio         = 0.2
 	DefaultRetryFloorPerSec   = 3.0
+	// DefaultChoices and DefaultChoicesMany are Settings.Choices'
+	// defaults: 3 while the snapshot counts at most 16 routers, 2 beyond
+	// (docs/EVALUATION.md, "The load score": 3 choices had the lower p99
+	// up to 16 routers; at 64 they herded, 2 did not).
+	DefaultChoices     = 3
+	DefaultChoicesMany = 2
+	// DefaultLoadStale is Settings.LoadStale's default.
+	DefaultLoadStale = 2 * time.Second
 	// DefaultTTL is the staleness horizon used when a snapshot carries no
 	// ttl_ms (DESIGN.md's analyzer.ttl default).
 	DefaultTTL = 5 * time.Second
@@ -92,7 +109,7 @@ type Rand interface{ Uint64() uint64 }
 
 // Settings configure a Picker. The zero value works.
 type Settings struct {
-	// Score ranks a candidate; lower is better. If nil, DefaultScore is
+	// Score ranks a candidate; lower is better. If unset, DefaultScore is
 	// used (the simulator's winner; see docs/EVALUATION.md).
 	Score Score
 	// CostWeightPerMs is the exchange rate between money and milliseconds
@@ -123,9 +140,25 @@ type Settings struct {
 	// LocalAlpha is the weight of the newest sample in the router's own
 	// EWMA of TTFT. If zero, 0.2 is used (the seed's alpha).
 	LocalAlpha float64
+	// Choices is how many distinct candidates a pick samples by weight and
+	// compares by score on a fresh snapshot. If zero, 3 while the
+	// snapshot's routers are at most 16 and 2 beyond (DefaultChoices,
+	// DefaultChoicesMany); values above 8 are 8; 1 is weighted random. The
+	// stale path always compares two.
+	Choices int
+	// LoadStale is how old a backend's published load may be (its age_ms
+	// at the snapshot plus the time since the snapshot) before a
+	// load-aware score (Score.FleetLoad) counts the backend by R x the
+	// router's own in-flight count instead. Before that, the published
+	// estimate is blended with that local one, its share decaying as
+	// exp(-age / LoadStale). If zero, 2s is used; a negative value never
+	// discards or discounts a published load.
+	LoadStale time.Duration
 	// RetryRatio is the share of first attempts that may be retried. If
 	// zero, 0.2 is used. A negative value disables the budget (unlimited
-	// retries; for comparison runs only).
+	// retries; for comparison runs only). The per-router budget applies
+	// while the snapshot carries no retry_budget or is stale; a fresh
+	// snapshot's retry_budget replaces it (see Pick).
 	RetryRatio float64
 	// RetryFloorPerSec is the retry allowance per second that does not
 	// depend on traffic, so a quiet router can still retry. If zero, 3 is
@@ -225,6 +258,11 @@ type Picker struct {
 	now        func() time.Time
 	budget     *Budget
 	unbudgeted bool
+	choices    int
+	loadStale  time.Duration // < 0: a published load never goes stale
+	// fleet is this router's share of the snapshot's fleet-wide retry
+	// budget: it accrues retry_budget.per_sec / routers a second.
+	fleet *Budget
 	// The local breaker's settings; localFailures <= 0 disables it.
 	localFailures  int32
 	localSuccesses int32
@@ -248,8 +286,13 @@ func New(s Settings) *Picker {
 		alpha:      s.LocalAlpha,
 		now:        s.Now,
 	}
-	if p.score == nil {
+	if p.score.Rank == nil {
 		p.score = DefaultScore
+	}
+	p.choices = min(max(s.Choices, 0), maxChoices) // 0: by the snapshot's routers
+	p.loadStale = s.LoadStale
+	if p.loadStale == 0 {
+		p.loadStale = DefaultLoadStale
 	}
 	if p.costWeight == 0 {
 		p.costWeight = math.Inf(1)
@@ -296,12 +339,25 @@ func New(s Settings) *Picker {
 		floor = DefaultRetryFloorPerSec
 	}
 	p.budget = NewBudget(ratio, floor, p.now)
+	p.fleet = NewBudget(0, 0, p.now)
 	return p
 }
 
-// Budget returns the picker's retry budget (for metrics, or for callers that
-// retry through other means).
+// Budget returns the picker's per-router retry budget (for metrics, or for
+// callers that retry through other means).
 func (p *Picker) Budget() *Budget { return p.budget }
+
+// FleetBudget returns the router's share of the fleet-wide retry budget the
+// snapshots carry (see Pick); its Balance is the retries it may make now
+// while the pool has no spare capacity.
+func (p *Picker) FleetBudget() *Budget { return p.fleet }
+
+// maxChoices bounds Settings.Choices; manyRouters is the router count from
+// which the default is DefaultChoicesMany.
+const (
+	maxChoices  = 8
+	manyRouters = 16
+)
 
 // local is what one router knows about one backend by itself.
 type local struct {

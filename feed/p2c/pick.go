@@ -15,10 +15,12 @@ import (
 // rest). A request
 // with a prefix goes to its sticky backend (rendezvous hashing over the
 // closed candidates with weight > 0, through a slot table; see affinity.go) while that backend's EWMA TTFT is below
-// the affinity tolerance times the pool median. Otherwise two distinct
-// candidates are sampled with probability proportional to their weight (a
-// weight of 0 is never sampled) and the one with the lower score wins, ties
-// to the first sampled. When every backend is open, Pick returns ErrShed
+// the affinity tolerance times the pool median. Otherwise Settings.Choices
+// distinct candidates (3 by default, 2 beyond 16 routers) are sampled with
+// probability proportional to their weight (a weight of 0 is never
+// sampled; a down-weighted one after the first joins the comparison with
+// probability weight / largest weight) and the one with the lowest score
+// wins, ties to the first sampled. When every backend is open, Pick returns ErrShed
 // (all_open=shed) or ignores the breakers (all_open=spread).
 //
 // With a stale snapshot (now after at + ttl_ms) the picker fails static:
@@ -32,9 +34,12 @@ import (
 // these candidates (not in failover mode, where the lowest priority's
 // candidates are balanced by a scan of the pool: a degraded mode).
 //
-// A retry (req.Exclude or req.Retry set) withdraws a token from the retry
-// budget and fails with ErrRetryBudget when none is left; a first attempt
-// deposits. Pick does not allocate.
+// A retry (req.Exclude or req.Retry set) is free while a fresh snapshot's
+// retry_budget says the pool has spare capacity; otherwise it withdraws a
+// token from the router's share of that fleet-wide budget, or, with a stale
+// snapshot or one without retry_budget, from the router's own budget, and
+// fails with ErrRetryBudget when none is left. A first attempt deposits
+// into the router's own budget. Pick does not allocate.
 //
 // The request is counted in flight on the chosen backend until Done is
 // called on the returned Choice; on an error nothing is counted.
@@ -44,9 +49,20 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 		return Choice{}, ErrNoBackends
 	}
 	nowT := p.now()
+	now := nowT.UnixNano()
+	fresh := now < st.staleAt
 	if !p.unbudgeted {
 		if req.Retry || req.Exclude != "" {
-			if !p.budget.withdrawAt(nowT) {
+			allowed := true
+			switch {
+			case fresh && st.retryFree:
+				// The pool has spare capacity: retries are free.
+			case fresh && st.retryFleet:
+				allowed = p.fleet.withdrawAt(nowT)
+			default:
+				allowed = p.budget.withdrawAt(nowT)
+			}
+			if !allowed {
 				return Choice{}, ErrRetryBudget
 			}
 		} else {
@@ -64,8 +80,8 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 		sticky bool
 		err    error
 	)
-	if now := nowT.UnixNano(); now < st.staleAt {
-		i, sticky, err = p.pickFresh(st, r, req, ex)
+	if fresh {
+		i, sticky, err = p.pickFresh(st, r, req, ex, now)
 	} else {
 		i, sticky, err = p.pickStale(st, r, req, ex, now)
 	}
@@ -75,7 +91,7 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 	return p.start(st, i, sticky), nil
 }
 
-func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, error) {
+func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int, now int64) (int, bool, error) {
 	tbl := &st.fresh
 	k := st.affinityTier
 	if st.allOpen {
@@ -114,19 +130,36 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int) (int, bool, e
 		}
 		return -1, false, ErrNoBackends
 	}
-	b := tbl.sample(r.Uint64(), ex, a)
-	if b < 0 {
+	// The other choices: distinct from a, from each other and from ex.
+	var (
+		cands [maxChoices]int
+		skip  = [maxChoices + 1]int{a, ex}
+	)
+	cands[0] = a
+	n, nskip := 1, 2
+	for k := 1; k < st.choices; k++ {
+		b := tbl.sampleSkip(r.Uint64(), skip[:nskip])
+		if b < 0 {
+			break
+		}
+		skip[nskip] = b
+		nskip++
+		// A down-weighted candidate after the first joins the comparison
+		// only with probability weight/maxWeight. Otherwise, in a pool of
+		// two, the distinct second draw would always be the half-open
+		// backend and its empty queue (an instant failure has no
+		// in-flight time) would win every comparison: weights would mean
+		// nothing.
+		if w := tbl.weight(b); w < tbl.maxWeight && unitFloat(r.Uint64())*tbl.maxWeight >= w {
+			continue
+		}
+		cands[n] = b
+		n++
+	}
+	if n == 1 {
 		return a, false, nil
 	}
-	// A down-weighted second candidate joins the comparison only with
-	// probability weight/maxWeight. Otherwise, in a pool of two, the
-	// distinct second draw would always be the half-open backend and its
-	// empty queue (an instant failure has no in-flight time) would win every
-	// comparison: weights would mean nothing.
-	if w := tbl.weight(b); w < tbl.maxWeight && unitFloat(r.Uint64())*tbl.maxWeight >= w {
-		return a, false, nil
-	}
-	return p.better(st, a, b, false), false, nil
+	return p.best(st, cands[:n], false, now), false, nil
 }
 
 func (p *Picker) pickStale(st *state, r Rand, req Request, ex int, now int64) (int, bool, error) {
@@ -185,7 +218,7 @@ func (p *Picker) pickStale(st *state, r Rand, req Request, ex int, now int64) (i
 			return ia, false, nil
 		}
 	}
-	return p.better(st, ia, ib, true), false, nil
+	return p.better(st, ia, ib, true, now), false, nil
 }
 
 // drawLocal draws a position of staleOrder[:m] other than s1 and s2 with
@@ -274,7 +307,7 @@ func (p *Picker) pickStaleFailover(st *state, r Rand, ex, m int) (int, bool, err
 	if jb >= ja {
 		jb++
 	}
-	return p.better(st, a, nth(jb), true), false, nil
+	return p.better(st, a, nth(jb), true, 0), false, nil
 }
 
 // pickStaleFailoverLocal is the stale failover pick while some local
@@ -338,7 +371,7 @@ func (p *Picker) pickStaleFailoverLocal(st *state, r Rand, ex, m int, now int64)
 	if wa, wb := p.localWeight(st, a, now), p.localWeight(st, b, now); wb < wa && unitFloat(r.Uint64())*wa >= wb {
 		return a
 	}
-	return p.better(st, a, b, true)
+	return p.better(st, a, b, true, now)
 }
 
 // scanDraw draws one of cands with priority prio, other than ex and skip,
@@ -387,23 +420,75 @@ func (p *Picker) ewmaFor(st *state, i int, stale bool) float64 {
 }
 
 // better returns whichever of a and b scores lower, a on a tie.
-func (p *Picker) better(st *state, a, b int, stale bool) int {
-	ea, eb := p.ewmaFor(st, a, stale), p.ewmaFor(st, b, stale)
-	switch {
-	case math.IsNaN(ea) && math.IsNaN(eb):
-		ea, eb = 1, 1
-	case math.IsNaN(ea):
-		ea = eb
-	case math.IsNaN(eb):
-		eb = ea
+func (p *Picker) better(st *state, a, b int, stale bool, now int64) int {
+	pair := [2]int{a, b}
+	return p.best(st, pair[:], stale, now)
+}
+
+// best returns the candidate that scores lowest, the earliest on a tie. A
+// candidate with no TTFT estimate at all (no EWMA and no pool median) is
+// scored with the first known estimate among the candidates, or 1.
+func (p *Picker) best(st *state, cands []int, stale bool, now int64) int {
+	var ewmas [maxChoices]float64
+	fill := math.NaN()
+	for k, i := range cands {
+		ewmas[k] = p.ewmaFor(st, i, stale)
+		if math.IsNaN(fill) {
+			fill = ewmas[k]
+		}
 	}
-	A, B := &st.entries[a], &st.entries[b]
-	sa := p.score(int(A.local.inFlight.Load()), ea, A.cost, p.costWeight) * p.slowPenalty(st, ea)
-	sb := p.score(int(B.local.inFlight.Load()), eb, B.cost, p.costWeight) * p.slowPenalty(st, eb)
-	if sb < sa {
-		return b
+	if math.IsNaN(fill) {
+		fill = 1
 	}
-	return a
+	best, bestScore := -1, 0.0
+	for k, i := range cands {
+		e := ewmas[k]
+		if math.IsNaN(e) {
+			e = fill
+		}
+		sc := p.scoreOf(st, i, e, stale, now)
+		if best < 0 || sc < bestScore {
+			best, bestScore = i, sc
+		}
+	}
+	return best
+}
+
+// scoreOf is entry i's score with TTFT estimate ewma.
+func (p *Picker) scoreOf(st *state, i int, ewma float64, stale bool, now int64) float64 {
+	e := &st.entries[i]
+	sc := p.score.Rank(p.loadOf(st, e, stale, now), ewma, e.cost, p.costWeight) * p.slowPenalty(st, ewma)
+	if p.score.Weighted && !stale && e.weight > 0 && e.weight < 1 {
+		sc /= e.weight
+	}
+	return sc
+}
+
+// loadOf is the load a score ranks entry e by: the router's own in-flight
+// count, or for a fleet-load score the published load plus R x the
+// router's change since the snapshot (never below 0), R x its own count
+// when the published load is missing or stale.
+func (p *Picker) loadOf(st *state, e *entry, stale bool, now int64) float64 {
+	own := e.local.inFlight.Load()
+	if !p.score.FleetLoad {
+		return float64(own)
+	}
+	local := st.routers * float64(own)
+	if stale || math.IsNaN(e.pubLoad) || now >= e.loadStaleAt {
+		return local
+	}
+	est := max(0, e.pubLoad+st.routers*float64(own-e.atSnap))
+	if p.loadStale < 0 {
+		return est
+	}
+	// The published load's share decays with its age (the report's age at
+	// the snapshot plus the time since), with LoadStale as time constant:
+	// the fleet's changes between the report and the snapshot are not in
+	// it, and R x the router's own count is the other estimate of the
+	// same load.
+	age := float64(now - e.loadAt)
+	w := math.Exp(-max(age, 0) / float64(p.loadStale))
+	return w*est + (1-w)*local
 }
 
 // slowPenalty is the outlier guard: a candidate whose EWMA has reached
@@ -444,6 +529,31 @@ func (p *Picker) keepSticky(st *state, i, n int, stale bool) bool {
 // never s1 or s2 (entry indices, -1 for none), from the random bits u.
 // It returns -1 when no entry with positive weight is left.
 func (t *table) sample(u uint64, s1, s2 int) int {
+	skip := [2]int{s1, s2}
+	return t.sampleSkip(u, skip[:])
+}
+
+// sampleSkip is sample with any number of skipped entries (-1 entries and
+// repeats are ignored); skip is sorted in place.
+func (t *table) sampleSkip(u uint64, skip []int) int {
+	// Sort, drop -1 and repeats (the list is at most maxChoices+1 long).
+	ns := 0
+	for _, v := range skip {
+		if v < 0 {
+			continue
+		}
+		j := ns
+		for j > 0 && skip[j-1] > v {
+			j--
+		}
+		if j > 0 && skip[j-1] == v {
+			continue
+		}
+		copy(skip[j+1:ns+1], skip[j:ns])
+		skip[j] = v
+		ns++
+	}
+	skip = skip[:ns]
 	if t.alias != nil {
 		// O(1) draws from the alias table, rejecting the skipped entries;
 		// a few rejections in a row (one entry holds most of the weight)
@@ -453,7 +563,7 @@ func (t *table) sample(u uint64, s1, s2 int) int {
 			if float64(uint32(u))*0x1p-32 >= t.prob[i] {
 				i = int(t.alias[i])
 			}
-			if i != s1 && i != s2 {
+			if !skipped(skip, i) {
 				return i
 			}
 			u = mix64(u + 0x9e3779b97f4a7c15)
@@ -461,30 +571,23 @@ func (t *table) sample(u uint64, s1, s2 int) int {
 	}
 	n := len(t.cum)
 	left := t.positive
-	var w1, w2 float64
-	if s1 >= 0 {
-		if w1 = t.weight(s1); w1 > 0 {
+	skippedWeight := 0.0
+	for _, v := range skip {
+		if w := t.weight(v); w > 0 {
 			left--
-		}
-	}
-	if s2 >= 0 && s2 != s1 {
-		if w2 = t.weight(s2); w2 > 0 {
-			left--
+			skippedWeight += w
 		}
 	}
 	if left <= 0 {
 		return -1
 	}
-	if s1 > s2 {
-		s1, s2, w1, w2 = s2, s1, w2, w1
-	}
-	x := unitFloat(u) * (t.cum[n-1] - w1 - w2)
-	// Map x from the line without the skipped intervals onto the full one.
-	if s1 >= 0 && x >= t.cum[s1]-w1 {
-		x += w1
-	}
-	if s2 >= 0 && x >= t.cum[s2]-w2 {
-		x += w2
+	x := unitFloat(u) * (t.cum[n-1] - skippedWeight)
+	// Map x from the line without the skipped intervals onto the full one
+	// (skip is ascending).
+	for _, v := range skip {
+		if w := t.weight(v); x >= t.cum[v]-w {
+			x += w
+		}
 	}
 	// The first entry whose cumulative weight exceeds x, by a branchless
 	// binary search (the compiler turns the step into a conditional move).
@@ -499,21 +602,31 @@ func (t *table) sample(u uint64, s1, s2 int) int {
 	if t.cum[lo] <= x {
 		lo++
 	}
-	if lo >= n || lo == s1 || lo == s2 || t.weight(lo) <= 0 {
-		lo = t.nearest(min(lo, n-1), s1, s2) // floating-point edge
+	if lo >= n || skipped(skip, lo) || t.weight(lo) <= 0 {
+		lo = t.nearest(min(lo, n-1), skip) // floating-point edge
 	}
 	return lo
 }
 
+// skipped reports whether i is in skip.
+func skipped(skip []int, i int) bool {
+	for _, v := range skip {
+		if v == i {
+			return true
+		}
+	}
+	return false
+}
+
 // nearest returns the usable entry closest to i, looking forward first.
-func (t *table) nearest(i, s1, s2 int) int {
+func (t *table) nearest(i int, skip []int) int {
 	for j := i; j < len(t.cum); j++ {
-		if j != s1 && j != s2 && t.weight(j) > 0 {
+		if !skipped(skip, j) && t.weight(j) > 0 {
 			return j
 		}
 	}
 	for j := i - 1; j >= 0; j-- {
-		if j != s1 && j != s2 && t.weight(j) > 0 {
+		if !skipped(skip, j) && t.weight(j) > 0 {
 			return j
 		}
 	}

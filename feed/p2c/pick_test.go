@@ -74,7 +74,7 @@ func TestScoreValues(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := tt.score(tt.n, tt.ewma, tt.cost, tt.cw)
+			got := tt.score.Rank(float64(tt.n), tt.ewma, tt.cost, tt.cw)
 			if math.Abs(got-tt.want) > 1e-9 {
 				t.Errorf("score = %v, want %v", got, tt.want)
 			}
@@ -508,7 +508,7 @@ func TestSlowOutlierGuard(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &clock{now: t0}
-			p := newPicker(c, Settings{Score: InFlightScore, SlowOutlierFactor: tt.factor})
+			p := newPicker(c, Settings{Score: InFlightScore, SlowOutlierFactor: tt.factor, Choices: 2}) // two scripted draws
 			// The median of (200, 200, slow) is 200.
 			p.Update(pool(1, backend("fast", 200), backend("other", 200), backend("slow", tt.slowEWMA)))
 			for range tt.fastBusy {

@@ -20,6 +20,13 @@ type entry struct {
 	feedEWMA  float64 // NaN when the snapshot has none
 	cost      float64 // 0 when the snapshot has none
 	openUntil int64   // unix ns; for open backends, math.MaxInt64 when unknown
+	// The published load (Score.FleetLoad): pubLoad is NaN when the
+	// snapshot has none; it goes stale at loadStaleAt (unix ns); atSnap is
+	// the router's in-flight count when the snapshot was applied.
+	pubLoad     float64
+	loadAt      int64 // unix ns of the report: the snapshot's at - age_ms
+	loadStaleAt int64
+	atSnap      int64
 }
 
 // table is a cumulative weight table over all entries, for weighted sampling
@@ -54,6 +61,12 @@ type state struct {
 	shed      bool    // all_open is shed
 	median    float64 // pool median EWMA TTFT; NaN when unknown
 	tolerance float64
+	routers   float64 // the snapshot's routers, at least 1
+	choices   int     // candidates a fresh pick compares
+	// The snapshot's retry budget: retryFree, retries are free;
+	// retryFleet, they draw from Picker.fleet. Neither: the per-router
+	// budget.
+	retryFree, retryFleet bool
 
 	entries []entry
 	byID    map[string]int
@@ -91,7 +104,14 @@ func (p *Picker) Update(snap *fleetwatch.Snapshot) {
 	if prev != nil && !snap.NewerThan(&prev.header) {
 		return
 	}
-	p.state.Store(p.build(snap, prev))
+	st := p.build(snap, prev)
+	if rb := snap.RetryBudget; rb != nil {
+		// The share accrues while retries are free too, so that it holds
+		// up to about ten seconds' worth when the pool fills up.
+		st.retryFree, st.retryFleet = rb.Free, !rb.Free
+		p.fleet.setRate(rb.PerSec/st.routers, p.now())
+	}
+	p.state.Store(st)
 }
 
 func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
@@ -106,9 +126,17 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		mode:    snap.Mode,
 		shed:    snap.AllOpen != fleetwatch.AllOpenSpread,
 		median:  math.NaN(),
+		routers: float64(max(snap.Routers, 1)),
+		choices: p.choices,
 		entries: make([]entry, n),
 		byID:    make(map[string]int, n),
 		locals:  make(map[string]*local, n),
+	}
+	if st.choices == 0 { // Settings.Choices unset: by the number of routers
+		st.choices = DefaultChoices
+		if snap.Routers > manyRouters {
+			st.choices = DefaultChoicesMany
+		}
 	}
 	if snap.MedianEWMATTFTMs != nil && *snap.MedianEWMATTFTMs > 0 {
 		st.median = *snap.MedianEWMATTFTMs
@@ -129,6 +157,17 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 			weight:   b.Weight,
 			priority: b.Priority,
 			feedEWMA: math.NaN(),
+			pubLoad:  math.NaN(),
+		}
+		if l := b.Load; l != nil && p.score.FleetLoad {
+			if t := l.Total(); t >= 0 && !math.IsInf(t, 0) {
+				e.pubLoad = t
+				e.loadAt = snap.At.Add(-time.Duration(l.AgeMs) * time.Millisecond).UnixNano()
+				e.loadStaleAt = math.MaxInt64
+				if p.loadStale >= 0 {
+					e.loadStaleAt = e.loadAt + int64(p.loadStale)
+				}
+			}
 		}
 		if !(e.weight > 0) { // also NaN
 			e.weight = 0
@@ -154,6 +193,7 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		if e.local == nil {
 			e.local = new(local)
 		}
+		e.atSnap = e.local.inFlight.Load()
 		st.entries[i] = e
 		st.byID[e.id] = i
 		st.locals[e.id] = e.local

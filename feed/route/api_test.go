@@ -48,6 +48,7 @@ func TestNewValidates(t *testing.T) {
 		{"duplicate pool", Settings{Pools: []Pool{{ID: "p", Backends: []Backend{ok}}, {ID: "p", Backends: []Backend{ok}}}}, `"p"`},
 		{"prefix from", Settings{Pools: []Pool{{ID: "p", Backends: []Backend{ok}}}, PrefixFrom: "user"}, `"user"`},
 		{"max attempts", Settings{Pools: []Pool{{ID: "p", Backends: []Backend{ok}}}, MaxAttempts: -1}, "MaxAttempts"},
+		{"unknown score", Settings{Pools: []Pool{{ID: "p", Backends: []Backend{ok}, Picker: p2c.Settings{Score: p2c.Score{Name: "fastest"}}}}}, `"fastest"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

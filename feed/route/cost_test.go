@@ -26,8 +26,12 @@ func TestRouteCostExchangeRate(t *testing.T) {
 			bs = append(bs, b)
 		}
 		pool := countingPool(bs...)
+		// Two choices: with three of these four backends one of the
+		// sample is always cheap, and 8 clients never load the cheap
+		// pair enough for an expensive one to win.
+		pool.Picker = p2c.Settings{Choices: 2}
 		if msPerUnit > 0 {
-			pool.Picker = p2c.Settings{CostWeightPerMs: 1 / msPerUnit}
+			pool.Picker.CostWeightPerMs = 1 / msPerUnit
 		}
 		rt, url := serveRouter(t, Settings{Pools: []Pool{pool}, Seed: 3, PrefixFrom: PrefixNone})
 		snap := &fleetwatch.Snapshot{

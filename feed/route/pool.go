@@ -44,6 +44,9 @@ func newPool(i int, pc Pool, now func() time.Time, logf func(string, ...any)) (*
 		return nil, fmt.Errorf("%w: pools[%d]: the pool needs an id", ErrConfig, i)
 	}
 	ps := pc.Picker
+	if ps.Score.Rank == nil && ps.Score.Name != "" {
+		return nil, fmt.Errorf("%w: pools[%d] (%s): unknown score %q (want one of p2c.Scores)", ErrConfig, i, pc.ID, ps.Score.Name)
+	}
 	if ps.Now == nil {
 		ps.Now = now
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
@@ -154,9 +155,19 @@ type PoolConfig struct {
 	MsPerCostUnit *float64 `yaml:"ms_per_cost_unit"`
 	// ORCA is how route asks the pool's backends for ORCA load reports
 	// (route.Pool.ORCA): text (default), json or off.
-	ORCA     string          `yaml:"orca"`
-	Analyzer AnalyzerConfig  `yaml:"analyzer"`
-	Backends []BackendConfig `yaml:"backends"`
+	ORCA string `yaml:"orca"`
+	// Score is the router's picker score by name (p2c.Scores: load,
+	// inflight, sqrt, seed); empty: p2c.DefaultScore (load).
+	Score string `yaml:"score"`
+	// Choices is how many candidates the router's picker compares; absent
+	// or 0: 3 up to 16 routers, 2 beyond (p2c.Settings.Choices).
+	Choices *int `yaml:"choices"`
+	// LoadStale is how old a published backend load may be before the
+	// load score counts the backend by the router's own in-flight count
+	// (p2c.Settings.LoadStale); absent: 2s.
+	LoadStale *Duration       `yaml:"load_stale"`
+	Analyzer  AnalyzerConfig  `yaml:"analyzer"`
+	Backends  []BackendConfig `yaml:"backends"`
 }
 
 // BackendConfig is one backend of a pool.
@@ -400,6 +411,15 @@ func (c *Config) validate(lines map[string]int, file string) error {
 		}
 		if v := p.MsPerCostUnit; v != nil && (!(*v >= 0) || math.IsInf(*v, 0)) {
 			return fail(key+".ms_per_cost_unit", "%v: must be a finite number >= 0", *v)
+		}
+		if _, ok := p2c.ScoreByName(p.Score); p.Score != "" && !ok {
+			return fail(key+".score", "%q: want one of %s", p.Score, scoreNames())
+		}
+		if v := p.Choices; v != nil && *v < 0 {
+			return fail(key+".choices", "%d: must be >= 0 (0: by the number of routers)", *v)
+		}
+		if v := p.LoadStale; v != nil && v.Duration <= 0 {
+			return fail(key+".load_stale", "%v: must be > 0", v.Duration)
 		}
 		for j, m := range p.Models {
 			if other, dup := models[m]; dup && other != p.ID {

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"strings"
+
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/feed/route"
@@ -11,7 +13,7 @@ import (
 // getenv from the variable the file names), priority and cost, and the
 // picker settings ps for every pool, with the pool's ms_per_cost_unit as
 // the score's exchange rate (p2c.Settings.CostWeightPerMs, its inverse)
-// when the file sets it. route.New checks them and names the
+// and its score, choices and load_stale when the file sets them. route.New checks them and names the
 // pool, backend or URL at fault (a backend without a URL, for one).
 func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route.Pool {
 	pools := make([]route.Pool, 0, len(c.Pools))
@@ -27,6 +29,20 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 		if v := pc.MsPerCostUnit; v != nil && *v > 0 {
 			p.Picker.CostWeightPerMs = 1 / *v // cost / CostWeightPerMs is in ms
 		}
+		if pc.Score != "" {
+			// An unknown name (Validate rejects it) keeps its name and no
+			// Rank, which route.New reports.
+			p.Picker.Score = p2c.Score{Name: pc.Score}
+			if sc, ok := p2c.ScoreByName(pc.Score); ok {
+				p.Picker.Score = sc
+			}
+		}
+		if pc.Choices != nil {
+			p.Picker.Choices = *pc.Choices
+		}
+		if pc.LoadStale != nil {
+			p.Picker.LoadStale = pc.LoadStale.Duration
+		}
 		for _, bc := range pc.Backends {
 			b := route.Backend{ID: bc.ID, URL: bc.URL, Priority: bc.Priority, CostPerMTok: bc.CostPerMTok}
 			if bc.APIKeyEnv != "" {
@@ -37,4 +53,13 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 		pools = append(pools, p)
 	}
 	return pools
+}
+
+// scoreNames lists the picker's named scores, for errors.
+func scoreNames() string {
+	var names []string
+	for _, s := range p2c.Scores {
+		names = append(names, s.Name)
+	}
+	return strings.Join(names, ", ")
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"math"
 	"testing"
+	"time"
 
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
@@ -34,5 +35,30 @@ func TestRoutePoolsCostExchangeRate(t *testing.T) {
 		if p.Picker.RetryRatio != 0.3 {
 			t.Errorf("pool %s lost the caller's picker settings: %+v", p.ID, p.Picker)
 		}
+	}
+}
+
+// score, choices and load_stale reach the pool's picker; absent, the
+// caller's settings stay.
+func TestRoutePoolsPickerKeys(t *testing.T) {
+	c, err := Parse([]byte(`pools:
+  - id: tuned
+    score: inflight
+    choices: 2
+    load_stale: 500ms
+    backends: [{id: a, url: "http://127.0.0.1:1"}]
+  - id: plain
+    backends: [{id: b, url: "http://127.0.0.1:2"}]
+`), "fw.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pools := c.RoutePools(func(string) string { return "" }, p2c.Settings{Choices: 5})
+	tuned, plain := pools[0].Picker, pools[1].Picker
+	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.LoadStale != 500*time.Millisecond {
+		t.Errorf("tuned pool's picker: score %q, choices %d, load_stale %v", tuned.Score.Name, tuned.Choices, tuned.LoadStale)
+	}
+	if plain.Score.Rank != nil || plain.Choices != 5 || plain.LoadStale != 0 {
+		t.Errorf("plain pool's picker: score %q, choices %d, load_stale %v; want the caller's", plain.Score.Name, plain.Choices, plain.LoadStale)
 	}
 }

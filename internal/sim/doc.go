@@ -24,11 +24,13 @@
 // connections, latency-greedy, the seed's local p2c, LiteLLM's cooldowns,
 // always-sticky) are re-implementations of their described behaviour.
 //
-// The fleet-load policies (fl-load*, policy_fleetload.go) are an
-// experiment: a proposed picker that ranks candidates by each backend's
-// load as published by the feed plus R times the router's own change since
-// the snapshot, with a fleet-wide retry budget. Snapshots and events have no
-// load field yet, so the simulator computes the published values itself
-// from the same outcome events the analyzer sees (fleetfeed.go); see
+// The fleet-load policies (fl-load*, policy_fleetload.go) are variants of
+// the picker's load score (p2c.LoadScore: each backend's load as the
+// snapshot publishes it plus R times the router's own change since the
+// snapshot) and of the snapshot's fleet-wide retry budget; most run the
+// real picker, three are simulator-local for comparison. This tree's
+// analyzer does not fill the snapshots' load, routers and retry_budget
+// yet, so the simulator computes them from the same outcome events the
+// analyzer sees (fleetfeed.go) and lays them over its snapshots; see
 // docs/EVALUATION.md, "Fleet-wide load (experiment)".
 package sim

@@ -2,8 +2,13 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/fleetwatch/fleetwatch"
 )
 
 // withRouters returns sc with n routers.
@@ -85,25 +90,64 @@ func TestPoolThrottleHoldOverload(t *testing.T) {
 	}
 }
 
-// Retry budgets: retries free while a quarter of the pool's slots is idle,
-// else one fleet-wide budget, keep retry-storm's client errors at 1.5% or
-// less (today's per-router budget: 4-11%) and the overload's incident load
-// at 1.35 attempts per request or less, at 4 and 16 routers.
+// The retry budget the snapshots carry (fleetwatch.ComputeRetryBudget,
+// followed by feed/p2c): free while half the pool's capacity is idle, else
+// one fleet-wide budget. It keeps retry-storm's client errors at 1.5% or
+// less (the per-router budget of fw-v1: 4-11%) and the overload's
+// incident load at 1.35 attempts per request or less, at 4 and 16 routers.
 func TestFleetRetryBudget(t *testing.T) {
 	long(t)
 	for _, routers := range []int{4, 16} {
 		t.Run(fmt.Sprintf("%d routers", routers), func(t *testing.T) {
-			storm := runs(t, withRouters(scenario(t, RetryStorm), routers), FLoad3Fleet25, FLoad3)
-			over := runs(t, withRouters(scenario(t, Overload), routers), FLoad3Fleet25)[FLoad3Fleet25]
+			storm := runs(t, withRouters(scenario(t, RetryStorm), routers), Fleetwatch, FWV1)
+			over := runs(t, withRouters(scenario(t, Overload), routers), Fleetwatch)[Fleetwatch]
 			for i, seed := range seeds {
-				fl, pr := storm[FLoad3Fleet25][i], storm[FLoad3][i]
+				fw, v1 := storm[Fleetwatch][i], storm[FWV1][i]
 				t.Logf("seed %d: retry-storm errors %.4f (per-router budget %.4f); overload x%.2f",
-					seed, fl.ErrorRate, pr.ErrorRate, over[i].WindowAttemptsPerRequest)
-				if fl.ErrorRate > 0.015 {
-					t.Errorf("seed %d: retry-storm client errors %.4f, want <= 0.015", seed, fl.ErrorRate)
+					seed, fw.ErrorRate, v1.ErrorRate, over[i].WindowAttemptsPerRequest)
+				if fw.ErrorRate > 0.015 {
+					t.Errorf("seed %d: retry-storm client errors %.4f, want <= 0.015", seed, fw.ErrorRate)
 				}
 				if x := over[i].WindowAttemptsPerRequest; x > 1.35 || x < 1 {
 					t.Errorf("seed %d: overload incident load x%.2f, want in [1, 1.35]", seed, x)
+				}
+			}
+		})
+	}
+}
+
+// The load score against least-connections: at 16 routers fleetwatch's
+// p99 TTFT is below least-conn's in both mixed-cost steady states, over
+// their full 10 minutes (as TestMixedCost: a p99 over 4 minutes depends on
+// how many huge requests a seed draws).
+func TestFleetLoadBeatsLeastConn(t *testing.T) {
+	long(t)
+	for _, name := range []string{MixedEqual, MixedUnequal} {
+		t.Run(name, func(t *testing.T) {
+			sc, _ := ScenarioByName(name)
+			res := runs(t, withRouters(sc, 16), Fleetwatch, LeastConn)
+			for i, seed := range seeds {
+				fw, lc := res[Fleetwatch][i], res[LeastConn][i]
+				t.Logf("seed %d: p99 fleetwatch %.0f ms, least-conn %.0f ms (%.2f)", seed, fw.TTFTP99, lc.TTFTP99, fw.TTFTP99/lc.TTFTP99)
+				if fw.TTFTP99 >= lc.TTFTP99 {
+					t.Errorf("seed %d: fleetwatch p99 %.0f ms >= least-conn's %.0f ms at 16 routers", seed, fw.TTFTP99, lc.TTFTP99)
+				}
+			}
+		})
+	}
+}
+
+// The herd at 16 and 64 routers: fleetwatch's oscillation stays at 0.10 or
+// below (at 64 routers it compares two choices, not three).
+func TestFleetLoadHerdTarget(t *testing.T) {
+	long(t)
+	for _, routers := range []int{16, 64} {
+		t.Run(fmt.Sprintf("%d routers", routers), func(t *testing.T) {
+			res := runs(t, withRouters(scenario(t, Herd), routers), Fleetwatch)[Fleetwatch]
+			for i, seed := range seeds {
+				t.Logf("seed %d: oscillation %.3f", seed, res[i].Oscillation)
+				if res[i].Oscillation > 0.10 {
+					t.Errorf("seed %d: oscillation %.3f at %d routers, want <= 0.10", seed, res[i].Oscillation, routers)
 				}
 			}
 		})
@@ -125,13 +169,14 @@ func TestFleetLoadHerd(t *testing.T) {
 	}
 }
 
-// The fleet-load feed: backends' reported loads reach the routers, and the
-// number of routers is counted from the events' sources.
+// The fleet-load feed: backends' reported loads reach the snapshots with
+// their age, and the number of routers is counted from the events'
+// sources.
 func TestFleetFeedPublishes(t *testing.T) {
 	f := newFleetFeed([]float64{8, 8}, 3, 30*time.Second)
-	f.report(100, 0, 6, 0, false)
-	f.report(200, 1, 2, 2, false)
-	f.report(300, 1, 4, 2, true)
+	f.report(100, 0, 6, 0, 0)
+	f.report(200, 1, 2, 0, 2)
+	f.report(300, 1, 3, 1, 2)
 	f.publish(1000, []float64{5, 4})
 	p := f.pub
 	if !p.valid || p.load[0] != 6 || p.load[1] != 4 || p.ageMs[0] != 900 || p.ageMs[1] != 700 {
@@ -140,8 +185,15 @@ func TestFleetFeedPublishes(t *testing.T) {
 	if p.routers != 2 {
 		t.Errorf("routers %d, want 2 (sources 0 and 2)", p.routers)
 	}
-	if want := 1 - 10.0/16; p.spare != want {
-		t.Errorf("spare %v, want %v", p.spare, want)
+	if want := 3 * math.Exp(-0.07) / 10; math.Abs(p.ratePerSec-want) > 0.01 {
+		t.Errorf("rate %.3f/s, want about %.3f (3 attempts decaying over 10 s)", p.ratePerSec, want)
+	}
+	want := &fleetwatch.Load{Running: 3, Waiting: 1, AgeMs: 700, Source: "event"}
+	if diff := cmp.Diff(want, f.loadOf(1, false)); diff != "" {
+		t.Errorf("load of b1 (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(&fleetwatch.Load{Running: 4, Source: "metrics"}, f.loadOf(1, true)); diff != "" {
+		t.Errorf("exact load of b1 (-want +got):\n%s", diff)
 	}
 	f.publish(31_000, []float64{0, 0})
 	if f.pub.routers != 1 {

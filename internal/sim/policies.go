@@ -32,6 +32,9 @@ const (
 	FWDefaultAnalyzer = "fw-default-analyzer"
 	// FWNoGuard is fleetwatch without the picker's slow-outlier guard.
 	FWNoGuard = "fw-no-guard"
+	// FWV1 is the picker as it was before the load score: the in-flight
+	// score, two choices and the per-router retry budget.
+	FWV1 = "fw-v1"
 )
 
 // FleetwatchAnalyzer are the analyzer settings of the feed policies other
@@ -47,7 +50,47 @@ var FleetwatchAnalyzer = analyzer.Settings{SlowFactor: 1e9}
 var StandardPolicies = []string{RoundRobin, Random, LeastConn, LatencyGreedy, P2CLocal, LiteLLM, Fleetwatch}
 
 // ScorePolicies compare the picker's score variants for the default choice.
-var ScorePolicies = []string{LeastConn, FWSeed, FWSqrt, FWInFlight}
+var ScorePolicies = []string{LeastConn, FWSeed, FWSqrt, FWInFlight, FWV1}
+
+// pickerPolicy is a policy that runs the real feed/p2c picker: its settings
+// and what the simulator's snapshots carry for it.
+type pickerPolicy struct {
+	settings p2c.Settings
+	// exact: the backends' true loads at the snapshot instead of the
+	// newest ones reported on outcome events (a perfect scrape).
+	exact bool
+	// localBudget: the snapshots carry no retry_budget, so the picker
+	// keeps its per-router budget.
+	localBudget bool
+	// spareFree is the retry budget's free threshold (0: the default).
+	spareFree float64
+}
+
+// pickerPolicies are the policies that run feed/p2c. Each router of a run
+// has its own Picker; the analyzer's snapshots reach every one, with the
+// fleet loads, routers and retry budget the simulator adds (see
+// sim.withFleetLoad).
+var pickerPolicies = map[string]pickerPolicy{
+	Fleetwatch:        {},
+	FWDefaultAnalyzer: {},
+	FWSeed:            {settings: p2c.Settings{Score: p2c.SeedScore}},
+	FWInFlight:        {settings: p2c.Settings{Score: p2c.InFlightScore}},
+	FWSqrt:            {settings: p2c.Settings{Score: p2c.SqrtScore}},
+	FWUnbudgeted:      {settings: p2c.Settings{RetryRatio: -1}},
+	FWNoGuard:         {settings: p2c.Settings{SlowOutlierFactor: -1}},
+	FWV1:              {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 2}, localBudget: true},
+	FLoad3:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, localBudget: true},
+	FLoad2:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 2}, localBudget: true},
+	FLoad4:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 4}, localBudget: true},
+	FLoad3Exact:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, localBudget: true, exact: true},
+	FLoad3Weighted:    {settings: p2c.Settings{Score: weightedLoadScore, Choices: 3}, localBudget: true},
+	FLoad3Fleet:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}},
+	FLoad3Fleet25:     {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, spareFree: 0.25},
+	FLoad3NoBudget:    {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, RetryRatio: -1}},
+}
+
+// weightedLoadScore is the load score divided by the backend's weight.
+var weightedLoadScore = p2c.Score{Name: "load-weighted", Rank: p2c.LoadScore.Rank, FleetLoad: true, Weighted: true}
 
 // PolicyDescriptions say what each policy is, for the reports.
 var PolicyDescriptions = map[string]string{
@@ -58,7 +101,8 @@ var PolicyDescriptions = map[string]string{
 	P2CLocal:          "the seed's pick/score: two random choices, (inFlight+1) x local EWMA of ok TTFT; no feed, no breaker",
 	LiteLLM:           "random shuffle; a backend cools down 5 s on a 429 or on > 50% failures in the current minute with >= 5 requests",
 	AlwaysSticky:      "rendezvous hashing on the prefix over all backends, whatever their health",
-	Fleetwatch:        "feed/p2c with the default score, fed by the real analyzer every second",
+	Fleetwatch:        "feed/p2c with its defaults, fed by the real analyzer every second",
+	FWV1:              "feed/p2c as before the load score: in-flight score, 2 choices, per-router retry budget",
 	FWSeed:            "feed/p2c with the seed's score (inFlight+1) x EWMA",
 	FWInFlight:        "feed/p2c with the in-flight score",
 	FWSqrt:            "feed/p2c with (inFlight+1) x sqrt(EWMA)",
@@ -109,20 +153,10 @@ func newRouter(name string, e env) (router, error) {
 		return newLiteLLM(n, e), nil
 	case AlwaysSticky:
 		return newSticky(e), nil
-	case Fleetwatch, FWSeed, FWInFlight, FWSqrt, FWUnbudgeted, FWDefaultAnalyzer, FWNoGuard:
-		s := p2c.Settings{Now: e.wall}
-		switch name {
-		case FWSeed:
-			s.Score = p2c.SeedScore
-		case FWInFlight:
-			s.Score = p2c.InFlightScore
-		case FWSqrt:
-			s.Score = p2c.SqrtScore
-		case FWUnbudgeted:
-			s.RetryRatio = -1
-		case FWNoGuard:
-			s.SlowOutlierFactor = -1
-		}
+	}
+	if pp, ok := pickerPolicies[name]; ok {
+		s := pp.settings
+		s.Now = e.wall
 		return &fleetwatchRouter{picker: p2c.New(s), ids: e.ids, rng: e.rng}, nil
 	}
 	if cfg, ok := fleetLoadConfigs[name]; ok {
@@ -136,8 +170,7 @@ func newRouter(name string, e env) (router, error) {
 
 // usesFeed reports whether a policy reads the analyzer's snapshots.
 func usesFeed(name string) bool {
-	switch name {
-	case Fleetwatch, FWSeed, FWInFlight, FWSqrt, FWUnbudgeted, FWDefaultAnalyzer, FWNoGuard:
+	if _, ok := pickerPolicies[name]; ok {
 		return true
 	}
 	_, load := fleetLoadConfigs[name]

@@ -8,24 +8,27 @@ import (
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
-// Fleet-load policies: the proposed picker of docs/EVALUATION.md,
-// "Fleet-wide load (experiment)", as a simulator-local router. Each ranks
-// sampled candidates by the backend's published load (requests running +
-// waiting, from the feed) plus R times this router's own change of
-// in-flight requests to it since that snapshot, where R is the number of
-// routers sharing the pool (the distinct event sources the feed counted):
-// every other router is assumed to have added as much as this one. The
-// analyzer's breakers and weights are honoured as by feed/p2c (open and
-// weight-0 backends are never candidates; a down-weighted candidate after
-// the first joins the comparison only with probability weight / largest
-// weight).
+// Fleet-load policies (docs/EVALUATION.md, "Fleet-wide load (experiment)"). Those the
+// picker implements run the real feed/p2c with its load score
+// (p2c.LoadScore: the backend's published load plus R times the router's
+// own change of in-flight requests since the snapshot, R the snapshot's
+// routers) and are listed in pickerPolicies. Three variants that the
+// picker does not implement, kept for the comparison, are simulator-local
+// routers below: the score without the R factor, the published load alone,
+// and every candidate ranked. Those honour the analyzer's breakers and
+// weights as feed/p2c does (open and weight-0 backends are never
+// candidates; a down-weighted candidate after the first joins the
+// comparison only with probability weight / largest weight) and have the
+// per-router retry budget, but no affinity and no slow-outlier guard.
 const (
-	FLoad3         = "fl-load3"          // the proposal: 3 choices, load + R x own delta, per-router retry budget
+	FLoad3         = "fl-load3"          // p2c.LoadScore, 3 choices, per-router retry budget
 	FLoad2         = "fl-load2"          // 2 choices
-	FLoad3NoR      = "fl-load3-nor"      // 3 choices, load + 1 x own delta (no R factor)
-	FLoad3Shared   = "fl-load3-shared"   // 3 choices, the published load alone (no delta)
-	FLoadFull      = "fl-load-full"      // every candidate ranked (no sampling), load + R x own delta
-	FLoad3Fleet    = "fl-load3-fleet"    // FLoad3 with the proposed retry budget: free while spare, else fleet-wide
+	FLoad4         = "fl-load4"          // 4 choices
+	FLoad3Weighted = "fl-load3-weighted" // the load score divided by the backend's weight
+	FLoad3NoR      = "fl-load3-nor"      // simulator-local: 3 choices, load + 1 x own delta (no R factor)
+	FLoad3Shared   = "fl-load3-shared"   // simulator-local: 3 choices, the published load alone (no delta)
+	FLoadFull      = "fl-load-full"      // simulator-local: every candidate ranked (no sampling), load + R x own delta
+	FLoad3Fleet    = "fl-load3-fleet"    // FLoad3 with the snapshot's retry budget: free while half the slots are idle, else fleet-wide
 	FLoad3Fleet25  = "fl-load3-fleet25"  // as FLoad3Fleet, free while a quarter of the slots is idle
 	FLoad3NoBudget = "fl-load3-unbudget" // FLoad3 without a retry budget
 	// FLoad3Exact is FLoad3 with the backends' true load at the snapshot
@@ -46,51 +49,33 @@ var fwAnalyzerVariants = map[string]analyzer.Settings{
 }
 
 // FleetLoadPolicies are the fleet-load variants, in report order.
-var FleetLoadPolicies = []string{FLoad3, FLoad2, FLoad3NoR, FLoad3Shared, FLoadFull}
+var FleetLoadPolicies = []string{FLoad3, FLoad2, FLoad4, FLoad3Weighted, FLoad3NoR, FLoad3Shared, FLoadFull}
 
-// retryMode is how a fleet-load router budgets retries.
-type retryMode uint8
-
-const (
-	retryPerRouter retryMode = iota // p2c.Budget with its defaults, one per router (today)
-	retryFleet                      // free while the pool has spare capacity, else the fleet-wide budget
-	retryNone                       // every retry allowed
-)
-
-// fleetLoadConfig is one variant.
+// fleetLoadConfig is one simulator-local variant.
 type fleetLoadConfig struct {
-	choices int // candidates sampled; 0 ranks all
-	delta   int // 0: no own delta; 1: x1; 2: x R
-	retry   retryMode
+	choices int  // candidates sampled
+	delta   int  // 0: no own delta; 1: x1; 2: x R
 	full    bool // rank every candidate
-	exact   bool // the true loads at the snapshot instead of the reported ones
-	// spareFree: retries are free while at least this share of the pool's
-	// slots is idle (retryFleet; 0 means spareFreeThreshold).
-	spareFree float64
 }
 
 var fleetLoadConfigs = map[string]fleetLoadConfig{
-	FLoad3:         {choices: 3, delta: 2},
-	FLoad2:         {choices: 2, delta: 2},
-	FLoad3NoR:      {choices: 3, delta: 1},
-	FLoad3Shared:   {choices: 3, delta: 0},
-	FLoadFull:      {full: true, delta: 2},
-	FLoad3Fleet:    {choices: 3, delta: 2, retry: retryFleet},
-	FLoad3Fleet25:  {choices: 3, delta: 2, retry: retryFleet, spareFree: 0.25},
-	FLoad3NoBudget: {choices: 3, delta: 2, retry: retryNone},
-	FLoad3Exact:    {choices: 3, delta: 2, exact: true},
+	FLoad3NoR:    {choices: 3, delta: 1},
+	FLoad3Shared: {choices: 3, delta: 0},
+	FLoadFull:    {full: true, delta: 2},
 }
 
 func init() {
 	for name, d := range map[string]string{
-		FLoad3:         "published backend load + R x own in-flight change since the snapshot, 3 weighted choices (proposal)",
+		FLoad3:         "feed/p2c with p2c.LoadScore (published load + R x own in-flight change since the snapshot), 3 choices, per-router retry budget",
 		FLoad2:         "as fl-load3 with 2 choices",
-		FLoad3NoR:      "as fl-load3 without the R factor (own change x 1)",
-		FLoad3Shared:   "3 choices ranked by the published load alone",
-		FLoadFull:      "every candidate ranked by published load + R x own change (no sampling)",
-		FLoad3Fleet:    "fl-load3, retries free while half the pool's slots are idle, else one fleet-wide budget",
+		FLoad4:         "as fl-load3 with 4 choices",
+		FLoad3Weighted: "as fl-load3 with the score divided by the backend's weight",
+		FLoad3NoR:      "simulator-local: as fl-load3 without the R factor (own change x 1)",
+		FLoad3Shared:   "simulator-local: 3 choices ranked by the published load alone",
+		FLoadFull:      "simulator-local: every candidate ranked by published load + R x own change (no sampling)",
+		FLoad3Fleet:    "fl-load3 with the snapshot's retry budget: free while half the pool's capacity is idle, else one fleet-wide budget",
 		FLoad3NoBudget: "fl-load3 without a retry budget",
-		FLoad3Fleet25:  "fl-load3-fleet with retries free while a quarter of the slots is idle",
+		FLoad3Fleet25:  "fl-load3-fleet with retries free while a quarter of the capacity is idle",
 		FLoad3Exact:    "fl-load3 with every backend's true load at the snapshot (a perfect scrape)",
 		FWOldDetection: "fleetwatch with the analyzer's newest-quarter trip and pool-wide 429 hold off (the detection before them)",
 	} {
@@ -98,7 +83,7 @@ func init() {
 	}
 }
 
-// fleetLoadRouter is one router running a fleet-load variant.
+// fleetLoadRouter is one router running a simulator-local variant.
 type fleetLoadRouter struct {
 	cfg  fleetLoadConfig
 	feed *fleetFeed
@@ -110,8 +95,7 @@ type fleetLoadRouter struct {
 	open     []bool
 	index    map[string]int
 
-	budget    *p2c.Budget // retryPerRouter
-	allowance float64     // retryFleet: this router's share of the fleet budget until the next snapshot
+	budget *p2c.Budget
 
 	cand []int // scratch
 }
@@ -122,55 +106,30 @@ func newFleetLoadRouter(cfg fleetLoadConfig, e env) *fleetLoadRouter {
 		cfg: cfg, feed: e.feed, rng: e.rng,
 		inFlight: make([]int, n), atSnap: make([]int, n),
 		weight: make([]float64, n), open: make([]bool, n),
-		index: make(map[string]int, n),
-		cand:  make([]int, 0, n),
+		index:  make(map[string]int, n),
+		cand:   make([]int, 0, n),
+		budget: p2c.NewBudget(p2c.DefaultRetryRatio, p2c.DefaultRetryFloorPerSec, e.wall),
 	}
 	for i, id := range e.ids {
 		p.weight[i] = 1
 		p.index[id] = i
 	}
-	if cfg.retry == retryPerRouter {
-		p.budget = p2c.NewBudget(p2c.DefaultRetryRatio, p2c.DefaultRetryFloorPerSec, e.wall)
-	}
 	return p
 }
 
-// allowRetry applies the variant's retry budget to one attempt.
+// allowRetry applies the per-router retry budget to one attempt.
 func (p *fleetLoadRouter) allowRetry(retry bool) bool {
-	switch p.cfg.retry {
-	case retryPerRouter:
-		if !retry {
-			p.budget.Deposit()
-			return true
-		}
-		return p.budget.Withdraw()
-	case retryFleet:
-		if !retry {
-			return true
-		}
-		threshold := p.cfg.spareFree
-		if threshold == 0 {
-			threshold = spareFreeThreshold
-		}
-		if pub := &p.feed.pub; pub.valid && pub.spare >= threshold {
-			return true
-		}
-		if p.allowance <= 0 {
-			return false
-		}
-		p.allowance--
+	if !retry {
+		p.budget.Deposit()
 		return true
 	}
-	return true
+	return p.budget.Withdraw()
 }
 
 func (p *fleetLoadRouter) score(b int) float64 {
 	pub := &p.feed.pub
 	own := float64(p.inFlight[b] - p.atSnap[b])
 	load := pub.load[b]
-	if p.cfg.exact {
-		load = pub.exact[b]
-	}
 	switch p.cfg.delta {
 	case 0:
 		if !pub.valid {
@@ -243,7 +202,9 @@ func (p *fleetLoadRouter) pick(_ *request, exclude int) (int, error) {
 func (p *fleetLoadRouter) start(b int)                  { p.inFlight[b]++ }
 func (p *fleetLoadRouter) finish(a *attempt, _ float64) { p.inFlight[a.backend]-- }
 
-// update applies the analyzer's breakers and weights.
+// update applies the analyzer's breakers and weights, and takes the
+// router's in-flight counts now as the base of its delta (the snapshot
+// carries the published loads).
 func (p *fleetLoadRouter) update(snap *fleetwatch.Snapshot) {
 	for i := range snap.Backends {
 		sb := &snap.Backends[i]
@@ -252,19 +213,5 @@ func (p *fleetLoadRouter) update(snap *fleetwatch.Snapshot) {
 			p.open[b] = sb.State == fleetwatch.StateOpen
 		}
 	}
-}
-
-// loadPublished is called when a snapshot with fresh loads arrives: the
-// router's own in-flight counts now are the base of its delta, and its
-// share of the fleet retry budget is renewed.
-func (p *fleetLoadRouter) loadPublished() {
 	copy(p.atSnap, p.inFlight)
-	if pub := &p.feed.pub; p.cfg.retry == retryFleet {
-		p.allowance = pub.budget / float64(pub.routers)
-	}
 }
-
-// loadReceiver is a router that reads the published fleet loads.
-type loadReceiver interface{ loadPublished() }
-
-var _ loadReceiver = (*fleetLoadRouter)(nil)

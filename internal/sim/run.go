@@ -40,6 +40,7 @@ type sim struct {
 	timeout float64
 
 	ids      []string
+	index    map[string]int // backend id -> index
 	backends []*backend
 	routers  []router
 	global   *globalLatency
@@ -114,6 +115,10 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 		s.backends = append(s.backends, be)
 		pc.Backends = append(pc.Backends, analyzer.BackendConfig{ID: spec.ID, Priority: spec.Priority})
 	}
+	s.index = make(map[string]int, n)
+	for i, id := range s.ids {
+		s.index[id] = i
+	}
 	slots := make([]float64, n)
 	for i, be := range s.backends {
 		slots[i] = float64(be.spec.Slots)
@@ -130,6 +135,11 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 		}
 		if v, ok := fwAnalyzerVariants[policy]; ok {
 			settings = v
+		}
+		if sc.FeedPeriod > 0 && settings.Heartbeat == 0 {
+			// A snapshot every feed period: the period is the analyzer's
+			// heartbeat (a faster feed is analyzer.heartbeat set lower).
+			settings.Heartbeat = sc.FeedPeriod
 		}
 		an, err := analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
 		if err != nil {
@@ -432,7 +442,7 @@ func (s *sim) complete(att *attempt) {
 	s.routers[req.router].finish(att, ttft)
 	// The backend reports its load (running + waiting) with the answer.
 	be := s.backends[att.backend]
-	s.feed.report(s.now, att.backend, float64(be.busy+be.waiting), req.router, req.attempts > 1)
+	s.feed.report(s.now, att.backend, float64(be.busy), float64(be.waiting), req.router)
 	if s.an != nil {
 		s.observe(att, ttft)
 	}
@@ -489,15 +499,6 @@ func (be *backend) fingerprintAt(t time.Duration) string {
 
 func (s *sim) heartbeat() {
 	s.global.publish()
-	for i, be := range s.backends {
-		s.loads[i] = float64(be.busy + be.waiting)
-	}
-	s.feed.publish(s.now, s.loads)
-	for _, rt := range s.routers {
-		if lr, ok := rt.(loadReceiver); ok {
-			lr.loadPublished()
-		}
-	}
 	s.evaluate()
 }
 
@@ -512,12 +513,50 @@ func (s *sim) evaluate() {
 			s.m.open(slices.Index(s.ids, tr.Backend), s.now)
 		}
 	}
+	if len(ev.Snapshots) > 0 {
+		for i, be := range s.backends {
+			s.loads[i] = float64(be.busy + be.waiting)
+		}
+		s.feed.publish(s.now, s.loads)
+	}
 	for i := range ev.Snapshots {
-		snap := &ev.Snapshots[i]
+		snap := s.withFleetLoad(&ev.Snapshots[i])
 		for _, rt := range s.routers {
 			rt.update(snap)
 		}
 	}
+}
+
+// withFleetLoad returns a copy of the analyzer's snapshot with what the
+// fleet-load feed adds (see fleetFeed): each backend's newest reported
+// load (or its true load, for the exact variant), the routers counted, and
+// the retry budget computed from them (none for the policies that keep the
+// per-router budget). The analyzer of this tree does not fill these
+// fields; the simulator computes them from the same events.
+func (s *sim) withFleetLoad(in *fleetwatch.Snapshot) *fleetwatch.Snapshot {
+	out := *in
+	out.Backends = append([]fleetwatch.Backend(nil), in.Backends...)
+	pp := pickerPolicies[s.policy]
+	for i := range out.Backends {
+		if b, ok := s.index[out.Backends[i].Backend]; ok {
+			out.Backends[i].Load = s.feed.loadOf(b, pp.exact)
+		}
+	}
+	out.Routers = s.feed.pub.routers
+	out.RetryBudget = nil
+	if !pp.localBudget {
+		out.RetryBudget = fleetwatch.ComputeRetryBudget(out.Backends, s.capacity, s.feed.pub.ratePerSec,
+			fleetwatch.RetryBudgetSettings{SpareFree: pp.spareFree})
+	}
+	return &out
+}
+
+// capacity is a backend's slots, for the retry budget's spare share.
+func (s *sim) capacity(id string) float64 {
+	if b, ok := s.index[id]; ok {
+		return float64(s.backends[b].spec.Slots)
+	}
+	return 0
 }
 
 // budgetLimit is the most retries fleetwatch's budgets could allow in this

@@ -156,12 +156,13 @@ func TestLowTrafficSingleFailure(t *testing.T) {
 	}
 }
 
-// Retries in an incident: fleetwatch's retries stay within its budget,
-// while unbudgeted retries multiply the load.
+// Retries in an incident: the per-router budget (fw-v1; fleetwatch's own
+// follows the snapshot, see TestFleetRetryBudget) keeps its retries within
+// its limit, while unbudgeted retries multiply the load.
 func TestRetryBudget(t *testing.T) {
-	res := runs(t, scenario(t, RetryStorm), Fleetwatch, FWUnbudgeted, Random)
+	res := runs(t, scenario(t, RetryStorm), FWV1, FWUnbudgeted, Random)
 	for i, seed := range seeds {
-		fw, unb, rnd := res[Fleetwatch][i], res[FWUnbudgeted][i], res[Random][i]
+		fw, unb, rnd := res[FWV1][i], res[FWUnbudgeted][i], res[Random][i]
 		t.Logf("seed %d: retries fleetwatch %d (limit %.0f), unbudgeted %d; incident load x%.2f vs x%.2f (random x%.2f)",
 			seed, fw.Retries, fw.BudgetLimit, unb.Retries, fw.WindowAttemptsPerRequest, unb.WindowAttemptsPerRequest, rnd.WindowAttemptsPerRequest)
 		if float64(fw.Retries) > fw.BudgetLimit {
