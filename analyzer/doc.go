@@ -145,7 +145,7 @@
 // snapshot's time and its source, and is nil once the newest report is
 // older than LoadMaxAge. Load never changes a decision and never triggers
 // a snapshot: it rides on the heartbeat. Routers counts the distinct event
-// sources of the pool seen within the window, up to MaxRouters (32), from
+// sources of the pool seen within the window, up to MaxRouters (128), from
 // a fixed array per pool: the hot path allocates nothing for either.
 //
 // # Time

@@ -30,7 +30,7 @@ const (
 // MaxRouters is the most routers Snapshot.Routers counts per pool: the
 // distinct sources are kept in a fixed array scanned on every event, so it
 // stays small; a pool shared by more routers publishes MaxRouters.
-const MaxRouters = 32
+const MaxRouters = 128
 
 // LoadReport is one load report for ObserveLoad. A field whose Has flag is
 // false was not reported; the one reported earlier is kept while fresh.
@@ -162,7 +162,7 @@ type routerSet struct {
 	index   [routerIndexSize]uint8 // slot+1 by address hash; 0: none
 }
 
-const routerIndexSize = 64 // a power of two, twice MaxRouters
+const routerIndexSize = 256 // a power of two, twice MaxRouters; slot+1 fits a uint8
 
 // routerIndex hashes the address of s's bytes (MurmurHash3's 64-bit
 // finalizer: allocations sit at small strides, which a plain
@@ -234,4 +234,22 @@ func (r *routerSet) count(now, window int64) int {
 		}
 	}
 	return n
+}
+
+// retryBudget is the pool's fleet-wide retry budget (PROTOCOL.md "Retry
+// budget (extension)"), from the backends' published load and the
+// window's attempt rate; nil while no backend's load tells how busy the
+// pool is. Without load the routers keep their own budgets: a fleet-wide
+// budget that can never be free was not what the simulator measured
+// (docs/EVALUATION.md "Retry budgets").
+func retryBudget(backends []fleetwatch.Backend, window time.Duration) *fleetwatch.RetryBudget {
+	var requests int64
+	for i := range backends {
+		requests += backends[i].Requests
+	}
+	b := fleetwatch.ComputeRetryBudget(backends, nil, float64(requests)/window.Seconds(), fleetwatch.RetryBudgetSettings{})
+	if b.Spare == nil {
+		return nil
+	}
+	return b
 }

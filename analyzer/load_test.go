@@ -247,7 +247,7 @@ func BenchmarkLoadHotPath(b *testing.B) {
 		name    string
 		sources int
 		run     int
-	}{{"4-sources-batched", 4, benchBatch}, {"32-sources-interleaved", MaxRouters, 1}} {
+	}{{"4-sources-batched", 4, benchBatch}, {"32-sources-interleaved", 32, 1}} {
 		b.Run(tt.name, func(b *testing.B) {
 			names := make([]string, tt.sources)
 			for i := range names {
@@ -279,5 +279,30 @@ func TestRoutersNotInterned(t *testing.T) {
 	}
 	if got := rs.count(200, window); got != 3 {
 		t.Errorf("count = %d, want 3", got)
+	}
+}
+
+// TestRetryBudgetFollowsLoad: the snapshot carries the fleet-wide retry
+// budget once a backend's load says how busy the pool is, free while at
+// least half its KV cache is idle and budgeted when requests wait; without
+// load it is absent and routers keep their own budgets.
+func TestRetryBudgetFollowsLoad(t *testing.T) {
+	a := newAnalyzer(t, Config{})
+	for i := range 30 {
+		a.Observe([]fleetwatch.Event{event("p", "a", ok, at(time.Duration(i)*100*time.Millisecond), 100)})
+	}
+	s, _ := a.Snapshot("p", at(3*time.Second))
+	if s.RetryBudget != nil {
+		t.Fatalf("retry_budget = %+v without any load, want none", s.RetryBudget)
+	}
+	a.ObserveLoad("p", "a", LoadReport{KVCacheUsage: 0.2, HasKVCache: true}, at(3*time.Second))
+	s, _ = a.Snapshot("p", at(3*time.Second))
+	if s.RetryBudget == nil || !s.RetryBudget.Free || s.RetryBudget.Spare == nil || *s.RetryBudget.Spare < 0.79 {
+		t.Fatalf("retry_budget = %+v at 20%% KV cache, want free with spare 0.8", s.RetryBudget)
+	}
+	a.ObserveLoad("p", "a", LoadReport{KVCacheUsage: 0.7, HasKVCache: true, Waiting: 4, HasWaiting: true}, at(4*time.Second))
+	s, _ = a.Snapshot("p", at(4*time.Second))
+	if s.RetryBudget == nil || s.RetryBudget.Free || !(s.RetryBudget.PerSec > fleetwatch.DefaultRetryBudgetFloor) {
+		t.Fatalf("retry_budget = %+v with requests waiting, want budgeted above the floor (30 attempts in the window)", s.RetryBudget)
 	}
 }

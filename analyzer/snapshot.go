@@ -95,5 +95,6 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		snap.MedianEWMATTFTMs = ptr(median(ewmas))
 	}
 	snap.Routers = p.routers.count(now.UnixNano(), int64(s.Window))
+	snap.RetryBudget = retryBudget(snap.Backends, s.Window)
 	return snap
 }
