@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +13,15 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"go.opentelemetry.io/collector/pdata/pcommon"
+	"go.opentelemetry.io/collector/pdata/ptrace"
+	"go.opentelemetry.io/collector/pdata/ptrace/ptraceotlp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
@@ -268,4 +278,122 @@ func TestIngestLiteLLM(t *testing.T) {
 	if got := metricValue(t, r, `fleetwatch_ingest_adapter_skipped_total{adapter="litellm",reason="no_upstream"}`); got != "1" {
 		t.Errorf("skipped cache hits = %q, want 1", got)
 	}
+}
+
+// TestIngestOTLPTraces: spans of the GenAI semantic conventions, exported
+// by the real OpenTelemetry Go SDK over OTLP/HTTP (protobuf, gzip, bearer
+// token), become outcome events on real NATS, and the failing server's
+// breaker opens; a span that is not GenAI is skipped; JSON works too.
+func TestIngestOTLPTraces(t *testing.T) {
+	r := startIngestServer(t, `ingest:
+  upstreams:
+    - match: 10.0.0.9:8000
+      backend: gpu-9
+`)
+	nc := feedtest.Connect(t, r.NATSURL())
+	events := testkit.CollectEvents(t, nc)
+	snaps := testkit.SubscribeSnapshots(t, nc)
+
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+	exp, err := otlptracehttp.New(context.Background(),
+		otlptracehttp.WithEndpoint(r.HTTPAddr()), otlptracehttp.WithInsecure(),
+		otlptracehttp.WithHeaders(map[string]string{"Authorization": "Bearer " + ingestToken}),
+		otlptracehttp.WithCompression(otlptracehttp.GzipCompression),
+		otlptracehttp.WithHTTPClient(client))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp),
+		sdktrace.WithResource(resource.NewSchemaless(attribute.String("service.name", "chat-app"))))
+	tracer := tp.Tracer("fleetwatch-test")
+	span := func(server string, port int, fail string) {
+		start := time.Now().Add(-800 * time.Millisecond)
+		_, s := tracer.Start(context.Background(), "chat llama", trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start))
+		s.SetAttributes(
+			attribute.String("gen_ai.operation.name", "chat"),
+			attribute.String("gen_ai.provider.name", "openai"),
+			attribute.String("gen_ai.request.model", "llama3:8b"),
+			attribute.String("gen_ai.response.model", "llama3-8b-instruct"),
+			attribute.String("server.address", server), attribute.Int("server.port", port),
+			attribute.Int("gen_ai.usage.input_tokens", 20), attribute.Int("gen_ai.usage.output_tokens", 7),
+		)
+		if fail != "" {
+			s.SetAttributes(attribute.String("error.type", fail))
+			s.SetStatus(codes.Error, "upstream failed")
+		} else {
+			s.SetAttributes(attribute.Float64("gen_ai.response.time_to_first_chunk", 0.125))
+		}
+		s.End(trace.WithTimestamp(start.Add(800 * time.Millisecond)))
+	}
+	for range 30 {
+		span("10.0.0.9", 8000, "")
+		span("10.0.0.8", 8000, "500")
+	}
+	span("10.0.0.8", 8000, "timeout")
+	_, plain := tracer.Start(context.Background(), "GET /health")
+	plain.End()
+	if err := tp.Shutdown(context.Background()); err != nil {
+		t.Fatalf("the exporter failed: %v", err)
+	}
+
+	testkit.Eventually(t, 20*time.Second, "61 events", func() bool { return len(events.Events()) >= 61 })
+	counts := map[string]int{}
+	for _, ev := range events.Events() {
+		if ev.Pool != "llama3_8b" {
+			t.Fatalf("event of pool %q: %+v", ev.Pool, ev)
+		}
+		counts[ev.Backend+" "+ev.Outcome.String()]++
+		if ev.Backend == "gpu-9" && (!ev.HasTTFT || ev.TTFTMs != 125 || ev.InputTokens != 20 || ev.OutputTokens != 7 || !ev.HasDuration || ev.DurationMs != 800 || ev.TS.IsZero()) {
+			t.Errorf("ok event %+v", ev)
+		}
+	}
+	if diff := cmp.Diff(map[string]int{"gpu-9 ok": 30, "10.0.0.8:8000 error": 30, "10.0.0.8:8000 timeout": 1}, counts); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	testkit.Eventually(t, 20*time.Second, "10.0.0.8:8000 to open", func() bool {
+		b, ok := snaps.Backend("llama3_8b", "10.0.0.8:8000")
+		return ok && b.State == fleetwatch.StateOpen
+	})
+	if got := metricValue(t, r, `fleetwatch_ingest_adapter_skipped_total{adapter="otlp",reason="not_llm"}`); got != "1" {
+		t.Errorf("skipped = %q, want 1", got)
+	}
+
+	// OTLP/HTTP JSON, answered in JSON; a bad body gets 400 and a Status.
+	td := ptrace.NewTraces()
+	rs := td.ResourceSpans().AppendEmpty()
+	s := rs.ScopeSpans().AppendEmpty().Spans().AppendEmpty()
+	s.Attributes().PutStr("gen_ai.request.model", "json-model")
+	s.Attributes().PutStr("server.address", "json-host")
+	s.SetStartTimestamp(pcommon.NewTimestampFromTime(time.Now().Add(-time.Second)))
+	s.SetEndTimestamp(pcommon.NewTimestampFromTime(time.Now()))
+	bad := rs.ScopeSpans().At(0).Spans().AppendEmpty()
+	bad.Attributes().PutStr("gen_ai.request.model", strings.Repeat("m", 300)) // too long a pool id
+	bad.Attributes().PutStr("server.address", "json-host")
+	body, err := ptraceotlp.NewExportRequestFromTraces(td).MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, raw := post(t, r.httpURL+"/v1/traces", "application/json", body, ingestToken)
+	resp := ptraceotlp.NewExportResponse()
+	if err := resp.UnmarshalJSON(raw); code != http.StatusOK || err != nil || resp.PartialSuccess().RejectedSpans() != 1 {
+		t.Errorf("JSON export: %d %s (%v)", code, raw, err)
+	}
+	if code, raw := post(t, r.httpURL+"/v1/traces", "application/x-protobuf", []byte("\xff\xff\xff"), ingestToken); code != http.StatusBadRequest {
+		t.Errorf("garbage: %d %s, want 400", code, raw)
+	}
+	if code, _ := post(t, r.httpURL+"/v1/traces", "text/plain", body, ingestToken); code != http.StatusUnsupportedMediaType {
+		t.Errorf("text/plain: %d, want 415", code)
+	}
+	if code, _ := post(t, r.httpURL+"/v1/traces", "application/json", body, ""); code != http.StatusUnauthorized {
+		t.Errorf("without the token: %d, want 401", code)
+	}
+	testkit.Eventually(t, 10*time.Second, "the JSON span's event", func() bool {
+		for _, ev := range events.Events() {
+			if ev.Pool == "json-model" && ev.Backend == "json-host" && ev.Outcome == fleetwatch.OutcomeOK {
+				return true
+			}
+		}
+		return false
+	})
 }
