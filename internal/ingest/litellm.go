@@ -123,7 +123,7 @@ func MapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event
 		return SkipNoUpstream, nil
 	}
 	var skipped string
-	if ev.Pool, ev.Backend, skipped = m.Resolve(upstream, pool); skipped != "" {
+	if ev.Pool, ev.Backend, skipped = m.Resolve(upstream, pool, ""); skipped != "" {
 		return skipped, nil
 	}
 	ev.HasStatus = true

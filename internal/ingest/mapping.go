@@ -43,10 +43,13 @@ func NewMapping(entries []Upstream, onlyListed bool, defaultPool string) *Mappin
 
 func normalizeMatch(s string) string { return strings.TrimRight(strings.TrimSpace(s), "/") }
 
-// Resolve returns the pool and backend of upstream, whose pool the adapter
-// derived as pool ("" when it could not), or a skip reason.
-func (m *Mapping) Resolve(upstream, pool string) (poolID, backend, skip string) {
-	backend = upstream
+// Resolve returns the pool and backend of upstream, whose pool and backend
+// the adapter derived as pool and backend ("" when it could not; the
+// backend then is the upstream itself), or a skip reason.
+func (m *Mapping) Resolve(upstream, pool, backend string) (poolID, backendID, skip string) {
+	if backend == "" {
+		backend = upstream
+	}
 	if m != nil {
 		if e, ok := m.byMatch[normalizeMatch(upstream)]; ok {
 			if e.Pool != "" {

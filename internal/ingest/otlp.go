@@ -133,7 +133,7 @@ func MapSpan(span ptrace.Span, resource pcommon.Map, s OTLPSettings, m *Mapping,
 		return SkipNoUpstream
 	}
 	var skipped string
-	if ev.Pool, ev.Backend, skipped = m.Resolve(upstream, pool); skipped != "" {
+	if ev.Pool, ev.Backend, skipped = m.Resolve(upstream, pool, ""); skipped != "" {
 		return skipped
 	}
 	ev.HasStatus = true

@@ -1,0 +1,248 @@
+package ingest_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/ingest"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+)
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// startProxy runs a proxy binary in the foreground until t's cleanup,
+// which stops it with stopSignal; it waits until GET url answers.
+func startProxy(t *testing.T, name string, stopSignal os.Signal, url string, args ...string) *exec.Cmd {
+	t.Helper()
+	t.Cleanup(http.DefaultTransport.(*http.Transport).CloseIdleConnections)
+	cmd := exec.Command(name, args...)
+	out := &testkit.Lines{}
+	cmd.Stdout = writerFunc(func(p []byte) { out.Logf("%s", p) })
+	cmd.Stderr = cmd.Stdout
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(stopSignal)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, out)
+		}
+	})
+	testkit.Eventually(t, 10*time.Second, name+" to answer", func() bool {
+		select {
+		case <-done:
+			t.Fatalf("%s exited:\n%s", name, out)
+		default:
+		}
+		res, err := http.Get(url)
+		if err != nil {
+			return false
+		}
+		res.Body.Close()
+		return true
+	})
+	return cmd
+}
+
+type writerFunc func(p []byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
+
+// chat sends n chat completions through base and fails on a non-200.
+func chat(t *testing.T, base string, n int) {
+	t.Helper()
+	c := testkit.NewChatClient(base)
+	for i := range n {
+		if _, err := c.Chat("", fmt.Sprintf("hello %d", i), false); err != nil {
+			t.Fatalf("request %d through the proxy: %v", i, err)
+		}
+	}
+}
+
+// counts tallies events by "pool backend outcome".
+func counts(evs []fleetwatch.Event) map[string]int {
+	m := map[string]int{}
+	for _, ev := range evs {
+		m[ev.Pool+" "+ev.Backend+" "+ev.Outcome.String()]++
+	}
+	return m
+}
+
+// logRun runs ingest.RunLog until stop is called.
+type logRun struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func startLogRun(t *testing.T, s ingest.LogRunSettings) *logRun {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &logRun{cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- ingest.RunLog(ctx, s) }()
+	t.Cleanup(func() { r.stop(t) })
+	return r
+}
+
+func (r *logRun) stop(t *testing.T) {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	if err := <-r.done; err != nil {
+		t.Errorf("RunLog: %v", err)
+	}
+}
+
+const nginxConf = `worker_processes 1;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log;
+events { worker_connections 64; }
+http {
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  # docs/INTEGRATIONS.md's log_format
+  log_format fleetwatch escape=json '{"msec":"$msec","status":"$status","upstream_name":"$proxy_host",'
+    '"upstream_addr":"$upstream_addr","upstream_status":"$upstream_status",'
+    '"upstream_connect_time":"$upstream_connect_time","upstream_header_time":"$upstream_header_time",'
+    '"upstream_response_time":"$upstream_response_time","request_time":"$request_time"}';
+  access_log %[1]s/access.log fleetwatch;
+  upstream llama {
+    server %[2]s max_fails=0;
+    server %[3]s max_fails=0;
+  }
+  server {
+    listen 127.0.0.1:%[4]d;
+    location /v1/ {
+      proxy_pass http://llama;
+      proxy_next_upstream error timeout http_500 non_idempotent;
+    }
+    location = /local { return 200 "nginx itself\n"; }
+  }
+}
+`
+
+// TestNginx: the real nginx, in front of a healthy and a failing fake
+// backend and retrying on 500, writes its JSON access log; every upstream
+// attempt (the failed first tries included) becomes one event on real
+// NATS. Then, while the adapter is stopped, more requests are served and
+// the log is rotated (rename and USR1): on restart the adapter finishes
+// the rotated file from its saved offset and follows the new one, so the
+// events still match the attempts one for one.
+func TestNginx(t *testing.T) {
+	nginx := testkit.RequireTool(t, "/usr/sbin/nginx", "nginx")
+	backends := testkit.StartFakeBackends(t, 2)
+	good, bad := backends[0], backends[1]
+	bad.SetBehavior(fakeai.Behavior{ErrorRate: 1, InstantError: true})
+
+	dir := t.TempDir()
+	port := freePort(t)
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, good.Addr(), bad.Addr(), port)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	cmd := startProxy(t, nginx, syscall.SIGQUIT, base+"/local", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;")
+
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	events := testkit.CollectEvents(t, nc)
+	set := metrics.NewSet()
+	m := ingest.NewMetrics(set, ingest.AdapterNginx)
+	in, err := ingest.NewLogIngester(ingest.LogSettings{
+		Format:  ingest.AdapterNginx,
+		Mapping: ingest.NewMapping([]ingest.Upstream{{Match: bad.Addr(), Backend: "bad"}}, false, ""),
+		Emitter: ingest.NewEmitter(nc, ingest.EmitterSettings{Source: "nginx-test"}),
+		Metrics: m,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(dir, "access.log")
+	settings := ingest.LogRunSettings{Ingester: in, File: logFile,
+		Tail: ingest.TailSettings{OffsetFile: filepath.Join(dir, "offset"), FromStart: true, Poll: 20 * time.Millisecond}}
+	run := startLogRun(t, settings)
+
+	want := func() map[string]int {
+		return map[string]int{
+			"llama " + good.Addr() + " ok": int(good.Stats().OK),
+			"llama bad error":             int(bad.Stats().Errors),
+		}
+	}
+	chat(t, base, 20)
+	if res, err := http.Get(base + "/local"); err == nil {
+		res.Body.Close()
+	}
+	testkit.Eventually(t, 10*time.Second, "an event per attempt", func() bool { return len(events.Events()) >= 20+int(bad.Stats().Errors) })
+	if good.Stats().OK != 20 || bad.Stats().Errors == 0 {
+		t.Fatalf("nginx did not retry as configured: good %+v bad %+v", good.Stats(), bad.Stats())
+	}
+	if diff := cmp.Diff(want(), counts(events.Events())); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	for _, ev := range events.Events() {
+		if ev.Outcome == fleetwatch.OutcomeOK && (!ev.HasTTFT || !ev.HasDuration || ev.TTFTMs > ev.DurationMs || ev.Source != "nginx-test" || ev.TS.IsZero()) {
+			t.Errorf("ok event %+v", ev)
+		}
+	}
+	if m.Skipped(ingest.SkipNoUpstream) < 1 {
+		t.Errorf("the line of /local was not skipped as having no upstream")
+	}
+
+	// Stopped: more requests, then a rotation, then more.
+	run.stop(t)
+	chat(t, base, 6)
+	if err := os.Rename(logFile, logFile+".1"); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGUSR1) // nginx reopens its logs
+	testkit.Eventually(t, 10*time.Second, "nginx to reopen its log", func() bool {
+		_, err := os.Stat(logFile)
+		return err == nil
+	})
+	chat(t, base, 4)
+	startLogRun(t, settings)
+	total := func() int { return int(good.Stats().OK + bad.Stats().Errors) }
+	testkit.Eventually(t, 10*time.Second, "the events of the stopped time", func() bool { return len(events.Events()) >= total() })
+	time.Sleep(300 * time.Millisecond) // a duplicate would show up by now
+	if diff := cmp.Diff(want(), counts(events.Events())); diff != "" {
+		t.Errorf("after restart and rotation, events (-want +got):\n%s", diff)
+	}
+	if n := set.GetOrCreateCounter(`fleetwatch_ingest_tail_rotations_total{adapter="nginx"}`).Get(); n != 1 {
+		t.Errorf("rotations counted: %d, want 1", n)
+	}
+}
