@@ -260,3 +260,98 @@ func TestNginx(t *testing.T) {
 		t.Errorf("rotations counted: %d, want 1", n)
 	}
 }
+
+const haproxyConf = `global
+  log %[1]s local0
+defaults
+  mode http
+  log global
+  timeout connect 2s
+  timeout client 10s
+  timeout server 10s
+frontend fe_httplog
+  bind 127.0.0.1:%[2]d
+  option httplog
+  default_backend llama
+frontend fe_json
+  bind 127.0.0.1:%[3]d
+  # docs/INTEGRATIONS.md's JSON log-format
+  log-format '{"msec":"%%Ts.%%ms","backend":"%%b","server":"%%s","status":%%ST,"TR":%%TR,"Tw":%%Tw,"Tc":%%Tc,"Tr":%%Tr,"Ta":%%Ta,"retries":"%%rc","termination_state":"%%tsc"}'
+  default_backend llama
+frontend fe_local
+  bind 127.0.0.1:%[4]d
+  option httplog
+  http-request return status 200 content-type text/plain string ok
+backend llama
+  balance roundrobin
+  server s0 %[5]s
+  server s1 %[6]s
+`
+
+// TestHAProxy: the real HAProxy, in front of a healthy and a failing fake
+// backend, logs over UDP syslog in the httplog format (one frontend) and
+// the JSON log-format (another); every request becomes one event of pool
+// llama (the HAProxy backend) and backend s0 or s1 (the server), matching
+// what the fake backends served; a request HAProxy answered itself is
+// skipped.
+func TestHAProxy(t *testing.T) {
+	haproxy := testkit.RequireTool(t, "/usr/sbin/haproxy", "haproxy")
+	backends := testkit.StartFakeBackends(t, 2)
+	good, bad := backends[0], backends[1]
+	bad.SetBehavior(fakeai.Behavior{ErrorRate: 1, InstantError: true})
+
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	events := testkit.CollectEvents(t, nc)
+	set := metrics.NewSet()
+	m := ingest.NewMetrics(set, ingest.AdapterHAProxy)
+	in, err := ingest.NewLogIngester(ingest.LogSettings{
+		Format:  ingest.AdapterHAProxy,
+		Emitter: ingest.NewEmitter(nc, ingest.EmitterSettings{Source: "haproxy-test"}),
+		Metrics: m,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ingest.ListenSyslog("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startLogRun(t, ingest.LogRunSettings{Ingester: in, Syslog: conn})
+
+	dir := t.TempDir()
+	httplogPort, jsonPort, localPort := freePort(t), freePort(t), freePort(t)
+	conf := filepath.Join(dir, "haproxy.cfg")
+	text := fmt.Sprintf(haproxyConf, conn.LocalAddr(), httplogPort, jsonPort, localPort, good.Addr(), bad.Addr())
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	startProxy(t, haproxy, syscall.SIGUSR1, fmt.Sprintf("http://127.0.0.1:%d/", localPort), "-db", "-f", conf)
+
+	c := testkit.NewChatClient(fmt.Sprintf("http://127.0.0.1:%d", httplogPort))
+	cj := testkit.NewChatClient(fmt.Sprintf("http://127.0.0.1:%d", jsonPort))
+	for i := range 10 {
+		c.Chat("", fmt.Sprintf("hello %d", i), false)
+		cj.Chat("", fmt.Sprintf("hello %d", i), false)
+	}
+	testkit.Eventually(t, 10*time.Second, "20 events", func() bool { return len(events.Events()) >= 20 })
+	time.Sleep(200 * time.Millisecond) // a stray event would show up by now
+	want := map[string]int{"llama s0 ok": int(good.Stats().OK), "llama s1 error": int(bad.Stats().Errors)}
+	if diff := cmp.Diff(want, counts(events.Events())); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if want["llama s0 ok"] != 10 || want["llama s1 error"] != 10 {
+		t.Errorf("HAProxy did not balance round robin: %v", want)
+	}
+	for _, ev := range events.Events() {
+		if ev.Outcome == fleetwatch.OutcomeOK && (!ev.HasTTFT || !ev.HasDuration || ev.TTFTMs > ev.DurationMs || ev.Source != "haproxy-test" || ev.TS.IsZero()) {
+			t.Errorf("ok event %+v", ev)
+		}
+	}
+	if m.Skipped(ingest.SkipNoUpstream) < 1 {
+		t.Errorf("the requests HAProxy answered itself were not skipped")
+	}
+	if n := m.ParseErrors.Get(); n != 0 {
+		t.Errorf("%d parse errors (HAProxy's own notices?)", n)
+	}
+}
