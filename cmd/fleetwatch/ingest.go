@@ -41,6 +41,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fromStart := fs.Bool("from-start", false, "read a file without a saved offset from its start (default: from its end)")
 	httpAddr := fs.String("http", "127.0.0.1:9108", "listen address for /metrics and /healthz; empty: none")
 	poll := fs.Duration("poll", 250*time.Millisecond, "how often the file is checked")
+	data := fs.String("data", "", "data directory, for the default offset file (default the config's data, ./data)")
 	if err := parseFlags(fs, args[1:], stderr); err != nil {
 		return err
 	}
@@ -52,6 +53,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if proxy == ingest.AdapterHAProxy {
 		lc = cfg.Ingest.HAProxy
 	}
+	override(&cfg.Data, *data)
 	override(&lc.File, *file)
 	override(&lc.OffsetFile, *offsetFile)
 	override(&lc.SyslogListen, *syslogAddr)
