@@ -109,12 +109,12 @@ func TestParseHAProxy(t *testing.T) {
 
 func TestSyslogMessage(t *testing.T) {
 	for in, want := range map[string]string{
-		`<134>Dec  3 06:00:00 haproxy[1]: hello: world`:                   `hello: world`,
-		`<190>Dec 13 06:00:00 web nginx: {"a":1}`:                         `{"a":1}`,
+		`<134>Dec  3 06:00:00 haproxy[1]: hello: world`:                          `hello: world`,
+		`<190>Dec 13 06:00:00 web nginx: {"a":1}`:                                `{"a":1}`,
 		`<134>1 2026-12-03T06:00:00Z host app 1 ID47 [x@1 a="\]"][y@2] msg here`: `msg here`,
-		`<134>1 2026-12-03T06:00:00Z host app 1 - - msg`:                   `msg`,
-		`{"raw":true}` + "\n":                                               `{"raw":true}`,
-		`Dec  3 06:00:00 host haproxy[9]: line from rsyslog`:              `line from rsyslog`,
+		`<134>1 2026-12-03T06:00:00Z host app 1 - - msg`:                         `msg`,
+		`{"raw":true}` + "\n":                                                    `{"raw":true}`,
+		`Dec  3 06:00:00 host haproxy[9]: line from rsyslog`:                     `line from rsyslog`,
 	} {
 		if got := string(ingest.SyslogMessage([]byte(in))); got != want {
 			t.Errorf("SyslogMessage(%q) = %q, want %q", in, got, want)
