@@ -179,7 +179,11 @@ func ParseHAProxy(line []byte, out []Attempt) ([]Attempt, error) {
 		}
 		var ts time.Time
 		if sec, ok := seconds(string(l.Msec)); ok && sec > 0 && sec < 1e11 {
+			// %Ts.%ms is the accept date: the outcome is known Ta later.
 			ts = time.UnixMilli(int64(math.Round(sec * 1000))).UTC()
+			if ta, err := strconv.Atoi(string(l.Ta)); err == nil && ta > 0 {
+				ts = ts.Add(time.Duration(ta) * time.Millisecond)
+			}
 		}
 		return haproxyAttempt(out, string(l.Backend), string(l.Server), string(l.Status),
 			[5]string{string(l.TR), string(l.Tw), string(l.Tc), string(l.Tr), string(l.Ta)}, string(l.Termination), ts)

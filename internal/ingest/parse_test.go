@@ -89,7 +89,7 @@ func TestParseHAProxy(t *testing.T) {
 		{
 			name: "JSON log-format",
 			line: `<134>1 2026-12-03T06:00:00.123Z host haproxy 4242 - - {"msec":"1764741600.123","backend":"llama","server":"s0","status":500,"TR":1,"Tw":0,"Tc":1,"Tr":5,"Ta":7,"retries":"0","termination_state":"----"}`,
-			want: []ingest.Attempt{{Upstream: "llama/s0", Pool: "llama", Backend: "s0", Status: 500, TTFTMs: 5, HasTTFT: true, DurationMs: 5, HasDuration: true, TS: time.UnixMilli(1764741600123).UTC()}},
+			want: []ingest.Attempt{{Upstream: "llama/s0", Pool: "llama", Backend: "s0", Status: 500, TTFTMs: 5, HasTTFT: true, DurationMs: 5, HasDuration: true, TS: time.UnixMilli(1764741600130).UTC()}},
 		},
 		{name: "a notice", line: `<133>Dec  3 06:00:00 haproxy[4242]: Proxy fe started.`, err: ingest.ErrBadLine},
 		{name: "bad timers", line: `10.1.2.3:1 [03/Dec/2026:06:00:00.123] fe llama/s0 0/0/x/1/2 200 1 - - ---- 0/0/0/0/0 0/0 "GET /"`, err: ingest.ErrBadLine},
