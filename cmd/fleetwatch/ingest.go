@@ -86,7 +86,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(stdout, "ingest %s: syslog on udp://%s\n", proxy, rs.Syslog.LocalAddr())
 	}
 	if *httpAddr != "" {
-		stop, err := serveIngestMetrics(*httpAddr, set, stdout, proxy)
+		stop, err := serveMetrics(*httpAddr, set, stdout, "ingest "+proxy)
 		if err != nil {
 			if rs.Syslog != nil {
 				rs.Syslog.Close()
@@ -114,8 +114,9 @@ func ingestSource(cfg *config.Config, proxy string) string {
 	return serve.DefaultIngestSource + "-" + proxy
 }
 
-// serveIngestMetrics serves /metrics and /healthz on addr until stop.
-func serveIngestMetrics(addr string, set *metrics.Set, stdout io.Writer, proxy string) (stop func(), err error) {
+// serveMetrics serves /metrics and /healthz on addr until stop; label
+// starts its lines ("ingest nginx: metrics on http://...").
+func serveMetrics(addr string, set *metrics.Set, stdout io.Writer, label string) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("--http %s: %w", addr, err)
@@ -132,10 +133,10 @@ func serveIngestMetrics(addr string, set *metrics.Set, stdout io.Writer, proxy s
 	go func() {
 		defer close(done)
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Fprintf(stdout, "ingest %s: http: %v\n", proxy, err)
+			fmt.Fprintf(stdout, "%s: http: %v\n", label, err)
 		}
 	}()
-	fmt.Fprintf(stdout, "ingest %s: metrics on http://%s/metrics\n", proxy, ln.Addr())
+	fmt.Fprintf(stdout, "%s: metrics on http://%s/metrics\n", label, ln.Addr())
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
