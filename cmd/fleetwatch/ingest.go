@@ -65,7 +65,10 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	defer nc.Drain()
+	defer func() {
+		nc.FlushTimeout(5 * time.Second) // what syslog lines published is sent before exit
+		nc.Close()
+	}()
 
 	set := metrics.NewSet()
 	in, err := ingest.NewLogIngester(ingest.LogSettings{
