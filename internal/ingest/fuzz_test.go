@@ -105,6 +105,8 @@ func (r *recorder) Publish(subject string, data []byte) error {
 func FuzzBatchAddRaw(f *testing.F) {
 	f.Add([]byte("{\"pool\":\"p\",\"backend\":\"b\",\"status\":200}\n{\"pool\":\"q\",\"backend\":\"c\",\"ttft_ms\":-1}\n\n{bad\n"))
 	f.Add([]byte("{\n \"pool\": \"p\",\n \"backend\": \"b\"\n}"))
+	// A rejected event of a pool before the pool's first valid one.
+	f.Add([]byte("{\"pool\":\"p\",\"backend\":\"b\",\"ttft_ms\":-1}\n{\"pool\":\"p\",\"backend\":\"b\"}\n"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		rec := &recorder{}
 		e := ingest.NewEmitter(rec, ingest.EmitterSettings{MaxMessage: 200})
@@ -134,4 +136,19 @@ func FuzzBatchAddRaw(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestBatchRejectThenAccept: an event rejected before its pool's first
+// valid event does not keep the valid ones from being published.
+func TestBatchRejectThenAccept(t *testing.T) {
+	rec := &recorder{}
+	b := ingest.NewEmitter(rec, ingest.EmitterSettings{}).NewBatch(ingest.NewMetrics(nil, ingest.AdapterOTLP))
+	b.Add(&fleetwatch.Event{Pool: "p", Backend: "", Status: 200, HasStatus: true}, 0)
+	b.Add(&fleetwatch.Event{Pool: "p", Backend: "b", Status: 200, HasStatus: true}, 0)
+	if n, err := b.Emit(); n != 1 || err != nil || len(b.Rejects) != 1 || b.Rejects[0].Reason != fleetwatch.ReasonInvalidBackend {
+		t.Errorf("published %d (%v), rejects %+v", n, err, b.Rejects)
+	}
+	if len(rec.msgs["fw.outcomes.p"]) != 1 {
+		t.Errorf("messages %v", rec.msgs)
+	}
 }

@@ -233,7 +233,11 @@ func (b *Batch) Add(ev *fleetwatch.Event, line int) {
 	start := len(buf)
 	buf = fleetwatch.AppendEvent(buf, ev)
 	if err := b.dec.Decode(buf[start:], &b.check); err != nil {
-		b.pools[ev.Pool] = buf[:start]
+		if start == 0 {
+			delete(b.pools, ev.Pool) // not seen: a later valid event of the pool starts it
+		} else {
+			b.pools[ev.Pool] = buf[:start]
+		}
 		b.reject(idx, line, err)
 		return
 	}
