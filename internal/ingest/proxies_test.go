@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -85,6 +86,21 @@ func nginxUser() string {
 	return ""
 }
 
+// docSnippet returns the part of docs/INTEGRATIONS.md that re matches: the
+// tests run the proxies with the configuration users copy from there.
+func docSnippet(t *testing.T, re string) string {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/INTEGRATIONS.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(re).Find(doc)
+	if m == nil {
+		t.Fatalf("docs/INTEGRATIONS.md has no %s", re)
+	}
+	return string(m)
+}
+
 type writerFunc func(p []byte)
 
 func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
@@ -146,11 +162,7 @@ http {
   fastcgi_temp_path %[1]s/fastcgi;
   uwsgi_temp_path %[1]s/uwsgi;
   scgi_temp_path %[1]s/scgi;
-  # docs/INTEGRATIONS.md's log_format
-  log_format fleetwatch escape=json '{"msec":"$msec","status":"$status","upstream_name":"$proxy_host",'
-    '"upstream_addr":"$upstream_addr","upstream_status":"$upstream_status",'
-    '"upstream_connect_time":"$upstream_connect_time","upstream_header_time":"$upstream_header_time",'
-    '"upstream_response_time":"$upstream_response_time","request_time":"$request_time"}';
+  %[6]s
   access_log %[1]s/access.log fleetwatch;
   upstream llama {
     server %[2]s max_fails=0;
@@ -183,7 +195,7 @@ func TestNginx(t *testing.T) {
 	dir := t.TempDir()
 	port := freePort(t)
 	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, good.Addr(), bad.Addr(), port, nginxUser())), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, good.Addr(), bad.Addr(), port, nginxUser(), docSnippet(t, `(?s)    log_format fleetwatch escape=json.*?';\n`))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -275,8 +287,7 @@ frontend fe_httplog
   default_backend llama
 frontend fe_json
   bind 127.0.0.1:%[3]d
-  # docs/INTEGRATIONS.md's JSON log-format
-  log-format '{"msec":"%%Ts.%%ms","backend":"%%b","server":"%%s","status":%%ST,"TR":%%TR,"Tw":%%Tw,"Tc":%%Tc,"Tr":%%Tr,"Ta":%%Ta,"retries":"%%rc","termination_state":"%%tsc"}'
+  %[7]s
   default_backend llama
 frontend fe_local
   bind 127.0.0.1:%[4]d
@@ -322,7 +333,8 @@ func TestHAProxy(t *testing.T) {
 	dir := t.TempDir()
 	httplogPort, jsonPort, localPort := freePort(t), freePort(t), freePort(t)
 	conf := filepath.Join(dir, "haproxy.cfg")
-	text := fmt.Sprintf(haproxyConf, conn.LocalAddr(), httplogPort, jsonPort, localPort, good.Addr(), bad.Addr())
+	text := fmt.Sprintf(haproxyConf, conn.LocalAddr(), httplogPort, jsonPort, localPort, good.Addr(), bad.Addr(),
+		docSnippet(t, `    log-format '\{"msec".*'\n`))
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
