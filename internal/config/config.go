@@ -134,9 +134,8 @@ type AccessLogConfig struct {
 	File         string `yaml:"file"`          // the access log to follow; empty: none
 	OffsetFile   string `yaml:"offset_file"`   // where the read offset is kept; default <data>/ingest-<proxy>.offset
 	SyslogListen string `yaml:"syslog_listen"` // UDP host:port to receive syslog on; empty: none
-	// Pool is the pool of lines that name none (nginx: no "pool" or
-	// "upstream_name" field; HAProxy: always the backend name unless
-	// set); empty: derived.
+	// Pool is the pool of lines without a "pool" field; empty: the
+	// proxy's upstream group (nginx's $proxy_host, the HAProxy backend).
 	Pool string `yaml:"pool"`
 	// TTFT says what becomes ttft_ms: header (the upstream's time to the
 	// response headers, default) or none.

@@ -20,7 +20,8 @@ import (
 // a line of nginx that retried holds several.
 type Attempt struct {
 	Upstream    string // the mapping key: an address, or HAProxy's backend/server
-	Pool        string // the pool the line names, "" when none
+	Pool        string // the pool the line names (nginx's "pool" field), "" when none
+	Group       string // the proxy's upstream group: nginx's $proxy_host, HAProxy's backend
 	Backend     string // the backend the line names ("" : the upstream)
 	Status      int    // the upstream's HTTP status; 0 when it never answered
 	TTFTMs      float64
@@ -144,10 +145,8 @@ func ParseNginx(line []byte, out []Attempt) ([]Attempt, error) {
 		}
 		out = append(out, a)
 	}
-	if len(out) > 0 && pool == "" {
-		for k := range out {
-			out[k].Pool = string(l.UpstreamName)
-		}
+	for k := range out {
+		out[k].Group = string(l.UpstreamName)
 	}
 	return out, nil
 }
@@ -233,7 +232,7 @@ func haproxyAttempt(out []Attempt, backend, server, status string, timers [5]str
 		}
 		t[k] = n
 	}
-	a := Attempt{Upstream: backend + "/" + server, Pool: backend, Backend: server, TS: ts}
+	a := Attempt{Upstream: backend + "/" + server, Group: backend, Backend: server, TS: ts}
 	code, err := strconv.Atoi(status)
 	if err != nil {
 		return out, ErrBadLine
@@ -263,8 +262,9 @@ func haproxyAttempt(out []Attempt, backend, server, status string, timers [5]str
 type LogSettings struct {
 	// Format is AdapterNginx or AdapterHAProxy.
 	Format string
-	// Pool is the pool of lines that name none (nginx) or replaces the
-	// HAProxy backend name; empty: derived.
+	// Pool is the pool of lines that name none (no "pool" field); empty:
+	// the proxy's upstream group (nginx's $proxy_host, the HAProxy
+	// backend).
 	Pool string
 	// NoTTFT leaves ttft_ms out (ttft: none).
 	NoTTFT  bool
@@ -308,9 +308,14 @@ func (l *LogIngester) add(b *Batch, line []byte, scratch []Attempt) []Attempt {
 	}
 	var ev fleetwatch.Event
 	for _, a := range attempts {
+		// The line's pool field, else the configured pool, else the
+		// proxy's upstream group.
 		pool := a.Pool
-		if l.s.Pool != "" && (l.s.Format == AdapterHAProxy || pool == "") {
+		if pool == "" {
 			pool = l.s.Pool
+		}
+		if pool == "" {
+			pool = a.Group
 		}
 		var skip string
 		ev = fleetwatch.Event{TS: a.TS, Status: a.Status, HasStatus: true}

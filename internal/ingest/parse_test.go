@@ -22,7 +22,7 @@ func TestParseNginx(t *testing.T) {
 		{
 			name: "one upstream",
 			line: `{"msec":"1764741600.123","status":"200","upstream_name":"llama","upstream_addr":"10.0.0.1:8000","upstream_status":"200","upstream_header_time":"0.150","upstream_response_time":"1.250"}`,
-			want: []ingest.Attempt{{Upstream: "10.0.0.1:8000", Pool: "llama", Status: 200, TTFTMs: 150, HasTTFT: true, DurationMs: 1250, HasDuration: true, TS: ts}},
+			want: []ingest.Attempt{{Upstream: "10.0.0.1:8000", Group: "llama", Status: 200, TTFTMs: 150, HasTTFT: true, DurationMs: 1250, HasDuration: true, TS: ts}},
 		},
 		{
 			name: "a retry and an internal redirect, a pool field, a syslog header",
@@ -36,7 +36,7 @@ func TestParseNginx(t *testing.T) {
 		{
 			name: "the client went away before the upstream answered",
 			line: `{"status":"499","upstream_name":"llama","upstream_addr":"10.0.0.1:8000","upstream_status":"-","upstream_header_time":"-","upstream_response_time":"3.000"}`,
-			want: []ingest.Attempt{{Upstream: "10.0.0.1:8000", Pool: "llama", Status: 499, DurationMs: 3000, HasDuration: true}},
+			want: []ingest.Attempt{{Upstream: "10.0.0.1:8000", Group: "llama", Status: 499, DurationMs: 3000, HasDuration: true}},
 		},
 		{
 			name: "no live upstream: nginx logs the group's name",
@@ -70,17 +70,17 @@ func TestParseHAProxy(t *testing.T) {
 		{
 			name: "httplog over syslog",
 			line: `<134>Dec  3 06:00:00 haproxy[4242]: 10.1.2.3:40000 [03/Dec/2026:06:00:00.123] fe~ llama/s1 2/0/1/150/1203 200 512 - - ---- 3/3/1/1/0 0/0 {host} "POST /v1/chat/completions HTTP/1.1"`,
-			want: []ingest.Attempt{{Upstream: "llama/s1", Pool: "llama", Backend: "s1", Status: 200, TTFTMs: 150, HasTTFT: true, DurationMs: 1200, HasDuration: true, TS: accept.Add(1203 * time.Millisecond)}},
+			want: []ingest.Attempt{{Upstream: "llama/s1", Group: "llama", Backend: "s1", Status: 200, TTFTMs: 150, HasTTFT: true, DurationMs: 1200, HasDuration: true, TS: accept.Add(1203 * time.Millisecond)}},
 		},
 		{
 			name: "server timeout after a redispatch",
 			line: `10.1.2.3:40000 [03/Dec/2026:06:00:00.123] fe llama/s0 0/0/1/-1/10001 504 194 - - sH-- 1/1/0/0/+1 0/0 "GET / HTTP/1.1"`,
-			want: []ingest.Attempt{{Upstream: "llama/s0", Pool: "llama", Backend: "s0", Status: 504, DurationMs: 10000, HasDuration: true, TS: accept.Add(10001 * time.Millisecond)}},
+			want: []ingest.Attempt{{Upstream: "llama/s0", Group: "llama", Backend: "s0", Status: 504, DurationMs: 10000, HasDuration: true, TS: accept.Add(10001 * time.Millisecond)}},
 		},
 		{
 			name: "client abort",
 			line: `10.1.2.3:40000 [03/Dec/2026:06:00:00.123] fe llama/s0 0/0/1/20/500 200 100 - - CD-- 1/1/0/0/0 0/0 "GET / HTTP/1.1"`,
-			want: []ingest.Attempt{{Upstream: "llama/s0", Pool: "llama", Backend: "s0", Status: 499, TTFTMs: 20, HasTTFT: true, DurationMs: 499, HasDuration: true, TS: accept.Add(500 * time.Millisecond)}},
+			want: []ingest.Attempt{{Upstream: "llama/s0", Group: "llama", Backend: "s0", Status: 499, TTFTMs: 20, HasTTFT: true, DurationMs: 499, HasDuration: true, TS: accept.Add(500 * time.Millisecond)}},
 		},
 		{
 			name: "no server",
@@ -89,7 +89,7 @@ func TestParseHAProxy(t *testing.T) {
 		{
 			name: "JSON log-format",
 			line: `<134>1 2026-12-03T06:00:00.123Z host haproxy 4242 - - {"msec":"1764741600.123","backend":"llama","server":"s0","status":500,"TR":1,"Tw":0,"Tc":1,"Tr":5,"Ta":7,"retries":"0","termination_state":"----"}`,
-			want: []ingest.Attempt{{Upstream: "llama/s0", Pool: "llama", Backend: "s0", Status: 500, TTFTMs: 5, HasTTFT: true, DurationMs: 5, HasDuration: true, TS: time.UnixMilli(1764741600130).UTC()}},
+			want: []ingest.Attempt{{Upstream: "llama/s0", Group: "llama", Backend: "s0", Status: 500, TTFTMs: 5, HasTTFT: true, DurationMs: 5, HasDuration: true, TS: time.UnixMilli(1764741600130).UTC()}},
 		},
 		{name: "a notice", line: `<133>Dec  3 06:00:00 haproxy[4242]: Proxy fe started.`, err: ingest.ErrBadLine},
 		{name: "bad timers", line: `10.1.2.3:1 [03/Dec/2026:06:00:00.123] fe llama/s0 0/0/x/1/2 200 1 - - ---- 0/0/0/0/0 0/0 "GET /"`, err: ingest.ErrBadLine},

@@ -164,6 +164,7 @@ http {
   scgi_temp_path %[1]s/scgi;
   %[6]s
   access_log %[1]s/access.log fleetwatch;
+  %[7]s
   upstream llama {
     server %[2]s max_fails=0;
     server %[3]s max_fails=0;
@@ -195,7 +196,7 @@ func TestNginx(t *testing.T) {
 	dir := t.TempDir()
 	port := freePort(t)
 	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, good.Addr(), bad.Addr(), port, nginxUser(), docSnippet(t, `(?s)    log_format fleetwatch escape=json.*?';\n`))), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, good.Addr(), bad.Addr(), port, nginxUser(), docSnippet(t, `(?s)    log_format fleetwatch escape=json.*?';\n`), "")), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -365,5 +366,46 @@ func TestHAProxy(t *testing.T) {
 	}
 	if n := m.ParseErrors.Get(); n != 0 {
 		t.Errorf("%d parse errors (HAProxy's own notices?)", n)
+	}
+}
+
+// TestNginxSyslog: nginx's access_log to syslog (as docs/INTEGRATIONS.md
+// shows) reaches the adapter's UDP receiver, one event per request.
+func TestNginxSyslog(t *testing.T) {
+	nginx := testkit.RequireTool(t, "/usr/sbin/nginx", "nginx")
+	backends := testkit.StartFakeBackends(t, 2)
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	events := testkit.CollectEvents(t, nc)
+	in, err := ingest.NewLogIngester(ingest.LogSettings{
+		Format: ingest.AdapterNginx, Pool: "chat",
+		Emitter: ingest.NewEmitter(nc, ingest.EmitterSettings{}),
+		Metrics: ingest.NewMetrics(nil, ingest.AdapterNginx),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ingest.ListenSyslog("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startLogRun(t, ingest.LogRunSettings{Ingester: in, Syslog: conn})
+
+	dir := t.TempDir()
+	port := freePort(t)
+	conf := filepath.Join(dir, "nginx.conf")
+	syslog := fmt.Sprintf("access_log syslog:server=%s,tag=nginx fleetwatch;", conn.LocalAddr())
+	text := fmt.Sprintf(nginxConf, dir, backends[0].Addr(), backends[1].Addr(), port, nginxUser(),
+		docSnippet(t, `(?s)    log_format fleetwatch escape=json.*?';\n`), syslog)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	startProxy(t, nginx, syscall.SIGQUIT, base+"/local", "-p", dir, "-c", conf, "-e", filepath.Join(dir, "error.log"), "-g", "daemon off;")
+	chat(t, base, 6)
+	testkit.Eventually(t, 10*time.Second, "6 events over syslog", func() bool { return len(events.Events()) >= 6 })
+	want := map[string]int{"chat " + backends[0].Addr() + " ok": 3, "chat " + backends[1].Addr() + " ok": 3}
+	if diff := cmp.Diff(want, counts(events.Events())); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
