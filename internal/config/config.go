@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,6 +68,80 @@ type IngestConfig struct {
 	// consumes it; default 1h and 1 GiB.
 	MaxAge   *Duration `yaml:"max_age"`
 	MaxBytes int64     `yaml:"max_bytes"`
+
+	// The adapters for proxies that do not publish on NATS
+	// (docs/INTEGRATIONS.md; internal/ingest).
+
+	// MaxBodyBytes bounds a body of serve's ingest endpoints
+	// (/v1/outcomes, /v1/ingest/litellm, /v1/traces), after gzip; beyond
+	// it the answer is 413. Default 4 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// Upstreams map what a proxy calls an upstream to a pool and backend;
+	// the configured backends' URLs (and their host:port) are mapped to
+	// their pool and id without being listed here.
+	Upstreams []UpstreamConfig `yaml:"upstreams"`
+	// OnlyListed skips the events of upstreams that neither Upstreams nor
+	// a configured backend's URL names.
+	OnlyListed bool `yaml:"only_listed"`
+	// DefaultPool is the pool of events from which no pool can be derived;
+	// empty: such events are skipped.
+	DefaultPool string `yaml:"default_pool"`
+	// Source is the source written on the adapters' events; default
+	// "fleetwatch-ingest".
+	Source  string              `yaml:"source"`
+	LiteLLM LiteLLMIngestConfig `yaml:"litellm"`
+	OTLP    OTLPIngestConfig    `yaml:"otlp"`
+	Nginx   AccessLogConfig     `yaml:"nginx"`
+	HAProxy AccessLogConfig     `yaml:"haproxy"`
+}
+
+// UpstreamConfig maps one upstream of a proxy to a pool and backend.
+type UpstreamConfig struct {
+	// Match is the upstream as the adapter sees it: an nginx upstream
+	// address, a HAProxy backend/server pair, a LiteLLM api_base, an OTLP
+	// span's server.address:server.port.
+	Match   string `yaml:"match"`
+	Pool    string `yaml:"pool"`    // empty: the pool the adapter derives
+	Backend string `yaml:"backend"` // empty: the upstream itself
+}
+
+// LiteLLMIngestConfig configures POST /v1/ingest/litellm.
+type LiteLLMIngestConfig struct {
+	// PoolField is the payload field naming the pool: model_group
+	// (default, falling back to model), model, model_id or api_base.
+	PoolField string `yaml:"pool_field"`
+	// BackendField is the field naming the backend: api_base (default,
+	// falling back to model_id), model_id, model or model_group.
+	BackendField string `yaml:"backend_field"`
+}
+
+// OTLPIngestConfig configures the OTLP/HTTP traces receiver.
+type OTLPIngestConfig struct {
+	// PoolAttribute: default gen_ai.request.model, falling back to
+	// gen_ai.response.model.
+	PoolAttribute string `yaml:"pool_attribute"`
+	// BackendAttribute: default server.address:server.port, falling back
+	// to gen_ai.provider.name and gen_ai.system.
+	BackendAttribute string `yaml:"backend_attribute"`
+	// TTFTAttributes are read, in seconds, as the time to first token;
+	// empty: the GenAI conventions' and common instrumentations' names.
+	TTFTAttributes []string `yaml:"ttft_attributes"`
+	// TTFTEvents name span events whose first occurrence marks the first
+	// token; empty: none.
+	TTFTEvents []string `yaml:"ttft_events"`
+}
+
+// AccessLogConfig configures `fleetwatch ingest nginx|haproxy`.
+type AccessLogConfig struct {
+	File         string `yaml:"file"`          // the access log to follow; empty: none
+	OffsetFile   string `yaml:"offset_file"`   // where the read offset is kept; default <data>/ingest-<proxy>.offset
+	SyslogListen string `yaml:"syslog_listen"` // UDP host:port to receive syslog on; empty: none
+	// Pool is the pool of lines without a "pool" field; empty: the
+	// proxy's upstream group (nginx's $proxy_host, the HAProxy backend).
+	Pool string `yaml:"pool"`
+	// TTFT says what becomes ttft_ms: header (the upstream's time to the
+	// response headers, default) or none.
+	TTFT string `yaml:"ttft"`
 }
 
 // HTTPConfig is serve's HTTP listener. Without BearerTokenEnv and
@@ -459,6 +534,9 @@ func (c *Config) validate(lines map[string]int, file string) error {
 	if c.Ingest.MaxBytes < 0 {
 		return fail("ingest.max_bytes", "%d: must be >= 0", c.Ingest.MaxBytes)
 	}
+	if err := c.Ingest.validate(fail); err != nil {
+		return err
+	}
 	if c.Ingest.Durable && c.NATS.NoJetStream {
 		return fail("ingest.durable", "true: the durable intake needs JetStream (nats.no_jetstream is true)")
 	}
@@ -539,4 +617,83 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		}
 	}
 	return nil
+}
+
+// validate checks the adapters' keys.
+func (in *IngestConfig) validate(fail func(key, format string, args ...any) error) error {
+	if in.MaxBodyBytes < 0 {
+		return fail("ingest.max_body_bytes", "%d: must be >= 0", in.MaxBodyBytes)
+	}
+	for i, u := range in.Upstreams {
+		key := fmt.Sprintf("ingest.upstreams[%d]", i)
+		if strings.TrimSpace(u.Match) == "" {
+			return fail(key+".match", "missing: want the upstream as the proxy names it")
+		}
+		if u.Pool != "" && fleetwatch.ValidatePoolID(u.Pool) != nil {
+			return fail(key+".pool", "%q: not a valid pool id", u.Pool)
+		}
+		if u.Backend != "" && fleetwatch.ValidateBackendID(u.Backend) != nil {
+			return fail(key+".backend", "%q: not a valid backend id", u.Backend)
+		}
+	}
+	if in.DefaultPool != "" && fleetwatch.ValidatePoolID(in.DefaultPool) != nil {
+		return fail("ingest.default_pool", "%q: not a valid pool id", in.DefaultPool)
+	}
+	fields := []string{"", "model_group", "model", "model_id", "api_base"}
+	if !slices.Contains(fields, in.LiteLLM.PoolField) {
+		return fail("ingest.litellm.pool_field", "%q: want model_group, model, model_id or api_base", in.LiteLLM.PoolField)
+	}
+	if !slices.Contains(fields, in.LiteLLM.BackendField) {
+		return fail("ingest.litellm.backend_field", "%q: want api_base, model_id, model or model_group", in.LiteLLM.BackendField)
+	}
+	for name, a := range map[string]AccessLogConfig{"nginx": in.Nginx, "haproxy": in.HAProxy} {
+		if a.SyslogListen != "" {
+			if _, _, err := net.SplitHostPort(a.SyslogListen); err != nil {
+				return fail("ingest."+name+".syslog_listen", "%q: want host:port", a.SyslogListen)
+			}
+		}
+		if a.Pool != "" && fleetwatch.ValidatePoolID(a.Pool) != nil {
+			return fail("ingest."+name+".pool", "%q: not a valid pool id", a.Pool)
+		}
+		if a.TTFT != "" && a.TTFT != "header" && a.TTFT != "none" {
+			return fail("ingest."+name+".ttft", "%q: want header or none", a.TTFT)
+		}
+	}
+	return nil
+}
+
+// IngestUpstreams is the adapters' upstream mapping: every configured
+// backend's URL (with and without a trailing "/v1", and its host:port)
+// mapped to its pool and id, then ingest.upstreams, which win.
+func (c *Config) IngestUpstreams() []UpstreamConfig {
+	var out []UpstreamConfig
+	for _, p := range c.Pools {
+		for _, b := range p.Backends {
+			if b.URL == "" {
+				continue
+			}
+			base := strings.TrimRight(b.URL, "/")
+			matches := []string{base}
+			if trimmed, ok := strings.CutSuffix(base, "/v1"); ok {
+				matches = append(matches, trimmed)
+			} else {
+				matches = append(matches, base+"/v1")
+			}
+			if u, err := url.Parse(b.URL); err == nil && u.Host != "" {
+				host := u.Host
+				if u.Port() == "" {
+					port := "80"
+					if u.Scheme == "https" {
+						port = "443"
+					}
+					host = net.JoinHostPort(u.Hostname(), port)
+				}
+				matches = append(matches, host)
+			}
+			for _, m := range matches {
+				out = append(out, UpstreamConfig{Match: m, Pool: p.ID, Backend: b.ID})
+			}
+		}
+	}
+	return append(out, c.Ingest.Upstreams...)
 }

@@ -26,6 +26,7 @@ type mapped struct {
 	StoreDir  string
 	Route     []route.Pool
 	Scrape    ScrapeSettings
+	Upstreams []UpstreamConfig // the ingest adapters' mapping
 	Direct    map[string]any
 }
 
@@ -47,6 +48,28 @@ var directKeys = map[string]func(c *Config) any{
 	"pools[0].models":          func(c *Config) any { return poolsField(c, func(p PoolConfig) any { return p.Models }) },
 	"pools[0].backends[0].url": func(c *Config) any { return poolsField(c, func(p PoolConfig) any { return backendURLs(p) }) },
 	"data":                     func(c *Config) any { return c.Data },
+	// The ingest adapters' keys: serve and `fleetwatch ingest` read them
+	// into internal/ingest's settings (serve/ingest.go, cmd's ingest.go).
+	"ingest.max_body_bytes":         func(c *Config) any { return c.Ingest.MaxBodyBytes },
+	"ingest.only_listed":            func(c *Config) any { return c.Ingest.OnlyListed },
+	"ingest.default_pool":           func(c *Config) any { return c.Ingest.DefaultPool },
+	"ingest.source":                 func(c *Config) any { return c.Ingest.Source },
+	"ingest.litellm.pool_field":     func(c *Config) any { return c.Ingest.LiteLLM.PoolField },
+	"ingest.litellm.backend_field":  func(c *Config) any { return c.Ingest.LiteLLM.BackendField },
+	"ingest.otlp.pool_attribute":    func(c *Config) any { return c.Ingest.OTLP.PoolAttribute },
+	"ingest.otlp.backend_attribute": func(c *Config) any { return c.Ingest.OTLP.BackendAttribute },
+	"ingest.otlp.ttft_attributes":   func(c *Config) any { return c.Ingest.OTLP.TTFTAttributes },
+	"ingest.otlp.ttft_events":       func(c *Config) any { return c.Ingest.OTLP.TTFTEvents },
+	"ingest.nginx.file":             func(c *Config) any { return c.Ingest.Nginx.File },
+	"ingest.nginx.offset_file":      func(c *Config) any { return c.Ingest.Nginx.OffsetFile },
+	"ingest.nginx.syslog_listen":    func(c *Config) any { return c.Ingest.Nginx.SyslogListen },
+	"ingest.nginx.pool":             func(c *Config) any { return c.Ingest.Nginx.Pool },
+	"ingest.nginx.ttft":             func(c *Config) any { return c.Ingest.Nginx.TTFT },
+	"ingest.haproxy.file":           func(c *Config) any { return c.Ingest.HAProxy.File },
+	"ingest.haproxy.offset_file":    func(c *Config) any { return c.Ingest.HAProxy.OffsetFile },
+	"ingest.haproxy.syslog_listen":  func(c *Config) any { return c.Ingest.HAProxy.SyslogListen },
+	"ingest.haproxy.pool":           func(c *Config) any { return c.Ingest.HAProxy.Pool },
+	"ingest.haproxy.ttft":           func(c *Config) any { return c.Ingest.HAProxy.TTFT },
 	"pools[0].backends[0].api_key_env": func(c *Config) any {
 		return poolsField(c, func(p PoolConfig) any { return p.Backends[0].APIKeyEnv })
 	},
@@ -77,6 +100,7 @@ func mapAll(c *Config) mapped {
 		StoreDir:  c.StoreDir(),
 		Route:     c.RoutePools(env, p2c.Settings{}),
 		Scrape:    c.ScrapeSettings(),
+		Upstreams: c.IngestUpstreams(),
 		Direct:    map[string]any{},
 	}
 	for k, f := range directKeys {
@@ -90,6 +114,7 @@ func mapAll(c *Config) mapped {
 func baseConfig() *Config {
 	c := Default()
 	c.Pools = []PoolConfig{{ID: "p", Backends: []BackendConfig{{ID: "b", URL: "http://127.0.0.1:1"}}}}
+	c.Ingest.Upstreams = []UpstreamConfig{{Match: "10.0.0.1:80"}}
 	return c
 }
 

@@ -12,8 +12,9 @@ import (
 )
 
 // routes is serve's HTTP API: /metrics (Prometheus text), /healthz,
-// /api/decisions (every pool's current snapshot) and the status page; all
-// but /healthz behind the configured authentication (auth.go).
+// /api/decisions (every pool's current snapshot), the status page and the
+// ingest endpoints (ingest.go); all but /healthz behind the configured
+// authentication (auth.go).
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
@@ -52,7 +53,8 @@ func (s *Server) routes() http.Handler {
 		enc.Encode(snaps)
 	})
 	s.statusRoutes(mux)
-	return s.httpAuth.wrap(mux) // /healthz stays open
+	s.newIngestHTTP().Register(mux) // POST /v1/outcomes, /v1/ingest/litellm, /v1/traces (ingest.go)
+	return s.httpAuth.wrap(mux)     // /healthz stays open
 }
 
 // registerAnalyzerMetrics writes the per-backend series at scrape time from

@@ -1,0 +1,149 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/ingest"
+	"github.com/fleetwatch/fleetwatch/internal/serve"
+)
+
+func init() {
+	register("ingest", "turn nginx or HAProxy access logs (file or syslog) into outcome events (fleetwatch ingest nginx|haproxy)", runIngest)
+}
+
+// runIngest is `fleetwatch ingest nginx|haproxy`: it follows the access log
+// file and/or receives syslog as the config's ingest.<proxy> block and the
+// flags say, and publishes one outcome event per upstream attempt
+// (internal/ingest, docs/INTEGRATIONS.md).
+func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || (args[0] != ingest.AdapterNginx && args[0] != ingest.AdapterHAProxy) {
+		fmt.Fprintln(stderr, "usage: fleetwatch ingest nginx|haproxy [flags]")
+		return errUsage
+	}
+	proxy := args[0]
+	fs := flag.NewFlagSet("ingest "+proxy, flag.ContinueOnError)
+	var nf natsFlags
+	nf.register(fs)
+	file := fs.String("file", "", "access log file to follow (overrides ingest."+proxy+".file)")
+	offsetFile := fs.String("offset-file", "", "where the read offset is kept (overrides ingest."+proxy+".offset_file)")
+	syslogAddr := fs.String("syslog", "", "UDP host:port to receive syslog on (overrides ingest."+proxy+".syslog_listen)")
+	fromStart := fs.Bool("from-start", false, "read a file without a saved offset from its start (default: from its end)")
+	httpAddr := fs.String("http", "127.0.0.1:9108", "listen address for /metrics and /healthz; empty: none")
+	poll := fs.Duration("poll", 250*time.Millisecond, "how often the file is checked")
+	data := fs.String("data", "", "data directory, for the default offset file (default the config's data, ./data)")
+	if err := parseFlags(fs, args[1:], stderr); err != nil {
+		return err
+	}
+	cfg, err := nf.loadConfig()
+	if err != nil {
+		return err
+	}
+	lc := cfg.Ingest.Nginx
+	if proxy == ingest.AdapterHAProxy {
+		lc = cfg.Ingest.HAProxy
+	}
+	override(&cfg.Data, *data)
+	override(&lc.File, *file)
+	override(&lc.OffsetFile, *offsetFile)
+	override(&lc.SyslogListen, *syslogAddr)
+	if lc.OffsetFile == "" {
+		lc.OffsetFile = filepath.Join(cfg.Data, "ingest-"+proxy+".offset")
+	}
+	logf := logTo(stderr, "ingest "+proxy+": ")
+	nc, err := nf.connectURL("fleetwatch-ingest-"+proxy, cfg.NATS.URL, logf)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		nc.FlushTimeout(5 * time.Second) // what syslog lines published is sent before exit
+		nc.Close()
+	}()
+
+	set := metrics.NewSet()
+	in, err := ingest.NewLogIngester(ingest.LogSettings{
+		Format: proxy, Pool: lc.Pool, NoTTFT: lc.TTFT == "none",
+		Mapping: serve.IngestMapping(cfg),
+		Emitter: ingest.NewEmitter(nc, ingest.EmitterSettings{Prefix: cfg.Prefix, Source: ingestSource(cfg, proxy)}),
+		Metrics: ingest.NewMetrics(set, proxy),
+	})
+	if err != nil {
+		return err
+	}
+	rs := ingest.LogRunSettings{Ingester: in, File: lc.File, Logf: logf,
+		Tail: ingest.TailSettings{OffsetFile: lc.OffsetFile, FromStart: *fromStart, Poll: *poll}}
+	if lc.SyslogListen != "" {
+		if rs.Syslog, err = ingest.ListenSyslog(lc.SyslogListen); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "ingest %s: syslog on udp://%s\n", proxy, rs.Syslog.LocalAddr())
+	}
+	if *httpAddr != "" {
+		stop, err := serveMetrics(*httpAddr, set, stdout, "ingest "+proxy)
+		if err != nil {
+			if rs.Syslog != nil {
+				rs.Syslog.Close()
+			}
+			return err
+		}
+		defer stop()
+	}
+	if lc.File != "" {
+		fmt.Fprintf(stdout, "ingest %s: following %s (offset in %s)\n", proxy, lc.File, lc.OffsetFile)
+	}
+	return ingest.RunLog(ctx, rs)
+}
+
+func override(dst *string, flagValue string) {
+	if flagValue != "" {
+		*dst = flagValue
+	}
+}
+
+func ingestSource(cfg *config.Config, proxy string) string {
+	if cfg.Ingest.Source != "" {
+		return cfg.Ingest.Source
+	}
+	return serve.DefaultIngestSource + "-" + proxy
+}
+
+// serveMetrics serves /metrics and /healthz on addr until stop; label
+// starts its lines ("ingest nginx: metrics on http://...").
+func serveMetrics(addr string, set *metrics.Set, stdout io.Writer, label string) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("--http %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		set.WritePrometheus(w)
+		metrics.WriteProcessMetrics(w)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintf(stdout, "%s: http: %v\n", label, err)
+		}
+	}()
+	fmt.Fprintf(stdout, "%s: metrics on http://%s/metrics\n", label, ln.Addr())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+		<-done
+	}, nil
+}

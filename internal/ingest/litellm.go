@@ -1,0 +1,238 @@
+package ingest
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// LiteLLM's logging payload (StandardLoggingPayload, docs/proxy/logging_spec
+// in the LiteLLM repository), as its generic_api callback posts it: a JSON
+// array of payloads (log_format json_array, the default), NDJSON (ndjson)
+// or one object (single). Only the fields fleetwatch uses are read; every
+// number may also come as null.
+type litellmPayload struct {
+	Status              *string  `json:"status"` // "success" or "failure"
+	Model               *string  `json:"model"`
+	ModelID             *string  `json:"model_id"`
+	ModelGroup          *string  `json:"model_group"`
+	APIBase             *string  `json:"api_base"`
+	StartTime           *float64 `json:"startTime"` // unix seconds
+	EndTime             *float64 `json:"endTime"`
+	CompletionStartTime *float64 `json:"completionStartTime"` // first chunk (streaming), else the end
+	ResponseTime        *float64 `json:"response_time"`       // seconds
+	PromptTokens        *float64 `json:"prompt_tokens"`
+	CompletionTokens    *float64 `json:"completion_tokens"`
+	CacheHit            *bool    `json:"cache_hit"` // answered from LiteLLM's own cache: no backend
+	ErrorStr            *string  `json:"error_str"`
+	ErrorInformation    *struct {
+		ErrorCode  json.RawMessage `json:"error_code"` // "429", 429 or null
+		ErrorClass *string         `json:"error_class"`
+	} `json:"error_information"`
+	HiddenParams *struct {
+		APIBase *string `json:"api_base"`
+		ModelID *string `json:"model_id"`
+	} `json:"hidden_params"`
+}
+
+// LiteLLM field names a pool or backend may come from.
+const (
+	LiteLLMModelGroup = "model_group"
+	LiteLLMModel      = "model"
+	LiteLLMModelID    = "model_id"
+	LiteLLMAPIBase    = "api_base"
+)
+
+// LiteLLMFields lists the fields LiteLLMSettings may name.
+var LiteLLMFields = []string{LiteLLMModelGroup, LiteLLMModel, LiteLLMModelID, LiteLLMAPIBase}
+
+// LiteLLMSettings say how a LiteLLM payload becomes an event. The zero
+// value works.
+type LiteLLMSettings struct {
+	// PoolField names the payload field the pool comes from (one of
+	// LiteLLMFields). If empty, model_group, falling back to model.
+	PoolField string
+	// BackendField names the field the backend (the Mapping's upstream
+	// key) comes from. If empty, api_base, falling back to model_id.
+	BackendField string
+}
+
+// errNoEvent marks a payload that carries no outcome: a cache hit, or one
+// whose status is neither success nor failure.
+var errNoEvent = errors.New("ingest: no outcome in payload")
+
+func (p *litellmPayload) field(name string) string {
+	str := func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	}
+	switch name {
+	case LiteLLMModelGroup:
+		return str(p.ModelGroup)
+	case LiteLLMModel:
+		return str(p.Model)
+	case LiteLLMModelID:
+		if v := str(p.ModelID); v != "" || p.HiddenParams == nil {
+			return v
+		}
+		return str(p.HiddenParams.ModelID)
+	case LiteLLMAPIBase:
+		if v := str(p.APIBase); v != "" || p.HiddenParams == nil {
+			return v
+		}
+		return str(p.HiddenParams.APIBase)
+	}
+	return ""
+}
+
+// MapLiteLLM turns one LiteLLM logging payload into an outcome event. It
+// returns a skip reason ("" when ev is filled) or a parse error.
+func MapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event) (skip string, err error) {
+	var p litellmPayload
+	if err := json.Unmarshal(data, &p); err != nil {
+		return "", err
+	}
+	*ev = fleetwatch.Event{}
+	switch {
+	case p.CacheHit != nil && *p.CacheHit:
+		return SkipNoUpstream, nil // LiteLLM answered from its cache
+	case p.Status == nil || (*p.Status != "success" && *p.Status != "failure"):
+		return SkipEventType, nil
+	}
+	pool := ""
+	if s.PoolField != "" {
+		pool = p.field(s.PoolField)
+	} else if pool = p.field(LiteLLMModelGroup); pool == "" {
+		pool = p.field(LiteLLMModel)
+	}
+	upstream := ""
+	if s.BackendField != "" {
+		upstream = p.field(s.BackendField)
+	} else if upstream = p.field(LiteLLMAPIBase); upstream == "" {
+		upstream = p.field(LiteLLMModelID)
+	}
+	if upstream == "" {
+		return SkipNoUpstream, nil
+	}
+	var skipped string
+	if ev.Pool, ev.Backend, skipped = m.Resolve(upstream, pool, ""); skipped != "" {
+		return skipped, nil
+	}
+	ev.HasStatus = true
+	if *p.Status == "success" {
+		ev.Status = 200
+	} else {
+		ev.Status = litellmErrorStatus(&p)
+	}
+	ev.Outcome = fleetwatch.OutcomeFromStatus(ev.Status)
+	if t, ok := unixSeconds(p.EndTime); ok {
+		ev.TS = t
+	}
+	start, hasStart := finite(p.StartTime)
+	if end, ok := finite(p.EndTime); ok && hasStart && end >= start {
+		ev.DurationMs, ev.HasDuration = msOf(end-start), true
+	} else if rt, ok := finite(p.ResponseTime); ok && rt >= 0 {
+		ev.DurationMs, ev.HasDuration = msOf(rt), true
+	}
+	if first, ok := finite(p.CompletionStartTime); ok && hasStart && first >= start && ev.Outcome == fleetwatch.OutcomeOK {
+		ev.TTFTMs, ev.HasTTFT = msOf(first-start), true
+		if ev.HasDuration && ev.TTFTMs > ev.DurationMs {
+			ev.TTFTMs = ev.DurationMs
+		}
+	}
+	if v, ok := finite(p.PromptTokens); ok && v > 0 {
+		ev.InputTokens = int64(v)
+	}
+	if v, ok := finite(p.CompletionTokens); ok && v > 0 {
+		ev.OutputTokens = int64(v)
+	}
+	return "", nil
+}
+
+// litellmErrorStatus is the HTTP status of a failed call: error_code when
+// it is one ("429", 503), 0 (timeout) for LiteLLM's Timeout errors, else
+// 500.
+func litellmErrorStatus(p *litellmPayload) int {
+	if ei := p.ErrorInformation; ei != nil {
+		code := strings.Trim(string(bytes.TrimSpace(ei.ErrorCode)), `"`)
+		if n, err := strconv.Atoi(code); err == nil && n >= 100 && n <= 599 {
+			return n
+		}
+		if ei.ErrorClass != nil && strings.Contains(strings.ToLower(*ei.ErrorClass), "timeout") {
+			return 0
+		}
+	}
+	if p.ErrorStr != nil && strings.Contains(strings.ToLower(*p.ErrorStr), "timeout") {
+		return 0
+	}
+	return 500
+}
+
+func finite(v *float64) (float64, bool) {
+	if v == nil || math.IsNaN(*v) || math.IsInf(*v, 0) {
+		return 0, false
+	}
+	return *v, true
+}
+
+// unixSeconds converts a float of unix seconds; false for absent,
+// non-finite or non-positive values.
+func unixSeconds(v *float64) (time.Time, bool) {
+	f, ok := finite(v)
+	if !ok || f <= 0 || f > 1e11 {
+		return time.Time{}, false
+	}
+	return time.UnixMicro(int64(math.Round(f * 1e6))).UTC(), true
+}
+
+// msOf converts seconds to milliseconds, rounded to the microsecond.
+func msOf(seconds float64) float64 { return math.Round(seconds*1e6) / 1e3 }
+
+// splitJSONPayloads calls fn with every JSON value of body: the elements
+// of a top-level array, else each line of NDJSON (or the one object, which
+// may span lines), with their line numbers. A top-level array that does
+// not parse is reported as one bad value.
+func splitJSONPayloads(body []byte, fn func(value []byte, line int)) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return
+	}
+	lead := len(body) - len(bytes.TrimLeft(body, " \t\r\n"))
+	baseLine := 1 + bytes.Count(body[:lead], []byte{'\n'})
+	if trimmed[0] == '[' {
+		var elems []json.RawMessage
+		if err := json.Unmarshal(trimmed, &elems); err != nil {
+			fn(trimmed, baseLine)
+			return
+		}
+		for _, e := range elems {
+			fn(e, baseLine)
+		}
+		return
+	}
+	if json.Valid(trimmed) {
+		fn(trimmed, baseLine)
+		return
+	}
+	line := 0
+	for len(body) > 0 {
+		line++
+		var l []byte
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			l, body = body[:i], body[i+1:]
+		} else {
+			l, body = body, nil
+		}
+		if l = bytes.TrimSpace(l); len(l) > 0 {
+			fn(l, line)
+		}
+	}
+}
