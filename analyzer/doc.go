@@ -42,8 +42,10 @@
 //
 // # Rules
 //
-// Failures are error and timeout; throttled has its own rate (rate_429 =
-// throttled / (ok + error + timeout + throttled)); canceled and client_error
+// Failures are error, timeout and stalled (a router's first-token deadline
+// ended the attempt: a timeout by another name, docs/PROTOCOL.md); throttled
+// has its own rate (rate_429 = throttled / (ok + error + timeout + stalled +
+// throttled)); canceled and client_error
 // are counted in requests only. A closed backend opens on the first rule that
 // fires, in this order:
 //

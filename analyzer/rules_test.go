@@ -83,6 +83,18 @@ func TestTripRules(t *testing.T) {
 				OpenFor: 30 * time.Second, HeldGate: map[string]uint64{CauseFailureRate: 1}},
 		},
 		{
+			name:   "stalls are failures, like timeouts",
+			events: concat(healthy(200, "a", "b"), series("p", "x", stalled, 5, t0, 5*time.Second, 0)),
+			want: want{State: fleetwatch.StateOpen, Cause: CauseConsecutive, Reason: "5 consecutive failures",
+				OpenFor: 30 * time.Second, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+		},
+		{
+			name:   "stalls count in the failure rate",
+			events: concat(healthy(200, "a", "b"), alternate("p", "x", 24, t0, 10*time.Second, 200, stalled, ok)),
+			want: want{State: fleetwatch.StateOpen, Cause: CauseFailureRate,
+				Reason: "error rate 0.50 >= 0.50 over 24 requests in 30s", OpenFor: 30 * time.Second, HeldGate: map[string]uint64{}},
+		},
+		{
 			name: "an ok resets the run",
 			events: concat(healthy(200, "a", "b"),
 				alternate("p", "x", 9, t0, 9*time.Second, 200, fail, fail, fail, fail, ok)),
