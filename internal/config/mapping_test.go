@@ -25,6 +25,7 @@ type mapped struct {
 	Review    probes.ReviewSettings
 	StoreDir  string
 	Route     []route.Pool
+	RouteSet  route.Settings // the route block (first-token deadline)
 	Direct    map[string]any
 }
 
@@ -75,6 +76,7 @@ func mapAll(c *Config) mapped {
 		Review:    c.ReviewSettings(),
 		StoreDir:  c.StoreDir(),
 		Route:     c.RoutePools(env, p2c.Settings{}),
+		RouteSet:  c.RouteSettings(route.Settings{}),
 		Direct:    map[string]any{},
 	}
 	for k, f := range directKeys {
