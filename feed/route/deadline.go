@@ -6,9 +6,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"slices"
 	"strings"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch"
 )
 
 // The first-token deadline. A stalled backend accepts a request and never
@@ -20,9 +21,8 @@ import (
 //
 //	max(StallFloor, StallMultiple x the pool's p95 TTFT)
 //
-// where the pool's p95 TTFT is the median of the p95_ttft_ms its backends
-// report in the decision applied (the median, so that the stalling backend,
-// or one slow backend, does not stretch the deadline of the others). When
+// where the pool's p95 TTFT is the largest p95_ttft_ms of its backends that
+// are not open in the decision applied (PoolP95TTFT). When
 // it passes, the attempt is ended and reported with the outcome stalled,
 // and retried on another backend like a 5xx, as long as nothing reached the
 // client: a stream's first bytes are held back until its first content
@@ -60,24 +60,26 @@ func (rt *Router) stallDeadline(p *pool) time.Duration {
 	return d
 }
 
-// p95TTFT is the median of the p95_ttft_ms of the backends in the decision
-// applied, and false when none has one.
-func (p *pool) p95TTFT() (float64, bool) {
-	var buf [16]float64
-	v := buf[:0]
-	for _, b := range p.applied.Load().Backends {
-		if b.P95TTFTMs != nil && *b.P95TTFTMs > 0 {
-			v = append(v, *b.P95TTFTMs)
-		}
-	}
-	if len(v) == 0 {
+// p95TTFT is the pool's p95 TTFT in the decision applied (PoolP95TTFT).
+func (p *pool) p95TTFT() (float64, bool) { return PoolP95TTFT(p.applied.Load()) }
+
+// PoolP95TTFT is the p95 TTFT a first-token deadline scales with: the
+// largest p95_ttft_ms of snap's backends that are not open, and false when
+// none has one. The largest, because the deadline is there to catch
+// backends that never answer, not slow ones (the slow rule's business): a
+// slow backend's long queue waits must not read as stalls. Open backends
+// are left out, so a stalled backend's stretched numbers never count.
+func PoolP95TTFT(snap *fleetwatch.Snapshot) (float64, bool) {
+	best := 0.0
+	if snap == nil {
 		return 0, false
 	}
-	slices.Sort(v)
-	if n := len(v); n%2 == 0 {
-		return (v[n/2-1] + v[n/2]) / 2, true
+	for _, b := range snap.Backends {
+		if b.P95TTFTMs != nil && *b.P95TTFTMs > best && b.State != fleetwatch.StateOpen {
+			best = *b.P95TTFTMs
+		}
 	}
-	return v[len(v)/2], true
+	return best, best > 0
 }
 
 // stallWatch is one attempt's first-token deadline: a context canceled

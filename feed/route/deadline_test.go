@@ -112,7 +112,7 @@ func TestRouteStallLastAttempt(t *testing.T) {
 }
 
 // TestStallDeadline checks the deadline's arithmetic: max(floor, multiple x
-// the median of the applied decision's p95 TTFTs), the floor alone without
+// the largest p95 TTFT of the backends not open), the floor alone without
 // p95s, and nothing when turned off.
 func TestStallDeadline(t *testing.T) {
 	p95 := func(id string, ms float64) fleetwatch.Backend {
@@ -121,6 +121,8 @@ func TestStallDeadline(t *testing.T) {
 		return b
 	}
 	now := time.Now()
+	openC := p95("c", 60000)
+	openC.State = fleetwatch.StateOpen
 	tests := []struct {
 		name     string
 		settings Settings
@@ -129,9 +131,9 @@ func TestStallDeadline(t *testing.T) {
 	}{
 		{"default floor without a decision", Settings{}, nil, 10 * time.Second},
 		{"default floor above 4 x p95", Settings{}, []fleetwatch.Backend{p95("a", 500), p95("b", 800)}, 10 * time.Second},
-		{"4 x the median p95", Settings{}, []fleetwatch.Backend{p95("a", 3000), p95("b", 4000), p95("c", 60000)}, 16 * time.Second},
-		{"even count: the mean of the middle two", Settings{StallMultiple: 2},
-			[]fleetwatch.Backend{p95("a", 6000), p95("b", 8000)}, 14 * time.Second},
+		{"4 x the largest p95", Settings{}, []fleetwatch.Backend{p95("a", 3000), p95("b", 4000), p95("c", 1000)}, 16 * time.Second},
+		{"an open backend is left out", Settings{StallMultiple: 2},
+			[]fleetwatch.Backend{p95("a", 6000), p95("b", 7000), openC}, 14 * time.Second},
 		{"backends without p95 are left out", Settings{StallFloor: time.Second},
 			[]fleetwatch.Backend{feedtest.Closed("a"), p95("b", 1000)}, 4 * time.Second},
 		{"off", Settings{StallFloor: -1}, []fleetwatch.Backend{p95("a", 3000)}, 0},

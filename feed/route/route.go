@@ -141,7 +141,8 @@ type Settings struct {
 	HeaderTimeout time.Duration
 	// StallFloor and StallMultiple set the first-token deadline of every
 	// attempt: max(StallFloor, StallMultiple x the pool's p95 TTFT, the
-	// median of its backends' p95_ttft_ms in the decision applied). An
+	// largest p95_ttft_ms of its backends not open in the decision
+	// applied: PoolP95TTFT). An
 	// attempt without its first token by then is ended, reported stalled
 	// and retried elsewhere if nothing reached the client (deadline.go).
 	// If StallFloor is zero, DefaultStallFloor (10s); negative turns the
