@@ -66,6 +66,8 @@
 // Rules 2 and 3 must also hold on the newest quarter of the window when it
 // has counted requests, so a backend that has recovered is not opened on a
 // history the window keeps for up to a window length (Stats.HeldByRecency).
+// With RecentMinRequests they may also trip on that quarter alone, when the
+// whole window (for rule 3, its newest half) is at least half the threshold.
 // Rule 4 confirms the EWMA with medians because TTFT is heavy-tailed: a
 // request queued behind a 10,000-token generation moves an EWMA with alpha
 // 0.2 by a fifth of its size, and the simulator (docs/EVALUATION.md) showed
