@@ -29,10 +29,11 @@ import (
 
 // The peers benchmark: real balancers side by side on the same real
 // traffic. Four fake OpenAI-compatible backends (internal/fakeai) sit
-// behind three balancers at once: fleetwatch's router (feed/route, fed by
+// behind four balancers at once: fleetwatch's router (feed/route, fed by
 // serve's analyzer over an embedded NATS server, as `fleetwatch route` and
 // `fleetwatch serve` run it), HAProxy (balance leastconn, observe layer7,
-// on-error mark-down) and nginx (least_conn, max_fails). One load generator
+// on-error mark-down), the same HAProxy with L7 retries, and nginx
+// (least_conn, max_fails). One load generator
 // sends every request to each balancer at the same instant, through one
 // incident script: a healthy phase, then one backend failing fast with
 // 500s, then another answering 429, then a third stalling (accepting and
@@ -44,10 +45,14 @@ import (
 const (
 	PeerFleetwatch = "fleetwatch route"
 	PeerHAProxy    = "HAProxy"
-	PeerNginx      = "nginx"
+	// PeerHAProxyRetry is HAProxy with L7 retries (retry-on) as well: its
+	// retries hide the 5xx answers from observe layer7, which then never
+	// marks the failing server down.
+	PeerHAProxyRetry = "HAProxy + L7 retries"
+	PeerNginx        = "nginx"
 )
 
-var peerNames = []string{PeerFleetwatch, PeerHAProxy, PeerNginx}
+var peerNames = []string{PeerFleetwatch, PeerHAProxy, PeerHAProxyRetry, PeerNginx}
 
 // balancerHeader tags each request with the index of the balancer it was
 // sent to, so the backends can count attempts per balancer.
@@ -137,7 +142,7 @@ type PeersReport struct {
 }
 
 // attemptCounts are the attempts each backend saw, by balancer and phase.
-type attemptCounts [3][4][numPeerBackends]atomic.Int64
+type attemptCounts [4][4][numPeerBackends]atomic.Int64
 
 // countingBackend serves one fake backend and counts the generation
 // attempts each balancer sends it in each phase.
@@ -150,7 +155,7 @@ type countingBackend struct {
 
 func (c *countingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
-		if b := slices.Index([]string{"0", "1", "2"}, r.Header.Get(balancerHeader)); b >= 0 {
+		if b := slices.Index([]string{"0", "1", "2", "3"}, r.Header.Get(balancerHeader)); b >= 0 {
 			c.counts[b][c.phase.Load()][c.idx].Add(1)
 		}
 	}
@@ -201,10 +206,13 @@ func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 	if urls[0], err = p.startFleetwatch(ctx); err != nil {
 		return nil, err
 	}
-	if urls[1], err = p.startHAProxy(ctx); err != nil {
+	if urls[1], err = p.startHAProxy(ctx, false); err != nil {
 		return nil, err
 	}
-	if urls[2], err = p.startNginx(ctx); err != nil {
+	if urls[2], err = p.startHAProxy(ctx, true); err != nil {
+		return nil, err
+	}
+	if urls[3], err = p.startNginx(ctx); err != nil {
 		return nil, err
 	}
 	for i, u := range urls {

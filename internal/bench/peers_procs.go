@@ -20,24 +20,31 @@ import (
 // haproxyConfig is HAProxy 2.6's configuration: balance leastconn;
 // observe layer7 with on-error mark-down takes a server down after
 // error-limit consecutive errors (5xx and timeouts; HAProxy does not count
-// a 429 as an error), and the HTTP health check brings it back; L7 retries
-// (retry-on) on another server (option redispatch 1) for connection
-// failures, response timeouts and 5xx. HAProxy's retry-on has no 429.
-// timeout server is the inactivity budget: the first byte included.
-func haproxyConfig(port int, backends []string, firstByte time.Duration) string {
+// a 429 as an error), and the HTTP health check brings it back; failed
+// connections are retried on another server (option redispatch 1). With
+// l7Retries, response timeouts and 5xx are retried too (retry-on; it has
+// no 429), but a retried 5xx is then not seen by observe layer7. timeout
+// server is the inactivity budget: the first byte included.
+func haproxyConfig(port int, backends []string, firstByte time.Duration, l7Retries bool) string {
+	retryOn := "conn-failure"
+	if l7Retries {
+		retryOn = "conn-failure empty-response response-timeout 500 502 503 504"
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `global
     maxconn 4096
+    log stderr format raw local0 notice
 
 defaults
     mode http
+    log global
     timeout connect 1s
     timeout client 120s
     timeout server %dms
     timeout queue 5s
     retries 2
     option redispatch 1
-    retry-on conn-failure empty-response response-timeout 500 502 503 504
+    retry-on %s
 
 frontend bench
     bind 127.0.0.1:%d
@@ -48,7 +55,7 @@ backend fleet
     option httpchk GET /v1/models
     http-check expect status 200
     default-server check inter 1s fall 3 rise 2 observe layer7 error-limit 5 on-error mark-down
-`, firstByte.Milliseconds(), port)
+`, firstByte.Milliseconds(), retryOn, port)
 	for i, u := range backends {
 		fmt.Fprintf(&b, "    server b%d %s\n", i, strings.TrimPrefix(u, "http://"))
 	}
@@ -102,16 +109,20 @@ http {
 	return b.String()
 }
 
-func (p *peerRun) startHAProxy(ctx context.Context) (string, error) {
+func (p *peerRun) startHAProxy(ctx context.Context, l7Retries bool) (string, error) {
 	port, err := freePort()
 	if err != nil {
 		return "", err
 	}
-	cfg := filepath.Join(p.dir, "haproxy.cfg")
-	if err := os.WriteFile(cfg, []byte(haproxyConfig(port, p.urls, p.s.FirstByte)), 0o644); err != nil {
+	name := "haproxy"
+	if l7Retries {
+		name = "haproxy-retries"
+	}
+	cfg := filepath.Join(p.dir, name+".cfg")
+	if err := os.WriteFile(cfg, []byte(haproxyConfig(port, p.urls, p.s.FirstByte, l7Retries)), 0o644); err != nil {
 		return "", err
 	}
-	if err := p.startProcess(ctx, "haproxy", p.s.HAProxy, "-db", "-f", cfg); err != nil {
+	if err := p.startProcess(ctx, name, p.s.HAProxy, "-db", "-f", cfg); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("http://127.0.0.1:%d", port), nil
@@ -157,6 +168,9 @@ func (p *peerRun) startProcess(ctx context.Context, name, bin string, args ...st
 		case <-time.After(5 * time.Second):
 			cmd.Process.Kill()
 			<-exited
+		}
+		if o := strings.TrimSpace(out.String()); o != "" {
+			p.s.Logf("bench peers: %s said:\n%s", name, o)
 		}
 	})
 	// A configuration error shows within moments.
