@@ -49,7 +49,8 @@
 // are counted in requests only. A closed backend opens on the first rule that
 // fires, in this order:
 //
-//  1. consecutive: ConsecutiveFailures (5) failures in a row, at any volume.
+//  1. consecutive: ConsecutiveFailures (5) failures in a row, at any volume,
+//     or ConsecutiveStalls (2) stalled outcomes within such a run.
 //     ok resets the run; throttled, canceled and client_error neither extend
 //     nor reset it. The run is latched when it reaches the threshold, so an
 //     ok arriving before the next Evaluate does not undo the trip.

@@ -115,7 +115,7 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 		t.b.tripping = true
 		if !a.canOpen(s, open, len(bs)) {
 			a.holdByCap(s, t.b, open, len(bs), t.reason)
-			t.b.runLatched = 0 // the next failure of the run latches again
+			t.b.runLatched, t.b.stallLatch = 0, 0 // the next failure of the run latches again
 			continue
 		}
 		a.openBreaker(p, t.b, now, t.cause, t.reason, t.minOpen, out)
@@ -148,7 +148,12 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 		var want [numCauses]bool
 		var cand []trip
 
-		if b.runLatched > 0 {
+		switch {
+		case b.stallLatch > 0:
+			cand = append(cand, trip{b: b, cause: CauseConsecutive,
+				reason:   fmt.Sprintf("%d stalls in a run of %d failures (no first token within the router's deadline)", b.stallLatch, b.runLatched),
+				severity: float64(b.stallLatch) / float64(s.ConsecutiveStalls)})
+		case b.runLatched > 0:
 			cand = append(cand, trip{b: b, cause: CauseConsecutive,
 				reason:   fmt.Sprintf("%d consecutive failures", b.runLatched),
 				severity: float64(b.runLatched) / float64(s.ConsecutiveFailures)})

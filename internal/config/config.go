@@ -113,6 +113,7 @@ type AnalyzerConfig struct {
 	MinRequests         *int      `yaml:"min_requests"`
 	FailureRate         *float64  `yaml:"failure_rate"`
 	ConsecutiveFailures *int      `yaml:"consecutive_failures"`
+	ConsecutiveStalls   *int      `yaml:"consecutive_stalls"` // stalled outcomes in one run of failures that open a breaker; default 2
 	ThrottleRate        *float64  `yaml:"throttle_rate"`
 	SlowFactor          *float64  `yaml:"slow_factor"`
 	EWMAAlpha           *float64  `yaml:"ewma_alpha"`
@@ -507,6 +508,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"expiry", a.Expiry != nil && a.Expiry.Duration == 0},
 		{"min_requests", a.MinRequests != nil && *a.MinRequests == 0},
 		{"consecutive_failures", a.ConsecutiveFailures != nil && *a.ConsecutiveFailures == 0},
+		{"consecutive_stalls", a.ConsecutiveStalls != nil && *a.ConsecutiveStalls == 0},
 		{"half_open_successes", a.HalfOpenSuccesses != nil && *a.HalfOpenSuccesses == 0},
 		{"failure_rate", a.FailureRate != nil && *a.FailureRate == 0},
 		{"throttle_rate", a.ThrottleRate != nil && *a.ThrottleRate == 0},

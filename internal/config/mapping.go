@@ -41,6 +41,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setDur(&s.Expiry, a.Expiry)
 	setIf(&s.MinRequests, a.MinRequests)
 	setIf(&s.ConsecutiveFailures, a.ConsecutiveFailures)
+	setIf(&s.ConsecutiveStalls, a.ConsecutiveStalls)
 	setIf(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)
 	setIf(&s.RecentMinRequests, a.RecentMinRequests)
 	setIf(&s.FailureRate, a.FailureRate)
