@@ -54,9 +54,14 @@ const (
 
 var peerNames = []string{PeerFleetwatch, PeerHAProxy, PeerHAProxyRetry, PeerNginx}
 
-// balancerHeader tags each request with the index of the balancer it was
-// sent to, so the backends can count attempts per balancer.
-const balancerHeader = "X-Bench-Balancer"
+// balancerHeader and phaseHeader tag each request with the index of the
+// balancer it was sent to and of the phase it was sent in, so the backends
+// count each attempt for its balancer and its request's phase (a retry
+// that reaches a backend after the phase changed still counts for it).
+const (
+	balancerHeader = "X-Bench-Balancer"
+	phaseHeader    = "X-Bench-Phase"
+)
 
 // peerModel is the model (and the pool id) of the benchmark.
 const peerModel = "bench"
@@ -150,13 +155,15 @@ type countingBackend struct {
 	idx    int
 	fake   *fakeai.Server
 	counts *attemptCounts
-	phase  *atomic.Int32
 }
+
+var digits = []string{"0", "1", "2", "3"}
 
 func (c *countingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
-		if b := slices.Index([]string{"0", "1", "2", "3"}, r.Header.Get(balancerHeader)); b >= 0 {
-			c.counts[b][c.phase.Load()][c.idx].Add(1)
+		b, ph := slices.Index(digits, r.Header.Get(balancerHeader)), slices.Index(digits, r.Header.Get(phaseHeader))
+		if b >= 0 && ph >= 0 {
+			c.counts[b][ph][c.idx].Add(1)
 		}
 	}
 	c.fake.ServeHTTP(w, r)
@@ -171,7 +178,6 @@ type peerRun struct {
 	servers []*http.Server
 	urls    []string // backend base URLs
 	counts  attemptCounts
-	phase   atomic.Int32
 	stops   []func() // in reverse order at the end
 }
 
@@ -236,7 +242,7 @@ func (p *peerRun) startBackends() error {
 		if err != nil {
 			return err
 		}
-		hs := &http.Server{Handler: &countingBackend{idx: i, fake: fake, counts: &p.counts, phase: &p.phase}}
+		hs := &http.Server{Handler: &countingBackend{idx: i, fake: fake, counts: &p.counts}}
 		done := make(chan struct{})
 		go func() { defer close(done); hs.Serve(ln) }() // ends at Close
 		p.stops = append(p.stops, func() { hs.Close(); <-done })
@@ -367,9 +373,10 @@ func (p *peerRun) drive(ctx context.Context, urls []string) [][]peerResult {
 			p.enterPhase(ph)
 		}
 		body := fmt.Appendf(nil, `{"model":%q,"stream":true,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
+		phase := current
 		for _, c := range clients {
 			wg.Go(func() {
-				r := c.do(ctx, body, current)
+				r := c.do(ctx, body, phase)
 				mu.Lock()
 				results[c.idx] = append(results[c.idx], r)
 				mu.Unlock()
@@ -395,7 +402,6 @@ func (p *peerRun) enterPhase(ph int) {
 		f.SetBehavior(b)
 	}
 	if ph >= 0 {
-		p.phase.Store(int32(ph))
 		p.s.Logf("bench peers: phase %d: %s", ph+1, peerPhases[ph].name)
 	}
 }
@@ -410,7 +416,8 @@ func (c *peerClient) do(ctx context.Context, body []byte, phase int) peerResult 
 		return res
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(balancerHeader, fmt.Sprint(c.idx))
+	req.Header.Set(balancerHeader, digits[c.idx])
+	req.Header.Set(phaseHeader, digits[phase])
 	resp, err := c.http.Do(req)
 	if err == nil {
 		data, rerr := io.ReadAll(resp.Body)
