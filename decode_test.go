@@ -150,6 +150,8 @@ func TestDecodeValid(t *testing.T) {
 			with(func(e *Event) { e.Status, e.HasStatus, e.Outcome = 200, true, OutcomeError })},
 		{"outcome without status", ev(`"outcome":"canceled"`),
 			with(func(e *Event) { e.Outcome = OutcomeCanceled })},
+		{"stalled extension", ev(`"status":0`, `"outcome":"stalled"`),
+			with(func(e *Event) { e.HasStatus, e.Outcome = true, OutcomeStalled })},
 		{"outcome null derives", ev(`"outcome":null`, `"status":503`),
 			with(func(e *Event) { e.Status, e.HasStatus, e.Outcome = 503, true, OutcomeError })},
 

@@ -44,6 +44,11 @@ func TestAppendEvent(t *testing.T) {
 			`{"v":1,"pool":"p","backend":"b","status":0,"outcome":"canceled"}`,
 		},
 		{
+			"stalled",
+			Event{Pool: "p", Backend: "b", HasStatus: true, Outcome: OutcomeStalled},
+			`{"v":1,"pool":"p","backend":"b","status":0,"outcome":"stalled"}`,
+		},
+		{
 			"zero latencies present",
 			Event{Pool: "p", Backend: "b", Outcome: OutcomeOK, HasTTFT: true, HasDuration: true},
 			`{"v":1,"pool":"p","backend":"b","outcome":"ok","ttft_ms":0,"duration_ms":0}`,

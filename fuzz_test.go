@@ -27,7 +27,7 @@ func FuzzDecode(f *testing.F) {
 		ev(`"ttft_ms":1e309`), ev(`"pool":"a","pool":null`), `{"pool":"meta-llama/Llama-3.1-70B-Instruct","backend":"http://h:1"}`,
 		`[]`, `{`, `{"pool":"p","backend":"b"} x`, "{\"pool\":\"p\",\"backend\":\"\xff\"}", "",
 		ev(`"input_tokens":-0`, `"retry_after_ms":-0`, `"ttft_ms":-0.0`),
-		ev(`"v":2`), ev(`"status":1000`), ev(`"status":200.0`), ev(`"outcome":"x"`), ev(`"outcome":"client_error"`),
+		ev(`"v":2`), ev(`"status":1000`), ev(`"status":200.0`), ev(`"outcome":"x"`), ev(`"outcome":"client_error"`), ev(`"outcome":"stalled"`),
 		ev(`"ts":"2026-02-30T00:00:00Z"`), ev(`"ts":"0000-01-01T00:00:00+01:00"`), ev(`"input_tokens":1.5`),
 		ev(`"output_tokens":9223372036854775808`), ev(`"cold":1`), ev(`"cache_hit":true`, `"cold":null`),
 		ev(`"retry_after_ms":3600001`), ev(`"duration_ms":"5"`), ev(`"prefix":"` + strings.Repeat("x", 129) + `"`),

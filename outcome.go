@@ -15,6 +15,11 @@ const (
 	OutcomeTimeout
 	OutcomeCanceled
 	OutcomeClientError
+	// OutcomeStalled: the backend accepted the request and sent no first
+	// token within the router's first-token deadline (a protocol extension,
+	// docs/PROTOCOL.md "The stalled outcome"). It counts as a failure, like
+	// timeout; it is never derived from a status.
+	OutcomeStalled
 	numOutcomes
 )
 
@@ -30,6 +35,7 @@ var outcomeNames = [...]string{
 	OutcomeTimeout:     "timeout",
 	OutcomeCanceled:    "canceled",
 	OutcomeClientError: "client_error",
+	OutcomeStalled:     "stalled",
 }
 
 // String returns the wire name of o ("ok", "error", ...), or "" for
@@ -74,14 +80,16 @@ func OutcomeFromStatus(status int) Outcome {
 }
 
 // IsFailure reports whether o counts against a backend's success rate
-// (error and timeout).
-func (o Outcome) IsFailure() bool { return o == OutcomeError || o == OutcomeTimeout }
+// (error, timeout and stalled).
+func (o Outcome) IsFailure() bool {
+	return o == OutcomeError || o == OutcomeTimeout || o == OutcomeStalled
+}
 
 // Counted reports whether o counts for or against a backend at all: ok,
-// error, timeout and throttled do; canceled and client_error are visible in
-// metrics only.
+// error, timeout, stalled and throttled do; canceled and client_error are
+// visible in metrics only.
 func (o Outcome) Counted() bool {
-	return o == OutcomeOK || o == OutcomeError || o == OutcomeTimeout || o == OutcomeThrottled
+	return o == OutcomeOK || o.IsFailure() || o == OutcomeThrottled
 }
 
 func validUTF8[T string | []byte](s T) bool {

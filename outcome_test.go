@@ -45,6 +45,7 @@ func TestOutcomeNames(t *testing.T) {
 		{OutcomeTimeout, "timeout", true, true},
 		{OutcomeCanceled, "canceled", false, false},
 		{OutcomeClientError, "client_error", false, false},
+		{OutcomeStalled, "stalled", true, true},
 	}
 	if len(tests) != NumOutcomes-1 {
 		t.Fatalf("table has %d outcomes, the package %d", len(tests), NumOutcomes-1)

@@ -46,6 +46,8 @@ type backend struct {
 
 	run         int // failures in a row while closed
 	runLatched  int // run length that reached ConsecutiveFailures, until Evaluate applies it
+	stalls      int // stalled outcomes in the current run
+	stallLatch  int // stalls that reached ConsecutiveStalls, until Evaluate applies it
 	halfOpenOK  int // ok events in a row while half-open
 	verdict     verdict
 	verdictWait float64 // retry_after_ms of a half-open 429
@@ -146,14 +148,20 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		switch {
 		case outcome.IsFailure():
 			b.run++
-			if b.run >= s.ConsecutiveFailures && b.runLatched == 0 {
+			if outcome == fleetwatch.OutcomeStalled {
+				b.stalls++
+			}
+			if (b.run >= s.ConsecutiveFailures || b.stalls >= s.ConsecutiveStalls) && b.runLatched == 0 {
 				b.runLatched = b.run
+				if b.stalls >= s.ConsecutiveStalls {
+					b.stallLatch = b.stalls
+				}
 				// A backend the ejection cap holds is looked at again at
 				// the heartbeat, not at every failure.
 				return b.holdReason == ""
 			}
 		case outcome == fleetwatch.OutcomeOK:
-			b.run = 0
+			b.run, b.stalls = 0, 0
 		}
 		// throttled, canceled and client_error neither extend nor reset
 		// the run.
@@ -187,7 +195,7 @@ func (b *backend) enter(state fleetwatch.State, now time.Time, reason string) {
 	b.genStart = now
 	b.stateReason = reason
 	b.holdReason = ""
-	b.run, b.runLatched = 0, 0
+	b.run, b.runLatched, b.stalls, b.stallLatch = 0, 0, 0, 0
 	b.halfOpenOK, b.verdict, b.verdictWait = 0, verdictNone, 0
 	if state != fleetwatch.StateOpen {
 		b.openUntil = time.Time{}

@@ -42,12 +42,15 @@
 //
 // # Rules
 //
-// Failures are error and timeout; throttled has its own rate (rate_429 =
-// throttled / (ok + error + timeout + throttled)); canceled and client_error
+// Failures are error, timeout and stalled (a router's first-token deadline
+// ended the attempt: a timeout by another name, docs/PROTOCOL.md); throttled
+// has its own rate (rate_429 = throttled / (ok + error + timeout + stalled +
+// throttled)); canceled and client_error
 // are counted in requests only. A closed backend opens on the first rule that
 // fires, in this order:
 //
-//  1. consecutive: ConsecutiveFailures (5) failures in a row, at any volume.
+//  1. consecutive: ConsecutiveFailures (5) failures in a row, at any volume,
+//     or ConsecutiveStalls (2) stalled outcomes within such a run.
 //     ok resets the run; throttled, canceled and client_error neither extend
 //     nor reset it. The run is latched when it reaches the threshold, so an
 //     ok arriving before the next Evaluate does not undo the trip.
@@ -64,6 +67,8 @@
 // Rules 2 and 3 must also hold on the newest quarter of the window when it
 // has counted requests, so a backend that has recovered is not opened on a
 // history the window keeps for up to a window length (Stats.HeldByRecency).
+// With RecentMinRequests they may also trip on that quarter alone, when the
+// whole window (for rule 3, its newest half) is at least half the threshold.
 // Rule 4 confirms the EWMA with medians because TTFT is heavy-tailed: a
 // request queued behind a 10,000-token generation moves an EWMA with alpha
 // 0.2 by a fifth of its size, and the simulator (docs/EVALUATION.md) showed

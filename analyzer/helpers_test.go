@@ -21,6 +21,7 @@ const (
 	throttled = fleetwatch.OutcomeThrottled
 	canceled  = fleetwatch.OutcomeCanceled
 	clientErr = fleetwatch.OutcomeClientError
+	stalled   = fleetwatch.OutcomeStalled
 )
 
 // event returns an event of backend b in pool p at ts; ok events carry

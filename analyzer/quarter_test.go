@@ -11,12 +11,18 @@ import (
 // TestRecentQuarterTrip: the failure-rate and 429 rules trip on the newest
 // quarter of the window (7 of 30 buckets) alone when it holds
 // RecentMinRequests counted requests past the threshold and the whole
-// window is at least half the threshold.
+// window (for 429s: the newest half of it) is at least half the threshold.
 func TestRecentQuarterTrip(t *testing.T) {
 	evalAt := at(10 * time.Second)
 	// history: x was healthy for 15 s; the newest quarter is [4s, 10s].
 	history := func(n int) []fleetwatch.Event {
 		return series("p", "x", ok, n, at(-15*time.Second), 15*time.Second, 200)
+	}
+	recentHistory := func(n int) []fleetwatch.Event {
+		return series("p", "x", ok, n, at(-3*time.Second), 3*time.Second, 200)
+	}
+	oldHistory := func(n int) []fleetwatch.Event {
+		return series("p", "x", ok, n, at(-20*time.Second), 15*time.Second, 200)
 	}
 	recent := func(n int, outcomes ...fleetwatch.Outcome) []fleetwatch.Event {
 		return alternate("p", "x", n, at(4*time.Second), 6*time.Second, 200, outcomes...)
@@ -58,8 +64,22 @@ func TestRecentQuarterTrip(t *testing.T) {
 		},
 		{
 			name:   "the whole window must be at least half the threshold",
-			events: concat(healthy(200, "a", "b"), history(80), recent(20, throttled)),
+			events: concat(healthy(200, "a", "b"), history(80), recent(20, fail, fail, fail, fail, ok)),
 			want:   want{State: fleetwatch.StateClosed},
+		},
+		{
+			// 70 ok in [-3s, 0s) and 20 429s: 0.22 over the newest 14s.
+			name:   "for 429s the newest half must be at least half the threshold",
+			events: concat(healthy(200, "a", "b"), recentHistory(70), recent(20, throttled)),
+			want:   want{State: fleetwatch.StateClosed},
+		},
+		{
+			// 200 ok in [-20s, -5s): 0.09 over the window, 1.00 over the
+			// newest 14s. The earlier traffic no longer delays the trip.
+			name:   "for 429s the newest half stands in for the whole window",
+			events: concat(healthy(200, "a", "b"), oldHistory(200), recent(20, throttled)),
+			want: want{State: fleetwatch.StateOpen, Cause: CauseThrottled,
+				Reason: "429 rate 1.00 >= 0.50 over the newest 7s (20 requests; 1.00 over the newest 14s)"},
 		},
 		{
 			name:   "a quarter below the threshold does not trip",

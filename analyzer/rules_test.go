@@ -56,9 +56,10 @@ func TestTripRules(t *testing.T) {
 	}
 	evalAt := at(10 * time.Second)
 	tests := []struct {
-		name   string
-		events []fleetwatch.Event
-		want   want
+		name     string
+		settings Settings
+		events   []fleetwatch.Event
+		want     want
 	}{
 		{
 			name:   "one failure of three requests never opens",
@@ -81,6 +82,40 @@ func TestTripRules(t *testing.T) {
 			events: concat(healthy(200, "a", "b"), series("p", "x", timeout, 5, t0, 5*time.Second, 0)),
 			want: want{State: fleetwatch.StateOpen, Cause: CauseConsecutive, Reason: "5 consecutive failures",
 				OpenFor: 30 * time.Second, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+		},
+		{
+			name:     "stalls are failures, like timeouts",
+			settings: Settings{ConsecutiveStalls: 9},
+			events:   concat(healthy(200, "a", "b"), series("p", "x", stalled, 5, t0, 5*time.Second, 0)),
+			want: want{State: fleetwatch.StateOpen, Cause: CauseConsecutive, Reason: "5 consecutive failures",
+				OpenFor: 30 * time.Second, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+		},
+		{
+			name: "two stalls in a run of failures open",
+			events: concat(healthy(200, "a", "b"),
+				alternate("p", "x", 3, t0, 3*time.Second, 0, stalled, fail, stalled)),
+			want: want{State: fleetwatch.StateOpen, Cause: CauseConsecutive,
+				Reason:  "2 stalls in a run of 3 failures (no first token within the router's deadline)",
+				OpenFor: 30 * time.Second, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+		},
+		{
+			name: "an ok between two stalls ends the run",
+			events: concat(healthy(200, "a", "b"),
+				alternate("p", "x", 3, t0, 3*time.Second, 200, stalled, ok, stalled)),
+			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+		},
+		{
+			name:     "consecutive_stalls 3",
+			settings: Settings{ConsecutiveStalls: 3},
+			events: concat(healthy(200, "a", "b"),
+				alternate("p", "x", 2, t0, 2*time.Second, 0, stalled, stalled)),
+			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+		},
+		{
+			name:   "stalls count in the failure rate",
+			events: concat(healthy(200, "a", "b"), alternate("p", "x", 24, t0, 10*time.Second, 200, stalled, ok)),
+			want: want{State: fleetwatch.StateOpen, Cause: CauseFailureRate,
+				Reason: "error rate 0.50 >= 0.50 over 24 requests in 30s", OpenFor: 30 * time.Second, HeldGate: map[string]uint64{}},
 		},
 		{
 			name: "an ok resets the run",
@@ -196,7 +231,7 @@ func TestTripRules(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
+			a := newAnalyzer(t, Config{Settings: noJitter(tt.settings)})
 			a.Observe(tt.events)
 			ev := a.Evaluate(evalAt)
 			d := backendOf(t, a, "p", "x", evalAt)

@@ -13,7 +13,7 @@ import (
 func TestSettingsWithDefaults(t *testing.T) {
 	want := Settings{
 		Window: 30 * time.Second, Bucket: time.Second, MinRequests: 20, FailureRate: 0.5,
-		ConsecutiveFailures: 5, ThrottleRate: 0.5, SlowFactor: 5, EWMAAlpha: 0.2,
+		ConsecutiveFailures: 5, ConsecutiveStalls: 2, ThrottleRate: 0.5, SlowFactor: 5, EWMAAlpha: 0.2,
 		IdleGap: 5 * time.Minute, OpenBase: 30 * time.Second, OpenMax: 5 * time.Minute,
 		OpenJitter: 0.1, HalfOpenWeight: 0.05, HalfOpenSuccesses: 5, MaxOpenFraction: 0.5,
 		Heartbeat: time.Second, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,
@@ -62,6 +62,7 @@ func TestSettingsValidate(t *testing.T) {
 		{"failure_rate above 1", Settings{FailureRate: 1.5}, "analyzer.failure_rate"},
 		{"failure_rate of 1 is valid", Settings{FailureRate: 1}, ""},
 		{"negative consecutive_failures", Settings{ConsecutiveFailures: -2}, "analyzer.consecutive_failures"},
+		{"negative consecutive_stalls", Settings{ConsecutiveStalls: -1}, "analyzer.consecutive_stalls"},
 		{"negative throttle_rate", Settings{ThrottleRate: -0.1}, "analyzer.throttle_rate"},
 		{"slow_factor of at most 1", Settings{SlowFactor: 0.9}, "analyzer.slow_factor"},
 		{"ewma_alpha above 1", Settings{EWMAAlpha: 2}, "analyzer.ewma_alpha"},

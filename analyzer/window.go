@@ -175,14 +175,14 @@ func (w *window) reset() {
 type windowStats struct {
 	counts     [fleetwatch.NumOutcomes]uint64
 	requests   uint64 // all outcomes
-	counted    uint64 // ok + error + timeout + throttled
+	counted    uint64 // ok + error + timeout + stalled + throttled
 	maxRetryMs float64
 }
 
 func (s *windowStats) ok() uint64        { return s.counts[fleetwatch.OutcomeOK] }
 func (s *windowStats) throttled() uint64 { return s.counts[fleetwatch.OutcomeThrottled] }
 func (s *windowStats) failures() uint64 {
-	return s.counts[fleetwatch.OutcomeError] + s.counts[fleetwatch.OutcomeTimeout]
+	return s.counts[fleetwatch.OutcomeError] + s.counts[fleetwatch.OutcomeTimeout] + s.counts[fleetwatch.OutcomeStalled]
 }
 
 // successRate is ok / (ok + error + timeout); ok is false when that is 0/0.

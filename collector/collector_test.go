@@ -414,6 +414,7 @@ func TestMetricsPreregistered(t *testing.T) {
 		`fleetwatch_ingest_messages_total 0`,
 		`fleetwatch_ingest_events_total{outcome="ok"} 0`,
 		`fleetwatch_ingest_events_total{outcome="client_error"} 0`,
+		`fleetwatch_ingest_events_total{outcome="stalled"} 0`,
 		`fleetwatch_ingest_rejects_total{reason="bad_json"} 0`,
 		`fleetwatch_ingest_rejects_total{reason="bad_version"} 0`,
 		`fleetwatch_ingest_skewed_total 0`,

@@ -22,6 +22,9 @@ func init() {
 // batches, and the latency from a tripping event's publish to the snapshot
 // that shows the breaker open (internal/bench).
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 && args[0] == "peers" { // real balancers side by side (bench_peers.go)
+		return runBenchPeers(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)

@@ -100,7 +100,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	rt, err := route.New(route.Settings{
+	rt, err := route.New(cfg.RouteSettings(route.Settings{
 		Pools:         pools,
 		HeaderTimeout: o.headerTimeout,
 		MaxAttempts:   o.maxAttempts,
@@ -111,7 +111,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Publisher:     events,
 		Metrics:       set,
 		Logf:          logf,
-	})
+	}))
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}

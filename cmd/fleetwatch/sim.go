@@ -38,6 +38,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	policies := fs.String("policies", "", "comma-separated policies to compare instead of each scenario's own")
 	routers := fs.Int("routers", 0, "routers sharing the traffic in every scenario (for example 1, 4, 16, 64); 0 keeps each scenario's")
 	feedPeriod := fs.Duration("feed-period", 0, "period of the analyzer's evaluations and snapshots (and of the published backend loads); 0 keeps 1s")
+	stallFloor := fs.Duration("stall-floor", 0, "the feed-following routers' first-token deadline floor (route's stall_floor); 0 keeps 10s, negative turns the deadline off")
 	detection := fs.Bool("detection", false, "also print breaker openings and the time to open the watched backend, per seed")
 	variants := fs.Bool("variants", false, "also run the picker's score variants and the default-analyzer variant: "+strings.Join(simVariants, ", "))
 	fs.Usage = func() {
@@ -78,6 +79,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		if *feedPeriod > 0 {
 			scenarios[i].FeedPeriod = *feedPeriod
+		}
+		if *stallFloor != 0 {
+			scenarios[i].StallFloor = *stallFloor
 		}
 		switch {
 		case *policies != "":

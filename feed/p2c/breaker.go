@@ -37,7 +37,7 @@ const (
 // localBreakerFailure reports whether an outcome counts as a failure for
 // the local breaker.
 func localBreakerFailure(o fleetwatch.Outcome) bool {
-	return o == fleetwatch.OutcomeError || o == fleetwatch.OutcomeTimeout || o == fleetwatch.OutcomeThrottled
+	return o.IsFailure() || o == fleetwatch.OutcomeThrottled
 }
 
 // localOutcome feeds one outcome to l's breaker.

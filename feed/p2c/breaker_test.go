@@ -39,9 +39,9 @@ func TestLocalBreakerStates(t *testing.T) {
 	finishOn(t, p, "a", fleetwatch.OutcomeError) // a straggler while open: no effect
 	step()                                       // open
 	c.Advance(time.Second)
-	step()                                       // half-open after 10s
-	finishOn(t, p, "a", fleetwatch.OutcomeError) // the probe fails: 20s
-	step()                                       // open
+	step()                                         // half-open after 10s
+	finishOn(t, p, "a", fleetwatch.OutcomeStalled) // the probe stalls: 20s
+	step()                                         // open
 	c.Advance(19 * time.Second)
 	step() // still open
 	c.Advance(time.Second)

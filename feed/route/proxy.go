@@ -62,13 +62,14 @@ func prefixHash(b []byte) uint64 {
 
 // attempt is one try of a request against one backend.
 type attempt struct {
-	pool      *pool
-	backend   *backend
-	choice    p2c.Choice // finished by finish
-	cold      bool
-	n         int // 0 for the first attempt
-	sent      time.Time
-	headersAt time.Time // when the response headers (or the error) came
+	pool       *pool
+	backend    *backend
+	choice     p2c.Choice // finished by finish
+	cold       bool
+	n          int // 0 for the first attempt
+	sent       time.Time
+	headersAt  time.Time // when the response headers (or the error) came
+	firstToken time.Time // when a stream's first content event came, if read ahead (deadline.go)
 }
 
 func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
@@ -118,7 +119,20 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 			rt.metrics.retry(pool.id).Inc()
 		}
 		a := &attempt{pool: pool, backend: be, choice: choice, cold: be.markUsed(rt.now(), rt.idleGap), n: n}
-		resp, err := rt.send(ctx, r, body, a)
+		stall := rt.watchStall(ctx, pool)
+		resp, err := rt.send(stall.ctx, r, body, a)
+		if err == nil {
+			err = rt.awaitFirstToken(resp, a, stall)
+		} else if stall.stalled() {
+			err = ErrStalled
+		}
+		if errors.Is(err, ErrStalled) {
+			if resp != nil {
+				resp.Body.Close()
+				resp = nil
+			}
+			a.headersAt = rt.now()
+		}
 		ev := rt.event(a, prefix)
 		failed := rt.classify(ctx, resp, err, a, &ev)
 		if failed && ctx.Err() == nil && n+1 < rt.maxAttempts && len(pool.backends) > 1 {
@@ -140,17 +154,21 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 					io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 					resp.Body.Close()
 				}
+				stall.end()
 				choice = next
 				continue
 			}
 			rt.answerFailure(w, r, a, resp, err)
+			stall.end()
 			return
 		}
 		if resp == nil || failed {
 			rt.finish(a, &ev)
 			rt.answerFailure(w, r, a, resp, err)
+			stall.end()
 			return
 		}
+		defer stall.end() // after the body: deliver may abort the handler
 		rt.deliver(ctx, w, resp, a, &ev)
 		return
 	}
@@ -250,6 +268,8 @@ func (rt *Router) classify(ctx context.Context, resp *http.Response, err error, 
 		case ctx.Err() != nil: // the client went away
 			ev.Outcome = fleetwatch.OutcomeCanceled
 			return false
+		case errors.Is(err, ErrStalled):
+			ev.Outcome = fleetwatch.OutcomeStalled
 		case isTimeout(err):
 			ev.Outcome = fleetwatch.OutcomeTimeout
 		default:
@@ -274,7 +294,7 @@ func (rt *Router) classify(ctx context.Context, resp *http.Response, err error, 
 // response header timeout).
 func isTimeout(err error) bool {
 	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrStalled) || (errors.As(err, &ne) && ne.Timeout())
 }
 
 // answerFailure gives the client the last failure when no retry follows:
@@ -332,6 +352,9 @@ func (rt *Router) deliver(ctx context.Context, w http.ResponseWriter, resp *http
 		copyErr, readErr = plainCopy(w, resp.Body, &meta)
 	}
 	end := rt.now()
+	if !a.firstToken.IsZero() {
+		meta.firstContent = a.firstToken // read ahead by awaitFirstToken
+	}
 	ev.Outcome = fleetwatch.OutcomeFromStatus(resp.StatusCode)
 	switch {
 	case ctx.Err() != nil || copyErr != nil:

@@ -13,8 +13,9 @@
 // breakers (p2c.Settings.LocalFailures) keep a backend that fails at once
 // from drawing the traffic its empty queue would win.
 //
-// Connect errors, 5xx and 429 are retried on another backend while the
-// client has seen nothing, within the pool's retry budget and MaxAttempts;
+// Connect errors, 5xx, 429 and stalls (no first token within the
+// first-token deadline, see deadline.go; outcome stalled) are retried on
+// another backend while the client has seen nothing, within the pool's retry budget and MaxAttempts;
 // never once a byte has gone to the client. A backend that breaks off
 // mid-answer makes the router drop the client's connection too (as
 // net/http/httputil.ReverseProxy does). When every backend is open
@@ -36,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -143,6 +145,16 @@ type Settings struct {
 	// Transport is nil (a timeout outcome, retried). If zero, the router
 	// waits as long as the client does.
 	HeaderTimeout time.Duration
+	// StallFloor and StallMultiple set the first-token deadline of every
+	// attempt: max(StallFloor, StallMultiple x the pool's p95 TTFT, the
+	// largest p95_ttft_ms of its backends not open in the decision
+	// applied: PoolP95TTFT). An
+	// attempt without its first token by then is ended, reported stalled
+	// and retried elsewhere if nothing reached the client (deadline.go).
+	// If StallFloor is zero, DefaultStallFloor (10s); negative turns the
+	// deadline off. If StallMultiple is zero, DefaultStallMultiple (4).
+	StallFloor    time.Duration
+	StallMultiple float64
 	// MaxAttempts is the number of attempts per request, the first
 	// included (retries also need the pool's retry budget). If zero, 3;
 	// 1 disables retries.
@@ -212,19 +224,21 @@ type Router struct {
 	models  []string         // every routable model, for GET /v1/models
 	single  *pool            // the only pool, when there is exactly one
 
-	client       *http.Client
-	ownTransport *http.Transport // nil when Settings.Transport was given
-	events       Publisher
-	source       string
-	prefixFrom   string
-	maxAttempts  int
-	idleGap      time.Duration
-	maxBody      int64
-	metrics      *routerMetrics
-	now          func() time.Time
-	logf         func(format string, args ...any)
-	rewrite      func(*http.Request, Attempt)
-	errorHandler func(http.ResponseWriter, *http.Request, error)
+	client        *http.Client
+	ownTransport  *http.Transport // nil when Settings.Transport was given
+	events        Publisher
+	source        string
+	prefixFrom    string
+	maxAttempts   int
+	idleGap       time.Duration
+	stallFloor    time.Duration // <= 0: no first-token deadline
+	stallMultiple float64
+	maxBody       int64
+	metrics       *routerMetrics
+	now           func() time.Time
+	logf          func(format string, args ...any)
+	rewrite       func(*http.Request, Attempt)
+	errorHandler  func(http.ResponseWriter, *http.Request, error)
 
 	closed atomic.Bool
 	rngs   sync.Pool // *rand.Rand: p2c.Rand is not safe for concurrent use
@@ -265,6 +279,20 @@ func New(s Settings) (*Router, error) {
 	}
 	if rt.source == "" {
 		rt.source = "route"
+	}
+	switch {
+	case s.StallFloor == 0:
+		rt.stallFloor = DefaultStallFloor
+	case s.StallFloor > 0:
+		rt.stallFloor = s.StallFloor
+	}
+	switch {
+	case s.StallMultiple == 0:
+		rt.stallMultiple = DefaultStallMultiple
+	case s.StallMultiple > 0 && !math.IsInf(s.StallMultiple, 1):
+		rt.stallMultiple = s.StallMultiple
+	default:
+		return nil, fmt.Errorf("%w: StallMultiple = %v: must be > 0 and finite", ErrConfig, s.StallMultiple)
 	}
 	if rt.idleGap <= 0 {
 		rt.idleGap = 5 * time.Minute

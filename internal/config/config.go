@@ -40,6 +40,7 @@ type Config struct {
 	Analyzer AnalyzerConfig `yaml:"analyzer"`
 	Limits   LimitsConfig   `yaml:"limits"`
 	Pools    []PoolConfig   `yaml:"pools"`
+	Route    RouteConfig    `yaml:"route"`
 	Ingest   IngestConfig   `yaml:"ingest"`
 	Probes   ProbesConfig   `yaml:"probes"`
 	Review   ReviewConfig   `yaml:"review"`
@@ -189,6 +190,7 @@ type AnalyzerConfig struct {
 	MinRequests         *int      `yaml:"min_requests"`
 	FailureRate         *float64  `yaml:"failure_rate"`
 	ConsecutiveFailures *int      `yaml:"consecutive_failures"`
+	ConsecutiveStalls   *int      `yaml:"consecutive_stalls"` // stalled outcomes in one run of failures that open a breaker; default 2
 	ThrottleRate        *float64  `yaml:"throttle_rate"`
 	SlowFactor          *float64  `yaml:"slow_factor"`
 	EWMAAlpha           *float64  `yaml:"ewma_alpha"`
@@ -279,6 +281,13 @@ type ProbesConfig struct {
 type ReviewConfig struct {
 	Schedule string `yaml:"schedule"` // cron spec; default "0 9 * * 1-5"
 	Dir      string `yaml:"dir"`      // default <data>/reviews
+}
+
+// RouteConfig is the `route` block: what `fleetwatch route` (feed/route)
+// takes from the file besides the pools.
+type RouteConfig struct {
+	StallFloor    *Duration `yaml:"stall_floor"`    // first-token deadline floor; default 10s, negative: no deadline
+	StallMultiple *float64  `yaml:"stall_multiple"` // deadline = max(floor, this x the pool's p95 TTFT); default 4
 }
 
 // Duration is a time.Duration written as a Go duration string in YAML.
@@ -540,6 +549,12 @@ func (c *Config) validate(lines map[string]int, file string) error {
 	if c.Ingest.Durable && c.NATS.NoJetStream {
 		return fail("ingest.durable", "true: the durable intake needs JetStream (nats.no_jetstream is true)")
 	}
+	if v := c.Route.StallFloor; v != nil && v.Duration == 0 {
+		return fail("route.stall_floor", "0s: must be > 0 (negative turns the first-token deadline off)")
+	}
+	if v := c.Route.StallMultiple; v != nil && (!(*v > 0) || math.IsInf(*v, 0)) {
+		return fail("route.stall_multiple", "%v: must be a finite number > 0", *v)
+	}
 	if c.Probes.Timeout != nil && c.Probes.Timeout.Duration <= 0 {
 		return fail("probes.timeout", "%v: must be > 0", c.Probes.Timeout.Duration)
 	}
@@ -601,6 +616,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"load_max_age", a.LoadMaxAge != nil && a.LoadMaxAge.Duration == 0},
 		{"min_requests", a.MinRequests != nil && *a.MinRequests == 0},
 		{"consecutive_failures", a.ConsecutiveFailures != nil && *a.ConsecutiveFailures == 0},
+		{"consecutive_stalls", a.ConsecutiveStalls != nil && *a.ConsecutiveStalls == 0},
 		{"half_open_successes", a.HalfOpenSuccesses != nil && *a.HalfOpenSuccesses == 0},
 		{"failure_rate", a.FailureRate != nil && *a.FailureRate == 0},
 		{"throttle_rate", a.ThrottleRate != nil && *a.ThrottleRate == 0},

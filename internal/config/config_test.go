@@ -85,6 +85,8 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		{"negative choices", "pools:\n  - id: a\n    choices: -2\n", "pools[0].choices", 3},
 		{"zero load_stale", "pools:\n  - id: a\n    load_stale: 0s\n", "pools[0].load_stale", 3},
 		{"negative priority", "pools:\n  - id: a\n    backends:\n      - id: b\n        priority: -1\n", "pools[0].backends[0].priority", 5},
+		{"zero stall floor", "route:\n  stall_floor: 0s\n", "route.stall_floor", 2},
+		{"negative stall multiple", "route:\n  stall_multiple: -4\n", "route.stall_multiple", 2},
 		{"bad cron", "probes:\n  schedule: every now and then\n", "probes.schedule", 2},
 		{"bad review cron", "review:\n  schedule: \"61 * * * *\"\n", "review.schedule", 2},
 		{"bad prefix", "prefix: \"fw..x\"\n", "prefix", 1},

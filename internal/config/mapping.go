@@ -42,6 +42,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setDur(&s.LoadMaxAge, a.LoadMaxAge)
 	setIf(&s.MinRequests, a.MinRequests)
 	setIf(&s.ConsecutiveFailures, a.ConsecutiveFailures)
+	setIf(&s.ConsecutiveStalls, a.ConsecutiveStalls)
 	setIf(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)
 	setIf(&s.RecentMinRequests, a.RecentMinRequests)
 	setIf(&s.FailureRate, a.FailureRate)

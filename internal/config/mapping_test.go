@@ -27,6 +27,7 @@ type mapped struct {
 	Route     []route.Pool
 	Scrape    ScrapeSettings
 	Upstreams []UpstreamConfig // the ingest adapters' mapping
+	RouteSet  route.Settings   // the route block (first-token deadline)
 	Direct    map[string]any
 }
 
@@ -101,6 +102,7 @@ func mapAll(c *Config) mapped {
 		Route:     c.RoutePools(env, p2c.Settings{}),
 		Scrape:    c.ScrapeSettings(),
 		Upstreams: c.IngestUpstreams(),
+		RouteSet:  c.RouteSettings(route.Settings{}),
 		Direct:    map[string]any{},
 	}
 	for k, f := range directKeys {

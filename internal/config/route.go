@@ -63,3 +63,16 @@ func scoreNames() string {
 	}
 	return strings.Join(names, ", ")
 }
+
+// RouteSettings returns s with what the file's route block sets: the
+// first-token deadline (StallFloor, StallMultiple). Keys the file leaves
+// out keep s's values (zero: route's defaults).
+func (c *Config) RouteSettings(s route.Settings) route.Settings {
+	if v := c.Route.StallFloor; v != nil {
+		s.StallFloor = v.Duration
+	}
+	if v := c.Route.StallMultiple; v != nil {
+		s.StallMultiple = *v
+	}
+	return s
+}

@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
+	"github.com/fleetwatch/fleetwatch/feed/route"
 )
 
 // ms_per_cost_unit reaches the pool's picker as the score's exchange rate
@@ -60,5 +63,31 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
 	}
 	if plain.Score.Rank != nil || plain.Choices != 5 || plain.LoadStale != 0 {
 		t.Errorf("plain pool's picker: score %q, choices %d, load_stale %v; want the caller's", plain.Score.Name, plain.Choices, plain.LoadStale)
+	}
+}
+
+// The route block's deadline keys reach route.Settings; absent, the
+// caller's values stay (zero: route's defaults).
+func TestRouteSettingsStallDeadline(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		want       route.Settings
+	}{
+		{"absent", "prefix: fw\n", route.Settings{MaxAttempts: 2}},
+		{"both", "route:\n  stall_floor: 3s\n  stall_multiple: 6\n",
+			route.Settings{MaxAttempts: 2, StallFloor: 3 * time.Second, StallMultiple: 6}},
+		{"off", "route:\n  stall_floor: -1s\n", route.Settings{MaxAttempts: 2, StallFloor: -time.Second}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.yaml), "fw.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := c.RouteSettings(route.Settings{MaxAttempts: 2})
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("settings (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

@@ -21,6 +21,7 @@ const (
 	evUrgent                          // an evaluation asked for by Observe
 	evSample                          // occupancy sampling
 	evDrift                           // the drift probe detects a changed artefact
+	evStall                           // the router's first-token deadline (stall.go)
 )
 
 // event is one entry of the event queue; ties in time go by seq, so a run

@@ -58,6 +58,8 @@ type sim struct {
 
 	m      metrics
 	events int64
+
+	stallP95 float64 // the pool's p95 TTFT in the latest snapshot, for the deadline (stall.go)
 }
 
 // Run simulates sc under policy with seed and returns the measurements. The
@@ -199,6 +201,8 @@ func (s *sim) run() {
 			s.finishService(e.att)
 		case evTimeout:
 			s.timeoutAttempt(e.att)
+		case evStall:
+			s.stallAttempt(e.att)
 		case evHeartbeat:
 			s.heartbeat()
 			s.schedule(event{at: s.now + s.feedMs, kind: evHeartbeat})
@@ -327,6 +331,9 @@ func (s *sim) admit(att *attempt) {
 		return
 	}
 	s.schedule(event{at: att.sent + s.timeout, kind: evTimeout, att: att})
+	if d := s.stallDeadlineMs(); d > 0 && d < s.timeout {
+		s.schedule(event{at: att.sent + d, kind: evStall, att: att})
+	}
 }
 
 // answer schedules an immediate answer (an error or a 429) after delayMs.
@@ -411,7 +418,11 @@ func (s *sim) finishService(att *attempt) {
 	s.complete(att)
 }
 
-func (s *sim) timeoutAttempt(att *attempt) {
+func (s *sim) timeoutAttempt(att *attempt) { s.endAttempt(att, 504, fleetwatch.OutcomeTimeout) }
+
+// endAttempt ends an attempt that has no first token yet (the client's
+// timeout, the router's first-token deadline) with status and outcome.
+func (s *sim) endAttempt(att *attempt, status int, outcome fleetwatch.Outcome) {
 	if att.done || (att.gotFirst && att.firstToken <= s.now) {
 		return // answered, or streaming: the timeout is on the first token
 	}
@@ -423,7 +434,7 @@ func (s *sim) timeoutAttempt(att *attempt) {
 	case att.inSlot:
 		s.release(be)
 	}
-	att.status, att.outcome = 504, fleetwatch.OutcomeTimeout
+	att.status, att.outcome = status, outcome
 	s.complete(att)
 }
 
@@ -521,6 +532,7 @@ func (s *sim) evaluate() {
 	}
 	for i := range ev.Snapshots {
 		snap := s.withFleetLoad(&ev.Snapshots[i])
+		s.stallP95 = poolP95(snap)
 		for _, rt := range s.routers {
 			rt.update(snap)
 		}

@@ -33,6 +33,14 @@ type Scenario struct {
 	// ClientTimeout fails an attempt with no first token after this long.
 	// If zero, 30s is used.
 	ClientTimeout time.Duration
+	// StallFloor and StallMultiple are the first-token deadline of the
+	// routers that follow the feed (feed/route's, stall.go): an attempt
+	// without a first token after max(StallFloor, StallMultiple x the
+	// pool's p95 TTFT in the latest snapshot) ends as stalled. If zero, 10s
+	// and 4 (route's defaults); a negative StallFloor turns it off (the
+	// router before the deadline). The command's --stall-floor sets it.
+	StallFloor    time.Duration
+	StallMultiple float64
 	// Policies are the policies compared. If empty, StandardPolicies.
 	Policies []string
 	// Watch names a backend whose share of attempts between WatchFrom and

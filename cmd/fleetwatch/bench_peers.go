@@ -1,0 +1,54 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/bench"
+)
+
+// runBenchPeers is `fleetwatch bench peers`: fleetwatch's router, HAProxy
+// and nginx side by side in front of the same fake backends, on the same
+// traffic, through one incident script (internal/bench, RunPeers). It
+// prints a Markdown table (docs/EVALUATION.md "Real peers").
+func runBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("bench peers", flag.ContinueOnError)
+	var s bench.PeersSettings
+	fs.StringVar(&s.HAProxy, "haproxy", "/usr/sbin/haproxy", "the HAProxy binary")
+	fs.StringVar(&s.Nginx, "nginx", "/usr/sbin/nginx", "the nginx binary")
+	fs.DurationVar(&s.Phase, "phase", 30*time.Second, "length of each of the four phases (healthy, 500s, 429s, stall)")
+	fs.Float64Var(&s.Rate, "rate", 20, "requests per second sent to each balancer")
+	fs.DurationVar(&s.FirstByte, "first-byte", 10*time.Second, "every balancer's budget for a backend's first byte (route's stall_floor, HAProxy's timeout server, nginx's proxy_read_timeout)")
+	fs.DurationVar(&s.ClientTimeout, "client-timeout", 30*time.Second, "the load generator's timeout per request")
+	out := fs.String("out", "", "also write the table to this file")
+	verbose := fs.Bool("v", false, "log progress to stderr")
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "fleetwatch bench peers: unexpected argument %q\n", fs.Arg(0))
+		return errUsage
+	}
+	if *verbose {
+		s.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }
+	}
+	r, err := bench.RunPeers(ctx, s)
+	if err != nil {
+		return err
+	}
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := r.WriteMarkdown(f); err != nil {
+			return err
+		}
+	}
+	return r.WriteMarkdown(stdout)
+}

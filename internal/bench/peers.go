@@ -1,0 +1,529 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+	"github.com/fleetwatch/fleetwatch/feed/route"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/serve"
+)
+
+// The peers benchmark: real balancers side by side on the same real
+// traffic. Four fake OpenAI-compatible backends (internal/fakeai) sit
+// behind four balancers at once: fleetwatch's router (feed/route, fed by
+// serve's analyzer over an embedded NATS server, as `fleetwatch route` and
+// `fleetwatch serve` run it), HAProxy (balance leastconn, observe layer7,
+// on-error mark-down), the same HAProxy with L7 retries, and nginx
+// (least_conn, max_fails). One load generator
+// sends every request to each balancer at the same instant, through one
+// incident script: a healthy phase, then one backend failing fast with
+// 500s, then another answering 429, then a third stalling (accepting and
+// never answering). Each backend counts the attempts of each balancer (the
+// load generator tags requests with a header the balancers pass on), so
+// the broken backend's share of attempts is measured per balancer.
+
+// Balancer names, in report order.
+const (
+	PeerFleetwatch = "fleetwatch route"
+	PeerHAProxy    = "HAProxy"
+	// PeerHAProxyRetry is HAProxy with L7 retries (retry-on) as well: its
+	// retries hide the 5xx answers from observe layer7, which then never
+	// marks the failing server down.
+	PeerHAProxyRetry = "HAProxy + L7 retries"
+	PeerNginx        = "nginx"
+)
+
+var peerNames = []string{PeerFleetwatch, PeerHAProxy, PeerHAProxyRetry, PeerNginx}
+
+// balancerHeader and phaseHeader tag each request with the index of the
+// balancer it was sent to and of the phase it was sent in, so the backends
+// count each attempt for its balancer and its request's phase (a retry
+// that reaches a backend after the phase changed still counts for it).
+const (
+	balancerHeader = "X-Bench-Balancer"
+	phaseHeader    = "X-Bench-Phase"
+)
+
+// peerModel is the model (and the pool id) of the benchmark.
+const peerModel = "bench"
+
+// PeersSettings configure RunPeers. The zero value runs the full script
+// (four phases of 30 s) against /usr/sbin/haproxy and /usr/sbin/nginx.
+type PeersSettings struct {
+	// HAProxy and Nginx are the binaries. If empty, /usr/sbin/haproxy and
+	// /usr/sbin/nginx.
+	HAProxy, Nginx string
+	// Phase is the length of each of the four phases. If zero, 30s.
+	Phase time.Duration
+	// Rate is the requests per second sent to each balancer. If zero, 20.
+	Rate float64
+	// FirstByte is the time every balancer gives a backend to start
+	// answering: fleetwatch's route.stall_floor, HAProxy's timeout server,
+	// nginx's proxy_read_timeout. If zero, 10s (route's default floor).
+	FirstByte time.Duration
+	// ClientTimeout is the load generator's timeout per request. If zero,
+	// 30s.
+	ClientTimeout time.Duration
+	// Logf receives progress messages. If nil, nothing is logged.
+	Logf func(format string, args ...any)
+}
+
+func (s PeersSettings) withDefaults() PeersSettings {
+	if s.HAProxy == "" {
+		s.HAProxy = "/usr/sbin/haproxy"
+	}
+	if s.Nginx == "" {
+		s.Nginx = "/usr/sbin/nginx"
+	}
+	if s.Phase <= 0 {
+		s.Phase = 30 * time.Second
+	}
+	if s.Rate <= 0 {
+		s.Rate = 20
+	}
+	if s.FirstByte <= 0 {
+		s.FirstByte = 10 * time.Second
+	}
+	if s.ClientTimeout <= 0 {
+		s.ClientTimeout = 30 * time.Second
+	}
+	if s.Logf == nil {
+		s.Logf = func(string, ...any) {}
+	}
+	return s
+}
+
+// peerPhase is one phase of the incident script: broken is the backend
+// that misbehaves (-1: none) and how.
+type peerPhase struct {
+	name   string
+	broken int
+	break_ func(fakeai.Behavior) fakeai.Behavior
+}
+
+var peerPhases = []peerPhase{
+	{name: "healthy", broken: -1},
+	{name: "b1 fails fast (500)", broken: 1, break_: func(b fakeai.Behavior) fakeai.Behavior { b.InstantError = true; return b }},
+	{name: "b2 answers 429", broken: 2, break_: func(b fakeai.Behavior) fakeai.Behavior { b.ThrottleRate = 1; return b }},
+	{name: "b3 stalls", broken: 3, break_: func(b fakeai.Behavior) fakeai.Behavior { b.Hang = true; return b }},
+}
+
+const numPeerBackends = 4
+
+// PeerRow is one balancer in one phase.
+type PeerRow struct {
+	Phase, Balancer string
+	Requests        int
+	Errors          int     // client errors: not a complete 200 stream
+	P50Ms, P99Ms    float64 // over every request, failed ones at the time they failed
+	Attempts        int64   // attempts the backends saw from this balancer
+	BrokenAttempts  int64   // of which to the phase's broken backend
+	HasBroken       bool    // the phase has a broken backend
+}
+
+// PeersReport is what RunPeers measured.
+type PeersReport struct {
+	Settings PeersSettings
+	Rows     []PeerRow
+}
+
+// attemptCounts are the attempts each backend saw, by balancer and phase.
+type attemptCounts [4][4][numPeerBackends]atomic.Int64
+
+// countingBackend serves one fake backend and counts the generation
+// attempts each balancer sends it in each phase.
+type countingBackend struct {
+	idx    int
+	fake   *fakeai.Server
+	counts *attemptCounts
+}
+
+var digits = []string{"0", "1", "2", "3"}
+
+func (c *countingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		b, ph := slices.Index(digits, r.Header.Get(balancerHeader)), slices.Index(digits, r.Header.Get(phaseHeader))
+		if b >= 0 && ph >= 0 {
+			c.counts[b][ph][c.idx].Add(1)
+		}
+	}
+	c.fake.ServeHTTP(w, r)
+}
+
+// peerRun is one RunPeers in progress: what it started, to stop it.
+type peerRun struct {
+	s       PeersSettings
+	dir     string
+	fakes   []*fakeai.Server
+	normal  fakeai.Behavior
+	servers []*http.Server
+	urls    []string // backend base URLs
+	counts  attemptCounts
+	stops   []func() // in reverse order at the end
+}
+
+func (p *peerRun) stopAll() {
+	for i := len(p.stops) - 1; i >= 0; i-- {
+		p.stops[i]()
+	}
+}
+
+// RunPeers runs the incident script through fleetwatch's router, HAProxy
+// and nginx at once and returns each balancer's results per phase.
+func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
+	s = s.withDefaults()
+	for _, bin := range []string{s.HAProxy, s.Nginx} {
+		if _, err := os.Stat(bin); err != nil {
+			return nil, fmt.Errorf("bench peers: %w", err)
+		}
+	}
+	dir, err := os.MkdirTemp("", "fleetwatch-peers-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	p := &peerRun{s: s, dir: dir, normal: fakeai.Behavior{
+		TTFT: 40 * time.Millisecond, TokenTime: 5 * time.Millisecond, Model: peerModel, RetryAfter: time.Second,
+	}}
+	defer p.stopAll()
+	if err := p.startBackends(); err != nil {
+		return nil, err
+	}
+	urls := make([]string, len(peerNames))
+	if urls[0], err = p.startFleetwatch(ctx); err != nil {
+		return nil, err
+	}
+	if urls[1], err = p.startHAProxy(ctx, false); err != nil {
+		return nil, err
+	}
+	if urls[2], err = p.startHAProxy(ctx, true); err != nil {
+		return nil, err
+	}
+	if urls[3], err = p.startNginx(ctx); err != nil {
+		return nil, err
+	}
+	for i, u := range urls {
+		if err := waitListening(ctx, u, 10*time.Second); err != nil {
+			return nil, fmt.Errorf("bench peers: %s: %w", peerNames[i], err)
+		}
+	}
+	results := p.drive(ctx, urls)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return p.report(results), nil
+}
+
+// startBackends starts the fake backends, each behind a counting handler
+// on its own loopback port.
+func (p *peerRun) startBackends() error {
+	for i := range numPeerBackends {
+		fake := fakeai.New(fakeai.Settings{Name: fmt.Sprintf("b%d", i), Behavior: p.normal, Seed: uint64(i + 1)})
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		hs := &http.Server{Handler: &countingBackend{idx: i, fake: fake, counts: &p.counts}}
+		done := make(chan struct{})
+		go func() { defer close(done); hs.Serve(ln) }() // ends at Close
+		p.stops = append(p.stops, func() { hs.Close(); <-done })
+		p.fakes = append(p.fakes, fake)
+		p.urls = append(p.urls, "http://"+ln.Addr().String())
+	}
+	return nil
+}
+
+// startFleetwatch runs serve (embedded NATS, analyzer with its defaults,
+// probes off) and the router library wired as `fleetwatch route` wires it:
+// following the decisions, publishing one outcome event per attempt.
+func (p *peerRun) startFleetwatch(ctx context.Context) (string, error) {
+	cfg := config.Default()
+	cfg.NATS.Listen = "127.0.0.1:-1"
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	cfg.Data = p.dir + "/fleetwatch"
+	cfg.Probes.Disabled = true
+	floor := config.Duration{Duration: p.s.FirstByte}
+	cfg.Route.StallFloor = &floor
+	pool := config.PoolConfig{ID: peerModel, Models: []string{peerModel}}
+	for i, u := range p.urls {
+		pool.Backends = append(pool.Backends, config.BackendConfig{ID: fmt.Sprintf("b%d", i), URL: u})
+	}
+	cfg.Pools = []config.PoolConfig{pool}
+	srv, err := serve.New(cfg, serve.Options{Logf: p.s.Logf})
+	if err != nil {
+		return "", fmt.Errorf("bench peers: serve: %w", err)
+	}
+	srvCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Run(srvCtx) }() // ends at stopServe
+	p.stops = append(p.stops, func() { stopServe(); <-srvDone; srv.Close() })
+
+	nc, err := nats.Connect(srv.NATSURL(), nats.Name("fleetwatch bench peers router"), nats.MaxReconnects(-1))
+	if err != nil {
+		return "", fmt.Errorf("bench peers: router: nats: %w", err)
+	}
+	subj := fleetwatch.Subjects{Prefix: cfg.Prefix}
+	events, err := route.NewOutcomePublisher(route.PublisherSettings{Subject: subj.Outcomes() + ".bench", Publish: nc.Publish})
+	if err != nil {
+		nc.Close()
+		return "", err
+	}
+	rt, err := route.New(cfg.RouteSettings(route.Settings{
+		Pools: cfg.RoutePools(os.Getenv, p2c.Settings{}), Source: "bench", Publisher: events, Logf: p.s.Logf,
+	}))
+	if err != nil {
+		nc.Close()
+		return "", err
+	}
+	watcher, err := feed.NewWatcher(nc, feed.WatcherSettings{Prefix: cfg.Prefix, Pools: rt.Pools(), OnUpdate: rt.Apply, Logf: p.s.Logf})
+	if err != nil {
+		nc.Close()
+		return "", err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		nc.Close()
+		return "", err
+	}
+	hs := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second}
+	rctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { events.Run(rctx) })  // ends at cancel
+	wg.Go(func() { watcher.Run(rctx) }) // ends at cancel
+	wg.Go(func() { hs.Serve(ln) })      // ends at Close
+	p.stops = append(p.stops, func() {
+		hs.Close()
+		rt.Close()
+		cancel()
+		wg.Wait()
+		nc.Drain()
+	})
+	return "http://" + ln.Addr().String(), nil
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// peerClient is the load generator's client for one balancer.
+type peerClient struct {
+	base string
+	idx  int
+	http *http.Client
+}
+
+// peerResult is one request's outcome at the load generator.
+type peerResult struct {
+	phase int
+	ms    float64
+	ok    bool
+}
+
+// drive runs the script: every 1/Rate seconds one request goes to every
+// balancer at once; the phase changes every Phase. It returns the results
+// per balancer.
+func (p *peerRun) drive(ctx context.Context, urls []string) [][]peerResult {
+	clients := make([]*peerClient, len(urls))
+	for i, u := range urls {
+		tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
+		clients[i] = &peerClient{base: u, idx: i, http: &http.Client{Transport: tr, Timeout: p.s.ClientTimeout}}
+		defer tr.CloseIdleConnections()
+	}
+	var mu sync.Mutex // guards results
+	results := make([][]peerResult, len(urls))
+	var wg sync.WaitGroup
+	interval := time.Duration(float64(time.Second) / p.s.Rate)
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	start := time.Now()
+	total := time.Duration(len(peerPhases)) * p.s.Phase
+	current := -1
+	for n := 0; ctx.Err() == nil; n++ {
+		el := time.Since(start)
+		if el >= total {
+			break
+		}
+		if ph := int(el / p.s.Phase); ph != current {
+			current = ph
+			p.enterPhase(ph)
+		}
+		body := fmt.Appendf(nil, `{"model":%q,"stream":true,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
+		phase := current
+		for _, c := range clients {
+			wg.Go(func() {
+				r := c.do(ctx, body, phase)
+				mu.Lock()
+				results[c.idx] = append(results[c.idx], r)
+				mu.Unlock()
+			})
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+	p.enterPhase(-1) // back to healthy: hanging requests end at their timeouts
+	wg.Wait()
+	return results
+}
+
+// enterPhase makes the fakes behave as phase ph says (-1: all healthy).
+func (p *peerRun) enterPhase(ph int) {
+	for i, f := range p.fakes {
+		b := p.normal
+		if ph >= 0 && peerPhases[ph].broken == i {
+			b = peerPhases[ph].break_(b)
+		}
+		f.SetBehavior(b)
+	}
+	if ph >= 0 {
+		p.s.Logf("bench peers: phase %d: %s", ph+1, peerPhases[ph].name)
+	}
+}
+
+// do sends one streaming chat completion and reads it to the end: ok is a
+// 200 whose stream ends with [DONE].
+func (c *peerClient) do(ctx context.Context, body []byte, phase int) peerResult {
+	start := time.Now()
+	res := peerResult{phase: phase}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return res
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(balancerHeader, digits[c.idx])
+	req.Header.Set(phaseHeader, digits[phase])
+	resp, err := c.http.Do(req)
+	if err == nil {
+		data, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		res.ok = rerr == nil && resp.StatusCode == http.StatusOK && bytes.Contains(data, []byte("[DONE]"))
+	}
+	res.ms = float64(time.Since(start)) / float64(time.Millisecond)
+	return res
+}
+
+// report turns the results and the backends' counts into rows, phase by
+// phase.
+func (p *peerRun) report(results [][]peerResult) *PeersReport {
+	r := &PeersReport{Settings: p.s}
+	for ph, phase := range peerPhases {
+		for b, name := range peerNames {
+			row := PeerRow{Phase: phase.name, Balancer: name, HasBroken: phase.broken >= 0}
+			var ms []float64
+			for _, res := range results[b] {
+				if res.phase != ph {
+					continue
+				}
+				row.Requests++
+				if !res.ok {
+					row.Errors++
+				}
+				ms = append(ms, res.ms)
+			}
+			row.P50Ms, row.P99Ms = quantile(ms, 0.50), quantile(ms, 0.99)
+			for be := range numPeerBackends {
+				n := p.counts[b][ph][be].Load()
+				row.Attempts += n
+				if be == phase.broken {
+					row.BrokenAttempts = n
+				}
+			}
+			r.Rows = append(r.Rows, row)
+		}
+	}
+	return r
+}
+
+// quantile is the nearest-rank q-quantile of v (NaN for none).
+func quantile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return math.NaN()
+	}
+	v = slices.Clone(v)
+	slices.Sort(v)
+	i := int(math.Ceil(q*float64(len(v)))) - 1
+	return v[min(max(i, 0), len(v)-1)]
+}
+
+// PeersTableHeader is the header row of WriteMarkdown's table.
+const PeersTableHeader = "| phase | balancer | requests | client errors | p50 ms | p99 ms | broken backend's share of attempts | attempts per request |"
+
+// WriteMarkdown writes the settings and one table row per phase and
+// balancer.
+func (r *PeersReport) WriteMarkdown(w io.Writer) error {
+	s := r.Settings
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d phases of %s, %.0f requests/s to each balancer (streaming chat completions, 8 tokens), "+
+		"first-byte budget %s for every balancer, client timeout %s; 4 fake backends b0-b3, TTFT 40 ms, 5 ms per token.\n\n",
+		len(peerPhases), s.Phase, s.Rate, s.FirstByte, s.ClientTimeout)
+	b.WriteString(PeersTableHeader + "\n")
+	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, row := range r.Rows {
+		share := "-"
+		if row.HasBroken && row.Attempts > 0 {
+			share = fmt.Sprintf("%.1f%%", 100*float64(row.BrokenAttempts)/float64(row.Attempts))
+		}
+		perReq := "-"
+		if row.Requests > 0 {
+			perReq = fmt.Sprintf("%.2f", float64(row.Attempts)/float64(row.Requests))
+		}
+		errs := "-"
+		if row.Requests > 0 {
+			errs = fmt.Sprintf("%d (%.1f%%)", row.Errors, 100*float64(row.Errors)/float64(row.Requests))
+		}
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s | %s |\n", row.Phase, row.Balancer, row.Requests, errs,
+			fmtMs(row.P50Ms), fmtMs(row.P99Ms), share, perReq)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func fmtMs(v float64) string {
+	if math.IsNaN(v) {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// waitListening waits until base's host:port accepts connections.
+func waitListening(ctx context.Context, base string, timeout time.Duration) error {
+	addr := strings.TrimPrefix(base, "http://")
+	deadline := time.Now().Add(timeout)
+	for {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return errors.Join(fmt.Errorf("%s does not accept connections", addr), err, ctx.Err())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

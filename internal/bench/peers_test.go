@@ -1,0 +1,91 @@
+package bench
+
+import (
+	"bytes"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+)
+
+// TestRunPeersShort runs a few seconds of the incident script through
+// fleetwatch's router, HAProxy and nginx, and checks the table: one row per
+// phase and balancer, in order, and every balancer carried traffic in every
+// phase (its requests reached the backends). Times are not checked.
+func TestRunPeersShort(t *testing.T) {
+	haproxy := testkit.RequireTool(t, "/usr/sbin/haproxy", "haproxy")
+	nginx := testkit.RequireTool(t, "/usr/sbin/nginx", "nginx")
+	r, err := RunPeers(t.Context(), PeersSettings{
+		HAProxy: haproxy, Nginx: nginx,
+		Phase: time.Second, Rate: 20, FirstByte: 300 * time.Millisecond, ClientTimeout: 5 * time.Second,
+		Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := r.WriteMarkdown(&out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", out.String())
+
+	var header string
+	var got [][2]string // phase, balancer
+	for _, line := range strings.Split(out.String(), "\n") {
+		if !strings.HasPrefix(line, "| ") || strings.HasPrefix(line, "| ---") {
+			continue
+		}
+		if header == "" {
+			header = line
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if len(cells) != 8 {
+			t.Fatalf("row %q has %d cells, want 8", line, len(cells))
+		}
+		got = append(got, [2]string{cells[0], cells[1]})
+		requests, err := strconv.Atoi(cells[2])
+		if err != nil || requests == 0 {
+			t.Errorf("%s / %s: requests %q, want a count > 0", cells[0], cells[1], cells[2])
+		}
+		if perReq, err := strconv.ParseFloat(cells[7], 64); err != nil || perReq <= 0 {
+			t.Errorf("%s / %s: attempts per request %q: the balancer carried no traffic to the backends", cells[0], cells[1], cells[7])
+		}
+		if cells[0] != "healthy" && !strings.HasSuffix(cells[6], "%") {
+			t.Errorf("%s / %s: broken backend's share %q, want a percentage", cells[0], cells[1], cells[6])
+		}
+	}
+	if header != PeersTableHeader {
+		t.Errorf("header %q, want %q", header, PeersTableHeader)
+	}
+	var want [][2]string
+	for _, ph := range peerPhases {
+		for _, b := range peerNames {
+			want = append(want, [2]string{ph.name, b})
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rows (-want +got):\n%s", diff)
+	}
+	for _, row := range r.Rows {
+		if row.Attempts < int64(row.Requests) {
+			t.Errorf("%s / %s: %d attempts for %d requests: some requests never reached a backend", row.Phase, row.Balancer, row.Attempts, row.Requests)
+		}
+	}
+}
+
+func TestQuantile(t *testing.T) {
+	v := []float64{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
+	for _, c := range []struct{ q, want float64 }{{0.5, 5}, {0.99, 10}, {0.1, 1}, {0, 1}} {
+		if got := quantile(v, c.q); got != c.want {
+			t.Errorf("quantile(%v) = %v, want %v", c.q, got, c.want)
+		}
+	}
+	if got := quantile(nil, 0.5); got == got {
+		t.Errorf("quantile of nothing = %v, want NaN", got)
+	}
+}
