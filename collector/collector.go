@@ -123,6 +123,17 @@ type Settings struct {
 	// reaches StreamBatchBytes. If zero, 10 ms and 64 KiB are used.
 	StreamFlushInterval time.Duration
 	StreamBatchBytes    int
+	// StreamSubject, when set, names the subject an accepted event is
+	// republished on instead of fw.accepted.<pool>; events are batched per
+	// subject (serve gives fw.partition.<n>, so that a partition's owner
+	// receives its pools' events whichever collector took them). The
+	// subject must match fw.accepted.> or fw.partition.>, which
+	// FW_OUTCOMES captures. It is called once per accepted event and must
+	// be fast and safe for concurrent use.
+	StreamSubject func(pool string) string
+	// StreamHeader, when set, is sent with every republished batch (serve
+	// names its instance in it).
+	StreamHeader map[string][]string
 	// RejectRate is how many reject notices per second, per reason, are
 	// published on fw.rejects; RejectBurst is the token bucket's size. The
 	// rest are counted as suppressed and the next notice carries their
