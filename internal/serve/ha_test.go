@@ -29,7 +29,7 @@ func haYAML(url string, replicas int) string {
 probes: {disabled: true}
 ha: {partitions: 8, lease_ttl: 1s, replicas: %d}
 analyzer:
-  window: 5s
+  window: 30s
   bucket: 1s
   open_base: 60s
   open_jitter: -1
@@ -372,4 +372,75 @@ func TestSecondInstanceWithoutJetStreamRefused(t *testing.T) {
 		t.Fatalf("on another prefix: %v", err)
 	}
 	s.Close()
+}
+
+// TestHAStreamKeepsEveryAcceptedEvent: two instances share the outcome
+// events; every event their collectors accepted is stored once in
+// FW_OUTCOMES under fw.partition.<n> (the subject the owners receive), so
+// the stream's count of stored events equals the collectors' accepted
+// count, and every pool's events are decided by its partition's owner.
+func TestHAStreamKeepsEveryAcceptedEvent(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	yaml := haYAML(url, 1)
+	a := startInstance(t, "a", yaml)
+	b := startInstance(t, "b", yaml)
+	ins := []*instance{a, b}
+	testkit.Eventually(t, 20*time.Second, "the partitions spread over two instances", func() bool {
+		ok, all, _ := exclusive(ins, 8)
+		return ok && all && len(a.Partitions()) == 4 && len(b.Partitions()) == 4
+	})
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	const batches, perBatch = 200, 25
+	for i := range batches {
+		var sb strings.Builder
+		for j := range perBatch {
+			sb.WriteString(testkit.Event(fmt.Sprintf("pool-%d", (i*perBatch+j)%40), "b", 200, 100) + "\n")
+		}
+		testkit.Publish(t, nc, "fw.outcomes.edge", sb.String())
+	}
+	const want = batches * perBatch
+	accepted := func() int { return int(a.IngestStats().AcceptedTotal() + b.IngestStats().AcceptedTotal()) }
+	testkit.Eventually(t, 20*time.Second, "the collectors to accept every event", func() bool { return accepted() == want })
+	if a.IngestStats().AcceptedTotal() == 0 || b.IngestStats().AcceptedTotal() == 0 {
+		t.Errorf("one collector took every event (a %d, b %d): the queue group is not shared",
+			a.IngestStats().AcceptedTotal(), b.IngestStats().AcceptedTotal())
+	}
+	var stored int
+	testkit.Eventually(t, 20*time.Second, "FW_OUTCOMES to store every accepted event", func() bool {
+		n, err := a.col.ReplaySubjects(t.Context(), time.Now().Add(-time.Hour), []string{"fw.partition.>"}, func([]fleetwatch.Event) {})
+		stored = n
+		return err == nil && n >= want
+	})
+	if stored != want {
+		t.Errorf("FW_OUTCOMES stores %d events, the collectors accepted %d", stored, want)
+	}
+	// Every pool reached its owner: the two analyzers hold 40 pools
+	// between them, each in the instance that owns its partition.
+	testkit.Eventually(t, 20*time.Second, "every pool decided by its owner", func() bool {
+		n := 0
+		for _, in := range ins {
+			for _, s := range in.Snapshots() {
+				if !slices.Contains(in.Partitions(), fleetwatch.PartitionOf(s.Pool, 8)) {
+					return false
+				}
+				n++
+			}
+		}
+		return n == 40
+	})
+	var requests int64
+	for _, in := range ins {
+		for _, s := range in.Snapshots() {
+			for _, be := range s.Backends {
+				requests += be.Requests
+			}
+		}
+	}
+	if requests != want {
+		t.Errorf("the owners counted %d requests in their windows, want %d", requests, want)
+	}
 }
