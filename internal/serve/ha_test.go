@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed"
@@ -132,6 +133,28 @@ func (p *published) first(pool string, from time.Time, cond func(*fleetwatch.Sna
 		}
 	}
 	return seenSnapshot{}, false
+}
+
+// storedSnapshot reads pool's snapshot from fw_decisions.
+func storedSnapshot(t *testing.T, nc *nats.Conn, pool string) (fleetwatch.Snapshot, bool) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(t.Context(), "fw_decisions")
+	if err != nil {
+		return fleetwatch.Snapshot{}, false
+	}
+	e, err := kv.Get(t.Context(), pool)
+	if err != nil {
+		return fleetwatch.Snapshot{}, false
+	}
+	var s fleetwatch.Snapshot
+	if err := json.Unmarshal(e.Value(), &s); err != nil {
+		t.Fatal(err)
+	}
+	return s, true
 }
 
 // startWatcher runs a router-side watcher on nc until the test ends.
@@ -283,6 +306,10 @@ func TestHAPartitionsAndTakeover(t *testing.T) {
 		t.Errorf("ownership not exclusive and complete: %s", desc)
 	}
 
+	testkit.Eventually(t, 20*time.Second, "the open breaker stored in fw_decisions", func() bool {
+		s, ok := storedSnapshot(t, nc, target)
+		return ok && s.Find("bad") != nil && s.Find("bad").OpenUntil != nil && s.Find("bad").OpenUntil.Equal(openUntil)
+	})
 	// Kill the owner of target.
 	owner := epochOf[before.Snapshot.Epoch]
 	if owner == nil {

@@ -55,6 +55,7 @@ type lease struct {
 // ownership is an immutable view of the partitions held, swapped on every
 // change, read without a lock by the collector's sink and the publisher.
 type ownership struct {
+	held       []bool // leased, live or restoring
 	live       []bool
 	fence      []uint64
 	validUntil []time.Time
@@ -168,7 +169,7 @@ func (h *ha) openBucket(ctx context.Context, js jetstream.JetStream) error {
 		h.s.logf("ha: using lease bucket %s as configured", bucket)
 	}
 	h.kv = kv
-	h.view.Store(&ownership{live: make([]bool, h.n), fence: make([]uint64, h.n), validUntil: make([]time.Time, h.n)})
+	h.view.Store(&ownership{held: make([]bool, h.n), live: make([]bool, h.n), fence: make([]uint64, h.n), validUntil: make([]time.Time, h.n)})
 	return nil
 }
 
@@ -176,8 +177,9 @@ func leaseKey(p int) string { return "p." + strconv.Itoa(p) }
 
 // publishViewLocked rebuilds the lock-free view from the leases.
 func (h *ha) publishViewLocked() {
-	v := &ownership{live: make([]bool, h.n), fence: make([]uint64, h.n), validUntil: make([]time.Time, h.n)}
+	v := &ownership{held: make([]bool, h.n), live: make([]bool, h.n), fence: make([]uint64, h.n), validUntil: make([]time.Time, h.n)}
 	for p, l := range h.leases {
+		v.held[p] = true
 		v.live[p] = l.state == stateLive
 		v.fence[p] = l.fence
 		v.validUntil[p] = l.validUntil
@@ -185,18 +187,19 @@ func (h *ha) publishViewLocked() {
 	h.view.Store(v)
 }
 
-// owns reports whether the instance decides pool now, and the fence to
-// publish its snapshot with.
-func (h *ha) owns(pool string, now time.Time) (fence uint64, ok bool) {
+// owns reports whether the instance decides pool now (ok), and the fence
+// to publish its snapshot with; held is true while the pool's partition is
+// leased, even when it is still being rebuilt or its lease is overdue.
+func (h *ha) owns(pool string, now time.Time) (fence uint64, ok, held bool) {
 	v := h.view.Load()
 	if v == nil {
-		return 0, true
+		return 0, true, true
 	}
 	p := fleetwatch.PartitionOf(pool, h.n)
 	if !v.live[p] || now.After(v.validUntil[p]) {
-		return 0, false
+		return 0, false, v.held[p]
 	}
-	return v.fence[p], true
+	return v.fence[p], true, true
 }
 
 // renewEvery and tickEvery are the lease loop's cadences.
@@ -219,6 +222,9 @@ func (h *ha) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+		if h.s.nc.IsClosed() {
+			return // the connection is gone for good: the leases expire
 		}
 		now := time.Now()
 		if now.Sub(lastRenew) >= h.renewEvery() {
@@ -253,9 +259,26 @@ func (h *ha) loop(ctx context.Context) {
 func (h *ha) start(ctx context.Context) {
 	h.member(ctx)
 	got := h.acquire(ctx, true)
+	// The leases are renewed while a long replay runs.
+	stop := make(chan struct{})
+	var renewing sync.WaitGroup
+	renewing.Go(func() {
+		t := time.NewTicker(h.renewEvery())
+		defer t.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+				h.renew(ctx)
+			}
+		}
+	})
 	h.takeOver(ctx, got, true)
+	close(stop)
+	renewing.Wait()
 	// Configured pools of partitions others own are not decided here.
-	h.s.an.Forget(func(pool string) bool { _, ok := h.owns(pool, time.Now()); return !ok })
+	h.s.an.Forget(func(pool string) bool { _, _, held := h.owns(pool, time.Now()); return !held })
 }
 
 // member writes the member key and counts the live instances.

@@ -482,22 +482,27 @@ func (s *Server) evaluate(ctx context.Context, now time.Time) {
 func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
 	now := time.Now()
 	var foreign map[string]bool
+	filtered := false
 	kept := snaps[:0:0]
 	for i := range snaps {
-		fence, ok := s.ha.owns(snaps[i].Pool, now)
+		fence, ok, held := s.ha.owns(snaps[i].Pool, now)
 		if !ok {
-			if foreign == nil {
-				foreign = map[string]bool{}
-			}
-			foreign[snaps[i].Pool] = true
+			filtered = true
+			if !held { // another instance's now: forget it here
+				if foreign == nil {
+					foreign = map[string]bool{}
+				}
+				foreign[snaps[i].Pool] = true
+			} // else being rebuilt, or the lease is overdue: not now
 			continue
 		}
 		snaps[i].Fence = fence
 		kept = append(kept, snaps[i])
 	}
-	if foreign == nil {
+	if !filtered {
 		kept = snaps
-	} else {
+	}
+	if len(foreign) > 0 {
 		s.ha.unowned.Add(len(foreign))
 		s.an.Forget(func(pool string) bool { return foreign[pool] })
 	}
