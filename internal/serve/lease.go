@@ -74,13 +74,14 @@ type ha struct {
 
 	view atomic.Pointer[ownership] // nil: every partition is live, unfenced
 
-	// mu guards leases, instances, lastMember, lastOrphan and restoring.
+	// mu guards leases, instances, lastMember, lastOrphan, restoring and rebuilt.
 	mu         sync.Mutex
 	leases     map[int]*lease
 	instances  int
 	lastMember time.Time
 	lastOrphan time.Time
-	restoring  bool // a takeover runs
+	restoring  bool          // a takeover runs
+	rebuilt    time.Duration // the last takeover's rebuild
 
 	acquired, lost, released *metrics.Counter
 	fromOthers, ownSkipped   *metrics.Counter
@@ -309,7 +310,8 @@ func (h *ha) shareLocked() int {
 	return (h.n + k - 1) / k
 }
 
-// renew renews every held lease; a failed renewal loses the partition.
+// renew renews every held lease, all at once (one slow request must not
+// delay the others past their TTL); a failed renewal loses the partition.
 func (h *ha) renew(ctx context.Context) {
 	h.mu.Lock()
 	held := make(map[int]uint64, len(h.leases))
@@ -317,26 +319,31 @@ func (h *ha) renew(ctx context.Context) {
 		held[p] = l.rev
 	}
 	h.mu.Unlock()
+	var wg sync.WaitGroup
 	for p, rev := range held {
-		sent := time.Now()
-		c, cancel := context.WithTimeout(ctx, h.ttl/3)
-		next, err := h.kv.Update(c, leaseKey(p), []byte(h.id), rev)
-		cancel()
-		h.mu.Lock()
-		l := h.leases[p]
-		if l == nil || l.rev != rev {
-			h.mu.Unlock()
-			continue
-		}
-		if err != nil {
-			h.loseLocked(p, fmt.Sprintf("renewal failed: %v", err))
-		} else {
-			l.rev = next
-			l.validUntil = sent.Add(h.ttl * 9 / 10)
-			h.publishViewLocked()
-		}
-		h.mu.Unlock()
+		wg.Go(func() { h.renewOne(ctx, p, rev) })
 	}
+	wg.Wait()
+}
+
+func (h *ha) renewOne(ctx context.Context, p int, rev uint64) {
+	sent := time.Now()
+	c, cancel := context.WithTimeout(ctx, h.ttl/2)
+	next, err := h.kv.Update(c, leaseKey(p), []byte(h.id), rev)
+	cancel()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	l := h.leases[p]
+	if l == nil || l.rev != rev {
+		return
+	}
+	if err != nil {
+		h.loseLocked(p, fmt.Sprintf("renewal failed: %v", err))
+		return
+	}
+	l.rev = next
+	l.validUntil = sent.Add(h.ttl * 9 / 10)
+	h.publishViewLocked()
 }
 
 // expire loses the leases not renewed in time (a renewal that hangs).

@@ -166,6 +166,9 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	}
 	d := time.Since(start)
 	h.takeover.Update(d.Seconds())
+	h.mu.Lock()
+	h.rebuilt = d
+	h.mu.Unlock()
 	s.logf("ha: took over partitions %v in %v: replayed %d events, restored %d snapshots (%d breakers open, %d half-open, %d weights), %d pools, %d batches buffered",
 		sortedKeys(held), d.Round(time.Millisecond), n, len(snaps), r.Open, r.HalfOpen, r.Weights, len(adopted), len(pending))
 	s.signalUrgent()
