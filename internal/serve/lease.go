@@ -74,14 +74,14 @@ type ha struct {
 
 	view atomic.Pointer[ownership] // nil: every partition is live, unfenced
 
-	// mu guards leases, instances, lastMember, lastOrphan, restoring and rebuilt.
+	// mu guards leases, instances, lastMember, cooling, restoring and rebuilt.
 	mu         sync.Mutex
 	leases     map[int]*lease
 	instances  int
 	lastMember time.Time
-	lastOrphan time.Time
-	restoring  bool          // a takeover runs
-	rebuilt    time.Duration // the last takeover's rebuild
+	cooling    map[int]time.Time // partitions given back: not taken again before then
+	restoring  bool              // a takeover runs
+	rebuilt    time.Duration     // the last takeover's rebuild
 
 	acquired, lost, released *metrics.Counter
 	fromOthers, ownSkipped   *metrics.Counter
@@ -112,11 +112,12 @@ func newInstanceID() string {
 func newHA(s *Server) *ha {
 	hs := s.cfg.HASettings()
 	h := &ha{
-		s:      s,
-		n:      hs.Partitions,
-		ttl:    hs.LeaseTTL.Duration,
-		id:     newInstanceID(),
-		leases: map[int]*lease{},
+		s:       s,
+		n:       hs.Partitions,
+		ttl:     hs.LeaseTTL.Duration,
+		id:      newInstanceID(),
+		leases:  map[int]*lease{},
+		cooling: map[int]time.Time{},
 	}
 	h.header = nats.Header{originHeader: []string{h.id}}
 	m := s.metrics
@@ -230,8 +231,8 @@ func (h *ha) loop(ctx context.Context) {
 		now := time.Now()
 		if now.Sub(lastRenew) >= h.renewEvery() {
 			lastRenew = now
+			h.member(ctx) // before the renewals: a dead instance's member key expires before its leases
 			h.renew(ctx)
-			h.member(ctx)
 			h.rebalance(ctx)
 		}
 		h.expire(time.Now())
@@ -390,6 +391,7 @@ func (h *ha) rebalance(ctx context.Context) {
 	}
 	revs := map[int]uint64{}
 	for _, p := range extra {
+		h.cooling[p] = time.Now().Add(2 * h.ttl)
 		revs[p] = h.leases[p].rev
 		l := h.leases[p]
 		if l.sub != nil {
@@ -444,33 +446,44 @@ func (h *ha) releaseAll() {
 	_ = h.kv.Delete(ctx, "i."+h.id)
 }
 
-// acquire tries to create the leases of free partitions, up to the
-// instance's share (and, at start, of any partition: a first instance
-// takes them all). It returns the partitions acquired, in restoring state
-// and subscribed.
+// acquire tries to create the leases of the free partitions, unless the
+// instance holds more than its share already (it is giving some back), and
+// except those it gave back lately. A free partition is taken even beyond
+// the share: the share is counted from member keys that may still name a
+// dead instance for a moment, and a dead owner's partitions must not wait
+// for that (correctness first; the share is restored by the next
+// rebalance). It returns the partitions acquired, in restoring state and
+// subscribed.
 func (h *ha) acquire(ctx context.Context, first bool) []int {
+	now := time.Now()
 	h.mu.Lock()
-	want := h.shareLocked() - len(h.leases)
-	held := make(map[int]bool, len(h.leases))
+	if len(h.leases) > h.shareLocked() {
+		h.mu.Unlock()
+		return nil
+	}
+	skip := make(map[int]bool, len(h.leases)+len(h.cooling))
 	for p := range h.leases {
-		held[p] = true
+		skip[p] = true
+	}
+	for p, until := range h.cooling {
+		if now.Before(until) {
+			skip[p] = true
+		} else {
+			delete(h.cooling, p)
+		}
+	}
+	want := h.n
+	if first {
+		want = h.shareLocked() // at start, the share: others may be starting too
 	}
 	h.mu.Unlock()
-	if want <= 0 && !first {
-		// Partitions nobody took for a whole TTL (the instance count was
-		// off) are still taken: correctness before balance.
-		if !h.orphanDue() {
-			return nil
-		}
-		want = 1
-	}
 	// Start at a point of the ring of this instance's own, so that
 	// instances starting together contend less.
 	start := fleetwatch.PartitionOf(h.id, h.n)
 	var got []int
 	for i := 0; i < h.n && len(got) < want; i++ {
 		p := (start + i) % h.n
-		if held[p] {
+		if skip[p] {
 			continue
 		}
 		sent := time.Now()
@@ -478,7 +491,7 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 		rev, err := h.kv.Create(c, leaseKey(p), []byte(h.id))
 		cancel()
 		if err != nil {
-			if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil {
+			if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil && !h.s.nc.IsClosed() {
 				h.s.logf("ha: acquiring partition %d: %v", p, err)
 			}
 			continue
@@ -502,18 +515,6 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 		_ = h.s.nc.Flush() // the subscriptions are in place before the replay
 	}
 	return got
-}
-
-// orphanDue reports whether a TTL passed since free partitions were last
-// looked for beyond the share, and if so records now.
-func (h *ha) orphanDue() bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if time.Since(h.lastOrphan) < h.ttl {
-		return false
-	}
-	h.lastOrphan = time.Now()
-	return true
 }
 
 // Partitions returns the partitions whose pools this instance decides now,
