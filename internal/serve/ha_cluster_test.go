@@ -24,6 +24,7 @@ import (
 // the failure), then restarts every instance (every open breaker is still
 // open with its open_until). The measured figures go to an artifact.
 func TestHAOnAThreeNodeCluster(t *testing.T) {
+	t.Parallel() // waits on leases and timers mostly: overlaps the rest of the package
 	cluster, err := natsrv.StartCluster(natsrv.ClusterSettings{StoreDir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

@@ -241,6 +241,7 @@ func trafficFor(t *testing.T, nc *nats.Conn, pools []string, failing ...string) 
 // breaker still open until the same open_until and no breaker opened on
 // partial data.
 func TestHAPartitionsAndTakeover(t *testing.T) {
+	t.Parallel() // waits on leases and timers mostly: overlaps the rest of the package
 	url, _ := feedtest.NewServer(t)
 	yaml := haYAML(url, 1)
 	a := startInstance(t, "a", yaml)
@@ -373,6 +374,7 @@ func TestHAPartitionsAndTakeover(t *testing.T) {
 // TestSecondInstanceWithoutJetStreamRefused: without JetStream, a second
 // serve on the same prefix refuses to start; on another prefix it starts.
 func TestSecondInstanceWithoutJetStreamRefused(t *testing.T) {
+	t.Parallel() // waits on leases and timers mostly: overlaps the rest of the package
 	url, _ := feedtest.NewServer(t, feedtest.WithoutJetStream())
 	yaml := fmt.Sprintf("nats: {url: %q, no_jetstream: true}\nprobes: {disabled: true}\n", url)
 	first := startInstance(t, "first", yaml)
@@ -407,6 +409,7 @@ func TestSecondInstanceWithoutJetStreamRefused(t *testing.T) {
 // the stream's count of stored events equals the collectors' accepted
 // count, and every pool's events are decided by its partition's owner.
 func TestHAStreamKeepsEveryAcceptedEvent(t *testing.T) {
+	t.Parallel() // waits on leases and timers mostly: overlaps the rest of the package
 	url, _ := feedtest.NewServer(t)
 	yaml := haYAML(url, 1)
 	a := startInstance(t, "a", yaml)

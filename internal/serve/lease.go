@@ -45,6 +45,7 @@ const (
 // lease is one held partition.
 type lease struct {
 	rev        uint64    // revision of the last write (the CAS base of the next)
+	dropped    int       // the subscription's drops already counted
 	fence      uint64    // revision of the Create that acquired it
 	validUntil time.Time // the lease is not trusted past this (sent + 9/10 TTL)
 	state      int
@@ -87,6 +88,7 @@ type ha struct {
 	fromOthers, ownSkipped   *metrics.Counter
 	forwarded, unowned       *metrics.Counter
 	malformed, buffered      *metrics.Counter
+	dropped                  *metrics.Counter
 	takeover                 *metrics.Histogram
 }
 
@@ -130,6 +132,7 @@ func newHA(s *Server) *ha {
 	h.unowned = m.NewCounter("fleetwatch_ha_snapshots_unowned_total")
 	h.malformed = m.NewCounter("fleetwatch_ha_partition_lines_malformed_total")
 	h.buffered = m.NewCounter("fleetwatch_ha_partition_batches_buffered_total")
+	h.dropped = m.NewCounter("fleetwatch_ha_partition_batches_dropped_total")
 	h.takeover = m.NewHistogram("fleetwatch_ha_takeover_duration_seconds")
 	m.NewGauge("fleetwatch_ha_partitions_owned", func() float64 {
 		v := h.view.Load()
@@ -236,6 +239,7 @@ func (h *ha) loop(ctx context.Context) {
 			h.rebalance(ctx)
 		}
 		h.expire(time.Now())
+		h.countDropped()
 		h.mu.Lock()
 		busy := h.restoring
 		h.mu.Unlock()
@@ -345,6 +349,22 @@ func (h *ha) renewOne(ctx context.Context, p int, rev uint64) {
 	l.rev = next
 	l.validUntil = sent.Add(h.ttl * 9 / 10)
 	h.publishViewLocked()
+}
+
+// countDropped counts the partition batches nats.go dropped because a
+// partition subscription fell behind its pending limits.
+func (h *ha) countDropped() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, l := range h.leases {
+		if l.sub == nil {
+			continue
+		}
+		if n, err := l.sub.Dropped(); err == nil && n > l.dropped {
+			h.dropped.Add(n - l.dropped)
+			l.dropped = n
+		}
+	}
 }
 
 // expire loses the leases not renewed in time (a renewal that hangs).
