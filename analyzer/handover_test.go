@@ -73,3 +73,34 @@ func poolsOf(snaps []fleetwatch.Snapshot) []string {
 	}
 	return ids
 }
+
+// TestRestoreKeepsTheSnapshotsOpenUntilOverAReplayedTrip: the replay
+// re-trips a breaker from the same events at a later evaluation time than
+// the live analyzer did; the snapshot, which decided on those events, sets
+// open_until. A trip on events after the snapshot keeps its later one.
+func TestRestoreKeepsTheSnapshotsOpenUntilOverAReplayedTrip(t *testing.T) {
+	cfg := Config{Settings: noJitter(Settings{}), Epoch: "live"}
+	snap, bad := restoreFixture(t, cfg) // tripped at t0+10s, snapshot at t0+12s
+	until := bad.OpenUntil.Time
+
+	replayed := func(evalAt time.Time) *Analyzer {
+		cfg.Epoch = "next"
+		a := newAnalyzer(t, cfg)
+		a.Observe(series("p", "good", ok, 40, t0, 10*time.Second, 100))
+		a.Observe(series("p", "bad", fail, 5, at(9*time.Second), time.Second, 0))
+		a.Evaluate(evalAt)
+		return a
+	}
+	// Replayed and evaluated 1 s later than live, before the snapshot.
+	a := replayed(at(11 * time.Second))
+	a.Restore([]fleetwatch.Snapshot{snap}, at(13*time.Second))
+	if b := backendOf(t, a, "p", "bad", at(13*time.Second)); b.State != fleetwatch.StateOpen || !b.OpenUntil.Equal(until) {
+		t.Errorf("after a replayed trip before the snapshot: %s until %v, want open until the snapshot's %v", b.State, b.OpenUntil, until)
+	}
+	// Tripped on events after the snapshot: the later open_until stays.
+	a = replayed(at(15 * time.Second))
+	a.Restore([]fleetwatch.Snapshot{snap}, at(16*time.Second))
+	if b := backendOf(t, a, "p", "bad", at(16*time.Second)); b.State != fleetwatch.StateOpen || !b.OpenUntil.After(until) {
+		t.Errorf("after a trip later than the snapshot: %s until %v, want open until after %v", b.State, b.OpenUntil, until)
+	}
+}

@@ -47,6 +47,9 @@ var (
 	// ErrNoJetStream is returned by Replay when the collector runs without
 	// JetStream.
 	ErrNoJetStream = errors.New("collector: jetstream not available")
+	// ErrReplayEndedEarly is returned by Replay when the stream stopped
+	// delivering before its last stored batch: the replay is partial.
+	ErrReplayEndedEarly = errors.New("collector: replay ended early")
 )
 
 // Sink receives validated events. Observe is called from several goroutines

@@ -67,9 +67,11 @@ const replayNextTimeout = 10 * time.Second
 // last message at the time of the call, and calls fn with the events of each
 // stored batch, in stream order. The batch is only valid during the call. An
 // event without ts gets the time the stream stored it. Lines that do not
-// decode (something else published on fw.accepted.>) are skipped and
-// logged. It returns the number of events passed to fn, and ErrNoJetStream
-// when the collector runs without JetStream.
+// decode (something else published on fw.accepted.> or fw.partition.>) are
+// skipped and logged. It returns the number of events passed to fn,
+// ErrNoJetStream when the collector runs without JetStream, and
+// ErrReplayEndedEarly when the stream stopped delivering before its last
+// stored batch (the events passed to fn are then only a part).
 //
 // The caller replays the analyzer's last window before it publishes, so a
 // restart neither forgets an open breaker nor opens one on partial data.
@@ -139,7 +141,7 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			c.settings.Logf("collector: replay of %s ended early after %d events: no stored batch within %v",
 				c.stream, events, replayNextTimeout)
-			break
+			return events, fmt.Errorf("%w: after %d events, no stored batch within %v", ErrReplayEndedEarly, events, replayNextTimeout)
 		}
 		if err != nil {
 			return events, fmt.Errorf("collector: replay %s: next batch after %d events: %w", c.stream, events, err)

@@ -26,7 +26,7 @@ func TestHACapacity(t *testing.T) {
 		t.Skip("a measurement: set FLEETWATCH_HA_CAPACITY=1")
 	}
 	url, _ := feedtest.NewServer(t)
-	yaml := strings.Replace(haYAML(url, 1), "lease_ttl: 1s", "lease_ttl: 5s", 1)
+	yaml := strings.Replace(haYAML(url, 1), "lease_ttl: 3s", "lease_ttl: 5s", 1)
 	a := startInstance(t, "a", yaml)
 	b := startInstance(t, "b", yaml)
 	ins := []*instance{a, b}

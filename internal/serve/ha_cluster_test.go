@@ -126,7 +126,7 @@ func TestHAOnAThreeNodeCluster(t *testing.T) {
 	if b := after.snap.Find("bad"); b == nil || b.State != fleetwatch.StateOpen || !b.OpenUntil.Equal(openUntil[failing[0]]) {
 		t.Errorf("bad in the new owner's first snapshot: %+v, want open until %v", b, openUntil[failing[0]])
 	}
-	fmt.Fprintf(&report, "serve instance killed: first snapshot of the new owner after %v (lease_ttl 1s)\n", after.at.Sub(killed).Round(time.Millisecond))
+	fmt.Fprintf(&report, "serve instance killed: first snapshot of the new owner after %v (lease_ttl 3s)\n", after.at.Sub(killed).Round(time.Millisecond))
 	var alive []*instance
 	for _, in := range ins {
 		if in != owner {

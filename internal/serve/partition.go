@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
@@ -96,17 +97,16 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 		s.logf("ha: takeover of %v: %v", got, err)
 		return
 	}
-	last, err := s.lastSnapshots(ctx)
+	snaps, err := s.lastSnapshots(ctx, inGot)
 	if err != nil {
+		if !first {
+			h.abandon(ctx, got, fmt.Sprintf("reading %s: %v", s.subj.BucketDecisions(), err))
+			return
+		}
 		s.logf("restore: %v (starting from the outcome stream alone)", err)
 	}
-	var snaps []fleetwatch.Snapshot
 	since := start.Add(-s.window)
-	for _, snap := range last {
-		if !inGot(snap.Pool) {
-			continue
-		}
-		snaps = append(snaps, snap)
+	for _, snap := range snaps {
 		if from := snap.At.Add(-s.window); from.Before(since) {
 			since = from
 		}
@@ -126,6 +126,10 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 		}
 	})
 	if err != nil {
+		if !first {
+			h.abandon(ctx, got, fmt.Sprintf("replaying %s: %v", s.subj.StreamOutcomes(), err))
+			return
+		}
 		s.logf("replay: %v (starting with empty windows)", err)
 	}
 	r := scratch.Restore(snaps, time.Now())
@@ -172,6 +176,27 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	s.logf("ha: took over partitions %v in %v: replayed %d events, restored %d snapshots (%d breakers open, %d half-open, %d weights), %d pools, %d batches buffered",
 		sortedKeys(held), d.Round(time.Millisecond), n, len(snaps), r.Open, r.HalfOpen, r.Weights, len(adopted), len(pending))
 	s.signalUrgent()
+}
+
+// abandon gives up partitions whose rebuild failed (the decisions bucket or
+// the stream could not be read): going live on them could close an open
+// breaker early or open one on partial data. Their leases are deleted, so
+// that this or another instance tries again at once.
+func (h *ha) abandon(ctx context.Context, got []int, why string) {
+	h.mu.Lock()
+	revs := map[int]uint64{}
+	for _, p := range got {
+		if l := h.leases[p]; l != nil && l.state == stateRestoring {
+			revs[p] = l.rev
+			h.loseLocked(p, "rebuild failed: "+why)
+		}
+	}
+	h.mu.Unlock()
+	for p, rev := range revs {
+		c, cancel := context.WithTimeout(ctx, h.ttl/3)
+		_ = h.kv.Delete(c, leaseKey(p), jetstream.LastRevision(rev))
+		cancel()
+	}
 }
 
 func sortedKeys(m map[int]bool) []int {
@@ -248,5 +273,14 @@ func (k *haSink) ObserveRefusing(batch []fleetwatch.Event, refused []fleetwatch.
 // presence answers the presence requests of other instances on the prefix.
 func (s *Server) answerPresence() (*nats.Subscription, error) {
 	body := fmt.Sprintf(`{"instance":%q,"jetstream":%t}`, s.ha.id, s.js != nil)
-	return s.nc.Subscribe(s.subj.Presence(), func(m *nats.Msg) { _ = m.Respond([]byte(body)) })
+	sub, err := s.nc.Subscribe(s.subj.Presence(), func(m *nats.Msg) { _ = m.Respond([]byte(body)) })
+	if err != nil {
+		return nil, err
+	}
+	// The server has the subscription before the instance says it is
+	// ready: a second instance started then is answered.
+	if err := s.nc.Flush(); err != nil {
+		s.logf("presence: %v", err)
+	}
+	return sub, nil
 }

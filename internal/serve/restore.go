@@ -11,10 +11,10 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 )
 
-// lastSnapshots reads the last published snapshot of every pool from the
-// decisions bucket: what the previous analyzer decided, and when. A value
-// that does not decode or validate is skipped and logged.
-func (s *Server) lastSnapshots(ctx context.Context) ([]fleetwatch.Snapshot, error) {
+// lastSnapshots reads the last published snapshot of every pool that keep
+// accepts from the decisions bucket: what the previous analyzer decided, and
+// when. A value that does not decode or validate is skipped and logged.
+func (s *Server) lastSnapshots(ctx context.Context, keep func(pool string) bool) ([]fleetwatch.Snapshot, error) {
 	bucket := s.subj.BucketDecisions()
 	kv, err := s.js.KeyValue(ctx, bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
@@ -29,6 +29,9 @@ func (s *Server) lastSnapshots(ctx context.Context) ([]fleetwatch.Snapshot, erro
 	}
 	var snaps []fleetwatch.Snapshot
 	for key := range keys.Keys() {
+		if !keep(key) {
+			continue
+		}
 		e, err := kv.Get(ctx, key)
 		if err != nil {
 			s.logf("restore: bucket %s key %s: %v", bucket, key, err)

@@ -196,7 +196,8 @@ var ErrAnotherInstance = errors.New("serve: another fleetwatch serve runs on thi
 // checkPresence asks whether another instance runs on the prefix, and
 // refuses to start beside one when either has no JetStream.
 func (s *Server) checkPresence() error {
-	msg, err := s.nc.Request(s.subj.Presence(), nil, 500*time.Millisecond)
+	// No responders answers at once; a slow instance gets two seconds.
+	msg, err := s.nc.Request(s.subj.Presence(), nil, 2*time.Second)
 	if err != nil {
 		return nil // no responders (or no answer): alone
 	}
