@@ -130,7 +130,7 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 			h.abandon(ctx, got, fmt.Sprintf("replaying %s: %v", s.subj.StreamOutcomes(), err))
 			return
 		}
-		s.logf("replay: %v (starting with empty windows)", err)
+		s.logf("replay: %v (starting with what was replayed, if anything)", err)
 	}
 	r := scratch.Restore(snaps, time.Now())
 
