@@ -75,7 +75,8 @@ type ha struct {
 
 	view atomic.Pointer[ownership] // nil: every partition is live, unfenced
 
-	// mu guards leases, instances, lastMember, cooling, restoring and rebuilt.
+	// mu guards leases, instances, lastMember, cooling, restoring, rebuilt
+	// and bufferedBytes.
 	mu         sync.Mutex
 	leases     map[int]*lease
 	instances  int
@@ -83,6 +84,8 @@ type ha struct {
 	cooling    map[int]time.Time // partitions given back: not taken again before then
 	restoring  bool              // a takeover runs
 	rebuilt    time.Duration     // the last takeover's rebuild
+	// bufferedBytes are the partition batches held by restoring leases.
+	bufferedBytes int
 
 	acquired, lost, released *metrics.Counter
 	fromOthers, ownSkipped   *metrics.Counter
@@ -234,8 +237,9 @@ func (h *ha) loop(ctx context.Context) {
 		now := time.Now()
 		if now.Sub(lastRenew) >= h.renewEvery() {
 			lastRenew = now
-			h.member(ctx) // before the renewals: a dead instance's member key expires before its leases
+			h.putMember(ctx) // before the renewals: a dead instance's member key expires before its leases
 			h.renew(ctx)
+			h.countMembers(ctx)
 			h.rebalance(ctx)
 		}
 		h.expire(time.Now())
@@ -263,7 +267,8 @@ func (h *ha) loop(ctx context.Context) {
 // start keeps the member key, takes the instance's first share of the
 // partitions and rebuilds them, before anything is published (Run).
 func (h *ha) start(ctx context.Context) {
-	h.member(ctx)
+	h.putMember(ctx)
+	h.countMembers(ctx)
 	got := h.acquire(ctx, true)
 	// The leases are renewed while a long replay runs.
 	stop := make(chan struct{})
@@ -287,14 +292,19 @@ func (h *ha) start(ctx context.Context) {
 	h.s.an.Forget(func(pool string) bool { _, _, held := h.owns(pool, time.Now()); return !held })
 }
 
-// member writes the member key and counts the live instances.
-func (h *ha) member(ctx context.Context) {
-	c, cancel := context.WithTimeout(ctx, h.ttl/2)
+// putMember writes the member key.
+func (h *ha) putMember(ctx context.Context) {
+	c, cancel := context.WithTimeout(ctx, h.ttl/3)
 	defer cancel()
-	if _, err := h.kv.Put(c, "i."+h.id, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil {
+	if _, err := h.kv.Put(c, "i."+h.id, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil && ctx.Err() == nil {
 		h.s.logf("ha: member key: %v", err)
-		return
 	}
+}
+
+// countMembers counts the live instances by their member keys.
+func (h *ha) countMembers(ctx context.Context) {
+	c, cancel := context.WithTimeout(ctx, h.ttl/3)
+	defer cancel()
 	keys, err := h.kv.ListKeysFiltered(c, "i.*")
 	if err != nil {
 		return
@@ -387,6 +397,9 @@ func (h *ha) loseLocked(p int, why string) {
 	}
 	if l.sub != nil {
 		_ = l.sub.Unsubscribe()
+	}
+	for _, m := range l.buffer {
+		h.bufferedBytes -= len(m.Data)
 	}
 	delete(h.leases, p)
 	h.publishViewLocked()

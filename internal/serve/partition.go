@@ -25,6 +25,9 @@ import (
 // partition over rebuilds it apart (takeOver) before it publishes any of its
 // pools, buffering the partition's batches meanwhile.
 
+// maxBufferedBytes bounds the partition batches held during rebuilds.
+const maxBufferedBytes = 256 << 20
+
 // onPartition handles one batch of partition p's events.
 func (h *ha) onPartition(p int, m *nats.Msg) {
 	h.mu.Lock()
@@ -34,6 +37,12 @@ func (h *ha) onPartition(p int, m *nats.Msg) {
 		return
 	}
 	if l.state == stateRestoring {
+		if h.bufferedBytes+len(m.Data) > maxBufferedBytes {
+			h.mu.Unlock()
+			h.dropped.Inc() // the events are in FW_OUTCOMES; the rebuild is taking too long
+			return
+		}
+		h.bufferedBytes += len(m.Data)
 		l.buffer = append(l.buffer, m)
 		h.mu.Unlock()
 		h.buffered.Inc()
@@ -152,6 +161,7 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 			l.state = stateLive
 			for _, m := range l.buffer {
 				pending = append(pending, m.Data)
+				h.bufferedBytes -= len(m.Data)
 			}
 			l.buffer = nil
 		} else {
