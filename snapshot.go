@@ -83,6 +83,15 @@ type Snapshot struct {
 	// RetryBudget is the pool's fleet-wide retry budget (an extension,
 	// omitted when nil; see RetryBudget and ComputeRetryBudget).
 	RetryBudget *RetryBudget `json:"retry_budget,omitempty"`
+
+	// Fence is the revision of the lease under which the publishing
+	// instance owns the pool's partition (an extension for high
+	// availability: omitted when 0, which a single instance without
+	// JetStream publishes). A new owner's lease has a higher revision than
+	// any earlier owner's, so a router drops a snapshot whose fence is
+	// lower than the highest it has seen for the pool: a stale owner that
+	// has not yet noticed it lost its lease cannot override the new one.
+	Fence uint64 `json:"fence,omitempty"`
 }
 
 // Load is a backend's most recent load report (an extension of the
@@ -148,14 +157,20 @@ func (s *Snapshot) Find(id string) *Backend {
 }
 
 // NewerThan reports whether s should replace prev at a router: prev is nil;
+// or, when both carry a fence and the fences differ, s.Fence > prev.Fence;
 // or, within one epoch, s.Seq > prev.Seq; or, across epochs, s.At is not
 // before prev.At. A different epoch is a restarted or failed-over analyzer
 // whose seq starts again, so seq says nothing across epochs and the
 // snapshot replaces the old one when it is at least as recent; a late
-// snapshot of an older epoch is dropped.
+// snapshot of an older epoch is dropped. A higher fence is a newer owner
+// of the pool's partition, whatever the clocks say; a lower one is a stale
+// owner, dropped however recent its at.
 func (s *Snapshot) NewerThan(prev *Snapshot) bool {
 	if prev == nil {
 		return true
+	}
+	if s.Fence != 0 && prev.Fence != 0 && s.Fence != prev.Fence {
+		return s.Fence > prev.Fence
 	}
 	if s.Epoch == prev.Epoch {
 		return s.Seq > prev.Seq

@@ -3,6 +3,8 @@ package fleetwatch
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
+	"strconv"
 	"strings"
 )
 
@@ -75,6 +77,32 @@ func (s Subjects) Accepted(pool string) string { return s.prefix() + ".accepted.
 // AcceptedWildcard matches every pool's accepted batches ("fw.accepted.>").
 func (s Subjects) AcceptedWildcard() string { return s.prefix() + ".accepted.>" }
 
+// Partition is the subject the collectors republish one partition's
+// accepted events on, as NDJSON batches of the partition's pools, for the
+// partition's owner and the FW_OUTCOMES stream ("fw.partition.<n>"; an
+// extension for high availability, see PartitionOf).
+func (s Subjects) Partition(n int) string { return s.prefix() + ".partition." + strconv.Itoa(n) }
+
+// PartitionWildcard matches every partition's batches ("fw.partition.>").
+func (s Subjects) PartitionWildcard() string { return s.prefix() + ".partition.>" }
+
+// Presence is the subject a running fleetwatch serve answers requests on,
+// so that a second instance on the same prefix can tell that one runs
+// ("fw.presence"; an extension).
+func (s Subjects) Presence() string { return s.prefix() + ".presence" }
+
+// PartitionOf returns the partition of pool among n (n >= 1): FNV-1a (32
+// bits) of the pool id modulo n. Every instance of a deployment computes
+// the same partition for a pool, so exactly one owns it.
+func PartitionOf(pool string, n int) int {
+	if n <= 1 {
+		return 0
+	}
+	h := fnv.New32a()
+	h.Write([]byte(pool))
+	return int(h.Sum32() % uint32(n))
+}
+
 // Rejects is the subject rejected events are described on ("fw.rejects").
 func (s Subjects) Rejects() string { return s.prefix() + ".rejects" }
 
@@ -128,6 +156,10 @@ func (s Subjects) StreamDrift() string { return strings.ToUpper(s.jsName()) + "_
 // BucketDecisions is the JetStream KV bucket holding the last snapshot of
 // each pool under the pool id ("fw_decisions").
 func (s Subjects) BucketDecisions() string { return strings.ToLower(s.jsName()) + "_decisions" }
+
+// BucketLeases is the JetStream KV bucket holding the partition leases of
+// the serve instances of a deployment ("fw_leases"; an extension).
+func (s Subjects) BucketLeases() string { return strings.ToLower(s.jsName()) + "_leases" }
 
 // BucketBaselines is the JetStream KV bucket holding drift probe baselines
 // ("fw_probe_baselines").

@@ -21,8 +21,9 @@ type Restored struct {
 // close early because the analyzer changed:
 //
 //   - a backend open with open_until after now stays open until then (or
-//     later, when the replay re-tripped it for longer), with its reason and
-//     trip count;
+//     later, when the replay re-tripped it on events after the snapshot),
+//     with its reason and trip count; a trip the replay made from events
+//     the snapshot had already decided on gives way to the snapshot's;
 //   - a backend that was open with open_until passed, or half-open, is
 //     half-open: it must prove itself with its own traffic;
 //   - the trip count is kept, so the next open time keeps growing;
@@ -79,7 +80,11 @@ func (a *Analyzer) restoreBackend(p *pool, b *backend, prev *fleetwatch.Backend,
 			until = prev.OpenUntil.Time
 		}
 		if until.After(now) {
-			if b.state != fleetwatch.StateOpen || b.openUntil.Before(until) {
+			// The snapshot decided on every event up to its at: a trip
+			// the replay made from those events (at another evaluation
+			// time) gives way to it; only a trip on later events may
+			// keep a later open_until.
+			if b.state != fleetwatch.StateOpen || b.openUntil.Before(until) || !b.since.After(at) {
 				b.trips = max(b.trips, 1)
 				b.enter(fleetwatch.StateOpen, since, prev.Reason)
 				b.openUntil = until

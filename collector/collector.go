@@ -47,6 +47,9 @@ var (
 	// ErrNoJetStream is returned by Replay when the collector runs without
 	// JetStream.
 	ErrNoJetStream = errors.New("collector: jetstream not available")
+	// ErrReplayEndedEarly is returned by Replay when the stream stopped
+	// delivering before its last stored batch: the replay is partial.
+	ErrReplayEndedEarly = errors.New("collector: replay ended early")
 )
 
 // Sink receives validated events. Observe is called from several goroutines
@@ -123,6 +126,17 @@ type Settings struct {
 	// reaches StreamBatchBytes. If zero, 10 ms and 64 KiB are used.
 	StreamFlushInterval time.Duration
 	StreamBatchBytes    int
+	// StreamSubject, when set, names the subject an accepted event is
+	// republished on instead of fw.accepted.<pool>; events are batched per
+	// subject (serve gives fw.partition.<n>, so that a partition's owner
+	// receives its pools' events whichever collector took them). The
+	// subject must match fw.accepted.> or fw.partition.>, which
+	// FW_OUTCOMES captures. It is called once per accepted event and must
+	// be fast and safe for concurrent use.
+	StreamSubject func(pool string) string
+	// StreamHeader, when set, is sent with every republished batch (serve
+	// names its instance in it).
+	StreamHeader map[string][]string
 	// RejectRate is how many reject notices per second, per reason, are
 	// published on fw.rejects; RejectBurst is the token bucket's size. The
 	// rest are counted as suppressed and the next notice carries their

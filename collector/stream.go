@@ -15,7 +15,7 @@ import (
 var errNotEnabled = errors.New("collector: jetstream not enabled")
 
 // setupStream detects JetStream and creates or updates FW_OUTCOMES, which
-// captures fw.accepted.> in file storage, discarding the oldest events past
+// captures fw.accepted.> and fw.partition.> in file storage, discarding the oldest events past
 // StreamMaxAge or StreamMaxBytes.
 func (c *Collector) setupStream(ctx context.Context) error {
 	js, err := jetstream.New(c.nc)
@@ -32,7 +32,7 @@ func (c *Collector) setupStream(ctx context.Context) error {
 	cfg := jetstream.StreamConfig{
 		Name:        name,
 		Description: "fleetwatch: accepted outcome events (per-pool NDJSON batches) for replay and audit",
-		Subjects:    []string{c.subjects.AcceptedWildcard()},
+		Subjects:    []string{c.subjects.AcceptedWildcard(), c.subjects.PartitionWildcard()},
 		Storage:     jetstream.FileStorage,
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
@@ -67,13 +67,22 @@ const replayNextTimeout = 10 * time.Second
 // last message at the time of the call, and calls fn with the events of each
 // stored batch, in stream order. The batch is only valid during the call. An
 // event without ts gets the time the stream stored it. Lines that do not
-// decode (something else published on fw.accepted.>) are skipped and
-// logged. It returns the number of events passed to fn, and ErrNoJetStream
-// when the collector runs without JetStream.
+// decode (something else published on fw.accepted.> or fw.partition.>) are
+// skipped and logged. It returns the number of events passed to fn,
+// ErrNoJetStream when the collector runs without JetStream, and
+// ErrReplayEndedEarly when the stream stopped delivering before its last
+// stored batch (the events passed to fn are then only a part).
 //
 // The caller replays the analyzer's last window before it publishes, so a
 // restart neither forgets an open breaker nor opens one on partial data.
 func (c *Collector) Replay(ctx context.Context, since time.Time, fn func(batch []fleetwatch.Event)) (events int, err error) {
+	return c.ReplaySubjects(ctx, since, []string{c.subjects.AcceptedWildcard(), c.subjects.PartitionWildcard()}, fn)
+}
+
+// ReplaySubjects is Replay restricted to the stored batches whose subject
+// matches one of subjects (which must not overlap), for example the
+// fw.partition.<n> of the partitions an instance takes over.
+func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subjects []string, fn func(batch []fleetwatch.Event)) (events int, err error) {
 	if c.js == nil {
 		return 0, ErrNoJetStream
 	}
@@ -87,7 +96,7 @@ func (c *Collector) Replay(ctx context.Context, since time.Time, fn func(batch [
 	}
 	start := since
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{c.subjects.AcceptedWildcard()},
+		FilterSubjects: subjects,
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   &start,
 	})
@@ -132,7 +141,7 @@ func (c *Collector) Replay(ctx context.Context, since time.Time, fn func(batch [
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			c.settings.Logf("collector: replay of %s ended early after %d events: no stored batch within %v",
 				c.stream, events, replayNextTimeout)
-			break
+			return events, fmt.Errorf("%w: after %d events, no stored batch within %v", ErrReplayEndedEarly, events, replayNextTimeout)
 		}
 		if err != nil {
 			return events, fmt.Errorf("collector: replay %s: next batch after %d events: %w", c.stream, events, err)

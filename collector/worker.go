@@ -33,7 +33,7 @@ type worker struct {
 	// sink is called or anything is published.
 	mu       sync.Mutex
 	batch    *[]fleetwatch.Event
-	pools    map[string]*[]byte // pool -> NDJSON not yet republished
+	pools    map[string]*[]byte // subject -> NDJSON not yet republished
 	messages uint64
 	events   [fleetwatch.NumOutcomes]uint64
 
@@ -46,11 +46,12 @@ type worker struct {
 	slow        <-chan nats.SubStatus
 }
 
-// streamBatch is one pool's NDJSON on its way to fw.accepted.<pool>.
+// streamBatch is one subject's NDJSON on its way to fw.accepted.<pool> (or
+// Settings.StreamSubject's subject).
 type streamBatch struct {
-	pool   string
-	buf    *[]byte
-	events int
+	subject string
+	buf     *[]byte
+	events  int
 }
 
 // pendingReject is a reject of the current message, described after unlock.
@@ -166,17 +167,18 @@ func (w *worker) batchLocked() *[]fleetwatch.Event {
 // decodes to ev and is copied verbatim (encoding costs as much as decoding);
 // otherwise, or when the object spans several lines, ev is encoded afresh.
 func (w *worker) appendStreamLocked(ev *fleetwatch.Event, line []byte, restamped bool) {
-	buf := w.pools[ev.Pool]
+	subject := w.c.streamSubject(ev.Pool)
+	buf := w.pools[subject]
 	if buf == nil {
 		if len(w.pools) >= maxStreamPools {
-			for pool, b := range w.pools {
-				w.readyOut = append(w.readyOut, streamBatch{pool: pool, buf: b, events: countLines(*b)})
-				delete(w.pools, pool)
+			for subj, b := range w.pools {
+				w.readyOut = append(w.readyOut, streamBatch{subject: subj, buf: b, events: countLines(*b)})
+				delete(w.pools, subj)
 			}
 		}
 		buf = w.c.streamPool.Get().(*[]byte)
 		*buf = (*buf)[:0]
-		w.pools[ev.Pool] = buf
+		w.pools[subject] = buf
 	}
 	if !restamped && bytes.IndexByte(line, '\n') < 0 {
 		*buf = append(*buf, line...)
@@ -185,8 +187,8 @@ func (w *worker) appendStreamLocked(ev *fleetwatch.Event, line []byte, restamped
 	}
 	*buf = append(*buf, '\n')
 	if len(*buf) >= w.c.settings.StreamBatchBytes {
-		w.readyOut = append(w.readyOut, streamBatch{pool: ev.Pool, buf: buf, events: countLines(*buf)})
-		delete(w.pools, ev.Pool)
+		w.readyOut = append(w.readyOut, streamBatch{subject: subject, buf: buf, events: countLines(*buf)})
+		delete(w.pools, subject)
 	}
 }
 
@@ -223,9 +225,9 @@ func (w *worker) flush(stream bool) {
 	var out []streamBatch
 	w.mu.Lock()
 	if stream {
-		for pool, buf := range w.pools {
-			out = append(out, streamBatch{pool: pool, buf: buf, events: countLines(*buf)})
-			delete(w.pools, pool)
+		for subj, buf := range w.pools {
+			out = append(out, streamBatch{subject: subj, buf: buf, events: countLines(*buf)})
+			delete(w.pools, subj)
 		}
 	} else if w.batch != nil && len(*w.batch) > 0 {
 		batch = w.batch
@@ -302,11 +304,25 @@ func (c *Collector) observe(batch *[]fleetwatch.Event) {
 	}
 }
 
-// republish publishes one pool's NDJSON on fw.accepted.<pool> for the
-// FW_OUTCOMES stream. nats.go copies the payload into its write buffer, so
-// the buffer is recycled at once.
+// streamSubject is the subject pool's accepted events are republished on.
+func (c *Collector) streamSubject(pool string) string {
+	if c.settings.StreamSubject != nil {
+		return c.settings.StreamSubject(pool)
+	}
+	return c.subjects.Accepted(pool)
+}
+
+// republish publishes one subject's NDJSON (fw.accepted.<pool>, or
+// StreamSubject's) for the FW_OUTCOMES stream. nats.go copies the payload
+// into its write buffer, so the buffer is recycled at once.
 func (c *Collector) republish(sb streamBatch) {
-	if err := c.nc.Publish(c.subjects.Accepted(sb.pool), *sb.buf); err != nil {
+	var err error
+	if c.settings.StreamHeader != nil {
+		err = c.nc.PublishMsg(&nats.Msg{Subject: sb.subject, Data: *sb.buf, Header: c.settings.StreamHeader})
+	} else {
+		err = c.nc.Publish(sb.subject, *sb.buf)
+	}
+	if err != nil {
 		c.m.streamPublishErrors.Inc()
 	} else {
 		c.m.streamPublished.Inc()

@@ -88,6 +88,7 @@ type Publisher struct {
 	kvPutErrs    *metrics.Counter
 	kvPuts       *metrics.Counter
 	kvSuperseded *metrics.Counter
+	kvFenced     *metrics.Counter
 	truncated    *metrics.Counter
 
 	// kvMu guards the KV queue: pending holds the latest unput snapshot
@@ -95,7 +96,7 @@ type Publisher struct {
 	// once), and done is closed when the running worker exits (nil when
 	// none runs).
 	kvMu      sync.Mutex
-	kvPending map[string][]byte
+	kvPending map[string]queued
 	kvOrder   []string
 	kvDone    chan struct{}
 }
@@ -118,7 +119,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, s PublisherSettings) (*Pub
 		set:        s.Metrics,
 		configured: s.Configured,
 		kvTimeout:  s.KVTimeout,
-		kvPending:  make(map[string][]byte),
+		kvPending:  make(map[string]queued),
 	}
 	if p.kvTimeout <= 0 {
 		p.kvTimeout = defaultKVTimeout
@@ -134,6 +135,7 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, s PublisherSettings) (*Pub
 	p.kvPutErrs = p.set.GetOrCreateCounter("fleetwatch_kv_put_errors_total")
 	p.kvPuts = p.set.GetOrCreateCounter("fleetwatch_kv_puts_total")
 	p.kvSuperseded = p.set.GetOrCreateCounter("fleetwatch_kv_put_superseded_total")
+	p.kvFenced = p.set.GetOrCreateCounter("fleetwatch_kv_put_fenced_total")
 	p.truncated = p.set.GetOrCreateCounter("fleetwatch_decisions_truncated_total")
 	p.set.GetOrCreateGauge("fleetwatch_kv_put_queue", func() float64 {
 		p.kvMu.Lock()
@@ -256,7 +258,7 @@ func (p *Publisher) Publish(ctx context.Context, snap *fleetwatch.Snapshot) erro
 		p.published.Inc()
 	}
 	if p.kv != nil {
-		p.queuePut(snap.Pool, data)
+		p.queuePut(snap.Pool, queued{data: data, fence: snap.Fence})
 	}
 	return publishErr
 }
@@ -342,9 +344,15 @@ func b2i(v bool) int {
 	return 0
 }
 
-// queuePut queues data as pool's latest KV value, replacing a queued one,
+// queued is a snapshot waiting for its KV put: its encoding and its fence.
+type queued struct {
+	data  []byte
+	fence uint64
+}
+
+// queuePut queues q as pool's latest KV value, replacing a queued one,
 // and starts the worker when none runs.
-func (p *Publisher) queuePut(pool string, data []byte) {
+func (p *Publisher) queuePut(pool string, data queued) {
 	p.kvMu.Lock()
 	defer p.kvMu.Unlock()
 	if _, queued := p.kvPending[pool]; queued {
@@ -374,14 +382,17 @@ func (p *Publisher) putLoop(done chan struct{}) {
 		}
 		pool := p.kvOrder[0]
 		p.kvOrder = p.kvOrder[1:]
-		data := p.kvPending[pool]
+		q := p.kvPending[pool]
 		delete(p.kvPending, pool)
 		p.kvMu.Unlock()
 
 		ctx, cancel := context.WithTimeout(context.Background(), p.kvTimeout)
-		_, err := p.kv.Put(ctx, pool, data)
+		err := p.put(ctx, pool, q)
 		cancel()
 		switch {
+		case errors.Is(err, errFenced):
+			p.kvFenced.Inc()
+			p.logf("feed: bucket %s key %s: not put: %v", p.subjects.BucketDecisions(), pool, err)
 		case err != nil:
 			p.kvPutErrs.Inc()
 			if !failing {
@@ -394,6 +405,38 @@ func (p *Publisher) putLoop(done chan struct{}) {
 			failing = false
 		}
 	}
+}
+
+// errFenced reports a KV put refused because the stored snapshot has a
+// higher fence: a newer owner of the pool's partition wrote it.
+var errFenced = errors.New("a newer owner's snapshot is stored (higher fence)")
+
+// put writes q under pool. An unfenced snapshot is put as it is. A fenced
+// one is written only over a value whose fence is not higher, by a
+// compare-and-set on the key's revision (KV Update, or Create when there is
+// no value), so that an instance that lost the pool's partition cannot
+// overwrite its new owner's snapshot, even in a race.
+func (p *Publisher) put(ctx context.Context, pool string, q queued) error {
+	if q.fence == 0 {
+		_, err := p.kv.Put(ctx, pool, q.data)
+		return err
+	}
+	e, err := p.kv.Get(ctx, pool)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		_, err = p.kv.Create(ctx, pool, q.data)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	var stored struct {
+		Fence uint64 `json:"fence"`
+	}
+	if json.Unmarshal(e.Value(), &stored) == nil && stored.Fence > q.fence {
+		return fmt.Errorf("%w: fence %d stored, %d here", errFenced, stored.Fence, q.fence)
+	}
+	_, err = p.kv.Update(ctx, pool, q.data, e.Revision())
+	return err
 }
 
 // Flush waits until the KV queue is empty (every queued snapshot put or

@@ -69,6 +69,10 @@ type View struct {
 type watched struct {
 	snap     *fleetwatch.Snapshot
 	received time.Time
+	// fence is the highest Snapshot.Fence seen for the pool: a snapshot
+	// with a lower non-zero fence comes from an instance that lost the
+	// pool's partition and is dropped.
+	fence uint64
 }
 
 // poolSlots maps a pool id to its slot. The map is copied when a pool
@@ -98,6 +102,7 @@ type Watcher struct {
 
 	applied   *metrics.Counter
 	older     *metrics.Counter
+	fenced    *metrics.Counter
 	malformed *metrics.Counter
 	dropped   *metrics.Counter
 	kvReads   *metrics.Counter
@@ -156,6 +161,7 @@ func NewWatcher(nc *nats.Conn, s WatcherSettings) (*Watcher, error) {
 	set := s.Metrics
 	w.applied = set.GetOrCreateCounter("fleetwatch_feed_snapshots_applied_total")
 	w.older = set.GetOrCreateCounter("fleetwatch_feed_snapshots_older_total")
+	w.fenced = set.GetOrCreateCounter("fleetwatch_feed_snapshots_fenced_total")
 	w.malformed = set.GetOrCreateCounter("fleetwatch_feed_snapshots_malformed_total")
 	w.dropped = set.GetOrCreateCounter("fleetwatch_feed_snapshots_dropped_total")
 	w.kvReads = set.GetOrCreateCounter("fleetwatch_feed_kv_reads_total")
@@ -332,18 +338,31 @@ func (w *Watcher) handleMsg(msg *nats.Msg) {
 }
 
 // apply makes snap the pool's current snapshot when it is newer, and then
-// calls OnUpdate. It runs on Run's goroutine only, the single writer.
+// calls OnUpdate. A snapshot whose fence is lower than the highest fence
+// seen for the pool is dropped first (counted in
+// fleetwatch_feed_snapshots_fenced_total): it comes from an instance that
+// lost the pool's partition to another. It runs on Run's goroutine only, the
+// single writer.
 func (w *Watcher) apply(snap *fleetwatch.Snapshot) bool {
 	if w.follow != nil && !w.follow[snap.Pool] {
 		return false
 	}
 	m := *w.pools.Load()
 	slot := m[snap.Pool]
-	if slot != nil && !snap.NewerThan(slot.Load().snap) {
-		w.older.Inc()
-		return false
+	var fence uint64
+	if slot != nil {
+		prev := slot.Load()
+		fence = prev.fence
+		if snap.Fence != 0 && snap.Fence < fence {
+			w.fenced.Inc()
+			return false
+		}
+		if !snap.NewerThan(prev.snap) {
+			w.older.Inc()
+			return false
+		}
 	}
-	e := &watched{snap: snap, received: w.settings.Now()}
+	e := &watched{snap: snap, received: w.settings.Now(), fence: max(fence, snap.Fence)}
 	if slot == nil {
 		next := make(poolSlots, len(m)+1)
 		for k, v := range m {

@@ -286,6 +286,23 @@ func TestUpdateIgnoresOlderSnapshot(t *testing.T) {
 	}
 }
 
+// A fenced snapshot of a partition's new owner is not replaced by a later
+// snapshot of the stale owner, whose lease (fence) is older.
+func TestUpdateIgnoresStaleFence(t *testing.T) {
+	c := &clock{now: t0}
+	p := newPicker(c, Settings{})
+	owner := pool(1, backend("owner", 100))
+	owner.Epoch, owner.Fence = "new-owner", 9
+	p.Update(owner)
+	stale := pool(7, backend("stale", 100))
+	stale.Epoch, stale.Fence = "old-owner", 3
+	stale.At = fleetwatch.At(t0.Add(time.Second))
+	p.Update(stale)
+	if got, _ := pickDone(p, seeded(1), Request{}); got.Backend != "owner" {
+		t.Errorf("Pick = %v; a snapshot with a lower fence replaced the new owner's", got)
+	}
+}
+
 // In-flight counts survive snapshots, and a removed backend's count still
 // balances when its requests finish.
 func TestLocalsCarryOver(t *testing.T) {

@@ -55,7 +55,7 @@ func (t *table) weight(i int) float64 {
 
 // state is the immutable pick-path view of one snapshot.
 type state struct {
-	header    fleetwatch.Snapshot // epoch, seq and at of the applied snapshot
+	header    fleetwatch.Snapshot // epoch, seq, at and fence of the applied snapshot
 	staleAt   int64               // unix ns after which the snapshot is stale
 	mode      fleetwatch.Mode
 	shed      bool    // all_open is shed
@@ -121,7 +121,7 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		ttl = DefaultTTL
 	}
 	st := &state{
-		header:  fleetwatch.Snapshot{Epoch: snap.Epoch, Seq: snap.Seq, At: snap.At},
+		header:  fleetwatch.Snapshot{Epoch: snap.Epoch, Seq: snap.Seq, At: snap.At, Fence: snap.Fence},
 		staleAt: snap.At.Add(ttl).UnixNano(),
 		mode:    snap.Mode,
 		shed:    snap.AllOpen != fleetwatch.AllOpenSpread,

@@ -10,6 +10,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -160,14 +161,25 @@ func Run(ctx context.Context, s Settings) (*Report, error) {
 	// consume.
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	d, err := serve.New(cfg, serve.Options{NATSOptions: s.NATSOptions})
+	ready := make(chan struct{})
+	d, err := serve.New(cfg, serve.Options{NATSOptions: s.NATSOptions, OnReady: func() { close(ready) }})
 	if err != nil {
 		return nil, err
 	}
 	runDone := make(chan error, 1)
 	go func() { runDone <- d.Run(runCtx) }() // exits when runCtx is canceled below
-	defer func() { cancel(); <-runDone }()
 	subj := fleetwatch.Subjects{Prefix: cfg.Prefix}
+	// Measure a daemon that consumes: its start (leases, restore, replay)
+	// is not part of any run.
+	select {
+	case <-ready:
+	case err := <-runDone:
+		return nil, fmt.Errorf("daemon: %w", err)
+	}
+	defer func() { cancel(); <-runDone }()
+	if err := waitConsuming(d, subj, s.Dial, url, single[0]); err != nil {
+		return nil, err
+	}
 
 	r := &Report{Trips: s.Trips}
 	best := func(name string, run func() (Result, error)) error {
@@ -320,6 +332,28 @@ func baseline(dial func(name, url string) (*nats.Conn, error), url string, msgs 
 	el := time.Since(start)
 	dropped, _ := s.Dropped()
 	return Result{Events: int(got.Load()), Messages: len(msgs), Seconds: el.Seconds(), PerSecond: float64(got.Load()) / el.Seconds(), Dropped: uint64(dropped)}, nil
+}
+
+// waitConsuming publishes event until the daemon's collector has accepted
+// one: then it consumes.
+func waitConsuming(d *serve.Server, subj fleetwatch.Subjects, dial func(name, url string) (*nats.Conn, error), url string, event []byte) error {
+	pub, err := dial("bench warm-up", url)
+	if err != nil {
+		return err
+	}
+	defer pub.Close()
+	deadline := time.Now().Add(time.Minute)
+	for d.IngestStats().AcceptedTotal() == 0 {
+		if time.Now().After(deadline) {
+			return errors.New("daemon: no event accepted within a minute of its start")
+		}
+		if err := pub.Publish(subj.Outcomes()+".bench", event); err != nil {
+			return err
+		}
+		_ = pub.Flush()
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
 }
 
 // daemon times the daemon's collector until it has accepted events.

@@ -42,6 +42,7 @@ type Config struct {
 	Pools    []PoolConfig   `yaml:"pools"`
 	Route    RouteConfig    `yaml:"route"`
 	Ingest   IngestConfig   `yaml:"ingest"`
+	HA       HAConfig       `yaml:"ha"`
 	Probes   ProbesConfig   `yaml:"probes"`
 	Review   ReviewConfig   `yaml:"review"`
 	Scrape   ScrapeConfig   `yaml:"scrape"` // reading the backends' metrics_url (load.go)
@@ -143,6 +144,47 @@ type AccessLogConfig struct {
 	// TTFT says what becomes ttft_ms: header (the upstream's time to the
 	// response headers, default) or none.
 	TTFT string `yaml:"ttft"`
+}
+
+// HAConfig is how several serve instances share a deployment (DECISIONS.md
+// "High availability"). With JetStream every instance takes partition
+// leases; a single instance simply owns every partition.
+type HAConfig struct {
+	// Partitions is how many partitions the pools are hashed into
+	// (fleetwatch.PartitionOf); every instance of a deployment must use
+	// the same number. Default 16; at most 1024.
+	Partitions int `yaml:"partitions"`
+	// LeaseTTL is how long a partition lease lives without renewal (the
+	// lease bucket's TTL): a dead owner's partitions are taken over within
+	// about LeaseTTL + 1s. Default 5s; at least 500ms.
+	LeaseTTL *Duration `yaml:"lease_ttl"`
+	// Replicas is the replica count of the JetStream assets serve creates
+	// (FW_OUTCOMES, fw_decisions, fw_leases): 3 on a three-node cluster.
+	// Default 1.
+	Replicas int `yaml:"replicas"`
+}
+
+// Default HA settings.
+const (
+	DefaultPartitions = 16
+	DefaultLeaseTTL   = 5 * time.Second
+	MaxPartitions     = 1024
+	MinLeaseTTL       = 500 * time.Millisecond
+)
+
+// HASettings returns the HA block with its defaults applied.
+func (c *Config) HASettings() HAConfig {
+	h := c.HA
+	if h.Partitions == 0 {
+		h.Partitions = DefaultPartitions
+	}
+	if h.LeaseTTL == nil {
+		h.LeaseTTL = dur(DefaultLeaseTTL)
+	}
+	if h.Replicas == 0 {
+		h.Replicas = 1
+	}
+	return h
 }
 
 // HTTPConfig is serve's HTTP listener. Without BearerTokenEnv and
@@ -545,6 +587,15 @@ func (c *Config) validate(lines map[string]int, file string) error {
 	}
 	if err := c.Ingest.validate(fail); err != nil {
 		return err
+	}
+	if c.HA.Partitions < 0 || c.HA.Partitions > MaxPartitions {
+		return fail("ha.partitions", "%d: must be between 1 and %d (0: the default %d)", c.HA.Partitions, MaxPartitions, DefaultPartitions)
+	}
+	if c.HA.LeaseTTL != nil && c.HA.LeaseTTL.Duration < MinLeaseTTL {
+		return fail("ha.lease_ttl", "%v: must be at least %v", c.HA.LeaseTTL.Duration, MinLeaseTTL)
+	}
+	if c.HA.Replicas < 0 || c.HA.Replicas > 5 {
+		return fail("ha.replicas", "%d: must be between 1 and 5 (0: the default 1)", c.HA.Replicas)
 	}
 	if c.Ingest.Durable && c.NATS.NoJetStream {
 		return fail("ingest.durable", "true: the durable intake needs JetStream (nats.no_jetstream is true)")

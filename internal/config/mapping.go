@@ -184,6 +184,7 @@ func (c *Config) CollectorSettings() collector.Settings {
 		Intake:         c.Ingest.Durable,
 		IntakeMaxBytes: c.Ingest.MaxBytes,
 		StreamMaxAge:   max(2*c.Analyzer.settings().WithDefaults().Window, 10*time.Minute),
+		StreamReplicas: c.HA.Replicas,
 	}
 	if c.Ingest.MaxAge != nil {
 		s.IntakeMaxAge = c.Ingest.MaxAge.Duration

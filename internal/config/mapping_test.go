@@ -39,6 +39,9 @@ var directKeys = map[string]func(c *Config) any{
 	"nats.listen":              func(c *Config) any { return c.NATS.Listen },
 	"nats.no_jetstream":        func(c *Config) any { return c.NATS.NoJetStream },
 	"http.listen":              func(c *Config) any { return c.HTTP.Listen },
+	"ha.partitions":            func(c *Config) any { return c.HA.Partitions }, // serve's leases
+	"ha.lease_ttl":             func(c *Config) any { return c.HA.LeaseTTL },
+	"ha.replicas":              func(c *Config) any { return c.HA.Replicas },         // also the collector's StreamReplicas
 	"http.bearer_token_env":    func(c *Config) any { return c.HTTP.BearerTokenEnv }, // serve.New reads the variable
 	"http.basic_users_file":    func(c *Config) any { return c.HTTP.BasicUsersFile },
 	"http.tls_cert":            func(c *Config) any { return c.HTTP.TLSCert },
@@ -246,9 +249,9 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		"collector.Settings.Subscriptions": true, "collector.Settings.PendingMsgs": true, "collector.Settings.PendingBytes": true,
 		"collector.Settings.BatchSize": true, "collector.Settings.FlushInterval": true, "collector.Settings.StreamFlushInterval": true,
 		"collector.Settings.StreamBatchBytes": true, "collector.Settings.RejectRate": true, "collector.Settings.RejectBurst": true,
-		"collector.Settings.StreamMaxBytes": true, "collector.Settings.StreamReplicas": true, "collector.Settings.Now": true,
+		"collector.Settings.StreamMaxBytes": true, "collector.Settings.Now": true,
 		"collector.Settings.Metrics": true, "collector.Settings.Logf": true, "collector.Settings.OnUrgent": true,
-		"collector.Settings.MaxRejectSources": true,
+		"collector.Settings.MaxRejectSources": true, "collector.Settings.StreamSubject": true, "collector.Settings.StreamHeader": true,
 	}
 	var unreached []string
 	reached := func(name string, v reflect.Value) {

@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +45,18 @@ type Settings struct {
 	Logf func(format string, args ...any)
 	// Debug also forwards the server's debug lines to Logf.
 	Debug bool
+	// Cluster, when set, makes the server a node of a NATS cluster (see
+	// StartCluster). If nil, the server is standalone.
+	Cluster *ClusterNode
+}
+
+// ClusterNode is a server's part of a cluster: the cluster's name, the
+// address its route listener binds (host:port) and the routes to the other
+// nodes ("nats-route://host:port").
+type ClusterNode struct {
+	Name   string
+	Listen string
+	Routes []string
 }
 
 // Server is a running embedded NATS server.
@@ -109,6 +122,20 @@ func options(s Settings) (*server.Options, string, error) {
 		// The collector raises its own pending limits; a larger server-side
 		// payload limit is not needed (NDJSON batches stay below 1 MiB).
 		MaxPayload: server.MAX_PAYLOAD_SIZE,
+	}
+	if c := s.Cluster; c != nil {
+		chost, cport, err := net.SplitHostPort(c.Listen)
+		if err != nil {
+			return nil, "", fmt.Errorf("natsrv: cluster listen %q: %w", c.Listen, err)
+		}
+		opts.Cluster.Name = c.Name
+		opts.Cluster.Host = chost
+		if opts.Cluster.Port, err = strconv.Atoi(cport); err != nil {
+			return nil, "", fmt.Errorf("natsrv: cluster listen %q: bad port", c.Listen)
+		}
+		if len(c.Routes) > 0 {
+			opts.Routes = server.RoutesFromStr(strings.Join(c.Routes, ","))
+		}
 	}
 	var tempDir string
 	if !s.NoJetStream {

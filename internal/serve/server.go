@@ -12,6 +12,7 @@ package serve
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -70,6 +71,8 @@ type Server struct {
 	js       jetstream.JetStream // nil without JetStream
 
 	an      *analyzer.Analyzer
+	seed    uint64 // the analyzer's, also given to a takeover's scratch analyzer
+	ha      *ha    // partitions and leases (every partition is live without JetStream)
 	window  time.Duration
 	col     *collector.Collector
 	pub     *feed.Publisher
@@ -173,19 +176,45 @@ func (s *Server) connect() error {
 	if s.nc, err = nats.Connect(url, opts...); err != nil {
 		return fmt.Errorf("serve: nats: connect %s: %w", url, err)
 	}
-	if s.cfg.NATS.NoJetStream {
+	if !s.cfg.NATS.NoJetStream {
+		if s.js, err = jetstream.New(s.nc); err != nil {
+			return fmt.Errorf("serve: jetstream: %w", err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := s.js.AccountInfo(ctx); err != nil {
+			s.logf("JetStream not available (%v): running without replay, KV and drift stream", err)
+			s.js = nil
+		}
+	}
+	return s.checkPresence()
+}
+
+// ErrAnotherInstance is returned by New when another fleetwatch serve runs
+// on the same prefix and one of the two has no JetStream: without the
+// partition leases two instances would split the outcome events and publish
+// competing decisions.
+var ErrAnotherInstance = errors.New("serve: another fleetwatch serve runs on this prefix")
+
+// checkPresence asks whether another instance runs on the prefix, and
+// refuses to start beside one when either has no JetStream.
+func (s *Server) checkPresence() error {
+	// No responders answers at once; a slow instance gets two seconds.
+	msg, err := s.nc.Request(s.subj.Presence(), nil, 2*time.Second)
+	if err != nil {
+		return nil // no responders (or no answer): alone
+	}
+	var other struct {
+		Instance  string `json:"instance"`
+		JetStream bool   `json:"jetstream"`
+	}
+	_ = json.Unmarshal(msg.Data, &other)
+	if s.js != nil && other.JetStream {
+		s.logf("ha: instance %s already runs on prefix %s: sharing the partitions with it", other.Instance, s.subj.Prefix)
 		return nil
 	}
-	if s.js, err = jetstream.New(s.nc); err != nil {
-		return fmt.Errorf("serve: jetstream: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if _, err := s.js.AccountInfo(ctx); err != nil {
-		s.logf("JetStream not available (%v): running without replay, KV and drift stream", err)
-		s.js = nil
-	}
-	return nil
+	return fmt.Errorf("%w (%s, %s): without JetStream only one instance may run on a prefix; stop it, use another prefix, or enable JetStream for high availability",
+		ErrAnotherInstance, s.subj.Presence(), other.Instance)
 }
 
 // build makes the analyzer, the publisher, the collector and the HTTP
@@ -195,6 +224,7 @@ func (s *Server) build() error {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
+	s.seed = seed
 	ac := s.cfg.AnalyzerSettings(seed)
 	var err error
 	if s.an, err = analyzer.New(ac); err != nil {
@@ -208,9 +238,16 @@ func (s *Server) build() error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	s.ha = newHA(s)
+	if s.js != nil {
+		if err := s.ha.openBucket(ctx, s.js); err != nil {
+			return err
+		}
+	}
 	s.pub, err = feed.NewPublisher(ctx, s.nc, feed.PublisherSettings{
 		Prefix: s.cfg.Prefix, NoKV: s.js == nil, Metrics: s.metrics, Logf: s.logf,
 		Configured: s.cfg.Configured, // kept first when a snapshot must be truncated
+		KVReplicas: s.cfg.HASettings().Replicas,
 	})
 	if err != nil {
 		return fmt.Errorf("serve: feed publisher: %w", err)
@@ -218,7 +255,21 @@ func (s *Server) build() error {
 	cs := s.cfg.CollectorSettings()
 	cs.NoJetStream = s.js == nil
 	cs.Metrics, cs.Logf, cs.OnUrgent = s.metrics, s.logf, s.signalUrgent
-	s.col, err = collector.New(s.nc, s.an, cs)
+	var sink collector.Sink = s.an
+	if s.js != nil {
+		// Accepted events go to their partition's subject, for its owner
+		// and FW_OUTCOMES; this instance observes at once only those of
+		// the partitions it decides.
+		partitions := make([]string, s.ha.n)
+		for p := range partitions {
+			partitions[p] = s.subj.Partition(p)
+		}
+		n := s.ha.n
+		cs.StreamSubject = func(pool string) string { return partitions[fleetwatch.PartitionOf(pool, n)] }
+		cs.StreamHeader = s.ha.header
+		sink = &haSink{h: s.ha, an: s.an}
+	}
+	s.col, err = collector.New(s.nc, sink, cs)
 	if err != nil {
 		return fmt.Errorf("serve: collector: %w", err)
 	}
@@ -268,8 +319,13 @@ func (s *Server) Run(ctx context.Context) error {
 	s.mu.Unlock()
 	defer s.Close()
 
+	presence, err := s.answerPresence()
+	if err != nil {
+		return fmt.Errorf("serve: presence: %w", err)
+	}
+	defer presence.Unsubscribe()
 	if s.js != nil {
-		s.restore(ctx)
+		s.ha.start(ctx) // the restore and replay of the partitions taken
 	}
 	var stopProbes func()
 	if !s.cfg.Probes.Disabled {
@@ -284,11 +340,14 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var work sync.WaitGroup // the collector and the evaluation loop
+	var work sync.WaitGroup // the collector, the evaluation loop and the leases
 	errs := make(chan error, 2)
 	work.Go(func() { errs <- s.col.Run(runCtx) })
 	work.Go(func() { s.evaluateLoop(runCtx) })
 	work.Go(func() { s.runScraper(runCtx) })
+	if s.js != nil {
+		work.Go(func() { s.ha.loop(runCtx) })
+	}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.httpSrv.Serve(s.ln) }() // ends with Shutdown below
 
@@ -305,6 +364,7 @@ func (s *Server) Run(ctx context.Context) error {
 		stopProbes()
 	}
 	s.finalSnapshot()
+	s.ha.releaseAll() // a successor takes over at once, not after the TTL
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	s.httpSrv.Shutdown(sctx)
 	scancel()
@@ -361,25 +421,6 @@ func (s *Server) closeNATS() {
 	case <-time.After(3 * time.Second):
 		s.nc.Close()
 	}
-}
-
-// replay feeds FW_OUTCOMES from since through the analyzer, evaluating at
-// event time as it goes (without publishing), so that the windows are full
-// and breakers tripped by those events are open again.
-func (s *Server) replay(ctx context.Context, since time.Time) error {
-	n, err := s.col.Replay(ctx, since, func(batch []fleetwatch.Event) {
-		s.an.Observe(batch)
-		if len(batch) > 0 {
-			// Evaluate at the batch's event time, as the live loop would
-			// have: consecutive-failure trips and their open times are
-			// decided then, not at the restart.
-			s.an.Evaluate(batch[len(batch)-1].TS)
-		}
-	})
-	if n > 0 || err == nil {
-		s.logf("replayed %d events since %s from the outcome stream", n, fleetwatch.FormatTime(since))
-	}
-	return err
 }
 
 // signalUrgent asks the evaluation loop to run now: an event may have
@@ -441,17 +482,47 @@ func (s *Server) evaluate(ctx context.Context, now time.Time) {
 // slow JetStream or a flood of pools never delays this loop and with it
 // another pool's heartbeat. While NATS is unreachable nothing is sent; the
 // heartbeat publishes the current state once the connection is back.
+//
+// Only the pools of the partitions this instance holds a valid lease of
+// are published, each with the lease's fence; a pool of another partition
+// (its lease was lost since the evaluation) is counted and forgotten.
 func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
+	now := time.Now()
+	var foreign map[string]bool
+	filtered := false
+	kept := snaps[:0:0]
+	for i := range snaps {
+		fence, ok, held := s.ha.owns(snaps[i].Pool, now)
+		if !ok {
+			filtered = true
+			if !held { // another instance's now: forget it here
+				if foreign == nil {
+					foreign = map[string]bool{}
+				}
+				foreign[snaps[i].Pool] = true
+			} // else being rebuilt, or the lease is overdue: not now
+			continue
+		}
+		snaps[i].Fence = fence
+		kept = append(kept, snaps[i])
+	}
+	if !filtered {
+		kept = snaps
+	}
+	if len(foreign) > 0 {
+		s.ha.unowned.Add(len(foreign))
+		s.an.Forget(func(pool string) bool { return foreign[pool] })
+	}
 	if s.nc.IsConnected() {
-		for i := range snaps {
-			if err := s.pub.Publish(ctx, &snaps[i]); err != nil {
-				s.logf("publish %s: %v", snaps[i].Pool, err)
+		for i := range kept {
+			if err := s.pub.Publish(ctx, &kept[i]); err != nil {
+				s.logf("publish %s: %v", kept[i].Pool, err)
 			}
 		}
-	} else if len(snaps) > 0 {
-		s.unpublished.Add(len(snaps))
+	} else if len(kept) > 0 {
+		s.unpublished.Add(len(kept))
 	}
-	s.hist.record(snaps)
+	s.hist.record(kept)
 }
 
 // finalSnapshot publishes every pool's snapshot once more on the way out,
