@@ -41,7 +41,8 @@ type Config struct {
 	Ingest   IngestConfig   `yaml:"ingest"`
 	Probes   ProbesConfig   `yaml:"probes"`
 	Review   ReviewConfig   `yaml:"review"`
-	Data     string         `yaml:"data"` // data directory; default ./data
+	Alerts   AlertsConfig   `yaml:"alerts"` // notifications to webhooks (alerts.go)
+	Data     string         `yaml:"data"`   // data directory; default ./data
 }
 
 // NATSConfig says where NATS is. An empty URL starts the embedded server.
@@ -444,7 +445,7 @@ func (c *Config) validate(lines map[string]int, file string) error {
 			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
 		}
 	}
-	return nil
+	return c.Alerts.validate(fail)
 }
 
 // validate checks the HTTP keys: an exposed listener needs authentication
