@@ -17,20 +17,20 @@ import (
 // (evaluatePool, the code that makes the decisions) on a copy of the pool,
 // so the verdict is the decision, not a second implementation of it.
 type Explanation struct {
-	Pool    string    `json:"pool"`
-	Backend string    `json:"backend"`
-	At      time.Time `json:"at"`
+	Pool    string          `json:"pool"`
+	Backend string          `json:"backend"`
+	At      fleetwatch.Time `json:"at"`
 
 	// State, Since, Reason and Weight are the current decision (as of the
 	// latest Evaluate); Reason is the snapshot's.
 	State  fleetwatch.State `json:"state"`
-	Since  time.Time        `json:"since,omitzero"`
+	Since  fleetwatch.Time  `json:"since,omitzero"`
 	Reason string           `json:"reason"`
 	Weight float64          `json:"weight"`
 	// OpenUntil is when an open breaker becomes half-open (zero unless
 	// open); Trips counts its consecutive trips.
-	OpenUntil time.Time `json:"open_until,omitzero"`
-	Trips     int       `json:"trips"`
+	OpenUntil fleetwatch.Time `json:"open_until,omitzero"`
+	Trips     int             `json:"trips"`
 
 	// Verdict is the state an Evaluate at At leaves the backend in, with
 	// the cause and reason of the transition it makes ("" when none), and
@@ -40,11 +40,11 @@ type Explanation struct {
 	VerdictReason string           `json:"verdict_reason,omitempty"`
 	VerdictWeight float64          `json:"verdict_weight"`
 
-	// Window is the sliding window; Counts its events by outcome name,
+	// WindowMs is the sliding window; Counts its events by outcome name,
 	// Requests all of them and Counted those the rates and the gate count
 	// (ok, error, timeout, throttled). Recent is the newest quarter of the
 	// window, on which the rate rules are confirmed.
-	Window   time.Duration     `json:"window_ms"`
+	WindowMs int64             `json:"window_ms"`
 	Counts   map[string]uint64 `json:"counts"`
 	Requests uint64            `json:"requests"`
 	Counted  uint64            `json:"counted"`
@@ -73,9 +73,9 @@ type Explanation struct {
 
 // RecentWindow is the newest quarter of the window (at least one bucket).
 type RecentWindow struct {
-	Span     time.Duration `json:"span_ms"`
-	Requests uint64        `json:"requests"`
-	Counted  uint64        `json:"counted"`
+	SpanMs   int64  `json:"span_ms"`
+	Requests uint64 `json:"requests"`
+	Counted  uint64 `json:"counted"`
 }
 
 // Rule names of RuleCheck: the causes, and the newest-quarter variants of
@@ -173,10 +173,10 @@ func (a *Analyzer) Explain(poolID, backendID string, now time.Time) (Explanation
 	}
 
 	e := Explanation{
-		Pool: p.id, Backend: b.id, At: now,
-		State: b.state, Since: b.since, Weight: b.weight, Trips: b.trips,
+		Pool: p.id, Backend: b.id, At: fleetwatch.At(now),
+		State: b.state, Weight: b.weight, Trips: b.trips,
 		Verdict: cb.state, VerdictWeight: cb.weight,
-		Window: s.Window, Counts: map[string]uint64{},
+		WindowMs: s.Window.Milliseconds(), Counts: map[string]uint64{},
 		MinRequests: s.MinRequests,
 	}
 	if !b.weightSet {
@@ -189,8 +189,11 @@ func (a *Analyzer) Explain(poolID, backendID string, now time.Time) (Explanation
 		e.Verdict = "" // the evaluation drops the backend (see VerdictCause)
 	}
 	e.Reason = a.snapshotReason(p, b, weightPrior(s, p.sorted()))
+	if !b.since.IsZero() {
+		e.Since = fleetwatch.At(b.since)
+	}
 	if b.state == fleetwatch.StateOpen {
-		e.OpenUntil = b.openUntil
+		e.OpenUntil = fleetwatch.At(b.openUntil)
 	}
 	if b.state == fleetwatch.StateHalfOpen {
 		e.HalfOpenOK, e.HalfOpenSuccesses = b.halfOpenOK, s.HalfOpenSuccesses
@@ -216,7 +219,7 @@ func (a *Analyzer) Explain(poolID, backendID string, now time.Time) (Explanation
 	e.Requests, e.Counted = v.requests, v.counted
 	recentLen := recentBuckets(s)
 	recent := cb.win.recent(recentLen)
-	e.Recent = RecentWindow{Span: time.Duration(recentLen) * s.Bucket, Requests: recent.requests, Counted: recent.counted}
+	e.Recent = RecentWindow{SpanMs: (time.Duration(recentLen) * s.Bucket).Milliseconds(), Requests: recent.requests, Counted: recent.counted}
 	e.Evaluated = v.counted >= uint64(s.MinRequests)
 
 	// The rules ran on the backends closed when the trips were looked for:

@@ -256,7 +256,7 @@ func TestExplainCountsAndWeight(t *testing.T) {
 	if diff := cmp.Diff(wantCounts, e.Counts); diff != "" {
 		t.Errorf("counts (-want +got):\n%s", diff)
 	}
-	if e.Requests != 65 || e.Counted != 57 || !e.Evaluated || e.Recent.Span != 7*time.Second {
+	if e.Requests != 65 || e.Counted != 57 || !e.Evaluated || e.Recent.SpanMs != 7000 {
 		t.Errorf("requests %d counted %d evaluated %v recent %+v", e.Requests, e.Counted, e.Evaluated, e.Recent)
 	}
 	w := e.WeightParts

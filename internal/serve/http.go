@@ -12,7 +12,8 @@ import (
 )
 
 // routes is serve's HTTP API: /metrics (Prometheus text), /healthz,
-// /api/decisions (every pool's current snapshot) and the status page; all
+// /api/decisions (every pool's current snapshot), /api/explain (why a
+// backend is in its state) and the status page; all
 // but /healthz behind the configured authentication (auth.go).
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
@@ -51,6 +52,7 @@ func (s *Server) routes() http.Handler {
 		enc.SetIndent("", "  ")
 		enc.Encode(snaps)
 	})
+	mux.HandleFunc("GET /api/explain", s.handleExplain) // ops.go
 	s.statusRoutes(mux)
 	return s.httpAuth.wrap(mux) // /healthz stays open
 }

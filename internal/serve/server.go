@@ -28,6 +28,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/collector"
 	"github.com/fleetwatch/fleetwatch/feed"
+	"github.com/fleetwatch/fleetwatch/internal/alert"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/natsrv"
 )
@@ -78,6 +79,12 @@ type Server struct {
 	httpSrv *http.Server
 	urgent  chan struct{}
 	hist    *history
+
+	// notifier sends the alerts block's notifications (nil without
+	// receivers; ops.go).
+	notifier *alert.Notifier
+	// tlog keeps each backend's last transitions for /api/explain.
+	tlog transitionLog
 
 	// httpAuth guards the HTTP API (nil: no authentication configured);
 	// ln is a TLS listener when http.tls_cert is set (listenHTTP).
@@ -219,6 +226,9 @@ func (s *Server) build() error {
 	if err != nil {
 		return fmt.Errorf("serve: collector: %w", err)
 	}
+	if err := s.buildAlerts(); err != nil {
+		return err
+	}
 	if s.ln, err = s.listenHTTP(); err != nil {
 		return err
 	}
@@ -284,6 +294,9 @@ func (s *Server) Run(ctx context.Context) error {
 	errs := make(chan error, 2)
 	work.Go(func() { errs <- s.col.Run(runCtx) })
 	work.Go(func() { s.evaluateLoop(runCtx) })
+	if s.notifier != nil {
+		work.Go(func() { s.notifier.Run(runCtx) })
+	}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.httpSrv.Serve(s.ln) }() // ends with Shutdown below
 
@@ -427,6 +440,7 @@ func (s *Server) evaluate(ctx context.Context, now time.Time) {
 			s.opts.OnTransition(t)
 		}
 	}
+	s.afterTransitions(ev.Transitions, now)
 }
 
 // publish sends snapshots on their subjects and queues them for the KV,
