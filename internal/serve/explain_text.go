@@ -47,9 +47,12 @@ func WriteExplained(w io.Writer, ex Explained) error {
 		sort.Strings(counts)
 		fmt.Fprintf(&b, "  window:  %dms, %d requests (%d counted): %s; newest %dms: %d requests (%d counted)\n",
 			e.WindowMs, e.Requests, e.Counted, strings.Join(counts, ", "), e.Recent.SpanMs, e.Recent.Requests, e.Recent.Counted)
-		if e.Evaluated {
+		switch {
+		case e.State != fleetwatch.StateClosed:
+			fmt.Fprintf(&b, "  gate:    applies once closed (%d of min_requests %d now)\n", e.Counted, e.MinRequests)
+		case e.Evaluated:
 			fmt.Fprintf(&b, "  gate:    evaluated (%d of min_requests %d)\n", e.Counted, e.MinRequests)
-		} else {
+		default:
 			fmt.Fprintf(&b, "  gate:    not evaluated: %d of %d requests (the rate rules cannot open it yet)\n", e.Counted, e.MinRequests)
 		}
 		if e.HalfOpenSuccesses > 0 {
