@@ -141,8 +141,9 @@ func (l *transitionLog) newestFirst(pool, backend string) []analyzer.Transition 
 }
 
 // alertSettings maps the file's alerts block to the notifier's settings;
-// getenv reads the URLs and tokens the file names by variable.
-func alertSettings(c *config.Config, getenv func(string) string) alert.Settings {
+// getenv reads the URLs and tokens the file names by variable. A variable
+// named for a URL that is empty is an error naming the key.
+func alertSettings(c *config.Config, getenv func(string) string) (alert.Settings, error) {
 	a := c.Alerts
 	s := alert.Settings{
 		QueueSize: a.QueueSize, RateLimit: a.RateLimit, Burst: a.Burst,
@@ -156,8 +157,11 @@ func alertSettings(c *config.Config, getenv func(string) string) alert.Settings 
 			*d.dst = d.v.Duration
 		}
 	}
-	for _, r := range a.Receivers {
+	for i, r := range a.Receivers {
 		rc := alert.Receiver{Name: r.Name, Kind: alert.Kind(r.Kind), URL: r.ReceiverURL(getenv)}
+		if rc.URL == "" && r.URLEnv != "" {
+			return s, fmt.Errorf("%w: alerts.receivers[%d].url_env: the variable %s is empty or not set", alert.ErrInvalidSettings, i, r.URLEnv)
+		}
 		if r.BearerTokenEnv != "" {
 			rc.BearerToken = getenv(r.BearerTokenEnv)
 		}
@@ -166,7 +170,7 @@ func alertSettings(c *config.Config, getenv func(string) string) alert.Settings 
 		}
 		s.Receivers = append(s.Receivers, rc)
 	}
-	return s
+	return s, nil
 }
 
 // buildAlerts makes the notifier when the file configures receivers.
@@ -178,7 +182,10 @@ func (s *Server) buildAlerts() error {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	as := alertSettings(s.cfg, getenv)
+	as, err := alertSettings(s.cfg, getenv)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	as.Metrics, as.Logf = s.metrics, s.logf
 	n, err := alert.New(as)
 	if err != nil {

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -154,7 +155,10 @@ alerts:
 		t.Fatal(err)
 	}
 	env := map[string]string{"HOOK": "https://hooks.example/x", "TOKEN": "t"}
-	s := alertSettings(cfg, func(k string) string { return env[k] })
+	s, err := alertSettings(cfg, func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
 	wiring := map[string]bool{"HTTPClient": true, "Metrics": true, "Logf": true, "Now": true}
 	check := func(v reflect.Value) {
 		for i := range v.NumField() {
@@ -171,5 +175,10 @@ alerts:
 	check(reflect.ValueOf(s.Receivers[0]))
 	if err := s.Validate(); err != nil {
 		t.Errorf("Validate: %v", err)
+	}
+	delete(env, "HOOK")
+	if _, err := alertSettings(cfg, func(k string) string { return env[k] }); !errors.Is(err, alert.ErrInvalidSettings) ||
+		!strings.Contains(err.Error(), "alerts.receivers[0].url_env") {
+		t.Errorf("an unset url_env: %v", err)
 	}
 }
