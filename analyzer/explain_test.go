@@ -35,7 +35,8 @@ func ruleOpens(e Explanation, cause string) bool {
 // TestPropertyExplainIsTheDecision: for any sequence of events, drift
 // changes and evaluations, Explain at now says what Evaluate at now then
 // does to every backend (its state, its weight, the cause of its
-// transition), and its rule table agrees: a trip's rule fires unheld, and a
+// transition) and changes nothing (an analyzer never explained decides the
+// same), and its rule table agrees: a trip's rule fires unheld, and a
 // closed backend with a rule firing unheld and no cap hold opens.
 func TestPropertyExplainIsTheDecision(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
@@ -57,6 +58,12 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New: %v", err)
 		}
+		// twin gets the same inputs and is never explained: Explain must
+		// change nothing the analyzer decides.
+		twin, err := New(cfg)
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
 		nBackends := rapid.IntRange(1, 6).Draw(t, "backends")
 		outcomes := []fleetwatch.Outcome{ok, ok, ok, fail, timeout, throttled, canceled, clientErr}
 		slow := rapid.IntRange(0, nBackends).Draw(t, "slow_backend") // nBackends: none is slow
@@ -64,8 +71,10 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 		for step := range rapid.IntRange(1, 40).Draw(t, "steps") {
 			switch rapid.IntRange(0, 9).Draw(t, "action") {
 			case 0:
-				a.SetDrift("p", fmt.Sprint("b", rapid.IntRange(0, nBackends-1).Draw(t, "drift_backend")),
-					rapid.SampledFrom([]fleetwatch.DriftStatus{fleetwatch.DriftOK, fleetwatch.DriftDrifted}).Draw(t, "status"))
+				id := fmt.Sprint("b", rapid.IntRange(0, nBackends-1).Draw(t, "drift_backend"))
+				status := rapid.SampledFrom([]fleetwatch.DriftStatus{fleetwatch.DriftOK, fleetwatch.DriftDrifted}).Draw(t, "status")
+				a.SetDrift("p", id, status)
+				twin.SetDrift("p", id, status)
 			case 1, 2:
 				now = now.Add(time.Duration(rapid.IntRange(0, 40_000).Draw(t, "advance_ms")) * time.Millisecond)
 			default:
@@ -81,6 +90,7 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 					batch[i].RetryAfterMs = float64(rapid.IntRange(0, 2).Draw(t, "retry_after_s") * 1000)
 				}
 				a.Observe(batch)
+				twin.Observe(batch)
 			}
 			before := map[string]Explanation{}
 			for i := range nBackends {
@@ -90,6 +100,9 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 				}
 			}
 			ev := a.Evaluate(now)
+			if diff := cmp.Diff(twin.Evaluate(now), ev); diff != "" {
+				t.Fatalf("step %d: explaining changed the evaluation (-unexplained +explained):\n%s", step, diff)
+			}
 			snap, found := a.Snapshot("p", now)
 			if !found {
 				for id, e := range before {
