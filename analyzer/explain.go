@@ -229,7 +229,7 @@ func (a *Analyzer) Explain(poolID, backendID string, now time.Time) (Explanation
 	bs := cp.sorted()
 	e.WeightParts = a.weightParts(cp, cb, weightPrior(s, bs))
 	closedAtTrips := cb.state == fleetwatch.StateClosed || openedByTrip[cb]
-	if closedAtTrips && cb.holdReason != "" {
+	if cb.holdReason != "" { // a trip, or a half-open verdict, the cap holds
 		e.CapHeld = cb.holdReason
 	}
 	for o := range openedByTrip {
