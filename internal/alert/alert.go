@@ -7,8 +7,8 @@
 //
 // Alerts are grouped in episodes: a breaker episode starts when a backend
 // opens and ends when it closes again (or expires), however often it
-// reopens from half-open in between; a pool episode lasts while every
-// backend of the pool is open; a drift episode lasts while a backend is
+// reopens from half-open in between; a pool episode starts when every
+// backend of the pool is open and ends when one closes again; a drift episode lasts while a backend is
 // drifted. Each episode is notified once when it starts and once when it
 // ends (resolved); Alertmanager receivers are re-sent the firing alerts every
 // ResendInterval with an endsAt four intervals ahead, as Prometheus does, so
@@ -301,20 +301,24 @@ func (n *Notifier) Transition(t analyzer.Transition) {
 	}
 }
 
-// PoolState is the hook for a pool's state: allOpen is true when every one
-// of its backends is open (and it has some).
-func (n *Notifier) PoolState(pool string, allOpen bool, backends int, at time.Time) {
+// PoolState is the hook for a pool's state: how many of its backends are
+// open and how many closed, of total. A pool episode starts when every
+// backend is open and ends when one is closed again (or the pool has none):
+// a backend probing half-open is not enough, so a pool whose probes keep
+// failing is one episode, not one per probe.
+func (n *Notifier) PoolState(pool string, open, closed, total int, at time.Time) {
 	key := "pool/" + pool
-	if !allOpen {
-		n.end(key, at, "a backend is no longer open")
-		return
+	switch {
+	case total > 0 && open == total:
+		n.start(key, Notification{
+			Event: EventPoolAllOpen, Pool: pool,
+			Summary:  fmt.Sprintf("every backend of pool %s is open", pool),
+			Reason:   fmt.Sprintf("all %d backends open: routers follow the pool's all_open policy", total),
+			StartsAt: fleetwatch.At(at),
+		})
+	case closed > 0 || total == 0:
+		n.end(key, at, fmt.Sprintf("%d of %d backends closed again", closed, total))
 	}
-	n.start(key, Notification{
-		Event: EventPoolAllOpen, Pool: pool,
-		Summary:  fmt.Sprintf("every backend of pool %s is open", pool),
-		Reason:   fmt.Sprintf("all %d backends open: routers follow the pool's all_open policy", backends),
-		StartsAt: fleetwatch.At(at),
-	})
 }
 
 // Drift is the hook for drift alerts: drifted starts a drift episode, ok

@@ -201,10 +201,15 @@ func TestAlertmanager(t *testing.T) {
 	s := newSink(t)
 	n := start(t, Settings{Receivers: []Receiver{{Name: "am", Kind: KindAlertmanager, URL: s.URL + "/"}},
 		ResendInterval: 20 * time.Millisecond, ExternalURL: "http://fw.example/"})
-	n.PoolState("p", true, 3, t0)
+	n.PoolState("p", 3, 0, 3, t0)
 	waitFor(t, "a re-send", func() bool { return len(s.received()) >= 2 })
+	n.PoolState("p", 2, 0, 3, t0.Add(30*time.Second)) // one probing half-open: the same episode
+	if len(n.Active()) != 1 {
+		t.Fatalf("active episodes %+v, want the pool's", n.Active())
+	}
+	n.PoolState("p", 3, 0, 3, t0.Add(40*time.Second)) // its probe failed
 	n.Review(fleetwatch.DriftReview{V: 1, At: fleetwatch.At(t0), Summary: "nothing drifted"})
-	n.PoolState("p", false, 3, t0.Add(time.Minute))
+	n.PoolState("p", 2, 1, 3, t0.Add(time.Minute))
 	var last []amAlert
 	waitFor(t, "the resolution", func() bool {
 		bodies := s.received()
@@ -227,7 +232,7 @@ func TestAlertmanager(t *testing.T) {
 		t.Errorf("firing alert (-want +got):\n%s", diff)
 	}
 	want.EndsAt = "2026-12-03T07:01:00.000Z"
-	want.Annotations["description"] = "a backend is no longer open"
+	want.Annotations["description"] = "1 of 3 backends closed again"
 	if diff := cmp.Diff([]amAlert{want}, last); diff != "" {
 		t.Errorf("resolved alert (-want +got):\n%s", diff)
 	}

@@ -196,8 +196,7 @@ func (s *Server) buildAlerts() error {
 }
 
 // afterTransitions logs an evaluation's transitions for /api/explain and
-// hands them to the notifier, with the state of every pool they touched
-// (whether all its backends are open).
+// hands them to the notifier, with the state of every pool they touched.
 func (s *Server) afterTransitions(ts []analyzer.Transition, now time.Time) {
 	if len(ts) == 0 {
 		return
@@ -212,14 +211,17 @@ func (s *Server) afterTransitions(ts []analyzer.Transition, now time.Time) {
 		pools[t.Pool] = true
 	}
 	for pool := range pools {
-		snap, found := s.an.Snapshot(pool, now)
-		open := 0
+		snap, _ := s.an.Snapshot(pool, now) // an unknown pool has no backends
+		open, closed := 0, 0
 		for _, b := range snap.Backends {
-			if b.State == fleetwatch.StateOpen {
+			switch b.State {
+			case fleetwatch.StateOpen:
 				open++
+			case fleetwatch.StateClosed:
+				closed++
 			}
 		}
-		s.notifier.PoolState(pool, found && open > 0 && open == len(snap.Backends), len(snap.Backends), now)
+		s.notifier.PoolState(pool, open, closed, len(snap.Backends), now)
 	}
 }
 
