@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"time"
 
@@ -150,112 +151,136 @@ func (a *Analyzer) Explain(poolID, backendID string, now time.Time) (Explanation
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	p := a.pools[poolID]
+	if p == nil || p.backends[backendID] == nil {
+		return Explanation{}, false
+	}
+	return a.explain(p, []*backend{p.backends[backendID]}, now)[0], true
+}
+
+// ExplainPool is Explain for every backend of poolID, sorted by backend,
+// from one evaluation of a copy of the pool; ok is false for an unknown
+// pool.
+func (a *Analyzer) ExplainPool(poolID string, now time.Time) (_ []Explanation, ok bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pools[poolID]
 	if p == nil {
-		return Explanation{}, false
+		return nil, false
 	}
-	b := p.backends[backendID]
-	if b == nil {
-		return Explanation{}, false
-	}
+	return a.explain(p, slices.Clone(p.sorted()), now), true
+}
+
+// explain explains targets, backends of p, at now.
+func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explanation {
 	s := &p.settings
 	// The windows are read as of now, as Snapshot reads them.
 	p.advance(now)
+	prior := weightPrior(s, p.sorted())
 	cp, out := a.dryRun(p, now)
-	cb := cp.backends[backendID]
-	expired := cb == nil
-	if expired {
-		// The evaluation drops it (expiry): explain from the backend as it
-		// is, with no verdict state.
-		nb := *b
-		cb = &nb
-		cp.backends[backendID] = cb
-		cp.order = nil
-	}
-
-	e := Explanation{
-		Pool: p.id, Backend: b.id, At: fleetwatch.At(now),
-		State: b.state, Weight: b.weight, Trips: b.trips,
-		Verdict: cb.state, VerdictWeight: cb.weight,
-		WindowMs: s.Window.Milliseconds(), Counts: map[string]uint64{},
-		MinRequests: s.MinRequests,
-	}
-	if !b.weightSet {
-		e.Weight = 1
-	}
-	if !cb.weightSet {
-		e.VerdictWeight = 1
-	}
-	if expired {
-		e.Verdict = "" // the evaluation drops the backend (see VerdictCause)
-	}
-	e.Reason = a.snapshotReason(p, b, weightPrior(s, p.sorted()))
-	if !b.since.IsZero() {
-		e.Since = fleetwatch.At(b.since)
-	}
-	if b.state == fleetwatch.StateOpen {
-		e.OpenUntil = fleetwatch.At(b.openUntil)
-	}
-	if b.state == fleetwatch.StateHalfOpen {
-		e.HalfOpenOK, e.HalfOpenSuccesses = b.halfOpenOK, s.HalfOpenSuccesses
-	}
+	bs := cp.sorted()
+	cprior := weightPrior(s, bs)
 	openedByTrip := map[*backend]bool{}
 	for _, t := range out.Transitions {
-		if t.Backend == backendID {
-			e.VerdictCause, e.VerdictReason = t.Cause, t.Reason
-		}
 		if t.From == fleetwatch.StateClosed && t.To == fleetwatch.StateOpen {
 			openedByTrip[cp.backends[t.Backend]] = true
 		}
 	}
-
-	// The window as the rules saw it in the run (a backend that became
-	// half-open starts from an empty one).
-	v := &cb.view
-	for o, n := range v.counts {
-		if n > 0 {
-			e.Counts[fleetwatch.Outcome(o).String()] = n
-		}
-	}
-	e.Requests, e.Counted = v.requests, v.counted
 	recentLen := recentBuckets(s)
-	recent := cb.win.recent(recentLen)
-	e.Recent = RecentWindow{SpanMs: (time.Duration(recentLen) * s.Bucket).Milliseconds(), Requests: recent.requests, Counted: recent.counted}
-	e.Evaluated = v.counted >= uint64(s.MinRequests)
-
-	// The rules ran on the backends closed when the trips were looked for:
-	// the closed ones after the run and those a trip opened in it. The
-	// copy is put back in that state (it is thrown away) so that the
-	// rules' own helpers see the peers they saw.
-	bs := cp.sorted()
-	e.WeightParts = a.weightParts(cp, cb, weightPrior(s, bs))
-	closedAtTrips := cb.state == fleetwatch.StateClosed || openedByTrip[cb]
-	if cb.holdReason != "" { // a trip, or a half-open verdict, the cap holds
-		e.CapHeld = cb.holdReason
+	es := make([]Explanation, len(targets))
+	copies := make([]*backend, len(targets))
+	closedAtTrips := make([]bool, len(targets))
+	for i, b := range targets {
+		cb := cp.backends[b.id]
+		expired := cb == nil
+		if expired {
+			// The evaluation drops it (expiry): explain from the backend
+			// as it is, with no verdict state.
+			nb := *b
+			cb = &nb
+		}
+		copies[i] = cb
+		e := Explanation{
+			Pool: p.id, Backend: b.id, At: fleetwatch.At(now),
+			State: b.state, Weight: b.weight, Trips: b.trips,
+			Reason:  a.snapshotReason(p, b, prior),
+			Verdict: cb.state, VerdictWeight: cb.weight,
+			WindowMs: s.Window.Milliseconds(), Counts: map[string]uint64{},
+			MinRequests: s.MinRequests,
+		}
+		if !b.weightSet {
+			e.Weight = 1
+		}
+		if !cb.weightSet {
+			e.VerdictWeight = 1
+		}
+		if expired {
+			e.Verdict = "" // the evaluation drops the backend (see VerdictCause)
+		}
+		if !b.since.IsZero() {
+			e.Since = fleetwatch.At(b.since)
+		}
+		if b.state == fleetwatch.StateOpen {
+			e.OpenUntil = fleetwatch.At(b.openUntil)
+		}
+		if b.state == fleetwatch.StateHalfOpen {
+			e.HalfOpenOK, e.HalfOpenSuccesses = b.halfOpenOK, s.HalfOpenSuccesses
+		}
+		for _, t := range out.Transitions {
+			if t.Backend == b.id {
+				e.VerdictCause, e.VerdictReason = t.Cause, t.Reason
+			}
+		}
+		// The window as the rules saw it in the run (a backend that
+		// became half-open starts from an empty one).
+		v := &cb.view
+		for o, n := range v.counts {
+			if n > 0 {
+				e.Counts[fleetwatch.Outcome(o).String()] = n
+			}
+		}
+		e.Requests, e.Counted = v.requests, v.counted
+		recent := cb.win.recent(recentLen)
+		e.Recent = RecentWindow{SpanMs: (time.Duration(recentLen) * s.Bucket).Milliseconds(), Requests: recent.requests, Counted: recent.counted}
+		e.Evaluated = v.counted >= uint64(s.MinRequests)
+		e.WeightParts = a.weightParts(cp, cb, cprior)
+		if cb.holdReason != "" { // a trip, or a half-open verdict, the cap holds
+			e.CapHeld = cb.holdReason
+		}
+		// The rules ran on the backends closed when the trips were looked
+		// for: the closed ones after the run and those a trip opened in it.
+		closedAtTrips[i] = !expired && (cb.state == fleetwatch.StateClosed || openedByTrip[cb])
+		es[i] = e
 	}
+
+	// The copy is put back in the state the trip rules saw (it is thrown
+	// away), so that the rules' own helpers see the peers they saw.
 	for o := range openedByTrip {
 		o.state = fleetwatch.StateClosed
 	}
-	e.Rules = explainRules(s, b, cb, bs, recent)
-	for i := range e.Rules {
-		r := &e.Rules[i]
-		if !closedAtTrips {
-			r.Fires, r.HeldBy = false, ""
-			continue
+	for i, b := range targets {
+		e := &es[i]
+		e.Rules = explainRules(s, b, copies[i], bs, copies[i].win.recent(recentLen))
+		for j := range e.Rules {
+			r := &e.Rules[j]
+			if !closedAtTrips[i] {
+				r.Fires, r.HeldBy = false, ""
+				continue
+			}
+			if r.Fires && r.HeldBy == "" && r.Rule != CauseConsecutive && !e.Evaluated {
+				r.HeldBy = HeldByGate
+			}
 		}
-		if r.Fires && r.HeldBy == "" && r.Rule != CauseConsecutive && !e.Evaluated {
-			r.HeldBy = HeldByGate
-		}
-	}
-	// The cap holds the first rule that would open the backend.
-	if e.CapHeld != "" {
-		for i := range e.Rules {
-			if r := &e.Rules[i]; r.Fires && r.HeldBy == "" {
-				r.HeldBy = HeldByCap
-				break
+		// The cap holds the first rule that would open the backend.
+		if e.CapHeld != "" {
+			for j := range e.Rules {
+				if r := &e.Rules[j]; r.Fires && r.HeldBy == "" {
+					r.HeldBy = HeldByCap
+					break
+				}
 			}
 		}
 	}
-	return e, true
+	return es
 }
 
 // dryRun evaluates a copy of p at now with a scratch analyzer and returns

@@ -99,6 +99,16 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 					before[id] = e
 				}
 			}
+			// The whole pool from one run explains each backend alike.
+			all, found := a.ExplainPool("p", now)
+			if found != (len(before) > 0) || len(all) != len(before) {
+				t.Fatalf("step %d: ExplainPool found %v with %d backends, Explain %d", step, found, len(all), len(before))
+			}
+			for _, e := range all {
+				if diff := cmp.Diff(before[e.Backend], e); diff != "" {
+					t.Fatalf("step %d: %s: Explain and ExplainPool differ (-Explain +ExplainPool):\n%s", step, e.Backend, diff)
+				}
+			}
 			ev := a.Evaluate(now)
 			if diff := cmp.Diff(twin.Evaluate(now), ev); diff != "" {
 				t.Fatalf("step %d: explaining changed the evaluation (-unexplained +explained):\n%s", step, diff)

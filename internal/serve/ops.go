@@ -47,27 +47,23 @@ type ExplainTransition struct {
 // backend is ""); ok is false when the pool or the backend is unknown.
 func (s *Server) Explain(pool, backend string, now time.Time) (Explained, bool) {
 	out := Explained{Pool: pool, Backends: []BackendExplanation{}}
-	ids := []string{backend}
+	var es []analyzer.Explanation
 	if backend == "" {
-		snap, found := s.an.Snapshot(pool, now)
+		all, found := s.an.ExplainPool(pool, now)
 		if !found {
 			return out, false
 		}
-		ids = ids[:0]
-		for _, b := range snap.Backends {
-			ids = append(ids, b.Backend)
-		}
-	}
-	for _, id := range ids {
-		e, found := s.an.Explain(pool, id, now)
+		es = all
+	} else {
+		e, found := s.an.Explain(pool, backend, now)
 		if !found {
-			if backend != "" {
-				return out, false
-			}
-			continue // expired between the snapshot and now
+			return out, false
 		}
+		es = []analyzer.Explanation{e}
+	}
+	for _, e := range es {
 		be := BackendExplanation{Explanation: e, Transitions: []ExplainTransition{}}
-		for _, t := range s.tlog.newestFirst(pool, id) {
+		for _, t := range s.tlog.newestFirst(pool, e.Backend) {
 			be.Transitions = append(be.Transitions, ExplainTransition{At: fleetwatch.At(t.At), From: t.From, To: t.To, Cause: t.Cause, Reason: t.Reason})
 		}
 		out.Backends = append(out.Backends, be)
