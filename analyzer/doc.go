@@ -134,7 +134,11 @@
 // caller's tick) older than the previous one. Damped weights move on the beat
 // too. Seq starts at 1 and grows by one per returned snapshot of a pool;
 // Snapshots and Snapshot return the current state with the last seq. Reasons
-// are the last state change's, or the ejection cap's while it holds a backend.
+// are the last state change's, or the ejection cap's while it holds a backend;
+// a closed backend's reason goes on with "not evaluated: n of m requests"
+// below the gate and with what lowers its weight (explain.go; only the first
+// part makes a snapshot "changed"). Explain runs evaluatePool on a copy of a
+// pool to say what an evaluation now decides and why.
 // Since is when the backend entered its state (the first Evaluate for a
 // backend that never changed).
 //

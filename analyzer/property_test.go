@@ -45,7 +45,7 @@ func TestPropertyInvariants(t *testing.T) {
 		now := t0
 		lastSeq := map[string]uint64{}
 		largest := map[string]int{}
-		outcomes := []fleetwatch.Outcome{ok, ok, ok, fail, timeout, throttled, canceled, clientErr}
+		outcomes := []fleetwatch.Outcome{ok, ok, ok, fail, timeout, throttled, canceled, clientErr, stalled}
 		steps := rapid.IntRange(1, 60).Draw(t, "steps")
 		for step := range steps {
 			switch rapid.IntRange(0, 9).Draw(t, "action") {

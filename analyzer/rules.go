@@ -480,19 +480,7 @@ func median(v []float64) float64 {
 // MaxWeightStep per heartbeat elapsed since it last moved.
 func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time, beat bool) {
 	s := &p.settings
-	prior, priorN := 0.0, 0
-	for _, b := range bs {
-		if b.state == fleetwatch.StateClosed && b.holdReason == "" && b.view.counted >= uint64(s.MinRequests) {
-			prior += observedWeight(s, &b.view)
-			priorN++
-		}
-	}
-	if priorN == 0 {
-		prior = 1
-	} else {
-		prior /= float64(priorN)
-	}
-	k := float64(max(1, s.MinRequests/4))
+	prior := weightPrior(s, bs)
 	for _, b := range bs {
 		target, immediate := 0.0, true
 		switch {
@@ -501,9 +489,7 @@ func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time, beat bool) 
 		case b.state == fleetwatch.StateHalfOpen, b.holdReason != "":
 			target = s.HalfOpenWeight
 		default:
-			n := float64(b.view.counted)
-			target = (n*observedWeight(s, &b.view) + k*prior) / (n + k)
-			target = max(target, s.HalfOpenWeight)
+			target = shrunkWeight(s, &b.view, prior)
 			immediate = !b.weightSet
 		}
 		w := target
@@ -515,11 +501,9 @@ func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time, beat bool) 
 				// tick.
 				continue
 			}
-			beats := math.Round(float64(now.Sub(b.weightAt)) / float64(s.Heartbeat))
-			step := s.MaxWeightStep * max(beats, 1)
-			w = min(max(target, b.weight-step), b.weight+step)
+			w = dampedWeight(s, b.weight, target, b.weightAt, now)
 		}
-		b.weight = math.Round(min(max(w, 0), 1)*1e4) / 1e4
+		b.weight = roundWeight(w)
 		b.weightSet, b.weightAt = true, now
 	}
 }

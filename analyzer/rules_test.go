@@ -64,12 +64,12 @@ func TestTripRules(t *testing.T) {
 		{
 			name:   "one failure of three requests never opens",
 			events: concat(healthy(200, "a", "b"), alternate("p", "x", 3, t0, 3*time.Second, 200, ok, fail, ok)),
-			want:   want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}},
+			want:   want{State: fleetwatch.StateClosed, Reason: "not evaluated: 3 of 20 requests", HeldGate: map[string]uint64{}},
 		},
 		{
 			name:   "two of three failing is held by the gate",
 			events: concat(healthy(200, "a", "b"), alternate("p", "x", 3, t0, 3*time.Second, 200, fail, ok, fail)),
-			want:   want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+			want:   want{State: fleetwatch.StateClosed, Reason: "not evaluated: 3 of 20 requests", HeldGate: map[string]uint64{CauseFailureRate: 1}},
 		},
 		{
 			name:   "five failures in a row open at any volume",
@@ -102,14 +102,14 @@ func TestTripRules(t *testing.T) {
 			name: "an ok between two stalls ends the run",
 			events: concat(healthy(200, "a", "b"),
 				alternate("p", "x", 3, t0, 3*time.Second, 200, stalled, ok, stalled)),
-			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+			want: want{State: fleetwatch.StateClosed, Reason: "not evaluated: 3 of 20 requests", HeldGate: map[string]uint64{CauseFailureRate: 1}},
 		},
 		{
 			name:     "consecutive_stalls 3",
 			settings: Settings{ConsecutiveStalls: 3},
 			events: concat(healthy(200, "a", "b"),
 				alternate("p", "x", 2, t0, 2*time.Second, 0, stalled, stalled)),
-			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+			want: want{State: fleetwatch.StateClosed, Reason: "not evaluated: 2 of 20 requests", HeldGate: map[string]uint64{CauseFailureRate: 1}},
 		},
 		{
 			name:   "stalls count in the failure rate",
@@ -121,7 +121,7 @@ func TestTripRules(t *testing.T) {
 			name: "an ok resets the run",
 			events: concat(healthy(200, "a", "b"),
 				alternate("p", "x", 9, t0, 9*time.Second, 200, fail, fail, fail, fail, ok)),
-			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{CauseFailureRate: 1}},
+			want: want{State: fleetwatch.StateClosed, Reason: "not evaluated: 9 of 20 requests", HeldGate: map[string]uint64{CauseFailureRate: 1}},
 		},
 		{
 			name: "throttled and client-side outcomes neither reset nor extend the run",
@@ -134,7 +134,8 @@ func TestTripRules(t *testing.T) {
 			name: "four failures and five 429s are not five failures",
 			events: concat(healthy(200, "a", "b"),
 				alternate("p", "x", 9, t0, 9*time.Second, 0, fail, throttled, fail, throttled, fail, throttled, fail, throttled, throttled)),
-			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{CauseFailureRate: 1, CauseThrottled: 1}},
+			want: want{State: fleetwatch.StateClosed, Reason: "not evaluated: 9 of 20 requests; weight 0.36: 429 pressure (rate_429 0.56 of throttle_rate 0.50 gives 0.00), shrinkage toward the pool's 1.00 over 9 requests (k 5) gives 0.36",
+				HeldGate: map[string]uint64{CauseFailureRate: 1, CauseThrottled: 1}},
 		},
 		{
 			name:   "failure rate at min_requests opens",
@@ -150,7 +151,7 @@ func TestTripRules(t *testing.T) {
 		{
 			name:   "canceled and client errors never count",
 			events: concat(healthy(200, "a", "b"), alternate("p", "x", 60, t0, 10*time.Second, 0, canceled, clientErr)),
-			want:   want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}},
+			want:   want{State: fleetwatch.StateClosed, Reason: "not evaluated: 0 of 20 requests", HeldGate: map[string]uint64{}},
 		},
 		{
 			name: "429 rate opens for at least the largest retry-after",
@@ -169,7 +170,8 @@ func TestTripRules(t *testing.T) {
 		{
 			name:   "429 rate below the threshold lowers the weight",
 			events: concat(healthy(200, "a", "b"), alternate("p", "x", 40, t0, 10*time.Second, 200, throttled, ok, ok, ok)),
-			want:   want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}, WeightMax: 0.6},
+			want: want{State: fleetwatch.StateClosed, Reason: "weight 0.54: 429 pressure (rate_429 0.25 of throttle_rate 0.50 gives 0.50), shrinkage toward the pool's 0.83 over 40 requests (k 5) gives 0.54",
+				HeldGate: map[string]uint64{}, WeightMax: 0.6},
 		},
 		{
 			name:   "one backend at 6x the median opens",
@@ -206,7 +208,8 @@ func TestTripRules(t *testing.T) {
 			name: "a backend no longer throttled is not opened on its history",
 			events: concat(healthy(200, "a", "b"), alternate("p", "x", 30, at(-15*time.Second), 15*time.Second, 200, throttled, throttled, ok),
 				series("p", "x", ok, 10, at(3*time.Second), 6*time.Second, 200)),
-			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}},
+			want: want{State: fleetwatch.StateClosed, Reason: "weight 0.07: 429 pressure (rate_429 0.50 of throttle_rate 0.50 gives 0.00), shrinkage toward the pool's 0.67 over 40 requests (k 5) gives 0.07",
+				HeldGate: map[string]uint64{}},
 		},
 		{
 			name:   "4x the median is not slow",
@@ -226,7 +229,7 @@ func TestTripRules(t *testing.T) {
 		{
 			name:   "slowness below min_requests is held",
 			events: concat(healthy(200, "a", "b", "c"), series("p", "x", ok, 10, t0, 10*time.Second, 1200)),
-			want:   want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{CauseSlow: 1}},
+			want:   want{State: fleetwatch.StateClosed, Reason: "not evaluated: 10 of 20 requests", HeldGate: map[string]uint64{CauseSlow: 1}},
 		},
 	}
 	for _, tt := range tests {
@@ -481,7 +484,8 @@ func TestHalfOpen(t *testing.T) {
 			now := after(10 * time.Second)
 			ev = a.Evaluate(now)
 			d := backendOf(t, a, "p", "x", now)
-			if d.State != tt.wantState || d.Reason != tt.wantReason {
+			// A closed backend's reason goes on with the gate and its weight.
+			if d.State != tt.wantState || (d.Reason != tt.wantReason && !strings.HasPrefix(d.Reason, tt.wantReason+"; ")) {
 				t.Errorf("state %s reason %q, want %s %q", d.State, d.Reason, tt.wantState, tt.wantReason)
 			}
 			trs = transitionsOf(ev, "x")

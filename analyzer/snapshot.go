@@ -40,6 +40,7 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		return &times[len(times)-1]
 	}
 	ewmas := make([]float64, 0, len(bs))
+	prior := weightPrior(s, bs) // for the weights' reasons
 	for i, b := range bs {
 		v := &b.view
 		d := fleetwatch.Backend{
@@ -49,7 +50,7 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 			Priority: b.priority,
 			Requests: int64(v.requests),
 			WindowMs: s.Window.Milliseconds(),
-			Reason:   b.reason(),
+			Reason:   a.snapshotReason(p, b, prior),
 			Drift:    b.drift,
 			Trips:    b.trips,
 		}

@@ -13,7 +13,7 @@ import (
 )
 
 func init() {
-	register("dashboards", "export the Grafana dashboards (fleetwatch dashboards export DIR)", runDashboards)
+	register("dashboards", "export the Grafana dashboards (fleetwatch dashboards export DIR) or print the alerting rules (fleetwatch dashboards alerts)", runDashboards)
 }
 
 // runDashboards is `fleetwatch dashboards export [-force] DIR`: it writes
@@ -22,9 +22,15 @@ func init() {
 // place is not silently lost.
 func runDashboards(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	usage := func() {
-		fmt.Fprintln(stderr, "usage: fleetwatch dashboards export [-force] DIR\n\n"+
-			"Writes the Grafana dashboards (JSON, for a Prometheus or VictoriaMetrics\n"+
-			"data source chosen with the ${datasource} variable) into DIR.")
+		fmt.Fprintln(stderr, "usage: fleetwatch dashboards export [-force] DIR\n"+
+			"       fleetwatch dashboards alerts\n\n"+
+			"export writes the Grafana dashboards (JSON, for a Prometheus or VictoriaMetrics\n"+
+			"data source chosen with the ${datasource} variable) into DIR; alerts prints\n"+
+			"the Prometheus alerting rules for fleetwatch's own metrics (docs/OPERATIONS.md).")
+	}
+	if len(args) == 1 && args[0] == "alerts" {
+		_, err := stdout.Write(dashboards.AlertRules())
+		return err
 	}
 	if len(args) == 0 || args[0] != "export" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {

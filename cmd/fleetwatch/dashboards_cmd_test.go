@@ -71,3 +71,13 @@ func TestRunDashboardsExport(t *testing.T) {
 		})
 	}
 }
+
+func TestRunDashboardsAlerts(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if err := runDashboards(context.Background(), []string{"alerts"}, &stdout, &stderr); err != nil {
+		t.Fatalf("dashboards alerts: %v", err)
+	}
+	if diff := cmp.Diff(string(dashboards.AlertRules()), stdout.String()); diff != "" {
+		t.Errorf("printed rules differ from the embedded ones (-want +got):\n%s", diff)
+	}
+}

@@ -46,6 +46,7 @@ type Config struct {
 	Probes   ProbesConfig   `yaml:"probes"`
 	Review   ReviewConfig   `yaml:"review"`
 	Scrape   ScrapeConfig   `yaml:"scrape"` // reading the backends' metrics_url (load.go)
+	Alerts   AlertsConfig   `yaml:"alerts"` // notifications to webhooks (alerts.go)
 	Data     string         `yaml:"data"`   // data directory; default ./data
 }
 
@@ -617,7 +618,10 @@ func (c *Config) validate(lines map[string]int, file string) error {
 			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
 		}
 	}
-	return c.validateLoad(fail)
+	if err := c.validateLoad(fail); err != nil {
+		return err
+	}
+	return c.Alerts.validate(fail)
 }
 
 // validate checks the HTTP keys: an exposed listener needs authentication

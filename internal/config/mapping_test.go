@@ -77,6 +77,22 @@ var directKeys = map[string]func(c *Config) any{
 	"pools[0].backends[0].api_key_env": func(c *Config) any {
 		return poolsField(c, func(p PoolConfig) any { return p.Backends[0].APIKeyEnv })
 	},
+	// serve maps the alerts block to alert.Settings (internal/serve
+	// TestAlertSettingsReachEveryField ties that side).
+	"alerts.queue_size":                    func(c *Config) any { return c.Alerts.QueueSize },
+	"alerts.rate_limit":                    func(c *Config) any { return c.Alerts.RateLimit },
+	"alerts.burst":                         func(c *Config) any { return c.Alerts.Burst },
+	"alerts.timeout":                       func(c *Config) any { return c.Alerts.Timeout },
+	"alerts.max_attempts":                  func(c *Config) any { return c.Alerts.MaxAttempts },
+	"alerts.backoff":                       func(c *Config) any { return c.Alerts.Backoff },
+	"alerts.resend_interval":               func(c *Config) any { return c.Alerts.ResendInterval },
+	"alerts.external_url":                  func(c *Config) any { return c.Alerts.ExternalURL },
+	"alerts.receivers[0].name":             func(c *Config) any { return c.Alerts.Receivers[0].Name },
+	"alerts.receivers[0].kind":             func(c *Config) any { return c.Alerts.Receivers[0].Kind },
+	"alerts.receivers[0].url":              func(c *Config) any { return c.Alerts.Receivers[0].URL },
+	"alerts.receivers[0].url_env":          func(c *Config) any { return c.Alerts.Receivers[0].URLEnv },
+	"alerts.receivers[0].bearer_token_env": func(c *Config) any { return c.Alerts.Receivers[0].BearerTokenEnv },
+	"alerts.receivers[0].events":           func(c *Config) any { return c.Alerts.Receivers[0].Events },
 }
 
 func poolsField(c *Config, f func(PoolConfig) any) any {
@@ -120,6 +136,7 @@ func baseConfig() *Config {
 	c := Default()
 	c.Pools = []PoolConfig{{ID: "p", Backends: []BackendConfig{{ID: "b", URL: "http://127.0.0.1:1"}}}}
 	c.Ingest.Upstreams = []UpstreamConfig{{Match: "10.0.0.1:80"}}
+	c.Alerts.Receivers = []AlertReceiverConfig{{URL: "http://127.0.0.1:2"}}
 	return c
 }
 

@@ -12,9 +12,10 @@ import (
 )
 
 // routes is serve's HTTP API: /metrics (Prometheus text), /healthz,
-// /api/decisions (every pool's current snapshot), the status page and the
-// ingest endpoints (ingest.go); all but /healthz behind the configured
-// authentication (auth.go).
+// /api/decisions (every pool's current snapshot), /api/explain (why a
+// backend is in its state), the status page and the ingest endpoints
+// (ingest.go); all but /healthz behind the configured authentication
+// (auth.go).
 func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
@@ -52,6 +53,7 @@ func (s *Server) routes() http.Handler {
 		enc.SetIndent("", "  ")
 		enc.Encode(snaps)
 	})
+	mux.HandleFunc("GET /api/explain", s.handleExplain) // ops.go
 	s.statusRoutes(mux)
 	s.newIngestHTTP().Register(mux) // POST /v1/outcomes, /v1/ingest/litellm, /v1/traces (ingest.go)
 	return s.httpAuth.wrap(mux)     // /healthz stays open

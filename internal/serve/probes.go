@@ -39,6 +39,8 @@ type probeDeps struct {
 	logf     func(string, ...any)
 	// onAlert, when set, also receives every drift alert (the status page).
 	onAlert func(fleetwatch.DriftAlert)
+	// onReview, when set, receives every review digest (the alerts).
+	onReview func(fleetwatch.DriftReview)
 	// getenv reads API keys. If nil, os.Getenv.
 	getenv func(string) string
 	// now is the clock. If nil, time.Now.
@@ -222,6 +224,9 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 		return alerts, err
 	}
 	rs.Publish = func(ctx context.Context, r fleetwatch.DriftReview) error {
+		if d.onReview != nil {
+			d.onReview(r)
+		}
 		data, err := json.Marshal(r)
 		if err != nil {
 			return err

@@ -29,6 +29,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/collector"
 	"github.com/fleetwatch/fleetwatch/feed"
+	"github.com/fleetwatch/fleetwatch/internal/alert"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/natsrv"
 )
@@ -84,6 +85,11 @@ type Server struct {
 
 	scraper *scraper         // nil without metrics_url targets (scrape.go)
 	loads   chan loadReading // the scraper's hand-off to the evaluation loop
+	// notifier sends the alerts block's notifications (nil without
+	// receivers; ops.go).
+	notifier *alert.Notifier
+	// tlog keeps each backend's last transitions for /api/explain.
+	tlog transitionLog
 
 	// httpAuth guards the HTTP API (nil: no authentication configured);
 	// ln is a TLS listener when http.tls_cert is set (listenHTTP).
@@ -273,6 +279,9 @@ func (s *Server) build() error {
 	if err != nil {
 		return fmt.Errorf("serve: collector: %w", err)
 	}
+	if err := s.buildAlerts(); err != nil {
+		return err
+	}
 	if s.ln, err = s.listenHTTP(); err != nil {
 		return err
 	}
@@ -347,6 +356,9 @@ func (s *Server) Run(ctx context.Context) error {
 	work.Go(func() { s.runScraper(runCtx) })
 	if s.js != nil {
 		work.Go(func() { s.ha.loop(runCtx) })
+	}
+	if s.notifier != nil {
+		work.Go(func() { s.notifier.Run(runCtx) })
 	}
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- s.httpSrv.Serve(s.ln) }() // ends with Shutdown below
@@ -474,6 +486,7 @@ func (s *Server) evaluate(ctx context.Context, now time.Time) {
 			s.opts.OnTransition(t)
 		}
 	}
+	s.afterTransitions(ev.Transitions, now)
 }
 
 // publish sends snapshots on their subjects and queues them for the KV,

@@ -85,8 +85,10 @@ func (s *Server) startProbes(ctx context.Context) (func(), error) {
 		setDrift: s.an.SetDrift,
 		metrics:  s.metrics,
 		logf:     s.logf,
+		onReview: s.notifyReview,
 		onAlert: func(a fleetwatch.DriftAlert) {
 			s.noteAlert(a)
+			s.notifyDrift(a)
 			if s.opts.OnAlert != nil {
 				s.opts.OnAlert(a)
 			}

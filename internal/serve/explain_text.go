@@ -1,0 +1,105 @@
+package serve
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// WriteExplained writes an explanation for a terminal: per backend its
+// state and reason, the verdict of an evaluation now, the window's counts,
+// every rule against its threshold with what held it, the weight's parts
+// and the last transitions (`fleetwatch explain`).
+func WriteExplained(w io.Writer, ex Explained) error {
+	var b strings.Builder
+	for i, e := range ex.Backends {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "%s / %s: %s, weight %s", e.Pool, e.Backend, e.State, trimFloat(e.Weight))
+		if !e.Since.IsZero() {
+			fmt.Fprintf(&b, ", since %s", fleetwatch.FormatTime(e.Since.Time))
+		}
+		if !e.OpenUntil.IsZero() {
+			fmt.Fprintf(&b, ", open until %s (trip %d)", fleetwatch.FormatTime(e.OpenUntil.Time), e.Trips)
+		}
+		b.WriteString("\n")
+		if e.Reason != "" {
+			fmt.Fprintf(&b, "  reason:  %s\n", e.Reason)
+		}
+		verdict := string(e.Verdict)
+		if verdict == "" {
+			verdict = "dropped"
+		}
+		fmt.Fprintf(&b, "  now:     an evaluation at %s leaves it %s with weight %s", fleetwatch.FormatTime(e.At.Time), verdict, trimFloat(e.VerdictWeight))
+		if e.VerdictCause != "" {
+			fmt.Fprintf(&b, " (%s: %s)", e.VerdictCause, e.VerdictReason)
+		}
+		b.WriteString("\n")
+		var counts []string
+		for o, n := range e.Counts {
+			counts = append(counts, fmt.Sprintf("%s %d", o, n))
+		}
+		sort.Strings(counts)
+		fmt.Fprintf(&b, "  window:  %dms, %d requests (%d counted): %s; newest %dms: %d requests (%d counted)\n",
+			e.WindowMs, e.Requests, e.Counted, strings.Join(counts, ", "), e.Recent.SpanMs, e.Recent.Requests, e.Recent.Counted)
+		switch {
+		case e.State != fleetwatch.StateClosed:
+			fmt.Fprintf(&b, "  gate:    applies once closed (%d of min_requests %d now)\n", e.Counted, e.MinRequests)
+		case e.Evaluated:
+			fmt.Fprintf(&b, "  gate:    evaluated (%d of min_requests %d)\n", e.Counted, e.MinRequests)
+		default:
+			fmt.Fprintf(&b, "  gate:    not evaluated: %d of %d requests (the rate rules cannot open it yet)\n", e.Counted, e.MinRequests)
+		}
+		if e.HalfOpenSuccesses > 0 {
+			fmt.Fprintf(&b, "  probe:   %d of %d ok in a row while half-open\n", e.HalfOpenOK, e.HalfOpenSuccesses)
+		}
+		if e.CapHeld != "" {
+			fmt.Fprintf(&b, "  cap:     %s\n", e.CapHeld)
+		}
+		b.WriteString("  rules:\n")
+		tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+		for _, r := range e.Rules {
+			value := "-"
+			if r.HasValue {
+				value = trimFloat(r.Value)
+			}
+			verdict := ""
+			switch {
+			case r.Fires && r.HeldBy != "":
+				verdict = "fires, held by " + r.HeldBy
+			case r.Fires:
+				verdict = "FIRES"
+			}
+			fmt.Fprintf(tw, "    %s\t%s\t/ %s\t%s\t%s\n", r.Rule, value, trimFloat(r.Threshold), verdict, r.Detail)
+		}
+		tw.Flush()
+		wp := e.WeightParts
+		switch {
+		case wp.Reason != "":
+			fmt.Fprintf(&b, "  weight:  %s\n", wp.Reason)
+		case wp.Fixed != "":
+			fmt.Fprintf(&b, "  weight:  set by %s\n", wp.Fixed)
+		default:
+			b.WriteString("  weight:  nothing lowers it\n")
+		}
+		if len(e.Transitions) > 0 {
+			b.WriteString("  transitions (newest first):\n")
+			for _, t := range e.Transitions {
+				fmt.Fprintf(&b, "    %s  %s -> %s  %s: %s\n", fleetwatch.FormatTime(t.At.Time), t.From, t.To, t.Cause, t.Reason)
+			}
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// trimFloat formats a number with at most 4 decimals and no trailing zeros.
+func trimFloat(v float64) string {
+	s := strings.TrimRight(fmt.Sprintf("%.4f", v), "0")
+	return strings.TrimSuffix(s, ".")
+}
