@@ -32,7 +32,7 @@ import (
 // Defaults of Settings.StallFloor and Settings.StallMultiple.
 const (
 	DefaultStallFloor    = 10 * time.Second
-	DefaultStallMultiple = 4.0
+	DefaultStallMultiple = 8.0
 )
 
 // ErrStalled is the error of an attempt whose backend sent no first token

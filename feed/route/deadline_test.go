@@ -130,12 +130,12 @@ func TestStallDeadline(t *testing.T) {
 		want     time.Duration
 	}{
 		{"default floor without a decision", Settings{}, nil, 10 * time.Second},
-		{"default floor above 4 x p95", Settings{}, []fleetwatch.Backend{p95("a", 500), p95("b", 800)}, 10 * time.Second},
-		{"4 x the largest p95", Settings{}, []fleetwatch.Backend{p95("a", 3000), p95("b", 4000), p95("c", 1000)}, 16 * time.Second},
+		{"default floor above 8 x p95", Settings{}, []fleetwatch.Backend{p95("a", 500), p95("b", 800)}, 10 * time.Second},
+		{"8 x the largest p95", Settings{}, []fleetwatch.Backend{p95("a", 3000), p95("b", 4000), p95("c", 1000)}, 32 * time.Second},
 		{"an open backend is left out", Settings{StallMultiple: 2},
 			[]fleetwatch.Backend{p95("a", 6000), p95("b", 7000), openC}, 14 * time.Second},
 		{"backends without p95 are left out", Settings{StallFloor: time.Second},
-			[]fleetwatch.Backend{feedtest.Closed("a"), p95("b", 1000)}, 4 * time.Second},
+			[]fleetwatch.Backend{feedtest.Closed("a"), p95("b", 1000)}, 8 * time.Second},
 		{"off", Settings{StallFloor: -1}, []fleetwatch.Backend{p95("a", 3000)}, 0},
 	}
 	for _, tt := range tests {

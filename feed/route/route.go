@@ -152,7 +152,7 @@ type Settings struct {
 	// attempt without its first token by then is ended, reported stalled
 	// and retried elsewhere if nothing reached the client (deadline.go).
 	// If StallFloor is zero, DefaultStallFloor (10s); negative turns the
-	// deadline off. If StallMultiple is zero, DefaultStallMultiple (4).
+	// deadline off. If StallMultiple is zero, DefaultStallMultiple (8).
 	StallFloor    time.Duration
 	StallMultiple float64
 	// MaxAttempts is the number of attempts per request, the first
