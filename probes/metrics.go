@@ -16,10 +16,19 @@ import (
 type proberMetrics struct {
 	set    *metrics.Set
 	cycles *metrics.Counter
+	// stateSaves and stateErrors count drift state writes to the
+	// StateStore and the ones that failed.
+	stateSaves, stateErrors *metrics.Counter
+	// identityChecks counts the identity-tier checks at start.
+	identityChecks *metrics.Counter
 }
 
 func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
-	m := &proberMetrics{set: set, cycles: set.GetOrCreateCounter("fleetwatch_probe_cycles_total")}
+	m := &proberMetrics{set: set, cycles: set.GetOrCreateCounter("fleetwatch_probe_cycles_total"),
+		stateSaves:     set.GetOrCreateCounter("fleetwatch_drift_state_saves_total"),
+		stateErrors:    set.GetOrCreateCounter("fleetwatch_drift_state_errors_total"),
+		identityChecks: set.GetOrCreateCounter("fleetwatch_probe_identity_checks_total"),
+	}
 	for _, s := range []fleetwatch.DriftStatus{fleetwatch.DriftOK, fleetwatch.DriftSuspect, fleetwatch.DriftDrifted, fleetwatch.DriftUnknown} {
 		m.alerts(s) // present at 0 from the start
 	}
