@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	fleetwatch "github.com/fleetwatch/fleetwatch"
@@ -153,9 +154,6 @@ func (p *Prober) loadState(ctx context.Context, st *backendState) *DriftState {
 // stateLocked is the backend's DriftState now. Called with p.mu held.
 func (p *Prober) stateLocked(st *backendState) DriftState {
 	s := st.monState
-	if s.V == 0 {
-		s = DriftState{V: StateVersion, Pool: st.t.Pool, Backend: st.t.Backend, SuiteHash: p.suite.Hash, Status: fleetwatch.DriftUnknown}
-	}
 	s.Peers, s.PeersSince = st.peer, st.peerSince
 	s.LastAlert = st.lastAlert
 	s.Quarantined = p.s.Quarantine && st.snap.Status == fleetwatch.DriftDrifted
@@ -170,8 +168,14 @@ func (p *Prober) saveState(ctx context.Context, st *backendState) {
 	st.saveMu.Lock()
 	defer st.saveMu.Unlock()
 	p.mu.Lock()
+	loaded := st.monState.V != 0
 	s := p.stateLocked(st)
 	p.mu.Unlock()
+	if !loaded {
+		// not loaded yet (a peer's comparison at start): what is stored
+		// is newer than anything here
+		return
+	}
 	data, err := json.Marshal(s)
 	if err != nil {
 		p.s.Logf("probes: %s/%s: encode drift state: %v", st.t.Pool, st.t.Backend, err)
@@ -223,4 +227,24 @@ func (p *Prober) Restore(ctx context.Context, pools []string) error {
 		o.flush()
 	}
 	return first
+}
+
+// BackendStatus is the status a stored state stands for, as `drift status`
+// shows it when no running serve answers: the worse of the baseline and
+// peer statuses, the CUSUM, the cooldown, the quarantine and the last
+// alert.
+func (s *DriftState) BackendStatus() BackendStatus {
+	peers := s.Peers
+	if peers == "" {
+		peers = fleetwatch.DriftOK
+	}
+	bs := BackendStatus{Pool: s.Pool, Backend: s.Backend, Baseline: s.Status, BaselineSince: s.Since, Peers: peers,
+		PeersSince: s.PeersSince, Enrolling: s.BaselineCreated.IsZero(), BaselineCreated: s.BaselineCreated,
+		Score: s.Score, Threshold: s.Threshold, Z: math.NaN(), CUSUM: s.CUSUM.C, Cooldown: s.CUSUM.Cooldown,
+		IdentityPending: s.IdentityPending, Quarantined: s.Quarantined, LastAlert: s.LastAlert, LastCycle: s.LastCycle}
+	bs.Status, bs.Since = worse(s.Status, peers), s.Since
+	if bs.Status == peers && peers != fleetwatch.DriftOK && bs.Status != s.Status {
+		bs.Since = s.PeersSince
+	}
+	return bs
 }

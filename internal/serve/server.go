@@ -87,8 +87,9 @@ type Server struct {
 	unpublished     *metrics.Counter // snapshots not sent while NATS was unreachable
 	evalDuration    *metrics.Histogram
 
-	mu          sync.Mutex // guards urgentAt, alerts, transitions, ran, closed
-	urgentAt    time.Time  // when the oldest unhandled urgent signal arrived
+	mu          sync.Mutex   // guards urgentAt, alerts, transitions, ran, closed, drift
+	drift       *driftProbes // the running drift probes (RestoreDrift); nil until Run starts them
+	urgentAt    time.Time    // when the oldest unhandled urgent signal arrived
 	alerts      []fleetwatch.DriftAlert
 	transitions map[transitionKey]uint64
 	ran         bool

@@ -1,0 +1,174 @@
+package serve
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+	"github.com/fleetwatch/fleetwatch/internal/toylm"
+	"github.com/fleetwatch/fleetwatch/probes"
+)
+
+// statusOf is backend's entry in a drift-status reply (zero while no serve
+// answers).
+func statusOf(t *testing.T, nc *nats.Conn, backend string) probes.BackendStatus {
+	t.Helper()
+	statuses, err := AskStatuses(nc, fleetwatch.Subjects{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range statuses {
+		if s.Backend == backend {
+			return s
+		}
+	}
+	return probes.BackendStatus{}
+}
+
+// backendIn is backend in the server's current snapshot of pool.
+func backendIn(s *Server, pool, backend string) (fleetwatch.Backend, bool) {
+	for _, snap := range s.Snapshots() {
+		if snap.Pool == pool {
+			if b := snap.Find(backend); b != nil {
+				return *b, true
+			}
+		}
+	}
+	return fleetwatch.Backend{}, false
+}
+
+// TestDriftStateSurvivesServeRestart: a backend drifts (a swapped model)
+// and is quarantined; serve restarts on the same data directory with a
+// schedule that runs no cycle for an hour. The first snapshot the new
+// serve publishes has it drifted at weight 0, and `drift status` says the
+// same, with the CUSUM, the cooldown and the alert it had: the drift state
+// came back from the KV bucket fw_drift, not from the baseline (which
+// says "ok"). Then a takeover: the analyzer forgets the status and
+// RestoreDrift brings it back.
+func TestDriftStateSurvivesServeRestart(t *testing.T) {
+	ref := toylm.New(toylm.Config{})
+	noise := toylm.Options{Sigma: 0.003, NoiseSeed: 1, Fingerprint: "fp_1"}
+	switches := map[string]*toylm.Switch{}
+	var urls []string
+	for _, id := range []string{"a", "b"} {
+		switches[id] = toylm.NewSwitch(ref.With(noise))
+		hs := httptest.NewServer(fakeai.New(fakeai.Settings{Completer: switches[id], Behavior: fakeai.Behavior{Model: "llama"}}))
+		t.Cleanup(hs.Close)
+		urls = append(urls, hs.URL+"/v1")
+	}
+	yaml := func(schedule string) string {
+		return fmt.Sprintf(`pools:
+  - id: llama
+    models: [llama]
+    backends:
+      - {id: a, url: %q}
+      - {id: b, url: %q}
+probes: {schedule: %q, enrol: 3, enrol_min: 0s, quarantine: true}
+review: {schedule: "@every 1h"}
+`, urls[0], urls[1], schedule)
+	}
+	data := filepath.Join(t.TempDir(), "data")
+	first := newServer(t, yaml("@every 1s"), data, Options{}).run(t)
+	nc, err := nats.Connect(first.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	testkit.Eventually(t, 30*time.Second, "a and b enrolled", func() bool {
+		return statusOf(t, nc, "a").Status == fleetwatch.DriftOK && statusOf(t, nc, "b").Status == fleetwatch.DriftOK
+	})
+	switches["b"].Set(ref.Swapped(9).With(noise))
+	var before probes.BackendStatus
+	testkit.Eventually(t, 30*time.Second, "b drifted and quarantined", func() bool {
+		before = statusOf(t, nc, "b")
+		b, ok := backendIn(first.Server, "llama", "b")
+		return before.Status == fleetwatch.DriftDrifted && ok && b.Drift == fleetwatch.DriftDrifted && b.Weight == 0
+	})
+	if err := first.stop(); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	// what the stopped serve had last, as stored
+	if !before.Quarantined || before.LastAlert == nil || before.LastAlert.Status != fleetwatch.DriftDrifted {
+		t.Fatalf("b before the restart: %+v, want quarantined with its drifted alert", before)
+	}
+
+	second := newServer(t, yaml("@every 1h"), data, Options{})
+	nc2, err := nats.Connect(second.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc2.Close()
+	// no serve runs yet: `drift status` reads the stored states
+	js2, err := jetstream.New(nc2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, source, err := DriftStatuses(t.Context(), nc2, js2, fleetwatch.Subjects{}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if source != "fw_drift (no running serve answered)" || len(stored) != 2 || stored[1].Backend != "b" ||
+		stored[1].Status != fleetwatch.DriftDrifted || !stored[1].Quarantined || stored[1].CUSUM != before.CUSUM || stored[0].Status != fleetwatch.DriftOK {
+		t.Errorf("drift status without serve, from %q: %+v", source, stored)
+	}
+	firstSnap := make(chan fleetwatch.Snapshot, 1)
+	sub, err := nc2.Subscribe("fw.decisions.llama", func(m *nats.Msg) {
+		var s fleetwatch.Snapshot
+		if json.Unmarshal(m.Data, &s) == nil {
+			select {
+			case firstSnap <- s:
+			default:
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	nc2.Flush()
+	second.run(t)
+	select {
+	case snap := <-firstSnap:
+		if b := snap.Find("b"); b == nil || b.Drift != fleetwatch.DriftDrifted || b.Weight != 0 {
+			t.Errorf("b in the first snapshot after the restart: %+v, want drifted at weight 0", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no snapshot of llama after the restart")
+	}
+	after := statusOf(t, nc2, "b")
+	if after.Status != fleetwatch.DriftDrifted || !after.Quarantined || after.CUSUM != before.CUSUM ||
+		after.Cooldown != before.Cooldown || !after.Since.Equal(before.Since) || after.LastAlert == nil ||
+		!after.LastAlert.At.Equal(before.LastAlert.At.Time) || after.LastAlert.Reason != before.LastAlert.Reason {
+		t.Errorf("drift status of b after the restart:\n%+v\nbefore it:\n%+v", after, before)
+	}
+	// the probes loaded before the first snapshot: the analyzer's view is
+	// the probes' view, and stays so
+	if b, ok := backendIn(second.Server, "llama", "b"); !ok || b.Drift != fleetwatch.DriftDrifted || b.Weight != 0 {
+		t.Errorf("b in the current snapshot after the restart: %+v, want drifted at weight 0", b)
+	}
+
+	// A takeover: the new owner's analyzer does not know the status;
+	// RestoreDrift hands it over again.
+	second.an.SetDrift("llama", "b", fleetwatch.DriftOK)
+	testkit.Eventually(t, 10*time.Second, "b back in rotation once forgotten", func() bool {
+		b, ok := backendIn(second.Server, "llama", "b")
+		return ok && b.Weight > 0
+	})
+	if err := second.RestoreDrift(t.Context(), []string{"llama"}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "b quarantined again after RestoreDrift", func() bool {
+		b, ok := backendIn(second.Server, "llama", "b")
+		return ok && b.Drift == fleetwatch.DriftDrifted && b.Weight == 0
+	})
+}
