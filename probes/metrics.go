@@ -60,6 +60,13 @@ func (m *proberMetrics) probeErrors(pool, backend, kind string) *metrics.Counter
 		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(kind)))
 }
 
+// fingerprintEvents is the counter of traffic fingerprint events of one
+// backend and kind.
+func (m *proberMetrics) fingerprintEvents(pool, backend, kind string) *metrics.Counter {
+	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_fingerprint_events_total{pool=%s,backend=%s,kind=%s}`,
+		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(kind)))
+}
+
 // alerts is the counter of drift alerts by status.
 func (m *proberMetrics) alerts(s fleetwatch.DriftStatus) *metrics.Counter {
 	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_alerts_total{status=%s}`, fleetwatch.QuoteLabel(string(s))))

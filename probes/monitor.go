@@ -139,7 +139,13 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 	} else {
 		r.Signal, r.PValue = m.blackBoxSignal(c, r.Stats, fdr)
 	}
-	if tier := b.Identity.TierChanges(c.Identity); len(tier) > 0 {
+	tier := b.Identity.TierChanges(c.Identity)
+	if bf, tf := b.Identity.Fingerprint, c.TrafficFingerprint; bf != "" && tf != "" && tf != bf && c.Identity.Fingerprint != bf {
+		// traffic and the probe agree that the fingerprint is not the
+		// baseline's: a metadata event backed by the probe's identity
+		tier = append(tier, IdentityChange{Field: "system_fingerprint", Before: bf, After: c.Identity.Fingerprint})
+	}
+	if len(tier) > 0 {
 		r.IdentityTier = tier
 		r.Signal.Identity, r.Signal.Quiet = true, false
 		phrases := make([]string, len(tier))
@@ -272,6 +278,9 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 	}
 	if len(r.IdentityTier) > 0 {
 		ev.Extra["identity_changes"] = r.IdentityTier
+	}
+	if c.TrafficFingerprint != "" {
+		ev.Extra["traffic_fingerprint"] = c.TrafficFingerprint
 	}
 	if f := b.Identity.Fingerprint; f != "" {
 		ev.FingerprintBefore = &f

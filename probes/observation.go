@@ -165,6 +165,11 @@ type Cycle struct {
 	At       time.Time
 	Obs      []Observation
 	Identity Identity
+	// TrafficFingerprint is the system_fingerprint the backend's outcome
+	// events showed in their last fingerprint event ("" when none): with
+	// the probe's own fingerprint also differing from the baseline's, the
+	// identity tier counts it as a change.
+	TrafficFingerprint string `json:",omitempty"`
 }
 
 // hasLogprobs reports whether every observation carried logprobs.

@@ -118,6 +118,8 @@ type backendState struct {
 	pvalue    float64
 	lastAlert *fleetwatch.DriftAlert
 	monState  DriftState // the monitor's part of the state, copied by refreshLocked
+	trafficFP string     // the fingerprint traffic showed in the last fingerprint event
+	queued    bool       // a cycle is queued on Prober.urgent
 
 	saveMu sync.Mutex // serialises the backend's state saves; guards saved
 	saved  []byte     // the state last written (or read) in States
@@ -137,6 +139,10 @@ type Prober struct {
 	order    []backendKey
 	closed   bool
 	cancel   context.CancelFunc
+
+	// urgent queues cycles to run at once (fingerprint events), one per
+	// backend at most; Run drains it.
+	urgent chan backendKey
 }
 
 // New validates s and returns a Prober. It does no I/O.
@@ -184,7 +190,7 @@ func New(s Settings) (*Prober, error) {
 		n1 := sched.Next(s.Now())
 		s.Jitter = min(sched.Next(n1).Sub(n1)/10, 5*time.Minute)
 	}
-	p := &Prober{s: s, suite: s.Suite, sched: sched, backends: map[backendKey]*backendState{}}
+	p := &Prober{s: s, suite: s.Suite, sched: sched, backends: map[backendKey]*backendState{}, urgent: make(chan backendKey, len(s.Targets))}
 	for i, t := range s.Targets {
 		if t.Pool == "" || t.Backend == "" || t.URL == "" {
 			return nil, fmt.Errorf("probes: targets[%d]: pool, backend and url are required", i)
@@ -305,6 +311,9 @@ func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, 
 		p.probeError(st, err, o)
 		return false, err
 	}
+	p.mu.Lock()
+	cy.TrafficFingerprint = st.trafficFP
+	p.mu.Unlock()
 	caps.Seed = true // the seed parameter was accepted on every request
 	res, err := st.mon.Observe(cy, func(pv float64) bool { return p.fdr(st, pv) })
 	if err != nil {
@@ -612,6 +621,11 @@ type BackendStatus struct {
 	IdentityPending bool `json:"identity_pending,omitempty"`
 	// Quarantined: drifted while the wiring quarantines drifted backends.
 	Quarantined bool `json:"quarantined"`
+	// TrafficFingerprint is the system_fingerprint the backend's traffic
+	// showed in its last fingerprint event; FingerprintEvents counts them.
+	TrafficFingerprint   string            `json:"traffic_fingerprint,omitempty"`
+	FingerprintEvents    int               `json:"fingerprint_events"`
+	LastFingerprintEvent *FingerprintEvent `json:"last_fingerprint_event,omitempty"`
 	// LastAlert is the backend's last drift alert, with its evidence.
 	LastAlert     *fleetwatch.DriftAlert `json:"last_alert,omitempty"`
 	Caps          Capabilities           `json:"capabilities"`
@@ -705,9 +719,62 @@ func (p *Prober) Run(ctx context.Context) error {
 		c.Schedule(&jittered{inner: p.sched, offset: st.offset}, job)
 	}
 	c.Start()
+	var urgent sync.WaitGroup
+	urgent.Go(func() { p.runUrgent(ctx) })
 	<-ctx.Done()
 	<-c.Stop().Done()
+	urgent.Wait()
 	return nil
+}
+
+// runUrgent runs the cycles queued by fingerprint events until ctx ends.
+func (p *Prober) runUrgent(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case k := <-p.urgent:
+			st := p.backends[k]
+			p.mu.Lock()
+			st.queued = false
+			p.mu.Unlock()
+			_ = p.ProbeBackend(ctx, k.pool, k.backend) // reported to the Sink
+		}
+	}
+}
+
+// Fingerprint takes the metadata events of traffic (a Fingerprints
+// tracker's): each is counted in fleetwatch_drift_fingerprint_events_total,
+// logged and shown in the backend's status, and runs a probe cycle of the
+// backend at once (at most one queued per backend); the fingerprint the
+// traffic showed is evidence for the cycles that follow (see
+// Cycle.TrafficFingerprint). Events of backends that are not targets are
+// ignored. It never blocks: it may be called from the ingest path.
+func (p *Prober) Fingerprint(events []FingerprintEvent) {
+	for _, e := range events {
+		k := backendKey{e.Pool, e.Backend}
+		st := p.backends[k]
+		if st == nil {
+			continue
+		}
+		p.metrics.fingerprintEvents(e.Pool, e.Backend, e.Kind).Inc()
+		p.s.Logf("probes: %s/%s: traffic fingerprint %s: %q -> %q (%d changes seen): probing now",
+			e.Pool, e.Backend, e.Kind, e.Before, e.After, e.Changes)
+		p.mu.Lock()
+		ev := e
+		st.trafficFP = e.After
+		st.snap.TrafficFingerprint = e.After
+		st.snap.FingerprintEvents++
+		st.snap.LastFingerprintEvent = &ev
+		if !st.queued {
+			select {
+			case p.urgent <- k:
+				st.queued = true
+			default:
+			}
+		}
+		p.mu.Unlock()
+	}
 }
 
 // checkIdentity reads a backend's identity tier at start and, when it

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -171,4 +172,44 @@ review: {schedule: "@every 1h"}
 		b, ok := backendIn(second.Server, "llama", "b")
 		return ok && b.Drift == fleetwatch.DriftDrifted && b.Weight == 0
 	})
+}
+
+// TestTrafficFingerprintEvents: outcome events that carry a backend's
+// system_fingerprint reach the probes through the collector's sink: a
+// change is a metadata event, counted in /metrics and shown by `drift
+// status`, and the analyzer still counts every event.
+func TestTrafficFingerprintEvents(t *testing.T) {
+	hs := httptest.NewServer(fakeai.New(fakeai.Settings{Completer: toylm.New(toylm.Config{}), Behavior: fakeai.Behavior{Model: "llama"}}))
+	t.Cleanup(hs.Close)
+	r := startServer(t, fmt.Sprintf(`pools:
+  - id: llama
+    backends:
+      - {id: a, url: %q}
+probes: {schedule: "@every 1h", enrol: 3, enrol_min: 0s}
+review: {schedule: "@every 1h"}
+`, hs.URL), Options{})
+	nc, err := nats.Connect(r.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	testkit.Eventually(t, 20*time.Second, "the probes to answer", func() bool { return statusOf(t, nc, "a").Backend == "a" })
+	testkit.Publish(t, nc, "fw.outcomes.test", `{"pool":"llama","backend":"a","status":200,"ttft_ms":100,"fingerprint":"fp_1"}`)
+	nc.Flush()
+	var st probes.BackendStatus
+	testkit.Eventually(t, 20*time.Second, "a fingerprint event for a", func() bool {
+		testkit.Publish(t, nc, "fw.outcomes.test", `{"pool":"llama","backend":"a","status":200,"ttft_ms":100,"fingerprint":"fp_2"}`)
+		st = statusOf(t, nc, "a")
+		return st.FingerprintEvents > 0
+	})
+	if st.TrafficFingerprint != "fp_2" || st.LastFingerprintEvent == nil || st.LastFingerprintEvent.Before != "fp_1" {
+		t.Errorf("drift status of a: traffic fingerprint %q, last event %+v", st.TrafficFingerprint, st.LastFingerprintEvent)
+	}
+	_, body := testkit.HTTPGet(t, r.httpURL+"/metrics")
+	if !strings.Contains(body, `fleetwatch_drift_fingerprint_events_total{pool="llama",backend="a",kind="changed"} 1`) {
+		t.Errorf("/metrics has no fingerprint event of a:\n%s", body)
+	}
+	if b, ok := backendIn(r.Server, "llama", "a"); !ok || b.Requests == 0 {
+		t.Errorf("the analyzer did not count the events: %+v", b)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -16,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
@@ -44,6 +46,45 @@ type probeDeps struct {
 	getenv func(string) string
 	// now is the clock. If nil, time.Now.
 	now func() time.Time
+	// fingerprints, when set, hands the fingerprint events of traffic to
+	// the probes while they run.
+	fingerprints *fingerprintSink
+}
+
+// fingerprintSink is the collector's sink in serve: the analyzer, plus a
+// probes.Fingerprints tracker that follows the system_fingerprint of
+// outcome events and hands its events (rare: a change, a disagreement with
+// the pool) to the running probes. The analyzer stays free of it; the
+// tracker costs one lock per batch that carries fingerprints.
+type fingerprintSink struct {
+	an      *analyzer.Analyzer
+	tracker *probes.Fingerprints
+	handler atomic.Pointer[func([]probes.FingerprintEvent)] // nil while the probes do not run
+}
+
+func newFingerprintSink(an *analyzer.Analyzer) *fingerprintSink {
+	return &fingerprintSink{an: an, tracker: probes.NewFingerprints(probes.FingerprintSettings{})}
+}
+
+func (f *fingerprintSink) track(batch []fleetwatch.Event) {
+	if evs := f.tracker.Observe(batch); len(evs) > 0 {
+		if h := f.handler.Load(); h != nil {
+			(*h)(evs)
+		}
+	}
+}
+
+// Observe implements collector.Sink.
+func (f *fingerprintSink) Observe(batch []fleetwatch.Event) bool {
+	f.track(batch)
+	return f.an.Observe(batch)
+}
+
+// ObserveRefusing implements collector.RefusingSink, so that the
+// analyzer's refusals still reach the collector.
+func (f *fingerprintSink) ObserveRefusing(batch []fleetwatch.Event, refused []fleetwatch.Refusal) (bool, []fleetwatch.Refusal) {
+	f.track(batch)
+	return f.an.ObserveRefusing(batch, refused)
 }
 
 // RebaselineRequest is the payload of a re-baseline request.
@@ -348,6 +389,10 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 	// Before the first snapshot: every stored baseline and drift state,
 	// handed to setDrift (Run finds them loaded).
 	prober.LoadBaselines(runCtx)
+	if d.fingerprints != nil {
+		h := prober.Fingerprint
+		d.fingerprints.handler.Store(&h)
+	}
 
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -365,6 +410,9 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 	var once sync.Once
 	return &driftProbes{prober: prober, stop: func() {
 		once.Do(func() {
+			if d.fingerprints != nil {
+				d.fingerprints.handler.Store(nil)
+			}
 			unsubscribe()
 			cancel()
 			prober.Close()

@@ -70,6 +70,7 @@ type Server struct {
 	js       jetstream.JetStream // nil without JetStream
 
 	an      *analyzer.Analyzer
+	fps     *fingerprintSink // the collector's sink: the analyzer, and the fingerprints of traffic for the probes
 	window  time.Duration
 	col     *collector.Collector
 	pub     *feed.Publisher
@@ -216,7 +217,8 @@ func (s *Server) build() error {
 	cs := s.cfg.CollectorSettings()
 	cs.NoJetStream = s.js == nil
 	cs.Metrics, cs.Logf, cs.OnUrgent = s.metrics, s.logf, s.signalUrgent
-	s.col, err = collector.New(s.nc, s.an, cs)
+	s.fps = newFingerprintSink(s.an)
+	s.col, err = collector.New(s.nc, s.fps, cs)
 	if err != nil {
 		return fmt.Errorf("serve: collector: %w", err)
 	}

@@ -78,14 +78,15 @@ func (s *Server) recordHistory(snaps []fleetwatch.Snapshot) { s.hist.record(snap
 // returns; RestoreDrift reaches the probes from then on.
 func (s *Server) startProbes(ctx context.Context) (func(), error) {
 	d, err := startProbes(ctx, probeDeps{
-		cfg:      s.cfg,
-		nc:       s.nc,
-		js:       s.js,
-		prefix:   s.cfg.Prefix,
-		getenv:   s.opts.Getenv,
-		setDrift: s.an.SetDrift,
-		metrics:  s.metrics,
-		logf:     s.logf,
+		cfg:          s.cfg,
+		nc:           s.nc,
+		js:           s.js,
+		prefix:       s.cfg.Prefix,
+		getenv:       s.opts.Getenv,
+		setDrift:     s.an.SetDrift,
+		fingerprints: s.fps,
+		metrics:      s.metrics,
+		logf:         s.logf,
 		onAlert: func(a fleetwatch.DriftAlert) {
 			s.noteAlert(a)
 			if s.opts.OnAlert != nil {
