@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -530,6 +531,9 @@ func TestDriftStateSurvivesARestart(t *testing.T) {
 	}
 	if len(sink.alertsFor("b")) != 0 {
 		t.Errorf("a restart raised alerts: %+v", sink.alertsFor("b"))
+	}
+	if !math.IsNaN(after.Z) {
+		t.Errorf("S2 z %v after a restart: the statistics are not stored, want NaN (no gauge)", after.Z)
 	}
 
 	// Restore reloads on demand (a takeover): the same state, told again.

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -229,18 +230,29 @@ func (p *Prober) state(pool, backend string) (*backendState, error) {
 	return st, nil
 }
 
-// load makes sure st.mon exists, from the stored baseline when there is one
-// of the current suite. Called with st.run held.
+// load makes sure st.mon exists, from the stored baseline (and drift
+// state) when there is one of the current suite, and compares the pool's
+// peers when it loaded a baseline. Called with st.run held.
 func (p *Prober) load(ctx context.Context, st *backendState, o *outbox) error {
+	loaded, err := p.loadMonitor(ctx, st, o)
+	if loaded {
+		p.comparePeers(ctx, st.t.Pool, o)
+	}
+	return err
+}
+
+// loadMonitor is load without the peer comparison; it reports whether it
+// loaded a baseline. Called with st.run held.
+func (p *Prober) loadMonitor(ctx context.Context, st *backendState, o *outbox) (bool, error) {
 	if st.mon != nil {
-		return nil
+		return false, nil
 	}
 	var b *Baseline
 	data, err := p.s.Store.Load(ctx, st.t.Pool, st.t.Backend)
 	switch {
 	case errors.Is(err, ErrNoBaseline), err == nil && len(data) == 0:
 	case err != nil:
-		return fmt.Errorf("probes: load baseline of %s/%s: %w", st.t.Pool, st.t.Backend, err)
+		return false, fmt.Errorf("probes: load baseline of %s/%s: %w", st.t.Pool, st.t.Backend, err)
 	default:
 		if b, err = UnmarshalBaseline(data); err != nil {
 			p.s.Logf("probes: %s/%s: stored baseline unusable, enrolling again: %v", st.t.Pool, st.t.Backend, err)
@@ -268,11 +280,8 @@ func (p *Prober) load(ctx context.Context, st *backendState, o *outbox) error {
 	}
 	p.refreshLocked(st)
 	p.mu.Unlock()
-	if b != nil {
-		p.comparePeers(ctx, st.t.Pool, o)
-	}
 	p.notifyStatus(st, o)
-	return nil
+	return b != nil, nil
 }
 
 // ProbeBackend runs one probe cycle of a backend: the cron job body. A
@@ -676,16 +685,48 @@ func (j *jittered) Next(t time.Time) time.Time {
 // cycle. Run calls it; errors are reported as probe errors and the backend
 // tries again at its first cycle.
 func (p *Prober) LoadBaselines(ctx context.Context) {
+	p.loadAll(ctx, nil, false)
+}
+
+// loadAll loads the monitors of the targets of pools (nil: all), anew when
+// reload is set, then compares the peers of each pool where a baseline was
+// loaded, once per pool. It returns the first error (each is reported as a
+// probe error).
+func (p *Prober) loadAll(ctx context.Context, pools map[string]bool, reload bool) error {
+	var first error
+	var compare []string
 	for _, k := range p.order {
+		if pools != nil && !pools[k.pool] {
+			continue
+		}
 		st := p.backends[k]
 		var o outbox
 		st.run.Lock()
-		if err := p.load(ctx, st, &o); err != nil {
+		if reload {
+			st.mon = nil
+			p.mu.Lock()
+			st.reported = "" // tell the Sink whatever the status is
+			p.mu.Unlock()
+		}
+		loaded, err := p.loadMonitor(ctx, st, &o)
+		if err != nil {
 			p.probeError(st, err, &o)
+			if first == nil {
+				first = err
+			}
 		}
 		st.run.Unlock()
 		o.flush()
+		if loaded && !slices.Contains(compare, k.pool) {
+			compare = append(compare, k.pool)
+		}
 	}
+	for _, pool := range compare {
+		var o outbox
+		p.comparePeers(ctx, pool, &o)
+		o.flush()
+	}
+	return first
 }
 
 // Run schedules every target's cycles with robfig/cron (Recover and

@@ -114,7 +114,8 @@ func (m *Monitor) importState(s *DriftState) bool {
 			m.recent = append(m.recent, c)
 		}
 	}
-	m.last = Result{At: s.LastCycle, Signal: Signal{Score: s.Score, Thresh: s.Threshold}}
+	// the last cycle's statistics are not stored: S2's z is unknown (NaN)
+	m.last = Result{At: s.LastCycle, Signal: Signal{Score: s.Score, Thresh: s.Threshold}, Stats: Stats{S2: math.NaN()}}
 	return true
 }
 
@@ -200,33 +201,14 @@ func (p *Prober) saveState(ctx context.Context, st *backendState) {
 // waits for a running cycle of the backend to finish. Errors are reported
 // as probe errors, and the first is returned.
 func (p *Prober) Restore(ctx context.Context, pools []string) error {
-	want := map[string]bool{}
-	for _, pool := range pools {
-		want[pool] = true
-	}
-	var first error
-	for _, k := range p.order {
-		if pools != nil && !want[k.pool] {
-			continue
+	var want map[string]bool
+	if pools != nil {
+		want = map[string]bool{}
+		for _, pool := range pools {
+			want[pool] = true
 		}
-		st := p.backends[k]
-		var o outbox
-		st.run.Lock()
-		st.mon = nil
-		p.mu.Lock()
-		st.reported = "" // tell the Sink whatever the status is
-		p.mu.Unlock()
-		err := p.load(ctx, st, &o)
-		if err != nil {
-			p.probeError(st, err, &o)
-			if first == nil {
-				first = err
-			}
-		}
-		st.run.Unlock()
-		o.flush()
 	}
-	return first
+	return p.loadAll(ctx, want, true)
 }
 
 // BackendStatus is the status a stored state stands for, as `drift status`
