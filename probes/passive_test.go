@@ -2,6 +2,7 @@ package probes_test
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -147,4 +148,29 @@ func BenchmarkFingerprintsObserve(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(batch)), "ns/event")
+}
+
+// FuzzUnmarshalState: arbitrary bytes never panic, and a state that
+// decodes encodes back to what decodes the same.
+func FuzzUnmarshalState(f *testing.F) {
+	f.Add([]byte(`{"v":1,"pool":"p","backend":"b","status":"drifted","cusum":{"C":3.5,"RunExcess":0.1,"RunN":2,"Cooldown":1},"quarantined":true}`))
+	f.Add([]byte(`{"v":2}`))
+	f.Add([]byte(`{"v":1,"prev":{"At":"2026-01-01T00:00:00Z","Obs":[{"Prompt":"a","Tokens":[{"Token":"x","Logprob":-0.1,"Top":[{"t":"x","l":-0.1}]}]}]}}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := probes.UnmarshalState(data)
+		if err != nil {
+			return
+		}
+		enc, err := json.Marshal(s)
+		if err != nil {
+			return // e.g. a NaN can not come from JSON, but stay safe
+		}
+		again, err := probes.UnmarshalState(enc)
+		if err != nil {
+			t.Fatalf("re-decode of %s: %v", enc, err)
+		}
+		if diff := cmp.Diff(s, again); diff != "" {
+			t.Errorf("round trip (-first +second):\n%s", diff)
+		}
+	})
 }
