@@ -694,3 +694,62 @@ func TestSinkMayCallBackIntoTheProber(t *testing.T) {
 		t.Errorf("re-baseline from the sink: %+v", ra)
 	}
 }
+
+// ctxStore is a mapStore that, like a KV put, fails once its context is
+// done.
+type ctxStore struct{ mapStore }
+
+func (s *ctxStore) Save(ctx context.Context, pool, backend string, data []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.mapStore.Save(ctx, pool, backend, data)
+}
+
+// cancelOnAlert cancels the probe's context when the alert comes: a
+// shutdown right after a verdict.
+type cancelOnAlert struct {
+	*recordingSink
+	cancel context.CancelFunc
+}
+
+func (s *cancelOnAlert) Alert(a fleetwatch.DriftAlert) {
+	s.recordingSink.Alert(a)
+	s.cancel()
+}
+
+// TestStateSavedAtShutdown: the verdict of a cycle whose context is
+// canceled right after it (serve stopping) is still stored.
+func TestStateSavedAtShutdown(t *testing.T) {
+	ref := toylm.New(toylm.Config{})
+	sw := toylm.NewSwitch(ref)
+	_, hs := toyServer(t, sw, fakeai.Behavior{})
+	states := &ctxStore{mapStore{m: map[string][]byte{}}}
+	ctx, cancel := context.WithCancel(t.Context())
+	sink := &cancelOnAlert{recordingSink: newSink(), cancel: cancel}
+	p, err := probes.New(probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}},
+		States: states, Sink: sink, Enrol: 3, EnrolMin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := p.ProbeBackend(ctx, "p", "b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw.Set(ref.Swapped(3))
+	if err := p.ProbeBackend(ctx, "p", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("no alert canceled the context: the test proves nothing")
+	}
+	data, err := states.Load(t.Context(), "p", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := probes.UnmarshalState(data)
+	if err != nil || st.Status != fleetwatch.DriftDrifted {
+		t.Errorf("stored state %+v (%v), want drifted", st, err)
+	}
+}

@@ -163,8 +163,9 @@ func (p *Prober) stateLocked(st *backendState) DriftState {
 
 // saveState writes the backend's state when it differs from what was
 // stored last. Saves of one backend are serialised, and each writes the
-// state as it is when it runs, so the last write is the newest state.
-// Called with no lock held.
+// state as it is when it runs, so the last write is the newest state. The
+// cancellation of ctx does not stop it (a shutdown must not lose the last
+// change). Called with no lock held.
 func (p *Prober) saveState(ctx context.Context, st *backendState) {
 	st.saveMu.Lock()
 	defer st.saveMu.Unlock()
@@ -185,6 +186,11 @@ func (p *Prober) saveState(ctx context.Context, st *backendState) {
 	if bytes.Equal(data, st.saved) {
 		return
 	}
+	// A change made just before shutdown must still be stored: the save
+	// outlives the cancellation of the cycle's context (Run waits for it),
+	// bounded by the probe timeout.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.s.Timeout)
+	defer cancel()
 	if err := p.s.States.Save(ctx, st.t.Pool, st.t.Backend, data); err != nil {
 		p.metrics.stateErrors.Inc()
 		p.s.Logf("probes: %s/%s: save drift state: %v", st.t.Pool, st.t.Backend, err)
