@@ -94,8 +94,7 @@ func (s *Server) servedIdentity() (Identity, string) {
 	return s.Identity().withDefaults(model), model
 }
 
-// identityRoutes serves GET /v1/models, GET /version, GET /metrics and
-// POST /admin/identity.
+// identityRoutes serves GET /v1/models, GET /version and GET /metrics.
 func (s *Server) identityRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
 		id, model := s.servedIdentity()
@@ -124,6 +123,11 @@ func (s *Server) identityRoutes(mux *http.ServeMux) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		s.WriteIdentityMetrics(w)
 	})
+}
+
+// identityAdmin serves GET and POST /admin/identity (in AdminHandler, so
+// that `fleetwatch fake`'s admin listener reaches it too).
+func (s *Server) identityAdmin(mux *http.ServeMux) {
 	mux.HandleFunc("POST /admin/identity", func(w http.ResponseWriter, r *http.Request) {
 		cur := s.Identity()
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<14))
