@@ -390,8 +390,53 @@ func sortAlts(a []Alt) {
 	})
 }
 
-// RunCycle probes every prompt of s once, in order, plus /v1/models and
-// /version, and returns the cycle and what the backend was seen to
+// Identity reads the identity tier alone: GET /v1/models, GET /version and
+// GET /metrics (vLLM's configuration info), each bounded by timeout (0:
+// only ctx). It is what the Prober checks at start, before a backend's
+// first cycle.
+func (c *Client) Identity(ctx context.Context, timeout time.Duration) (Identity, error) {
+	id, _, err := c.identity(ctx, func() (context.Context, context.CancelFunc) {
+		if timeout > 0 {
+			return context.WithTimeout(ctx, timeout)
+		}
+		return context.WithCancel(ctx)
+	})
+	return id, err
+}
+
+// identity reads the identity tier and picks the model to probe.
+func (c *Client) identity(ctx context.Context, call func() (context.Context, context.CancelFunc)) (Identity, string, error) {
+	var id Identity
+	cctx, cancel := call()
+	mi, err := c.Models(cctx)
+	cancel()
+	if err != nil {
+		return id, "", err
+	}
+	id.ModelIDs, id.ModelRoot, id.MaxModelLen = mi.IDs, mi.Root, mi.MaxModelLen
+	model := c.t.Model
+	for _, m := range c.t.PreferModels {
+		if model == "" && slices.Contains(mi.IDs, m) {
+			model = m
+		}
+	}
+	if model == "" && len(mi.IDs) > 0 {
+		model = mi.IDs[0]
+	}
+	cctx, cancel = call()
+	id.Version, err = c.Version(cctx)
+	cancel()
+	if err != nil {
+		return id, "", err
+	}
+	cctx, cancel = call()
+	id.Info, id.InfoMeasured = c.InfoMetrics(cctx)
+	cancel()
+	return id, model, nil
+}
+
+// RunCycle probes every prompt of s once, in order, plus the identity tier
+// (/v1/models, /version, /metrics), and returns the cycle and what the backend was seen to
 // support. Any failed prompt fails the cycle: a partial cycle is never
 // judged. Each request gets timeout (0: only ctx).
 func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout time.Duration) (*Cycle, Capabilities, error) {
@@ -403,29 +448,12 @@ func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout 
 	}
 	cy := &Cycle{At: now}
 	var caps Capabilities
-	cctx, cancel := call()
-	mi, err := c.Models(cctx)
-	cancel()
+	id, model, err := c.identity(ctx, call)
 	if err != nil {
 		return nil, caps, err
 	}
-	cy.Identity.ModelIDs, cy.Identity.ModelRoot, cy.Identity.MaxModelLen = mi.IDs, mi.Root, mi.MaxModelLen
-	model := c.t.Model
-	for _, m := range c.t.PreferModels {
-		if model == "" && slices.Contains(mi.IDs, m) {
-			model = m
-		}
-	}
-	if model == "" && len(mi.IDs) > 0 {
-		model = mi.IDs[0]
-	}
-	cctx, cancel = call()
-	v, err := c.Version(cctx)
-	cancel()
-	if err != nil {
-		return nil, caps, err
-	}
-	cy.Identity.Version, caps.Version = v, v != ""
+	cy.Identity = id
+	caps.Version = id.Version != ""
 	fps := map[string]int{}
 	caps.Logprobs = true
 	for _, p := range s.Prompts {

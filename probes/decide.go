@@ -133,24 +133,34 @@ func (c *CUSUM) Reset(n int) { *c = CUSUM{Cooldown: n} }
 
 // Signal is one cycle's evidence, as the status machine sees it.
 type Signal struct {
-	Gross   bool    // a change large enough to act on at once
-	Alarm   bool    // the accumulating test alarms this cycle
-	Confirm bool    // this cycle on its own supports a pending alarm
-	Quiet   bool    // this cycle is within the baseline's noise
-	Score   float64 // reported with the threshold it is compared with
-	Thresh  float64
-	Reason  string
+	Gross   bool // a change large enough to act on at once
+	Alarm   bool // the accumulating test alarms this cycle
+	Confirm bool // this cycle on its own supports a pending alarm
+	Quiet   bool // this cycle is within the baseline's noise
+	// Identity is set when the identity tier (models, version, vLLM's
+	// configuration info) differs from the baseline's this cycle.
+	Identity bool
+	Score    float64 // reported with the threshold it is compared with
+	Thresh   float64
+	Reason   string
 }
 
 // Detector is the drift status machine of one backend against its baseline:
-// ok -> suspect on an alarm; suspect -> drifted when the next cycle confirms,
-// back to ok otherwise; any -> drifted on a gross change; drifted -> ok after
-// Recover quiet cycles. Every verdict resets the CUSUM with a cooldown.
+// ok -> suspect on an alarm or an identity change; suspect -> drifted when
+// the next cycle confirms (the alarm again with z >= ConfirmZ, or the
+// identity change still there, or an identity suspicion backed by the
+// logprob tier), back to ok otherwise; any -> drifted on a gross change;
+// drifted -> ok after Recover quiet cycles with the baseline's identity.
+// Every verdict resets the CUSUM with a cooldown.
 type Detector struct {
 	Status fleetwatch.DriftStatus
 	Since  time.Time
 	CUSUM  CUSUM
-	quiet  int
+	// Quiet counts a drifted backend's consecutive quiet cycles.
+	Quiet int
+	// IdentityPending is set while the backend is suspect because of an
+	// identity change.
+	IdentityPending bool
 }
 
 // Transition is a status change.
@@ -167,6 +177,7 @@ func (d *Detector) Step(now time.Time, s Signal, p Params) (Transition, bool) {
 		d.Status = fleetwatch.DriftOK
 	}
 	to := from
+	pending := false
 	switch from {
 	case fleetwatch.DriftOK:
 		switch {
@@ -174,29 +185,41 @@ func (d *Detector) Step(now time.Time, s Signal, p Params) (Transition, bool) {
 			to = fleetwatch.DriftDrifted
 		case s.Alarm:
 			to = fleetwatch.DriftSuspect
+		case s.Identity:
+			to, pending = fleetwatch.DriftSuspect, true
 		}
 	case fleetwatch.DriftSuspect:
-		if s.Gross || s.Alarm && s.Confirm {
+		switch {
+		case s.Gross || s.Alarm && s.Confirm:
 			to = fleetwatch.DriftDrifted
-		} else {
+		case d.IdentityPending && s.Identity:
+			to = fleetwatch.DriftDrifted
+			s.Reason = "the identity change persisted for a second cycle: " + s.Reason
+		case d.IdentityPending && (s.Alarm || s.Confirm):
+			to = fleetwatch.DriftDrifted
+			s.Reason = "the identity change is confirmed by the logprob tier: " + s.Reason
+		case !d.IdentityPending && s.Identity:
+			to = fleetwatch.DriftDrifted
+			s.Reason = "the alarm is confirmed by an identity change: " + s.Reason
+		default:
 			to = fleetwatch.DriftOK
 			s.Reason = "not confirmed: " + s.Reason
 		}
 	case fleetwatch.DriftDrifted:
-		if s.Quiet {
-			d.quiet++
+		if s.Quiet && !s.Identity {
+			d.Quiet++
 		} else {
-			d.quiet = 0
+			d.Quiet = 0
 		}
-		if d.quiet >= p.Recover {
+		if d.Quiet >= p.Recover {
 			to = fleetwatch.DriftOK
-			s.Reason = fmt.Sprintf("back within the baseline's noise for %d cycles: %s", d.quiet, s.Reason)
+			s.Reason = fmt.Sprintf("back within the baseline's noise for %d cycles: %s", d.Quiet, s.Reason)
 		}
 	}
 	if to == from {
 		return Transition{}, false
 	}
-	d.Status, d.Since, d.quiet = to, now, 0
+	d.Status, d.Since, d.Quiet, d.IdentityPending = to, now, 0, pending
 	if to != fleetwatch.DriftSuspect {
 		d.CUSUM.Reset(p.Cooldown)
 	}

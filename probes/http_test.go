@@ -3,7 +3,9 @@ package probes_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -52,7 +54,15 @@ func TestClientCycleMatchesTheModel(t *testing.T) {
 	if diff := cmp.Diff(probes.Capabilities{Logprobs: true, TopLogprobsCap: 5, Fingerprint: true, Version: true}, caps); diff != "" {
 		t.Errorf("capabilities (-want +got):\n%s", diff)
 	}
-	wantID := probes.Identity{Fingerprint: "fp_toy", ModelIDs: []string{"toy-model"}, Version: "fakeai-1"}
+	wantID := probes.Identity{Fingerprint: "fp_toy", ModelIDs: []string{"toy-model"}, ModelRoot: "/models/toy-model", MaxModelLen: 4096,
+		Version: "fakeai-1", InfoMeasured: true, Info: map[string]string{
+			"vllm:cache_config_info.cache_dtype":       "auto",
+			"vllm:model_config_info.dtype":             "bfloat16",
+			"vllm:model_config_info.max_model_len":     "4096",
+			"vllm:model_config_info.model":             "/models/toy-model",
+			"vllm:model_config_info.quantization":      "None",
+			"vllm:model_config_info.served_model_name": "toy-model",
+		}}
 	gotID := cy.Identity
 	gotID.PromptTokens = nil
 	if diff := cmp.Diff(wantID, gotID); diff != "" {
@@ -477,6 +487,164 @@ func TestBaselinesSurviveARestart(t *testing.T) {
 	}
 }
 
+// TestDriftStateSurvivesARestart: a drifted, quarantined backend is still
+// drifted after a restart, before any cycle, with its CUSUM cooldown and
+// its last alert; the state was not the baseline's "ok".
+func TestDriftStateSurvivesARestart(t *testing.T) {
+	ref := toylm.New(toylm.Config{})
+	sw := toylm.NewSwitch(ref.With(toylm.Options{Sigma: 0.03}))
+	_, hs := toyServer(t, sw, fakeai.Behavior{})
+	baselines, states := &mapStore{m: map[string][]byte{}}, &mapStore{m: map[string][]byte{}}
+	settings := probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}},
+		Store: baselines, States: states, Quarantine: true, Enrol: 3, EnrolMin: -1}
+	first, err := probes.New(settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := first.ProbeBackend(t.Context(), "p", "b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw.Set(ref.Swapped(7).With(toylm.Options{Sigma: 0.03}))
+	if err := first.ProbeBackend(t.Context(), "p", "b"); err != nil {
+		t.Fatal(err)
+	}
+	before := first.Statuses()[0]
+	if before.Status != fleetwatch.DriftDrifted || !before.Quarantined || before.Cooldown != 3 || before.LastAlert == nil {
+		t.Fatalf("after the swap: %+v, want drifted, quarantined, cooldown 3, with its alert", before)
+	}
+
+	sink := newSink()
+	settings.Sink = sink
+	second, err := probes.New(settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.LoadBaselines(t.Context())
+	after := second.Statuses()[0]
+	if sink.statuses["b"] != fleetwatch.DriftDrifted {
+		t.Errorf("the sink was told %q after the restart, want drifted", sink.statuses["b"])
+	}
+	if diff := cmp.Diff(keepState(before), keepState(after)); diff != "" {
+		t.Errorf("drift state across a restart (-before +after):\n%s", diff)
+	}
+	if len(sink.alertsFor("b")) != 0 {
+		t.Errorf("a restart raised alerts: %+v", sink.alertsFor("b"))
+	}
+	if !math.IsNaN(after.Z) {
+		t.Errorf("S2 z %v after a restart: the statistics are not stored, want NaN (no gauge)", after.Z)
+	}
+
+	// Restore reloads on demand (a takeover): the same state, told again.
+	sink3 := newSink()
+	settings.Sink = sink3
+	third, err := probes.New(settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := third.Restore(t.Context(), []string{"p"}); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(keepState(before), keepState(third.Statuses()[0])); diff != "" || sink3.statuses["b"] != fleetwatch.DriftDrifted {
+		t.Errorf("after Restore (sink told %s), (-before +after):\n%s", sink3.statuses["b"], diff)
+	}
+	if err := third.Restore(t.Context(), []string{"other-pool"}); err != nil {
+		t.Errorf("Restore of a pool without targets: %v", err)
+	}
+}
+
+// keepState is the part of a status that the drift state carries; the
+// last alert is compared as JSON (it went through JSON in the store).
+func keepState(s probes.BackendStatus) any {
+	alert, _ := json.Marshal(s.LastAlert)
+	return struct {
+		Status, Baseline, Peers fleetwatch.DriftStatus
+		Since                   time.Time
+		CUSUM, Score, Threshold float64
+		Cooldown                int
+		Quarantined, Pending    bool
+		BaselineCreated         time.Time
+		LastAlert               string
+	}{s.Status, s.Baseline, s.Peers, s.Since, s.CUSUM, s.Score, s.Threshold, s.Cooldown, s.Quarantined, s.IdentityPending,
+		s.BaselineCreated, string(alert)}
+}
+
+// TestCUSUMContinuesAcrossARestart: two Probers watch the same noiseless
+// backend through a q8-like change, one of them restarted (from its stored
+// state) right after the change. Every cycle after that they must agree:
+// status, CUSUM, cooldown, score, alerts. A restart that forgot the CUSUM,
+// the cooldown or the previous cycle (S4 needs it) would lag behind.
+func TestCUSUMContinuesAcrossARestart(t *testing.T) {
+	ref := toylm.New(toylm.Config{})
+	q8, _ := ref.Quantized(toylm.KLQ8)
+	noise := toylm.Options{Sigma: 0.003, NoiseSeed: 1}
+	// Each Prober has its own backend with the same noise stream: both
+	// see the same answers when they ask the same questions in order.
+	serve := func() (*toylm.Switch, string) {
+		sw := toylm.NewSwitch(ref.With(noise))
+		_, hs := toyServer(t, sw, fakeai.Behavior{})
+		return sw, hs.URL
+	}
+	twinSwitch, twinURL := serve()
+	sw, url := serve()
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	settings := func(url string, states probes.StateStore, sink probes.Sink) probes.Settings {
+		return probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: url}},
+			Store: &mapStore{m: map[string][]byte{}}, States: states, Sink: sink, Enrol: 8, EnrolMin: -1, Now: clock}
+	}
+	states := &mapStore{m: map[string][]byte{}}
+	twinSink, restartedSink := newSink(), newSink()
+	twin, err := probes.New(settings(twinURL, &mapStore{m: map[string][]byte{}}, twinSink))
+	if err != nil {
+		t.Fatal(err)
+	}
+	firstSettings := settings(url, states, newSink())
+	first, err := probes.New(firstSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cycle := func(ps ...*probes.Prober) {
+		t.Helper()
+		now = now.Add(5 * time.Minute)
+		for _, p := range ps {
+			if err := p.ProbeBackend(t.Context(), "p", "b"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for range 9 { // enrolment, then one judged cycle
+		cycle(twin, first)
+	}
+	twinSwitch.Set(q8.With(noise))
+	sw.Set(q8.With(noise))
+	cycle(twin, first)
+	// restart "first" on its stores: same baseline store, same states
+	restartedSettings := firstSettings
+	restartedSettings.Sink = restartedSink
+	restarted, err := probes.New(restartedSettings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restarted.LoadBaselines(t.Context())
+	sawAlarm := false
+	for i := range 8 {
+		cycle(twin, restarted)
+		want, got := twin.Statuses()[0], restarted.Statuses()[0]
+		sawAlarm = sawAlarm || want.Status != fleetwatch.DriftOK
+		if diff := cmp.Diff(keepState(want), keepState(got)); diff != "" {
+			t.Fatalf("cycle %d after the restart (-never restarted +restarted):\n%s", i+1, diff)
+		}
+	}
+	if !sawAlarm {
+		t.Fatal("the q8-like change never left ok: the test proves nothing")
+	}
+	if w, g := len(twinSink.alertsFor("b")), len(restartedSink.alertsFor("b")); w == 0 || g == 0 {
+		t.Errorf("alerts: %d without restart, %d after it", w, g)
+	}
+}
+
 // rebaselineOnDrift re-baselines a backend from inside Sink.Alert, as an
 // automation might: the Prober must not hold the backend's lock then.
 type rebaselineOnDrift struct {
@@ -524,5 +692,64 @@ func TestSinkMayCallBackIntoTheProber(t *testing.T) {
 	}
 	if ra := <-sink.done; ra.Status != fleetwatch.DriftUnknown || ra.Previous != fleetwatch.DriftDrifted {
 		t.Errorf("re-baseline from the sink: %+v", ra)
+	}
+}
+
+// ctxStore is a mapStore that, like a KV put, fails once its context is
+// done.
+type ctxStore struct{ mapStore }
+
+func (s *ctxStore) Save(ctx context.Context, pool, backend string, data []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.mapStore.Save(ctx, pool, backend, data)
+}
+
+// cancelOnAlert cancels the probe's context when the alert comes: a
+// shutdown right after a verdict.
+type cancelOnAlert struct {
+	*recordingSink
+	cancel context.CancelFunc
+}
+
+func (s *cancelOnAlert) Alert(a fleetwatch.DriftAlert) {
+	s.recordingSink.Alert(a)
+	s.cancel()
+}
+
+// TestStateSavedAtShutdown: the verdict of a cycle whose context is
+// canceled right after it (serve stopping) is still stored.
+func TestStateSavedAtShutdown(t *testing.T) {
+	ref := toylm.New(toylm.Config{})
+	sw := toylm.NewSwitch(ref)
+	_, hs := toyServer(t, sw, fakeai.Behavior{})
+	states := &ctxStore{mapStore{m: map[string][]byte{}}}
+	ctx, cancel := context.WithCancel(t.Context())
+	sink := &cancelOnAlert{recordingSink: newSink(), cancel: cancel}
+	p, err := probes.New(probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}},
+		States: states, Sink: sink, Enrol: 3, EnrolMin: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := p.ProbeBackend(ctx, "p", "b"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sw.Set(ref.Swapped(3))
+	if err := p.ProbeBackend(ctx, "p", "b"); err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() == nil {
+		t.Fatal("no alert canceled the context: the test proves nothing")
+	}
+	data, err := states.Load(t.Context(), "p", "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := probes.UnmarshalState(data)
+	if err != nil || st.Status != fleetwatch.DriftDrifted {
+		t.Errorf("stored state %+v (%v), want drifted", st, err)
 	}
 }

@@ -16,10 +16,19 @@ import (
 type proberMetrics struct {
 	set    *metrics.Set
 	cycles *metrics.Counter
+	// stateSaves and stateErrors count drift state writes to the
+	// StateStore and the ones that failed.
+	stateSaves, stateErrors *metrics.Counter
+	// identityChecks counts the identity-tier checks at start.
+	identityChecks *metrics.Counter
 }
 
 func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
-	m := &proberMetrics{set: set, cycles: set.GetOrCreateCounter("fleetwatch_probe_cycles_total")}
+	m := &proberMetrics{set: set, cycles: set.GetOrCreateCounter("fleetwatch_probe_cycles_total"),
+		stateSaves:     set.GetOrCreateCounter("fleetwatch_drift_state_saves_total"),
+		stateErrors:    set.GetOrCreateCounter("fleetwatch_drift_state_errors_total"),
+		identityChecks: set.GetOrCreateCounter("fleetwatch_probe_identity_checks_total"),
+	}
 	for _, s := range []fleetwatch.DriftStatus{fleetwatch.DriftOK, fleetwatch.DriftSuspect, fleetwatch.DriftDrifted, fleetwatch.DriftUnknown} {
 		m.alerts(s) // present at 0 from the start
 	}
@@ -48,6 +57,13 @@ func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
 // probeErrors is the counter of probe errors of one backend and kind.
 func (m *proberMetrics) probeErrors(pool, backend, kind string) *metrics.Counter {
 	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_probe_errors_total{pool=%s,backend=%s,kind=%s}`,
+		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(kind)))
+}
+
+// fingerprintEvents is the counter of traffic fingerprint events of one
+// backend and kind.
+func (m *proberMetrics) fingerprintEvents(pool, backend, kind string) *metrics.Counter {
+	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_fingerprint_events_total{pool=%s,backend=%s,kind=%s}`,
 		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(kind)))
 }
 

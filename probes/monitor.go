@@ -103,7 +103,10 @@ type Result struct {
 	// IdentityChanges lists metadata changes since the previous cycle: an
 	// event that warrants an extra cycle, never a verdict by itself.
 	IdentityChanges []string
-	Transition      *Transition
+	// IdentityTier lists the identity-tier fields that differ from the
+	// baseline's this cycle: an immediate suspect (Signal.Identity).
+	IdentityTier []IdentityChange
+	Transition   *Transition
 	// Alert is set when the status changed.
 	Alert *fleetwatch.DriftAlert
 }
@@ -135,6 +138,26 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 		r.Signal = logprobSignal(r.Stats, b.Null, &m.det.CUSUM, m.p)
 	} else {
 		r.Signal, r.PValue = m.blackBoxSignal(c, r.Stats, fdr)
+	}
+	tier := b.Identity.TierChanges(c.Identity)
+	if bf, tf := b.Identity.Fingerprint, c.TrafficFingerprint; bf != "" && tf != "" && tf != bf && c.Identity.Fingerprint != bf {
+		// traffic and the probe agree that the fingerprint is not the
+		// baseline's: a metadata event backed by the probe's identity
+		tier = append(tier, IdentityChange{Field: "system_fingerprint", Before: bf, After: c.Identity.Fingerprint})
+	}
+	if len(tier) > 0 {
+		r.IdentityTier = tier
+		r.Signal.Identity, r.Signal.Quiet = true, false
+		phrases := make([]string, len(tier))
+		for i, ch := range tier {
+			phrases[i] = ch.String()
+		}
+		r.Signal.Reason = "identity changed against the baseline: " + strings.Join(phrases, ", ") + "; " + r.Signal.Reason
+		if !r.Signal.Gross && !r.Signal.Alarm {
+			// the identity tier decides: its score is the number of
+			// changed fields, against 1
+			r.Signal.Score, r.Signal.Thresh = float64(len(tier)), 1
+		}
 	}
 	if tr, ok := m.det.Step(c.At, r.Signal, m.p); ok {
 		r.Transition = &tr
@@ -252,6 +275,12 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 	}
 	if !math.IsNaN(r.PValue) {
 		ev.Extra["mmd_p_value"] = r.PValue
+	}
+	if len(r.IdentityTier) > 0 {
+		ev.Extra["identity_changes"] = r.IdentityTier
+	}
+	if c.TrafficFingerprint != "" {
+		ev.Extra["traffic_fingerprint"] = c.TrafficFingerprint
 	}
 	if f := b.Identity.Fingerprint; f != "" {
 		ev.FingerprintBefore = &f

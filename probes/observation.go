@@ -3,7 +3,10 @@ package probes
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -49,8 +52,11 @@ func (o *Observation) Sequence() []string {
 	return seq
 }
 
-// Identity is the metadata of a backend that is cheap to read and is not
-// proof of anything: a change triggers an extra probe cycle, never a verdict.
+// Identity is the metadata of a backend that is cheap to read. Its
+// identity tier (the models list with root and max_model_len, the version,
+// vLLM's configuration info) is part of the baseline: a change is an
+// immediate suspect (TierChanges). The rest (fingerprint, prompt token
+// counts) only triggers an extra cycle (Changes).
 type Identity struct {
 	Fingerprint  string   `json:"fingerprint,omitempty"` // most common system_fingerprint
 	ModelIDs     []string `json:"model_ids,omitempty"`   // /v1/models ids
@@ -58,9 +64,64 @@ type Identity struct {
 	MaxModelLen  int      `json:"max_model_len,omitempty"`
 	Version      string   `json:"version,omitempty"`       // GET /version (vLLM)
 	PromptTokens []int    `json:"prompt_tokens,omitempty"` // usage.prompt_tokens per prompt
+	// Info holds the identity labels of vLLM's configuration info gauges
+	// on /metrics, keyed "<metric>.<label>" (InfoLabels lists them).
+	Info map[string]string `json:"info,omitempty"`
+	// InfoMeasured is false when /metrics could not be read this cycle:
+	// Info is then unknown, not empty.
+	InfoMeasured bool `json:"info_measured,omitempty"`
 }
 
-// Changes lists what differs between i (before) and now, as short phrases.
+// IdentityChange is one field of the identity tier that differs from the
+// baseline, with the values before (the baseline's) and after.
+type IdentityChange struct {
+	Field  string `json:"field"`
+	Before string `json:"before"`
+	After  string `json:"after"`
+}
+
+func (c IdentityChange) String() string {
+	return c.Field + " " + quoteOrNone(c.Before) + " -> " + quoteOrNone(c.After)
+}
+
+// TierChanges lists the identity-tier fields of now that differ from i (the
+// baseline's identity): the models list, root and max_model_len always;
+// the version when the baseline has one; each configuration info label
+// the baseline has, when /metrics was read now.
+func (i Identity) TierChanges(now Identity) []IdentityChange {
+	var out []IdentityChange
+	if !slices.Equal(i.ModelIDs, now.ModelIDs) {
+		out = append(out, IdentityChange{"model_ids", strings.Join(i.ModelIDs, ","), strings.Join(now.ModelIDs, ",")})
+	}
+	if i.ModelRoot != now.ModelRoot {
+		out = append(out, IdentityChange{"model_root", i.ModelRoot, now.ModelRoot})
+	}
+	if i.MaxModelLen != now.MaxModelLen {
+		out = append(out, IdentityChange{"max_model_len", itoaOrEmpty(i.MaxModelLen), itoaOrEmpty(now.MaxModelLen)})
+	}
+	if i.Version != "" && i.Version != now.Version {
+		out = append(out, IdentityChange{"version", i.Version, now.Version})
+	}
+	if now.InfoMeasured {
+		keys := slices.Sorted(maps.Keys(i.Info))
+		for _, k := range keys {
+			if now.Info[k] != i.Info[k] {
+				out = append(out, IdentityChange{k, i.Info[k], now.Info[k]})
+			}
+		}
+	}
+	return out
+}
+
+func itoaOrEmpty(n int) string {
+	if n == 0 {
+		return ""
+	}
+	return strconv.Itoa(n)
+}
+
+// Changes lists what differs between i (the previous cycle's) and now, as
+// short phrases: any of them runs an extra cycle at once.
 func (i Identity) Changes(now Identity) []string {
 	var out []string
 	if i.Fingerprint != now.Fingerprint {
@@ -72,8 +133,18 @@ func (i Identity) Changes(now Identity) []string {
 	if i.ModelRoot != now.ModelRoot {
 		out = append(out, "model root "+quoteOrNone(i.ModelRoot)+" -> "+quoteOrNone(now.ModelRoot))
 	}
+	if i.MaxModelLen != now.MaxModelLen {
+		out = append(out, "max_model_len "+quoteOrNone(itoaOrEmpty(i.MaxModelLen))+" -> "+quoteOrNone(itoaOrEmpty(now.MaxModelLen)))
+	}
 	if i.Version != now.Version {
 		out = append(out, "version "+quoteOrNone(i.Version)+" -> "+quoteOrNone(now.Version))
+	}
+	if i.InfoMeasured && now.InfoMeasured {
+		for _, k := range slices.Sorted(maps.Keys(i.Info)) {
+			if now.Info[k] != i.Info[k] {
+				out = append(out, k+" "+quoteOrNone(i.Info[k])+" -> "+quoteOrNone(now.Info[k]))
+			}
+		}
 	}
 	if len(i.PromptTokens) > 0 && len(now.PromptTokens) > 0 && !slices.Equal(i.PromptTokens, now.PromptTokens) {
 		out = append(out, "prompt token counts changed (tokenizer or chat template)")
@@ -94,6 +165,11 @@ type Cycle struct {
 	At       time.Time
 	Obs      []Observation
 	Identity Identity
+	// TrafficFingerprint is the system_fingerprint the backend's outcome
+	// events showed in their last fingerprint event ("" when none): with
+	// the probe's own fingerprint also differing from the baseline's, the
+	// identity tier counts it as a change.
+	TrafficFingerprint string `json:",omitempty"`
 }
 
 // hasLogprobs reports whether every observation carried logprobs.

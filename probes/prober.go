@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"math"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -47,6 +48,15 @@ type Settings struct {
 	Suite *Suite
 	// Store persists baselines. If nil, they live in memory only.
 	Store BaselineStore
+	// States persists each backend's drift state (status, CUSUM, cooldown,
+	// last alert, quarantine) whenever it changes, so that a restart or a
+	// new owner continues where the last one stopped. If nil, it lives in
+	// memory only.
+	States StateStore
+	// Quarantine records that the wiring gives drifted backends weight 0
+	// (the analyzer does it); it is shown in the statuses and stored in
+	// the state. The Prober itself does nothing else with it.
+	Quarantine bool
 	// Sink receives alerts, statuses and probe errors. If nil, discarded.
 	Sink Sink
 	// Schedule is the cron spec of probe cycles (robfig/cron, with
@@ -107,6 +117,13 @@ type backendState struct {
 	reported  fleetwatch.DriftStatus
 	snap      BackendStatus
 	pvalue    float64
+	lastAlert *fleetwatch.DriftAlert
+	monState  DriftState // the monitor's part of the state, copied by refreshLocked
+	trafficFP string     // the fingerprint traffic showed in the last fingerprint event
+	queued    bool       // a cycle is queued on Prober.urgent
+
+	saveMu sync.Mutex // serialises the backend's state saves; guards saved
+	saved  []byte     // the state last written (or read) in States
 }
 
 // Prober runs drift probes against its targets on a cron schedule. Use
@@ -123,6 +140,10 @@ type Prober struct {
 	order    []backendKey
 	closed   bool
 	cancel   context.CancelFunc
+
+	// urgent queues cycles to run at once (fingerprint events), one per
+	// backend at most; Run drains it.
+	urgent chan backendKey
 }
 
 // New validates s and returns a Prober. It does no I/O.
@@ -136,6 +157,9 @@ func New(s Settings) (*Prober, error) {
 	}
 	if s.Store == nil {
 		s.Store = &memStore{m: map[backendKey][]byte{}}
+	}
+	if s.States == nil {
+		s.States = &memStates{memStore{m: map[backendKey][]byte{}}}
 	}
 	if s.Sink == nil {
 		s.Sink = discardSink{}
@@ -167,7 +191,7 @@ func New(s Settings) (*Prober, error) {
 		n1 := sched.Next(s.Now())
 		s.Jitter = min(sched.Next(n1).Sub(n1)/10, 5*time.Minute)
 	}
-	p := &Prober{s: s, suite: s.Suite, sched: sched, backends: map[backendKey]*backendState{}}
+	p := &Prober{s: s, suite: s.Suite, sched: sched, backends: map[backendKey]*backendState{}, urgent: make(chan backendKey, len(s.Targets))}
 	for i, t := range s.Targets {
 		if t.Pool == "" || t.Backend == "" || t.URL == "" {
 			return nil, fmt.Errorf("probes: targets[%d]: pool, backend and url are required", i)
@@ -206,18 +230,29 @@ func (p *Prober) state(pool, backend string) (*backendState, error) {
 	return st, nil
 }
 
-// load makes sure st.mon exists, from the stored baseline when there is one
-// of the current suite. Called with st.run held.
+// load makes sure st.mon exists, from the stored baseline (and drift
+// state) when there is one of the current suite, and compares the pool's
+// peers when it loaded a baseline. Called with st.run held.
 func (p *Prober) load(ctx context.Context, st *backendState, o *outbox) error {
+	loaded, err := p.loadMonitor(ctx, st, o)
+	if loaded {
+		p.comparePeers(ctx, st.t.Pool, o)
+	}
+	return err
+}
+
+// loadMonitor is load without the peer comparison; it reports whether it
+// loaded a baseline. Called with st.run held.
+func (p *Prober) loadMonitor(ctx context.Context, st *backendState, o *outbox) (bool, error) {
 	if st.mon != nil {
-		return nil
+		return false, nil
 	}
 	var b *Baseline
 	data, err := p.s.Store.Load(ctx, st.t.Pool, st.t.Backend)
 	switch {
 	case errors.Is(err, ErrNoBaseline), err == nil && len(data) == 0:
 	case err != nil:
-		return fmt.Errorf("probes: load baseline of %s/%s: %w", st.t.Pool, st.t.Backend, err)
+		return false, fmt.Errorf("probes: load baseline of %s/%s: %w", st.t.Pool, st.t.Backend, err)
 	default:
 		if b, err = UnmarshalBaseline(data); err != nil {
 			p.s.Logf("probes: %s/%s: stored baseline unusable, enrolling again: %v", st.t.Pool, st.t.Backend, err)
@@ -228,14 +263,25 @@ func (p *Prober) load(ctx context.Context, st *backendState, o *outbox) error {
 		}
 	}
 	st.mon = NewMonitor(st.t.Pool, st.t.Backend, MonitorSettings{Suite: p.suite, Enrol: p.s.Enrol, EnrolMin: p.s.EnrolMin, Params: p.s.Params}, b)
+	var restored *DriftState
+	if b != nil {
+		if ds := p.loadState(ctx, st); ds != nil && st.mon.importState(ds) {
+			restored = ds
+			p.s.Logf("probes: %s/%s: drift state restored: %s since %s (peers %s), CUSUM %.2f, cooldown %d",
+				st.t.Pool, st.t.Backend, ds.Status, fleetwatch.FormatTime(ds.Since), ds.Peers, ds.CUSUM.C, ds.CUSUM.Cooldown)
+		}
+	}
 	p.mu.Lock()
+	if restored != nil {
+		if restored.Peers != "" {
+			st.peer, st.peerSince = restored.Peers, restored.PeersSince
+		}
+		st.lastAlert = restored.LastAlert
+	}
 	p.refreshLocked(st)
 	p.mu.Unlock()
-	if b != nil {
-		p.comparePeers(ctx, st.t.Pool, o)
-	}
 	p.notifyStatus(st, o)
-	return nil
+	return b != nil, nil
 }
 
 // ProbeBackend runs one probe cycle of a backend: the cron job body. A
@@ -274,6 +320,9 @@ func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, 
 		p.probeError(st, err, o)
 		return false, err
 	}
+	p.mu.Lock()
+	cy.TrafficFingerprint = st.trafficFP
+	p.mu.Unlock()
 	caps.Seed = true // the seed parameter was accepted on every request
 	res, err := st.mon.Observe(cy, func(pv float64) bool { return p.fdr(st, pv) })
 	if err != nil {
@@ -299,12 +348,13 @@ func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, 
 	p.refreshLocked(st)
 	p.mu.Unlock()
 	if res.Alert != nil {
-		p.emit(*res.Alert, o)
+		p.emit(st, *res.Alert, o)
 	}
 	if res.Enrolled {
 		p.comparePeers(ctx, st.t.Pool, o)
 	}
 	p.notifyStatus(st, o)
+	o.add(func() { p.saveState(ctx, st) })
 	if len(res.IdentityChanges) > 0 {
 		p.s.Logf("probes: %s/%s: metadata changed (%v): running an extra cycle", st.t.Pool, st.t.Backend, res.IdentityChanges)
 	}
@@ -342,8 +392,15 @@ func (p *Prober) probeError(st *backendState, err error, o *outbox) {
 	o.add(func() { p.s.Sink.ProbeError(st.t.Pool, st.t.Backend, err) })
 }
 
-func (p *Prober) emit(a fleetwatch.DriftAlert, o *outbox) {
+// emit counts an alert, records it as the backend's last, and queues it for
+// the Sink.
+func (p *Prober) emit(st *backendState, a fleetwatch.DriftAlert, o *outbox) {
 	p.metrics.alerts(a.Status).Inc()
+	p.mu.Lock()
+	last := a
+	st.lastAlert = &last
+	st.snap.LastAlert = &last
+	p.mu.Unlock()
 	o.add(func() { p.s.Sink.Alert(a) })
 }
 
@@ -381,7 +438,10 @@ func (p *Prober) refreshLocked(st *backendState) {
 		sn.Z = b.Null.S2.Z(last.Stats.S2)
 	}
 	sn.CUSUM = m.det.CUSUM.C
+	sn.Cooldown = m.det.CUSUM.Cooldown
+	sn.IdentityPending = m.det.IdentityPending
 	sn.BaselineSince = sn.Since
+	st.monState = m.exportState()
 	combineLocked(st)
 }
 
@@ -395,6 +455,7 @@ func combineLocked(st *backendState) {
 	if sn.Status == sn.Peers && sn.Peers != fleetwatch.DriftOK && sn.Status != sn.Baseline {
 		sn.Since = sn.PeersSince
 	}
+	sn.LastAlert = st.lastAlert
 }
 
 var rank = map[fleetwatch.DriftStatus]int{fleetwatch.DriftUnknown: 0, fleetwatch.DriftOK: 1, fleetwatch.DriftSuspect: 2, fleetwatch.DriftDrifted: 3}
@@ -417,12 +478,21 @@ func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 		}
 		st := p.backends[k]
 		states = append(states, st)
+		loaded := false
 		if st.run.TryLock() { // another backend's cycle may hold it: use what is stored
-			if st.mon != nil && st.mon.Baseline() != nil {
-				baselines[k.backend] = st.mon.Baseline()
+			if st.mon != nil {
+				loaded = true
+				if b := st.mon.Baseline(); b != nil {
+					baselines[k.backend] = b
+				}
 			}
 			st.run.Unlock()
-		} else if data, err := p.s.Store.Load(ctx, k.pool, k.backend); err == nil && len(data) > 0 {
+		}
+		if loaded {
+			continue
+		}
+		// not loaded yet (the start) or busy: what is stored
+		if data, err := p.s.Store.Load(ctx, k.pool, k.backend); err == nil && len(data) > 0 {
 			if b, err := UnmarshalBaseline(data); err == nil && b.SuiteHash == p.suite.Hash {
 				baselines[k.backend] = b
 			}
@@ -473,10 +543,11 @@ func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 	}
 	p.mu.Unlock()
 	for _, a := range alerts {
-		p.emit(a, o)
+		p.emit(p.backends[backendKey{a.Pool, a.Backend}], a, o)
 	}
 	for _, st := range states {
 		p.notifyStatus(st, o)
+		o.add(func() { p.saveState(ctx, st) })
 	}
 }
 
@@ -507,8 +578,9 @@ func (p *Prober) Rebaseline(ctx context.Context, pool, backend, by string) (flee
 	p.refreshLocked(st)
 	p.mu.Unlock()
 	a := RebaselineAlert(pool, backend, p.suite, prev, by, now)
-	p.emit(a, &o)
+	p.emit(st, a, &o)
 	p.notifyStatus(st, &o)
+	o.add(func() { p.saveState(ctx, st) })
 	p.comparePeers(ctx, pool, &o)
 	return a, nil
 }
@@ -551,12 +623,26 @@ type BackendStatus struct {
 	Threshold       float64                `json:"threshold"`
 	Z               float64                `json:"-"` // last S2 z, NaN when none
 	CUSUM           float64                `json:"cusum"`
-	Caps            Capabilities           `json:"capabilities"`
-	LastCycle       time.Time              `json:"last_cycle"`
-	LastError       string                 `json:"last_error,omitempty"`
-	LastErrorKind   string                 `json:"last_error_kind,omitempty"`
-	LastErrorAt     time.Time              `json:"last_error_at"`
-	Errors          int                    `json:"errors"`
+	// Cooldown is how many cycles the CUSUM still cannot alarm.
+	Cooldown int `json:"cooldown"`
+	// IdentityPending is set while the backend is suspect because its
+	// identity tier changed (confirmed by the next cycle or cleared).
+	IdentityPending bool `json:"identity_pending,omitempty"`
+	// Quarantined: drifted while the wiring quarantines drifted backends.
+	Quarantined bool `json:"quarantined"`
+	// TrafficFingerprint is the system_fingerprint the backend's traffic
+	// showed in its last fingerprint event; FingerprintEvents counts them.
+	TrafficFingerprint   string            `json:"traffic_fingerprint,omitempty"`
+	FingerprintEvents    int               `json:"fingerprint_events"`
+	LastFingerprintEvent *FingerprintEvent `json:"last_fingerprint_event,omitempty"`
+	// LastAlert is the backend's last drift alert, with its evidence.
+	LastAlert     *fleetwatch.DriftAlert `json:"last_alert,omitempty"`
+	Caps          Capabilities           `json:"capabilities"`
+	LastCycle     time.Time              `json:"last_cycle"`
+	LastError     string                 `json:"last_error,omitempty"`
+	LastErrorKind string                 `json:"last_error_kind,omitempty"`
+	LastErrorAt   time.Time              `json:"last_error_at"`
+	Errors        int                    `json:"errors"`
 }
 
 // Statuses returns every target's drift state, in target order.
@@ -565,7 +651,9 @@ func (p *Prober) Statuses() []BackendStatus {
 	defer p.mu.Unlock()
 	out := make([]BackendStatus, 0, len(p.order))
 	for _, k := range p.order {
-		out = append(out, p.backends[k].snap)
+		sn := p.backends[k].snap
+		sn.Quarantined = p.s.Quarantine && sn.Status == fleetwatch.DriftDrifted
+		out = append(out, sn)
 	}
 	return out
 }
@@ -597,16 +685,48 @@ func (j *jittered) Next(t time.Time) time.Time {
 // cycle. Run calls it; errors are reported as probe errors and the backend
 // tries again at its first cycle.
 func (p *Prober) LoadBaselines(ctx context.Context) {
+	p.loadAll(ctx, nil, false)
+}
+
+// loadAll loads the monitors of the targets of pools (nil: all), anew when
+// reload is set, then compares the peers of each pool where a baseline was
+// loaded, once per pool. It returns the first error (each is reported as a
+// probe error).
+func (p *Prober) loadAll(ctx context.Context, pools map[string]bool, reload bool) error {
+	var first error
+	var compare []string
 	for _, k := range p.order {
+		if pools != nil && !pools[k.pool] {
+			continue
+		}
 		st := p.backends[k]
 		var o outbox
 		st.run.Lock()
-		if err := p.load(ctx, st, &o); err != nil {
+		if reload {
+			st.mon = nil
+			p.mu.Lock()
+			st.reported = "" // tell the Sink whatever the status is
+			p.mu.Unlock()
+		}
+		loaded, err := p.loadMonitor(ctx, st, &o)
+		if err != nil {
 			p.probeError(st, err, &o)
+			if first == nil {
+				first = err
+			}
 		}
 		st.run.Unlock()
 		o.flush()
+		if loaded && !slices.Contains(compare, k.pool) {
+			compare = append(compare, k.pool)
+		}
 	}
+	for _, pool := range compare {
+		var o outbox
+		p.comparePeers(ctx, pool, &o)
+		o.flush()
+	}
+	return first
 }
 
 // Run schedules every target's cycles with robfig/cron (Recover and
@@ -624,6 +744,12 @@ func (p *Prober) Run(ctx context.Context) error {
 	p.cancel = cancel
 	p.mu.Unlock()
 	p.LoadBaselines(ctx)
+	var checks sync.WaitGroup // the identity checks at start
+	defer checks.Wait()
+	for _, k := range p.order {
+		st := p.backends[k]
+		checks.Go(func() { p.checkIdentity(ctx, st) })
+	}
 	logger := cronLogger{p.s.Logf}
 	c := cron.New(cron.WithChain(cron.Recover(logger)), cron.WithLogger(logger))
 	for _, k := range p.order {
@@ -634,9 +760,91 @@ func (p *Prober) Run(ctx context.Context) error {
 		c.Schedule(&jittered{inner: p.sched, offset: st.offset}, job)
 	}
 	c.Start()
+	var urgent sync.WaitGroup
+	urgent.Go(func() { p.runUrgent(ctx) })
 	<-ctx.Done()
 	<-c.Stop().Done()
+	urgent.Wait()
 	return nil
+}
+
+// runUrgent runs the cycles queued by fingerprint events until ctx ends.
+func (p *Prober) runUrgent(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case k := <-p.urgent:
+			st := p.backends[k]
+			p.mu.Lock()
+			st.queued = false
+			p.mu.Unlock()
+			_ = p.ProbeBackend(ctx, k.pool, k.backend) // reported to the Sink
+		}
+	}
+}
+
+// Fingerprint takes the metadata events of traffic (a Fingerprints
+// tracker's): each is counted in fleetwatch_drift_fingerprint_events_total,
+// logged and shown in the backend's status, and runs a probe cycle of the
+// backend at once (at most one queued per backend); the fingerprint the
+// traffic showed is evidence for the cycles that follow (see
+// Cycle.TrafficFingerprint). Events of backends that are not targets are
+// ignored. It never blocks: it may be called from the ingest path.
+func (p *Prober) Fingerprint(events []FingerprintEvent) {
+	for _, e := range events {
+		k := backendKey{e.Pool, e.Backend}
+		st := p.backends[k]
+		if st == nil {
+			continue
+		}
+		p.metrics.fingerprintEvents(e.Pool, e.Backend, e.Kind).Inc()
+		p.s.Logf("probes: %s/%s: traffic fingerprint %s: %q -> %q (%d changes seen): probing now",
+			e.Pool, e.Backend, e.Kind, e.Before, e.After, e.Changes)
+		p.mu.Lock()
+		ev := e
+		st.trafficFP = e.After
+		st.snap.TrafficFingerprint = e.After
+		st.snap.FingerprintEvents++
+		st.snap.LastFingerprintEvent = &ev
+		if !st.queued {
+			select {
+			case p.urgent <- k:
+				st.queued = true
+			default:
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// checkIdentity reads a backend's identity tier at start and, when it
+// differs from its baseline's (the backend was changed while nobody
+// watched), runs a full cycle at once instead of waiting for the
+// schedule. A backend without a baseline, or whose identity cannot be
+// read, waits for its first cycle (which reports any error).
+func (p *Prober) checkIdentity(ctx context.Context, st *backendState) {
+	st.run.Lock()
+	var b *Baseline
+	if st.mon != nil {
+		b = st.mon.Baseline()
+	}
+	st.run.Unlock()
+	if b == nil {
+		return
+	}
+	p.metrics.identityChecks.Inc()
+	id, err := st.client.Identity(ctx, p.s.Timeout)
+	if err != nil {
+		p.s.Logf("probes: %s/%s: identity check at start: %v (the first cycle will tell)", st.t.Pool, st.t.Backend, err)
+		return
+	}
+	tier := b.Identity.TierChanges(id)
+	if len(tier) == 0 {
+		return
+	}
+	p.s.Logf("probes: %s/%s: identity differs from the baseline at start (%v): probing now", st.t.Pool, st.t.Backend, tier)
+	_ = p.ProbeBackend(ctx, st.t.Pool, st.t.Backend) // reported to the Sink
 }
 
 // Close stops Run. It is idempotent.

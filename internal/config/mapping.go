@@ -145,9 +145,10 @@ func (c *Config) ProbeTargets(getenv func(string) string) []probes.Target {
 // names it), the store, the sink and the clock.
 func (c *Config) ProbeSettings(getenv func(string) string) probes.Settings {
 	ps := probes.Settings{
-		Targets:  c.ProbeTargets(getenv),
-		Schedule: c.Probes.Schedule,
-		Enrol:    c.Probes.Enrol,
+		Targets:    c.ProbeTargets(getenv),
+		Schedule:   c.Probes.Schedule,
+		Enrol:      c.Probes.Enrol,
+		Quarantine: c.Probes.Quarantine,
 	}
 	if c.Probes.Timeout != nil {
 		ps.Timeout = c.Probes.Timeout.Duration

@@ -255,7 +255,7 @@ func TestMappingReachesEverySetting(t *testing.T) {
 	// Fields the file does not set: they are the caller's wiring.
 	wiring := map[string]bool{
 		"analyzer.Config.Epoch": true, "analyzer.Config.Seed": true,
-		"probes.Settings.Suite": true, "probes.Settings.Store": true, "probes.Settings.Sink": true,
+		"probes.Settings.Suite": true, "probes.Settings.Store": true, "probes.Settings.States": true, "probes.Settings.Sink": true,
 		"probes.Settings.Jitter": true, "probes.Settings.Params": true, "probes.Settings.HTTPClient": true,
 		"probes.Settings.Metrics": true, "probes.Settings.Now": true, "probes.Settings.Logf": true,
 		"probes.ReviewSettings.LastReview": true, "probes.ReviewSettings.DefaultSince": true,

@@ -220,6 +220,8 @@ func PatchOf(b Behavior) BehaviorPatch {
 //	POST /admin/behavior  apply a BehaviorPatch; answers the new behavior
 //	GET  /admin/stats     the request counters (Stats JSON)
 //	POST /admin/reset     zero the counters
+//	GET  /admin/identity  the identity (Identity JSON)
+//	POST /admin/identity  change it: the fields present replace the current ones
 //
 // The same endpoints are served by s itself; AdminHandler lets a caller also
 // mount them on a separate listener, so that a backend that refuses
@@ -251,5 +253,6 @@ func (s *Server) AdminHandler() http.Handler {
 		s.ResetStats()
 		writeJSON(w, http.StatusOK, s.Stats())
 	})
+	s.identityAdmin(mux) // GET and POST /admin/identity
 	return mux
 }

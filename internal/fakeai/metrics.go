@@ -24,7 +24,11 @@ import (
 var metricFamilies = []func(s *Server, w io.Writer){writeLoadFamilies}
 
 // serveMetrics answers GET /metrics in the Prometheus text format.
-func (s *Server) serveMetrics(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) serveMetrics(w http.ResponseWriter, r *http.Request) {
+	if id, _ := s.servedIdentity(); id.NoMetrics {
+		http.NotFound(w, r)
+		return
+	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 	for _, f := range metricFamilies {
 		f(s, w)

@@ -3,8 +3,9 @@
 // POST /v1/chat/completions and /v1/completions (streaming SSE and not, with
 // usage, system_fingerprint and logprobs in the OpenAI shapes),
 // POST /v1/embeddings, GET /v1/models, GET /version, GET /health and
-// GET /metrics (vLLM's load gauges), and vLLM's ORCA load report header on
-// non-streaming answers when asked for it (metrics.go).
+// GET /metrics (vLLM's load gauges and configuration info gauges, see
+// Identity), and vLLM's ORCA load report header on non-streaming answers
+// when asked for it (metrics.go).
 //
 // Its Behavior (latency, 500s, instant 500s, 429s with Retry-After, hangs,
 // refused connections, cold starts, a concurrency limit, model id and
@@ -50,6 +51,10 @@ type Settings struct {
 	// that /metrics and the ORCA header report (metrics.go). If zero, 32
 	// is used.
 	KVCacheRequests int
+	// Identity is what the backend says about its artefact (/v1/models
+	// root and max_model_len, /version, the info gauges of /metrics). The
+	// zero value is an unquantized bfloat16 model.
+	Identity Identity
 }
 
 // Stats counts requests to the generation and embedding endpoints by
@@ -92,6 +97,9 @@ type Server struct {
 	cold, cacheHits, inFlight, maxInFlight, waiting      atomic.Int64
 
 	lis listener // the owned listener, when Listen or Start was used
+
+	idMu     sync.Mutex // guards identity
+	identity Identity
 }
 
 // New returns a Server with settings s.
@@ -105,6 +113,7 @@ func New(s Settings) *Server {
 		completer:    s.Completer,
 		prefixes:     make(map[uint64]struct{}),
 		slotFreed:    make(chan struct{}),
+		identity:     s.Identity,
 	}
 	if srv.name == "" {
 		srv.name = "fakeai"
@@ -131,10 +140,7 @@ func New(s Settings) *Server {
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { srv.generate(w, r, true) })
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { srv.generate(w, r, false) })
 	mux.HandleFunc("POST /v1/embeddings", srv.embeddings)
-	mux.HandleFunc("GET /v1/models", srv.models)
-	mux.HandleFunc("GET /version", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"version": "fakeai-1", "model": srv.Behavior().model()})
-	})
+	srv.identityRoutes(mux) // GET /v1/models, /version; /admin/identity
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("GET /metrics", srv.serveMetrics)
 	mux.Handle("/admin/", srv.AdminHandler())
@@ -630,14 +636,4 @@ func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, resp)
 	s.ok.Add(1)
-}
-
-func (s *Server) models(w http.ResponseWriter, r *http.Request) {
-	model := s.Behavior().model()
-	writeJSON(w, http.StatusOK, map[string]any{
-		"object": "list",
-		"data": []map[string]any{{
-			"id": model, "object": "model", "created": 0, "owned_by": "fakeai",
-		}},
-	})
 }

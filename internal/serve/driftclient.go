@@ -85,8 +85,11 @@ func Review(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj fle
 }
 
 // DriftStatuses returns every backend's drift state and where it comes
-// from: a running serve's probes, or, when no serve answers, the latest
-// alert of each backend in FW_DRIFT (sorted by pool and backend).
+// from: a running serve's probes; when no serve answers, the drift states
+// the last serve stored in the bucket fw_drift (the same statuses, CUSUM,
+// cooldown, quarantine and last alert a restarted serve starts from); and
+// without that bucket, the latest alert of each backend in FW_DRIFT.
+// Sorted by pool and backend when not from serve.
 func DriftStatuses(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj fleetwatch.Subjects, now time.Time) (statuses []probes.BackendStatus, source string, err error) {
 	statuses, err = AskStatuses(nc, subj)
 	if err != nil {
@@ -94,6 +97,12 @@ func DriftStatuses(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, s
 	}
 	if statuses != nil {
 		return statuses, "serve", nil
+	}
+	if statuses, err = storedStatuses(ctx, js, subj); err != nil {
+		return nil, "", err
+	}
+	if len(statuses) > 0 {
+		return statuses, BucketDriftState(subj) + " (no running serve answered)", nil
 	}
 	alerts, _, err := ReadDrift(ctx, js, subj, now.Add(-DriftRetention))
 	if err != nil {
@@ -113,12 +122,44 @@ func DriftStatuses(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, s
 	return statuses, subj.StreamDrift() + " (no running serve answered)", nil
 }
 
+// storedStatuses reads the drift states in the bucket fw_drift; none
+// without the bucket.
+func storedStatuses(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) ([]probes.BackendStatus, error) {
+	kv, err := js.KeyValue(ctx, BucketDriftState(subj))
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("drift status: %s: %w", BucketDriftState(subj), err)
+	}
+	keys, err := kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("drift status: %s: %w", BucketDriftState(subj), err)
+	}
+	var out []probes.BackendStatus
+	for key := range keys.Keys() {
+		e, err := kv.Get(ctx, key)
+		if err != nil || len(e.Value()) == 0 {
+			continue // deleted, or cleared by a re-baseline
+		}
+		st, err := probes.UnmarshalState(e.Value())
+		if err != nil {
+			continue
+		}
+		out = append(out, st.BackendStatus())
+	}
+	slices.SortFunc(out, func(a, b probes.BackendStatus) int {
+		return strings.Compare(a.Pool+"\x00"+a.Backend, b.Pool+"\x00"+b.Backend)
+	})
+	return out, nil
+}
+
 // WriteDriftStatus writes statuses as a table under a line naming their
 // source.
 func WriteDriftStatus(w io.Writer, source string, statuses []probes.BackendStatus) error {
 	fmt.Fprintf(w, "drift status from %s\n", source)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POOL\tBACKEND\tSTATUS\tSINCE\tSCORE/THRESHOLD\tBASELINE\tLAST ERROR")
+	fmt.Fprintln(tw, "POOL\tBACKEND\tSTATUS\tSINCE\tSCORE/THRESHOLD\tBASELINE\tLAST ERROR\tQUARANTINED")
 	for _, s := range statuses {
 		since := "-"
 		if !s.Since.IsZero() {
@@ -135,7 +176,11 @@ func WriteDriftStatus(w io.Writer, source string, statuses []probes.BackendStatu
 		if s.LastError != "" {
 			lastErr = s.LastErrorKind + ": " + s.LastError
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3g/%.3g\t%s\t%s\n", s.Pool, s.Backend, s.Status, since, s.Score, s.Threshold, base, lastErr)
+		quarantined := "-"
+		if s.Quarantined {
+			quarantined = "yes (weight 0)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3g/%.3g\t%s\t%s\t%s\n", s.Pool, s.Backend, s.Status, since, s.Score, s.Threshold, base, lastErr, quarantined)
 	}
 	return tw.Flush()
 }
@@ -168,6 +213,14 @@ func Rebaseline(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj
 			return fleetwatch.DriftAlert{}, false, err
 		}
 		if err := (KVBaselines{KV: kv}).Save(ctx, req.Pool, req.Backend, nil); err != nil {
+			return fleetwatch.DriftAlert{}, false, err
+		}
+		// the drift state belonged to the dropped baseline
+		skv, err := OpenDriftStates(ctx, js, subj)
+		if err != nil {
+			return fleetwatch.DriftAlert{}, false, err
+		}
+		if err := (KVStates{KV: skv}).Save(ctx, req.Pool, req.Backend, nil); err != nil {
 			return fleetwatch.DriftAlert{}, false, err
 		}
 		if _, err := EnsureDriftStream(ctx, js, subj); err != nil {

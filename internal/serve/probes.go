@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -15,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/collector"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
@@ -45,6 +48,46 @@ type probeDeps struct {
 	getenv func(string) string
 	// now is the clock. If nil, time.Now.
 	now func() time.Time
+	// fingerprints, when set, hands the fingerprint events of traffic to
+	// the probes while they run.
+	fingerprints *fingerprintSink
+}
+
+// fingerprintSink is the collector's sink in serve: the analyzer (through
+// the partitions' sink with JetStream), plus a
+// probes.Fingerprints tracker that follows the system_fingerprint of
+// outcome events and hands its events (rare: a change, a disagreement with
+// the pool) to the running probes. The analyzer stays free of it; the
+// tracker costs one lock per batch that carries fingerprints.
+type fingerprintSink struct {
+	an      collector.RefusingSink
+	tracker *probes.Fingerprints
+	handler atomic.Pointer[func([]probes.FingerprintEvent)] // nil while the probes do not run
+}
+
+func newFingerprintSink(an collector.RefusingSink) *fingerprintSink {
+	return &fingerprintSink{an: an, tracker: probes.NewFingerprints(probes.FingerprintSettings{})}
+}
+
+func (f *fingerprintSink) track(batch []fleetwatch.Event) {
+	if evs := f.tracker.Observe(batch); len(evs) > 0 {
+		if h := f.handler.Load(); h != nil {
+			(*h)(evs)
+		}
+	}
+}
+
+// Observe implements collector.Sink.
+func (f *fingerprintSink) Observe(batch []fleetwatch.Event) bool {
+	f.track(batch)
+	return f.an.Observe(batch)
+}
+
+// ObserveRefusing implements collector.RefusingSink, so that the
+// analyzer's refusals still reach the collector.
+func (f *fingerprintSink) ObserveRefusing(batch []fleetwatch.Event, refused []fleetwatch.Refusal) (bool, []fleetwatch.Refusal) {
+	f.track(batch)
+	return f.an.ObserveRefusing(batch, refused)
 }
 
 // RebaselineRequest is the payload of a re-baseline request.
@@ -95,6 +138,43 @@ func OpenBaselines(ctx context.Context, js jetstream.JetStream, subj fleetwatch.
 		Bucket:      subj.BucketBaselines(),
 		Description: "fleetwatch drift probe baselines",
 		History:     5,
+		Storage:     jetstream.FileStorage,
+	})
+}
+
+// BucketDriftState is the JetStream KV bucket of each backend's drift state
+// (probes.DriftState) under subj's prefix: fw_drift for the default one.
+func BucketDriftState(subj fleetwatch.Subjects) string {
+	return strings.TrimSuffix(subj.BucketBaselines(), "_probe_baselines") + "_drift"
+}
+
+// KVStates stores drift states in the bucket BucketDriftState, under the
+// same keys as the baselines ("<pool>.<base64url(backend)>").
+type KVStates struct{ KV jetstream.KeyValue }
+
+func (s KVStates) Load(ctx context.Context, pool, backend string) ([]byte, error) {
+	e, err := s.KV.Get(ctx, baselineKey(pool, backend))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, probes.ErrNoState
+	}
+	if err != nil {
+		return nil, err
+	}
+	return e.Value(), nil
+}
+
+func (s KVStates) Save(ctx context.Context, pool, backend string, data []byte) error {
+	_, err := s.KV.Put(ctx, baselineKey(pool, backend), data)
+	return err
+}
+
+// OpenDriftStates creates or opens the drift state bucket (the latest
+// value per key: the history of changes is the alerts in FW_DRIFT).
+func OpenDriftStates(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (jetstream.KeyValue, error) {
+	return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketDriftState(subj),
+		Description: "fleetwatch drift state per backend: status, CUSUM, cooldown, last alert, quarantine",
+		History:     1,
 		Storage:     jetstream.FileStorage,
 	})
 }
@@ -161,12 +241,31 @@ func (w *wireSink) alertsSince(since time.Time) []fleetwatch.DriftAlert {
 	return out
 }
 
+// driftProbes are serve's running drift probes (startProbes).
+type driftProbes struct {
+	prober *probes.Prober
+	stop   func()
+}
+
+// Stop stops the probes, the review and the control subscriptions, and
+// waits for running cycles. It is idempotent.
+func (d *driftProbes) Stop() { d.stop() }
+
+// Restore reloads the stored baselines and drift states of pools (nil:
+// all) and hands their statuses to the analyzer again (probes.Prober.Restore).
+func (d *driftProbes) Restore(ctx context.Context, pools []string) error {
+	return d.prober.Restore(ctx, pools)
+}
+
 // startProbes starts the drift probes and the drift review of serve: probe
-// targets from the configured backends, baselines in KV, alerts on
-// fw.drift.<pool> (kept in FW_DRIFT), the probe and review crons, and the
-// control subjects `drift rebaseline` and `drift status` talk to. stop
-// stops everything and waits for running cycles.
-func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
+// targets from the configured backends, baselines and drift states in KV,
+// alerts on fw.drift.<pool> (kept in FW_DRIFT), the probe and review
+// crons, and the control subjects `drift rebaseline` and `drift status`
+// talk to. Before it returns, every stored baseline and drift state is
+// loaded and its status handed to setDrift, so that the first snapshot
+// after a restart already carries them (a drifted backend stays
+// quarantined).
+func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 	if d.logf == nil {
 		d.logf = func(string, ...any) {}
 	}
@@ -187,6 +286,7 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 	}
 	sink := &wireSink{d: d, subj: subj}
 	var store probes.BaselineStore
+	var states probes.StateStore
 	var stream jetstream.Stream
 	if d.js != nil {
 		kv, err := OpenBaselines(ctx, d.js, subj)
@@ -194,15 +294,21 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 			return nil, fmt.Errorf("baselines bucket: %w", err)
 		}
 		store = KVBaselines{kv}
+		skv, err := OpenDriftStates(ctx, d.js, subj)
+		if err != nil {
+			return nil, fmt.Errorf("drift state bucket: %w", err)
+		}
+		states = KVStates{skv}
 		if stream, err = EnsureDriftStream(ctx, d.js, subj); err != nil {
 			return nil, fmt.Errorf("drift stream: %w", err)
 		}
 	} else {
-		d.logf("drift: no JetStream: baselines live in memory and alerts are not kept for review")
+		d.logf("drift: no JetStream: baselines and drift states live in memory and alerts are not kept for review")
 	}
 	ps := cfg.ProbeSettings(d.getenv)
 	ps.Suite = suite
 	ps.Store = store
+	ps.States = states
 	ps.Sink = sink
 	ps.Metrics = d.metrics
 	ps.Now = d.now
@@ -286,6 +392,14 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 	}
 	subs = append(subs, sub)
 
+	// Before the first snapshot: every stored baseline and drift state,
+	// handed to setDrift (Run finds them loaded).
+	prober.LoadBaselines(runCtx)
+	if d.fingerprints != nil {
+		h := prober.Fingerprint
+		d.fingerprints.handler.Store(&h)
+	}
+
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		if err := prober.Run(runCtx); err != nil {
@@ -300,15 +414,38 @@ func startProbes(ctx context.Context, d probeDeps) (stop func(), err error) {
 	d.logf("drift: probing %d backend(s) on %q with suite %s (%s); review %q into %s",
 		len(ps.Targets), cfg.Probes.Schedule, suite.Name, suite.Hash, cfg.Review.Schedule, reviewDir)
 	var once sync.Once
-	return func() {
+	return &driftProbes{prober: prober, stop: func() {
 		once.Do(func() {
+			if d.fingerprints != nil {
+				d.fingerprints.handler.Store(nil)
+			}
 			unsubscribe()
 			cancel()
 			prober.Close()
 			reviewer.Close()
 			wg.Wait()
 		})
-	}, nil
+	}}, nil
+}
+
+// ErrNoDriftProbes is returned by RestoreDrift when the probes do not run
+// (probes.disabled, or Run has not started them yet).
+var ErrNoDriftProbes = errors.New("serve: drift probes not running")
+
+// RestoreDrift reloads the stored baselines and drift states of the
+// configured backends of pools (nil: every pool) and hands their drift
+// statuses to the analyzer, so that a drifted backend is quarantined in the
+// next snapshot: what a new owner of pools calls when it takes them over,
+// before it publishes their first snapshot. Run does the same for every
+// pool at start. It waits for a running probe cycle of each backend.
+func (s *Server) RestoreDrift(ctx context.Context, pools []string) error {
+	s.mu.Lock()
+	d := s.drift
+	s.mu.Unlock()
+	if d == nil {
+		return ErrNoDriftProbes
+	}
+	return d.Restore(ctx, pools)
 }
 
 // ReadDrift reads FW_DRIFT from since: the alerts, and the review digests.

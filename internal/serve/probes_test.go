@@ -89,10 +89,11 @@ func TestStartProbesEndToEnd(t *testing.T) {
 	}
 	defer sub.Unsubscribe()
 
-	stop, err := startProbes(t.Context(), deps)
+	probesRunning, err := startProbes(t.Context(), deps)
 	if err != nil {
 		t.Fatal(err)
 	}
+	stop := probesRunning.Stop
 	defer func() {
 		stop()
 		if t.Failed() {
@@ -157,13 +158,17 @@ func TestStartProbesEndToEnd(t *testing.T) {
 	statuses2 := &driftStatuses{m: map[string]fleetwatch.DriftStatus{}}
 	deps.setDrift = statuses2.set
 	restartAt := time.Now()
-	stop, err = startProbes(t.Context(), deps)
+	probesRunning, err = startProbes(t.Context(), deps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// the stored baselines are loaded at start: vllm-a is ok before its
-	// first cycle (an enrolling backend would be unknown)
-	testkit.Eventually(t, 10*time.Second, "vllm-a ok after restart", func() bool { return statuses2.get("llama/vllm-a") == fleetwatch.DriftOK })
+	stop = probesRunning.Stop
+	// the stored baselines and drift states are loaded before startProbes
+	// returns: vllm-a is ok (an enrolling backend would be unknown) and
+	// vllm-c still drifted, not back to its baseline's "ok"
+	if a, c := statuses2.get("llama/vllm-a"), statuses2.get("llama/vllm-c"); a != fleetwatch.DriftOK || c != fleetwatch.DriftDrifted {
+		t.Errorf("right after the restart: vllm-a %s, vllm-c %s; want ok, drifted", a, c)
+	}
 	for _, s := range askStatusesT(t, nc) {
 		if s.Backend == "vllm-a" && (s.Enrolling || !s.BaselineCreated.Before(restartAt)) {
 			t.Errorf("vllm-a after a restart: enrolling %v, baseline created %v (restart at %v): the stored baseline was not used",

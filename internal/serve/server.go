@@ -72,8 +72,9 @@ type Server struct {
 	js       jetstream.JetStream // nil without JetStream
 
 	an      *analyzer.Analyzer
-	seed    uint64 // the analyzer's, also given to a takeover's scratch analyzer
-	ha      *ha    // partitions and leases (every partition is live without JetStream)
+	seed    uint64           // the analyzer's, also given to a takeover's scratch analyzer
+	ha      *ha              // partitions and leases (every partition is live without JetStream)
+	fps     *fingerprintSink // the collector's sink: the analyzer, and the fingerprints of traffic for the probes
 	window  time.Duration
 	col     *collector.Collector
 	pub     *feed.Publisher
@@ -99,8 +100,9 @@ type Server struct {
 	unpublished     *metrics.Counter // snapshots not sent while NATS was unreachable
 	evalDuration    *metrics.Histogram
 
-	mu          sync.Mutex // guards urgentAt, alerts, transitions, ran, closed
-	urgentAt    time.Time  // when the oldest unhandled urgent signal arrived
+	mu          sync.Mutex   // guards urgentAt, alerts, transitions, ran, closed, drift
+	drift       *driftProbes // the running drift probes (RestoreDrift); nil until Run starts them
+	urgentAt    time.Time    // when the oldest unhandled urgent signal arrived
 	alerts      []fleetwatch.DriftAlert
 	transitions map[transitionKey]uint64
 	ran         bool
@@ -261,7 +263,7 @@ func (s *Server) build() error {
 	cs := s.cfg.CollectorSettings()
 	cs.NoJetStream = s.js == nil
 	cs.Metrics, cs.Logf, cs.OnUrgent = s.metrics, s.logf, s.signalUrgent
-	var sink collector.Sink = s.an
+	var sink collector.RefusingSink = s.an
 	if s.js != nil {
 		// Accepted events go to their partition's subject, for its owner
 		// and FW_OUTCOMES; this instance observes at once only those of
@@ -275,7 +277,8 @@ func (s *Server) build() error {
 		cs.StreamHeader = s.ha.header
 		sink = &haSink{h: s.ha, an: s.an}
 	}
-	s.col, err = collector.New(s.nc, sink, cs)
+	s.fps = newFingerprintSink(sink)
+	s.col, err = collector.New(s.nc, s.fps, cs)
 	if err != nil {
 		return fmt.Errorf("serve: collector: %w", err)
 	}

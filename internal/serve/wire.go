@@ -74,18 +74,20 @@ func (s *Server) recordHistory(snaps []fleetwatch.Snapshot) { s.hist.record(snap
 
 // startProbes starts the drift probes and the review schedule; drift
 // statuses flow into the analyzer (and so into the snapshots) and alerts
-// into the status page.
+// into the status page. The stored drift states are loaded before it
+// returns; RestoreDrift reaches the probes from then on.
 func (s *Server) startProbes(ctx context.Context) (func(), error) {
-	return startProbes(ctx, probeDeps{
-		cfg:      s.cfg,
-		nc:       s.nc,
-		js:       s.js,
-		prefix:   s.cfg.Prefix,
-		getenv:   s.opts.Getenv,
-		setDrift: s.an.SetDrift,
-		metrics:  s.metrics,
-		logf:     s.logf,
-		onReview: s.notifyReview,
+	d, err := startProbes(ctx, probeDeps{
+		cfg:          s.cfg,
+		nc:           s.nc,
+		js:           s.js,
+		prefix:       s.cfg.Prefix,
+		getenv:       s.opts.Getenv,
+		setDrift:     s.an.SetDrift,
+		fingerprints: s.fps,
+		metrics:      s.metrics,
+		logf:         s.logf,
+		onReview:     s.notifyReview,
 		onAlert: func(a fleetwatch.DriftAlert) {
 			s.noteAlert(a)
 			s.notifyDrift(a)
@@ -94,6 +96,13 @@ func (s *Server) startProbes(ctx context.Context) (func(), error) {
 			}
 		},
 	})
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.drift = d
+	s.mu.Unlock()
+	return d.Stop, nil
 }
 
 // transitionKey names one series of fleetwatch_breaker_transitions_total.
