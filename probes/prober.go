@@ -83,7 +83,17 @@ type Settings struct {
 	Now func() time.Time
 	// Logf logs. If nil, nothing is logged.
 	Logf func(format string, args ...any)
+	// Owns reports whether this prober is to probe the backends of pool
+	// now: the scheduled and traffic-triggered cycles (and the identity
+	// checks at start) of a pool it does not own are skipped, so that
+	// several instances sharing the pools by partition probe each backend
+	// once. If nil, every pool is owned. ProbeBackend called directly
+	// always probes.
+	Owns func(pool string) bool
 }
+
+// owns reports whether the prober's scheduled work covers pool.
+func (p *Prober) owns(pool string) bool { return p.s.Owns == nil || p.s.Owns(pool) }
 
 type backendKey struct{ pool, backend string }
 
@@ -748,6 +758,9 @@ func (p *Prober) Run(ctx context.Context) error {
 	defer checks.Wait()
 	for _, k := range p.order {
 		st := p.backends[k]
+		if !p.owns(st.t.Pool) {
+			continue
+		}
 		checks.Go(func() { p.checkIdentity(ctx, st) })
 	}
 	logger := cronLogger{p.s.Logf}
@@ -755,6 +768,9 @@ func (p *Prober) Run(ctx context.Context) error {
 	for _, k := range p.order {
 		st := p.backends[k]
 		job := cron.NewChain(cron.SkipIfStillRunning(logger)).Then(cron.FuncJob(func() {
+			if !p.owns(st.t.Pool) {
+				return // another instance decides (and probes) this pool
+			}
 			_ = p.ProbeBackend(ctx, st.t.Pool, st.t.Backend) // reported to the Sink
 		}))
 		c.Schedule(&jittered{inner: p.sched, offset: st.offset}, job)
@@ -779,6 +795,9 @@ func (p *Prober) runUrgent(ctx context.Context) {
 			p.mu.Lock()
 			st.queued = false
 			p.mu.Unlock()
+			if !p.owns(k.pool) {
+				continue
+			}
 			_ = p.ProbeBackend(ctx, k.pool, k.backend) // reported to the Sink
 		}
 	}

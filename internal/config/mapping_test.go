@@ -257,7 +257,7 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		"analyzer.Config.Epoch": true, "analyzer.Config.Seed": true,
 		"probes.Settings.Suite": true, "probes.Settings.Store": true, "probes.Settings.States": true, "probes.Settings.Sink": true,
 		"probes.Settings.Jitter": true, "probes.Settings.Params": true, "probes.Settings.HTTPClient": true,
-		"probes.Settings.Metrics": true, "probes.Settings.Now": true, "probes.Settings.Logf": true,
+		"probes.Settings.Metrics": true, "probes.Settings.Now": true, "probes.Settings.Logf": true, "probes.Settings.Owns": true,
 		"probes.ReviewSettings.LastReview": true, "probes.ReviewSettings.DefaultSince": true,
 		"probes.ReviewSettings.Alerts": true, "probes.ReviewSettings.Statuses": true,
 		"probes.ReviewSettings.Publish": true, "probes.ReviewSettings.Now": true, "probes.ReviewSettings.Logf": true,

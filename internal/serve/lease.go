@@ -210,6 +210,14 @@ func (h *ha) owns(pool string, now time.Time) (fence uint64, ok, held bool) {
 	return v.fence[p], true, true
 }
 
+// leader reports whether this instance owns partition 0 now: the one
+// instance of a deployment that publishes what concerns no pool in
+// particular (the drift review digest). Without JetStream, always.
+func (h *ha) leader() bool {
+	v := h.view.Load()
+	return v == nil || v.live[0]
+}
+
 // renewEvery and tickEvery are the lease loop's cadences.
 func (h *ha) renewEvery() time.Duration { return h.ttl / 3 }
 func (h *ha) tickEvery() time.Duration {

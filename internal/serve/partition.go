@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -177,6 +178,17 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	})
 	for _, data := range pending {
 		h.observeBatch(data)
+	}
+	// The pools' drift states as their previous owner last stored them
+	// (the restored snapshots carry the statuses already; this brings the
+	// CUSUM, cooldown and quarantine, which the probes of this instance
+	// did not follow while another owned the pools).
+	if !first && len(adopted) > 0 {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := s.RestoreDrift(rctx, adopted); err != nil && !errors.Is(err, ErrNoDriftProbes) {
+			s.logf("ha: restoring the drift states of %v: %v", adopted, err)
+		}
+		cancel()
 	}
 	d := time.Since(start)
 	h.takeover.Update(d.Seconds())

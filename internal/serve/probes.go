@@ -51,6 +51,13 @@ type probeDeps struct {
 	// fingerprints, when set, hands the fingerprint events of traffic to
 	// the probes while they run.
 	fingerprints *fingerprintSink
+	// owns, when set, tells the probes which pools this instance decides
+	// now (probes.Settings.Owns): with several instances each backend is
+	// probed by its pool's owner alone.
+	owns func(pool string) bool
+	// leader, when set, says whether this instance publishes the review
+	// digest (the owner of partition 0); the others skip it.
+	leader func() bool
 }
 
 // fingerprintSink is the collector's sink in serve: the analyzer (through
@@ -313,6 +320,7 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 	ps.Metrics = d.metrics
 	ps.Now = d.now
 	ps.Logf = d.logf
+	ps.Owns = d.owns
 	prober, err := probes.New(ps)
 	if err != nil {
 		return nil, err
@@ -330,6 +338,9 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 		return alerts, err
 	}
 	rs.Publish = func(ctx context.Context, r fleetwatch.DriftReview) error {
+		if d.leader != nil && !d.leader() {
+			return nil // another instance of the deployment publishes it
+		}
 		if d.onReview != nil {
 			d.onReview(r)
 		}

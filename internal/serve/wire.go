@@ -88,6 +88,11 @@ func (s *Server) startProbes(ctx context.Context) (func(), error) {
 		metrics:      s.metrics,
 		logf:         s.logf,
 		onReview:     s.notifyReview,
+		owns: func(pool string) bool {
+			_, ok, _ := s.ha.owns(pool, time.Now())
+			return ok
+		},
+		leader: s.ha.leader,
 		onAlert: func(a fleetwatch.DriftAlert) {
 			s.noteAlert(a)
 			s.notifyDrift(a)
