@@ -274,7 +274,16 @@ type Collector struct {
 	closed  chan struct{} // closed by Close
 	done    chan struct{} // closed when a Run returns; nil before Run
 	once    sync.Once
+	// ready is closed once a Run has subscribed (readyOnce).
+	ready     chan struct{}
+	readyOnce sync.Once
 }
+
+// Ready is closed once Run has subscribed to the outcome subjects (or bound
+// the durable intake) and the server has the subscriptions: an event
+// published from then on reaches a collector. It stays open when Run fails
+// before that.
+func (c *Collector) Ready() <-chan struct{} { return c.ready }
 
 // New returns a Collector that reads outcome events from nc and hands them
 // to sink. Unless s.NoJetStream, it detects JetStream and creates or updates
@@ -301,6 +310,7 @@ func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
 		subjects: fleetwatch.Subjects{Prefix: s.Prefix},
 		m:        newCollectorMetrics(s.Metrics, s.MaxRejectSources),
 		closed:   make(chan struct{}),
+		ready:    make(chan struct{}),
 	}
 	c.refusing, _ = sink.(RefusingSink)
 	c.refusePool.New = func() any {
@@ -396,6 +406,11 @@ func (c *Collector) Run(ctx context.Context) error {
 	c.mu.Lock()
 	c.workers = workers
 	c.mu.Unlock()
+	if err := c.nc.Flush(); err != nil { // the server has the subscriptions
+		c.drain(workers)
+		return fmt.Errorf("collector: subscribing: %w", err)
+	}
+	c.readyOnce.Do(func() { close(c.ready) })
 	if c.intake != nil {
 		c.settings.Logf("collector: consuming %s and %s through stream %s, durable consumer %s (%d pullers)",
 			c.subjects.Outcomes(), c.subjects.OutcomesWildcard(), c.subjects.StreamIntake(), fleetwatch.QueueCollectors, c.settings.Subscriptions)

@@ -89,19 +89,12 @@ func startCollector(t testing.TB, nc *nats.Conn, sink Sink, s Settings) (c *Coll
 		})
 	}
 	t.Cleanup(stop)
-	// Run subscribes asynchronously: wait until its subscriptions are
-	// registered with the server so that nothing published is missed.
-	waitFor(t, "subscriptions", func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		want := 2 * c.settings.Subscriptions // two subjects
-		if c.settings.Intake {
-			want = c.settings.Subscriptions // pullers on one consumer
-		}
-		return len(c.workers) == want
-	})
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
+	// Run subscribes asynchronously: Ready says when the server has its
+	// subscriptions, so that nothing published after it is missed.
+	select {
+	case <-c.Ready():
+	case <-time.After(15 * time.Second):
+		t.Fatal("the collector never became ready")
 	}
 	return c, stop
 }
@@ -130,6 +123,32 @@ func publish(t testing.TB, nc *nats.Conn, subject string, payloads ...string) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestReadyMeansSubscribed: an event published on another connection the
+// moment Ready is closed reaches the sink (core NATS delivers only to
+// subscriptions the server already has).
+func TestReadyMeansSubscribed(t *testing.T) {
+	url, _ := feedtest.NewServer(t, feedtest.WithoutJetStream())
+	nc := feedtest.Connect(t, url)
+	other := feedtest.Connect(t, url)
+	sink := &recordingSink{}
+	c, err := New(nc, sink, Settings{NoJetStream: true, FlushInterval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() { errc <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-errc; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-c.Ready()
+	publish(t, other, "fw.outcomes.p", `{"pool":"p","backend":"b","status":200}`)
+	waitFor(t, "the event published right after Ready", func() bool { return sink.len() == 1 })
 }
 
 func TestEventsReachSink(t *testing.T) {

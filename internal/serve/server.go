@@ -347,14 +347,26 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 	}
 
-	if s.opts.OnReady != nil {
-		s.opts.OnReady()
-	}
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var work sync.WaitGroup // the collector, the evaluation loop and the leases
 	errs := make(chan error, 2)
 	work.Go(func() { errs <- s.col.Run(runCtx) })
+	// Ready (and the HTTP ingest endpoints) once the collector has
+	// subscribed: an event accepted over HTTP from then on is taken.
+	select {
+	case <-s.col.Ready():
+	case err := <-errs:
+		work.Wait()
+		if stopProbes != nil {
+			stopProbes()
+		}
+		return fmt.Errorf("serve: collector: %w", err)
+	case <-ctx.Done():
+	}
+	if s.opts.OnReady != nil {
+		s.opts.OnReady()
+	}
 	work.Go(func() { s.evaluateLoop(runCtx) })
 	work.Go(func() { s.runScraper(runCtx) })
 	if s.js != nil {
