@@ -49,8 +49,9 @@ type Options struct {
 	// held.
 	OnAlert func(fleetwatch.DriftAlert)
 	// OnReady, when set, is called once by Run when the restore and the
-	// replay are done and the HTTP server and the collector are about to
-	// start: from then on snapshots are published.
+	// replay are done and the collector has subscribed (an event published
+	// from then on is taken), just before the evaluation loop and the HTTP
+	// server start: from then on snapshots are published.
 	OnReady func()
 	// Getenv reads the API keys the configuration names. If nil,
 	// os.Getenv.
