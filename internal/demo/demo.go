@@ -379,7 +379,7 @@ func (d *demoRun) config(s Settings) (*config.Config, error) {
 	p := config.PoolConfig{ID: pool, Models: []string{pool}}
 	for i, id := range d.order {
 		cost := 0.5 + 0.1*float64(i)
-		p.Backends = append(p.Backends, config.BackendConfig{ID: id, URL: d.backends[id].srv.URL(), CostPerMTok: &cost})
+		p.Backends = append(p.Backends, config.BackendConfig{ID: id, URL: d.backends[id].srv.URL(), CostPerMTok: &cost, MetricsURL: "auto"})
 	}
 	cfg.Pools = []config.PoolConfig{p}
 	cfg.Probes.Schedule = "@every 10s"
