@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -141,14 +140,10 @@ func runDriftRebaseline(ctx context.Context, args []string, stdout, stderr io.Wr
 		fmt.Fprintln(stderr, "usage: fleetwatch drift rebaseline [flags] <pool> <backend>")
 		fs.PrintDefaults()
 	}
-	var pos []string
-	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		pos, args = append(pos, args[0]), args[1:]
-	}
-	if err := parseFlags(fs, args, stderr); err != nil {
+	pos, err := parseArgs(fs, args, stderr) // the pool and backend before or after the flags
+	if err != nil {
 		return err
 	}
-	pos = append(pos, fs.Args()...)
 	if len(pos) != 2 {
 		fs.Usage()
 		return errUsage

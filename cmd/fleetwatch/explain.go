@@ -35,15 +35,10 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintln(stderr, "usage: fleetwatch explain [flags] POOL [BACKEND]")
 		fs.PrintDefaults()
 	}
-	// Accept the pool and backend before or after the flags.
-	var pos []string
-	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		pos, args = append(pos, args[0]), args[1:]
-	}
-	if err := parseFlags(fs, args, stderr); err != nil {
+	pos, err := parseArgs(fs, args, stderr) // the pool and backend before or after the flags
+	if err != nil {
 		return err
 	}
-	pos = append(pos, fs.Args()...)
 	if len(pos) < 1 || len(pos) > 2 {
 		fs.Usage()
 		return errUsage

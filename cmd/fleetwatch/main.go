@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"sort"
+	"strings"
 	"syscall"
 )
 
@@ -124,6 +125,19 @@ func usage(w io.Writer) {
 
 // parseFlags parses args with fs, writing errors to stderr, and maps a
 // parse failure to errUsage.
+// parseArgs parses fs from args, accepting positional arguments before
+// the flags as well as after them, and returns the positional ones.
+func parseArgs(fs *flag.FlagSet, args []string, stderr io.Writer) ([]string, error) {
+	var pos []string
+	for len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		pos, args = append(pos, args[0]), args[1:]
+	}
+	if err := parseFlags(fs, args, stderr); err != nil {
+		return nil, err
+	}
+	return append(pos, fs.Args()...), nil
+}
+
 func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
