@@ -42,10 +42,16 @@ func TestClusterKeepsAReplicatedBucketWithANodeDown(t *testing.T) {
 	c.Nodes[0].Shutdown()
 	var e jetstream.KeyValueEntry
 	for {
-		if _, err = kv.Put(ctx, "k2", []byte("2")); err == nil {
-			if e, err = kv.Get(ctx, "k"); err == nil {
-				break
-			}
+		// Each attempt has its own timeout: a put sent while the client
+		// reconnects, or before the stream has a new leader, gets no
+		// answer at all and would otherwise wait for the whole deadline.
+		actx, acancel := context.WithTimeout(ctx, 2*time.Second)
+		if _, err = kv.Put(actx, "k2", []byte("2")); err == nil {
+			e, err = kv.Get(actx, "k")
+		}
+		acancel()
+		if err == nil {
+			break
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("the bucket is not usable with a node down: %v", err)
