@@ -71,8 +71,10 @@ func (c *Collector) refuse(ev *fleetwatch.Event, reason fleetwatch.Reason) {
 // Publish and never fails the pipeline: a notice that cannot be published
 // is only counted as suppressed.
 func (c *Collector) reject(subject string, r *pendingReject) {
-	c.m.reject(r.reason).Inc()
+	// The per-source series first: a reader that sees the per-reason total
+	// (Stats) then sees every source's share of it too.
 	c.m.rejectBySource(r.reason, r.source).Inc()
+	c.m.reject(r.reason).Inc()
 	now := c.settings.Now()
 	ok, suppressed := c.rejects.allow(r.reason, now)
 	if !ok {
