@@ -30,6 +30,7 @@ import (
 type countingBackend struct {
 	url     string
 	hits    atomic.Int64
+	last    atomic.Int64 // unix ns of the latest request
 	failing atomic.Bool
 }
 
@@ -43,6 +44,7 @@ func startCountingBackend(t *testing.T, name string) *countingBackend {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		b.hits.Add(1)
+		b.last.Store(time.Now().UnixNano())
 		if b.failing.Load() {
 			http.Error(w, "overloaded", http.StatusServiceUnavailable)
 			return
