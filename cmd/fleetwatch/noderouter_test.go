@@ -194,6 +194,7 @@ func TestNodeRouterExample(t *testing.T) {
 	}
 
 	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
 	send := func() (backend string, status int) {
 		resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"llama"}`))
 		if err != nil {
