@@ -1,0 +1,79 @@
+"use strict";
+const test = require("node:test");
+const assert = require("node:assert/strict");
+const { newerThan, Pool, isStale, weights, pick, outcomeOf } = require("../decisions");
+
+const snap = (o) => ({
+  v: 1, pool: "p", epoch: "E1", seq: 1, at: "2026-12-02T07:50:00.000Z", ttl_ms: 5000,
+  mode: "balance", all_open: "shed", backends: [], ...o,
+});
+const now = Date.parse("2026-12-02T07:50:01.000Z");
+
+test("ordering: seq within an epoch, at across epochs, fence first", () => {
+  const cases = [
+    ["larger seq", snap({ seq: 2 }), snap({ seq: 1 }), true],
+    ["same seq", snap({ seq: 1 }), snap({ seq: 1 }), false],
+    ["smaller seq, later at", snap({ seq: 1, at: "2026-12-02T07:51:00.000Z" }), snap({ seq: 2 }), false],
+    ["other epoch, same at", snap({ epoch: "E2" }), snap({ seq: 9 }), true],
+    ["other epoch, older at", snap({ epoch: "E2", at: "2026-12-02T07:49:00.000Z" }), snap(), false],
+    ["higher fence, older at", snap({ fence: 3, epoch: "E2", at: "2026-12-02T07:49:00.000Z" }), snap({ fence: 2 }), true],
+    ["lower fence, larger seq", snap({ fence: 1, seq: 5 }), snap({ fence: 2 }), false],
+    ["nothing before", snap(), null, true],
+  ];
+  for (const [name, s, prev, want] of cases) assert.equal(newerThan(s, prev), want, name);
+});
+
+test("Pool drops a snapshot below the highest fence seen", () => {
+  const p = new Pool();
+  assert.equal(p.offer(snap({ fence: 5, seq: 1 })), "applied");
+  assert.equal(p.offer(snap({ fence: 4, seq: 2 })), "fenced");
+  assert.equal(p.offer(snap({ fence: 5, seq: 1 })), "old");
+  assert.equal(p.offer(snap({ fence: 5, seq: 2 })), "applied");
+  assert.deepEqual([p.applied, p.fenced, p.ignored, p.snap.seq], [2, 1, 1, 2]);
+});
+
+const b = (backend, state, weight, o) => ({ backend, state, weight, priority: 0, open_until: null, ...o });
+const known = new Set(["a", "b", "c"]);
+
+test("weights: open gets nothing, half_open keeps its trickle, unknown ids are skipped", () => {
+  const s = snap({ backends: [b("a", "closed", 1), b("b", "open", 0), b("c", "half_open", 0.05), b("x", "closed", 1)] });
+  assert.deepEqual(weights(s, known, now), [{ backend: "a", weight: 1 }, { backend: "c", weight: 0.05 }]);
+});
+
+test("weights: all open sheds or spreads", () => {
+  const bs = [b("a", "open", 0), b("b", "open", 0)];
+  assert.deepEqual(weights(snap({ backends: bs }), known, now), []);
+  assert.equal(weights(snap({ backends: bs, all_open: "spread" }), known, now).length, 2);
+});
+
+test("weights: stale snapshot keeps future breakers, equal weights otherwise", () => {
+  const later = now + 60_000;
+  const s = snap({ at: "2026-12-02T07:40:00.000Z", backends: [
+    b("a", "closed", 0.3), b("b", "open", 0, { open_until: new Date(later).toISOString() }),
+    b("c", "open", 0, { open_until: "2026-12-02T07:41:00.000Z" }),
+  ] });
+  assert.ok(isStale(s, now));
+  assert.deepEqual(weights(s, known, now), [{ backend: "a", weight: 1 }, { backend: "c", weight: 1 }]);
+});
+
+test("weights: failover gives a half-open first tier its trickle", () => {
+  const s = snap({ mode: "failover", backends: [b("a", "half_open", 0.05), b("b", "closed", 1, { priority: 1 })] });
+  const w = weights(s, known, now);
+  assert.equal(w[0].backend, "a");
+  assert.ok(Math.abs(w[0].weight - 0.05) < 1e-9);
+  assert.ok(Math.abs(w[1].weight - 0.95) < 1e-9);
+});
+
+test("pick is proportional to weight and never picks weight 0", () => {
+  const ws = [{ backend: "a", weight: 1 }, { backend: "b", weight: 0 }, { backend: "c", weight: 3 }];
+  assert.equal(pick(ws, () => 0.2), "a");
+  assert.equal(pick(ws, () => 0.26), "c");
+  assert.equal(pick(ws, () => 0.999999), "c");
+  assert.equal(pick([{ backend: "a", weight: 0 }]), null);
+});
+
+test("outcomeOf follows the protocol's table", () => {
+  const cases = [[200, "ok"], [429, "throttled"], [408, "timeout"], [504, "timeout"], [0, "timeout"],
+    [499, "canceled"], [404, "client_error"], [503, "error"], [302, "error"]];
+  for (const [s, want] of cases) assert.equal(outcomeOf(s), want, String(s));
+});
