@@ -144,6 +144,13 @@ type Backend struct {
 	// Load is the backend's most recent load report; nil when none is
 	// fresh enough to publish (an extension, omitted when nil).
 	Load *Load `json:"load,omitempty"`
+	// P50TPOTMs and P95TPOTMs are the median and p95 time per output
+	// token over the window, in ms: (duration_ms - ttft_ms) /
+	// (output_tokens - 1) of the ok, non-cold events with both times and
+	// at least two output tokens (an extension, omitted when the window
+	// has no such event). Informational: no breaker rule reads them.
+	P50TPOTMs *float64 `json:"p50_tpot_ms,omitempty"`
+	P95TPOTMs *float64 `json:"p95_tpot_ms,omitempty"`
 }
 
 // Find returns the decision for backend id, or nil.

@@ -29,6 +29,8 @@ var ErrInvalidSnapshot = errors.New("fleetwatch: invalid snapshot")
 //     (ErrOutOfRange);
 //   - backends_total is not negative and, when truncated, not below the
 //     number of backends listed (ErrOutOfRange).
+//   - p50_tpot_ms and p95_tpot_ms are finite and not negative
+//     (ErrOutOfRange), and p50_tpot_ms is not above p95_tpot_ms (ErrBadValue).
 //
 // It does not reject what the protocol allows: null numbers (p50_ttft_ms
 // with no samples), an open backend with a null open_until, an empty
@@ -161,6 +163,21 @@ func (b *Backend) validate() error {
 		case l.AgeMs < 0:
 			return fmt.Errorf("load.age_ms = %d: %w%s", l.AgeMs, ErrOutOfRange, nonNegative)
 		}
+	}
+	return validateTPOT(b)
+}
+
+// validateTPOT checks the time per output token extension: each quantile
+// finite and >= 0, and the median not above the p95.
+func validateTPOT(b *Backend) error {
+	if b.P50TPOTMs != nil && !inRange(*b.P50TPOTMs, 0, math.MaxFloat64) {
+		return fmt.Errorf("p50_tpot_ms = %v: %w%s", *b.P50TPOTMs, ErrOutOfRange, nonNegative)
+	}
+	if b.P95TPOTMs != nil && !inRange(*b.P95TPOTMs, 0, math.MaxFloat64) {
+		return fmt.Errorf("p95_tpot_ms = %v: %w%s", *b.P95TPOTMs, ErrOutOfRange, nonNegative)
+	}
+	if b.P50TPOTMs != nil && b.P95TPOTMs != nil && *b.P50TPOTMs > *b.P95TPOTMs {
+		return fmt.Errorf("p50_tpot_ms = %v: %w (above p95_tpot_ms %v)", *b.P50TPOTMs, ErrBadValue, *b.P95TPOTMs)
 	}
 	return nil
 }

@@ -27,10 +27,12 @@ func validSnapshot() *Snapshot {
 				Since: TimePtr(at.Add(-time.Second)), Requests: 120, WindowMs: 30000},
 			{Backend: "vllm-b", State: StateHalfOpen, Weight: 0.1, Priority: 1, EWMATTFTMs: Float(200.125),
 				P50TTFTMs: Float(180), P95TTFTMs: Float(540), SuccessRate: Float(1), Rate429: Float(0.5),
-				Requests: 3, WindowMs: 30000, Drift: DriftSuspect, CostPerMTok: Float(0.6)},
+				Requests: 3, WindowMs: 30000, Drift: DriftSuspect, CostPerMTok: Float(0.6),
+				P50TPOTMs: Float(18.5), P95TPOTMs: Float(31)},
 			{Backend: "vllm-c", State: StateClosed, Weight: 1, Priority: -1, EWMATTFTMs: Float(0),
 				P50TTFTMs: Float(0), P95TTFTMs: Float(0), SuccessRate: Float(0), Rate429: Float(1),
-				Requests: 0, WindowMs: 0, Drift: DriftDrifted, CostPerMTok: Float(0)},
+				Requests: 0, WindowMs: 0, Drift: DriftDrifted, CostPerMTok: Float(0),
+				P50TPOTMs: Float(0), P95TPOTMs: Float(0)},
 			{Backend: "vllm-d", State: StateClosed, Weight: 0, Drift: DriftOK},
 		},
 	}
@@ -61,6 +63,8 @@ func TestSnapshotValidateAccepts(t *testing.T) {
 			`[{"backend":"a","state":"open","weight":0,"priority":0,"ewma_ttft_ms":null,"p50_ttft_ms":null,`+
 				`"p95_ttft_ms":540,"success_rate":null,"rate_429":null,"requests":0,"window_ms":30000,`+
 				`"open_until":null,"reason":"","drift":"unknown","cost_per_mtok":null}]`, 1))},
+		{"time per output token with one quantile", decode(strings.Replace(minimal, "%s",
+			`[{"backend":"a","state":"closed","weight":1,"drift":"ok","p95_tpot_ms":12.5}]`, 1))},
 		{"times with an offset and microseconds", decode(strings.Replace(
 			strings.Replace(minimal, "2026-12-02T07:50:01.000Z", "2026-12-02T09:50:01.123456+02:00", 1), "%s",
 			`[{"backend":"a","state":"open","weight":0,"drift":"ok","open_until":"0000-01-01T00:00:00Z"}]`, 1))},
@@ -131,6 +135,12 @@ func TestSnapshotValidateRejects(t *testing.T) {
 		{"NaN load.waiting", func(s *Snapshot) { s.Backends[1].Load = &Load{Waiting: math.NaN()} }, ErrOutOfRange},
 		{"load.kv_cache_usage above 1", func(s *Snapshot) { s.Backends[1].Load = &Load{KVCacheUsage: Float(1.2)} }, ErrOutOfRange},
 		{"negative load.age_ms", func(s *Snapshot) { s.Backends[1].Load = &Load{AgeMs: -5} }, ErrOutOfRange},
+		{"negative p50_tpot_ms", func(s *Snapshot) { s.Backends[1].P50TPOTMs = Float(-1) }, ErrOutOfRange},
+		{"NaN p95_tpot_ms", func(s *Snapshot) { s.Backends[1].P95TPOTMs = Float(math.NaN()) }, ErrOutOfRange},
+		{"infinite p50_tpot_ms", func(s *Snapshot) { s.Backends[2].P50TPOTMs = Float(math.Inf(1)) }, ErrOutOfRange},
+		{"p50_tpot_ms above p95_tpot_ms", func(s *Snapshot) {
+			s.Backends[1].P50TPOTMs, s.Backends[1].P95TPOTMs = Float(40), Float(30)
+		}, ErrBadValue},
 	}
 	kinds := []error{ErrBadVersion, ErrInvalidPool, ErrInvalidBackend, ErrMissingField, ErrOutOfRange, ErrBadValue}
 	for _, tt := range tests {

@@ -26,6 +26,7 @@ type backend struct {
 
 	win  window
 	view windowStats // the window as of the latest Evaluate or Snapshots
+	tpot *window     // time per output token samples (tpot.go); nil until the first
 
 	// EWMA of TTFT over ok, non-cold samples (the seed's observe).
 	ewma    float64
@@ -142,6 +143,9 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		bin = binOf(ev.TTFTMs)
 	}
 	b.win.add(num, outcome, latency, bin, ev.RetryAfterMs)
+	if ms, ok := tpotSample(ev, outcome); ok {
+		b.observeTPOT(num, ms)
+	}
 
 	switch b.state {
 	case fleetwatch.StateClosed:

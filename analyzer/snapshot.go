@@ -25,10 +25,10 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		AffinityTolerance: p.tolerance,
 		Backends:          make([]fleetwatch.Backend, len(bs)),
 	}
-	// Seven nullable numbers per backend (kv_cache_usage included) plus
+	// Nine nullable numbers per backend (kv_cache_usage and TPOT included) plus
 	// the median: the capacity is fixed, so pointers into the array stay
 	// valid. Loads share one array too, made when the first is needed.
-	nums := make([]float64, 0, 7*len(bs)+1)
+	nums := make([]float64, 0, 9*len(bs)+1)
 	var loads []fleetwatch.Load
 	ptr := func(v float64) *float64 {
 		nums = append(nums, v)
@@ -88,6 +88,9 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 			}
 			loads = append(loads, l)
 			d.Load = &loads[len(loads)-1]
+		}
+		if p50, p95, ok := b.tpotQuantiles(now); ok {
+			d.P50TPOTMs, d.P95TPOTMs = ptr(p50), ptr(p95)
 		}
 		snap.Backends[i] = d
 	}

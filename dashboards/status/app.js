@@ -154,7 +154,7 @@
     summary.append(title, counts, meta);
     const table = el("table");
     const head = el("tr");
-    for (const [h, cls] of [["backend", "id"], ["state"], ["weight"], ["EWMA TTFT"], ["p95 TTFT"], ["success"], ["429"], ["requests"], ["drift"], ["last minutes"], ["last change", "reason"]]) {
+    for (const [h, cls] of [["backend", "id"], ["state"], ["weight"], ["EWMA TTFT"], ["p95 TTFT"], ["p95 TPOT"], ["success"], ["429"], ["requests"], ["drift"], ["last minutes"], ["last change", "reason"]]) {
       head.appendChild(el("th", cls || "", h));
     }
     const thead = el("thead");
@@ -199,6 +199,7 @@
     }
     why.appendChild(document.createTextNode(b.reason || (lc && lc.reason) || ""));
     tr.append(id, stTd, wTd, el("td", "", fmtMs(b.ewma_ttft_ms)), el("td", "", fmtMs(b.p95_ttft_ms)),
+      el("td", "tpot", fmtMs(b.p95_tpot_ms)),
       el("td", "", fmtPct(b.success_rate)), el("td", "", fmtPct(b.rate_429)), el("td", "", fmtInt(b.requests)),
       drift, spark, why);
     return tr;

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,6 +166,7 @@ func (f *fleetFixture) beat(now time.Time) {
 	f.seq++
 	small := []fleetwatch.Backend{testBackend("vllm-a", 180), testBackend("vllm-b", 210), testBackend("vllm-c", 250), testBackend(xssBackend, 300)}
 	small[2].Drift = fleetwatch.DriftDrifted
+	small[0].P95TPOTMs = fleetwatch.Float(23.5)
 	small[3].State, small[3].Weight, small[3].Reason = fleetwatch.StateHalfOpen, 0.05, "open time 30s elapsed"
 	if f.openB.Load() {
 		small[1] = openBackend(small[1], now, "error rate 0.80 >= 0.50 over 40 requests in 30s")
@@ -233,6 +235,10 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Fatalf("navigate: %v", err)
 	}
 	waitFor(t, ctx, "200 backend rows", `document.querySelectorAll("tr[data-backend]").length === 200`, 30*time.Second)
+	// The p95 TPOT column: a backend with one shows it, one without a dash.
+	if got := evalIn[[]string](t, ctx, `["vllm-a", "vllm-b"].map(id => document.querySelector("tr[data-backend='" + id + "'] td.tpot").textContent)`); !slices.Equal(got, []string{"23.5ms", "–"}) {
+		t.Errorf("p95 TPOT cells of vllm-a, vllm-b = %q, want 23.5ms and a dash", got)
+	}
 
 	pools := evalIn[[]string](t, ctx, `[...document.querySelectorAll(".pool .name")].map(e => e.textContent)`)
 	if got, want := strings.Join(pools, ","), "llama-3.1-70b,meta-llama/Llama-3.1-8B-Instruct"; got != want {

@@ -96,6 +96,8 @@ var backendGauges = []struct {
 	{"fleetwatch_backend_rate_429", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.Rate429) }},
 	{"fleetwatch_backend_requests", func(b *fleetwatch.Backend) (float64, bool) { return float64(b.Requests), true }},
 	{"fleetwatch_backend_drift", func(b *fleetwatch.Backend) (float64, bool) { return driftValue(b.Drift), true }},
+	{"fleetwatch_backend_p50_tpot_ms", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.P50TPOTMs) }},
+	{"fleetwatch_backend_p95_tpot_ms", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.P95TPOTMs) }},
 }
 
 func writeBackendGauges(w io.Writer, snaps []fleetwatch.Snapshot) {
