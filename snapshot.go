@@ -144,6 +144,10 @@ type Backend struct {
 	// Load is the backend's most recent load report; nil when none is
 	// fresh enough to publish (an extension, omitted when nil).
 	Load *Load `json:"load,omitempty"`
+	// Override is the operator override in force on the backend, which
+	// the published state and weight already reflect (an extension,
+	// omitted when none).
+	Override *Override `json:"override,omitempty"`
 }
 
 // Find returns the decision for backend id, or nil.
