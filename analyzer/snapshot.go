@@ -89,6 +89,7 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 			loads = append(loads, l)
 			d.Load = &loads[len(loads)-1]
 		}
+		a.applyOverride(p.id, &d, now) // override.go
 		snap.Backends[i] = d
 	}
 	if len(ewmas) > 0 {
