@@ -150,3 +150,28 @@ func TestOverrideUnknownBackend(t *testing.T) {
 		t.Errorf("x: weight %v override %v, want 0 with the override", d.Weight, d.Override)
 	}
 }
+
+// TestRestoreIgnoresOverriddenDecisions checks that a restart does not
+// take an override's published state and weight for the breaker's: a
+// forced-open and a drained backend restore as healthy, closed, weight 1.
+func TestRestoreIgnoresOverriddenDecisions(t *testing.T) {
+	a := newAnalyzer(t, Config{Epoch: "e", Settings: noJitter(Settings{})})
+	for _, id := range []string{"a", "b", "c"} {
+		a.Observe(series("p", id, ok, 40, t0, 10*time.Second, 100))
+	}
+	a.SetOverrides([]BackendOverride{
+		{Pool: "p", Backend: "a", Override: ov(fleetwatch.OverrideForceOpen, at(time.Hour))},
+		{Pool: "p", Backend: "b", Override: ov(fleetwatch.OverrideDrain, at(time.Hour))},
+	})
+	ev := a.Evaluate(at(10 * time.Second))
+	if d := ev.Snapshots[0].Find("a"); d.State != fleetwatch.StateOpen {
+		t.Fatalf("a is %s, want forced open", d.State)
+	}
+	restarted := newAnalyzer(t, Config{Epoch: "e2", Settings: noJitter(Settings{})})
+	restarted.Restore(ev.Snapshots, at(11*time.Second))
+	for _, id := range []string{"a", "b"} {
+		if d := backendOf(t, restarted, "p", id, at(11*time.Second)); d.State != fleetwatch.StateClosed || d.Weight != 1 || d.Override != nil {
+			t.Errorf("%s restored as %s weight %v override %v, want closed 1 without override", id, d.State, d.Weight, d.Override)
+		}
+	}
+}
