@@ -64,6 +64,11 @@ func TestOverrideCommand(t *testing.T) {
 		b, _ := snaps.Backend("llama", "a")
 		return b.Weight == 0 && b.Override != nil && b.Override.Kind == fleetwatch.OverrideDrain && b.Override.Who == "carol"
 	})
+	var ex bytes.Buffer
+	if err := runExplain(t.Context(), []string{"llama", "a", "--url", base}, &ex, &errOut); err != nil ||
+		!strings.Contains(ex.String(), "override: drain by carol until") || !strings.Contains(ex.String(), ": disk full") {
+		t.Errorf("explain of the drained backend: %v %q", err, ex.String())
+	}
 	if err := run("list"); err != nil || !strings.Contains(out.String(), "llama / a: drain until") || !strings.Contains(out.String(), "by carol: disk full") {
 		t.Errorf("list: %v %q", err, out.String())
 	}
