@@ -151,6 +151,10 @@ type Backend struct {
 	// has no such event). Informational: no breaker rule reads them.
 	P50TPOTMs *float64 `json:"p50_tpot_ms,omitempty"`
 	P95TPOTMs *float64 `json:"p95_tpot_ms,omitempty"`
+	// Override is the operator override in force on the backend, which
+	// the published state and weight already reflect (an extension,
+	// omitted when none).
+	Override *Override `json:"override,omitempty"`
 }
 
 // Find returns the decision for backend id, or nil.

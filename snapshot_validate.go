@@ -27,6 +27,7 @@ var ErrInvalidSnapshot = errors.New("fleetwatch: invalid snapshot")
 //     [0, 1]; ttl_ms, TTFTs, affinity_tolerance, cost_per_mtok, requests and
 //     window_ms are not negative; times are representable in RFC 3339
 //     (ErrOutOfRange);
+//   - an override, when present, passes Override.Validate (ErrBadValue);
 //   - backends_total is not negative and, when truncated, not below the
 //     number of backends listed (ErrOutOfRange).
 //   - p50_tpot_ms and p95_tpot_ms are finite and not negative
@@ -162,6 +163,11 @@ func (b *Backend) validate() error {
 			return fmt.Errorf("load.kv_cache_usage = %v: %w [0, 1]", *l.KVCacheUsage, ErrOutOfRange)
 		case l.AgeMs < 0:
 			return fmt.Errorf("load.age_ms = %d: %w%s", l.AgeMs, ErrOutOfRange, nonNegative)
+		}
+	}
+	if o := b.Override; o != nil {
+		if err := o.Validate(); err != nil {
+			return fmt.Errorf("override: %w: %w", ErrBadValue, err)
 		}
 	}
 	return validateTPOT(b)

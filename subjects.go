@@ -138,6 +138,18 @@ func (s Subjects) DriftReview() string { return s.prefix() + ".drift.review" }
 // ("fw.control.<verb>"), for example a drift re-baseline.
 func (s Subjects) Control(verb string) string { return s.prefix() + ".control." + verb }
 
+// OverridesSet is the subject operator overrides are requested on
+// ("fw.overrides.set"; an extension): a request/reply, answered by one
+// running serve instance (queue group QueueOverrides).
+func (s Subjects) OverridesSet() string { return s.prefix() + ".overrides.set" }
+
+// OverridesAudit is the subject every override change is published on, as
+// JSON with who, what, when and why ("fw.overrides.audit"; an extension).
+func (s Subjects) OverridesAudit() string { return s.prefix() + ".overrides.audit" }
+
+// QueueOverrides is the queue group serve instances answer OverridesSet in.
+const QueueOverrides = "fw-overrides"
+
 func (s Subjects) jsName() string { return strings.ReplaceAll(s.prefix(), ".", "_") }
 
 // StreamOutcomes is the JetStream stream capturing accepted outcome events
@@ -160,6 +172,15 @@ func (s Subjects) BucketDecisions() string { return strings.ToLower(s.jsName()) 
 // BucketLeases is the JetStream KV bucket holding the partition leases of
 // the serve instances of a deployment ("fw_leases"; an extension).
 func (s Subjects) BucketLeases() string { return strings.ToLower(s.jsName()) + "_leases" }
+
+// StreamAudit is the JetStream stream keeping the override audit
+// ("FW_AUDIT"; an extension).
+func (s Subjects) StreamAudit() string { return strings.ToUpper(s.jsName()) + "_AUDIT" }
+
+// BucketOverrides is the JetStream KV bucket holding the operator
+// overrides in force, under "<pool>.<base64url(backend)>" ("fw_overrides";
+// an extension).
+func (s Subjects) BucketOverrides() string { return strings.ToLower(s.jsName()) + "_overrides" }
 
 // BucketBaselines is the JetStream KV bucket holding drift probe baselines
 // ("fw_probe_baselines").

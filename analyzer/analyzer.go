@@ -52,6 +52,10 @@ type Analyzer struct {
 	lastBackend *backend
 
 	stats statsCounters
+
+	// overrides are the operators' overrides, by pool and backend
+	// (override.go); kept apart from the pools, which come and go.
+	overrides map[string]map[string]fleetwatch.Override
 }
 
 // pool is the state of one pool.
@@ -84,6 +88,7 @@ type decisionKey struct {
 	reason    string
 	drift     fleetwatch.DriftStatus
 	openUntil time.Time
+	override  overrideKey // the operator override in force (override.go)
 }
 
 // New returns an Analyzer for cfg, with defaults applied to a copy of it. It
@@ -378,7 +383,7 @@ func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
 		slices.SortStableFunc(ev.Transitions[first:], func(x, y Transition) int { return cmpString(x.Backend, y.Backend) })
 		// Two signature buffers per pool, swapped on change: a tick that
 		// changes nothing allocates nothing for the comparison.
-		sig := p.decisions(p.spare)
+		sig := a.decisions(p, p.spare, now)
 		if all || gone || beat || !slices.Equal(sig, p.signature) {
 			p.seq++
 			p.published, p.signature, p.spare = true, sig, p.signature
@@ -484,12 +489,13 @@ func (p *pool) advance(now time.Time) {
 	}
 }
 
-// decisions writes the pool's decision keys, sorted by backend, into dst's
+// decisions writes the pool's decision keys at now, sorted by backend, into dst's
 // storage and returns them.
-func (p *pool) decisions(dst []decisionKey) []decisionKey {
+func (a *Analyzer) decisions(p *pool, dst []decisionKey, now time.Time) []decisionKey {
 	dst = dst[:0]
 	for _, b := range p.sorted() {
-		dst = append(dst, decisionKey{backend: b.id, state: b.state, weight: b.weight, reason: b.reason(), drift: b.drift, openUntil: b.openUntil})
+		dst = append(dst, decisionKey{backend: b.id, state: b.state, weight: b.weight, reason: b.reason(), drift: b.drift, openUntil: b.openUntil,
+			override: a.overrideKeyOf(p.id, b.id, now)})
 	}
 	return dst
 }

@@ -70,6 +70,11 @@ type Explanation struct {
 
 	// WeightParts are the parts of VerdictWeight.
 	WeightParts WeightParts `json:"weight_parts"`
+
+	// Override is the operator override in force at At (nil when none):
+	// snapshots publish the backend as it says, while everything above is
+	// the analyzer's own judgement underneath (override.go).
+	Override *fleetwatch.Override `json:"override,omitempty"`
 }
 
 // RecentWindow is the newest quarter of the window (at least one bucket).
@@ -209,6 +214,9 @@ func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explana
 		}
 		if !b.weightSet {
 			e.Weight = 1
+		}
+		if o, ok := a.overrideOf(p.id, b.id, now); ok {
+			e.Override = &o
 		}
 		if !cb.weightSet {
 			e.VerdictWeight = 1

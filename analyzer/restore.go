@@ -29,7 +29,9 @@ type Restored struct {
 //   - the trip count is kept, so the next open time keeps growing;
 //   - drift statuses other than unknown are kept until the probes report;
 //   - a closed backend's weight starts from the published one and is damped
-//     from there.
+//     from there;
+//   - a backend that carried an operator override restores neither state
+//     nor weight (they were the override's), only the rest.
 //
 // Pools and backends in snaps that the analyzer does not know are created,
 // as an event would create them, within the Limits. A snapshot that fails
@@ -68,6 +70,12 @@ func (a *Analyzer) restoreBackend(p *pool, b *backend, prev *fleetwatch.Backend,
 	b.trips = max(b.trips, prev.Trips)
 	if !b.hasEWMA && prev.EWMATTFTMs != nil {
 		b.ewma, b.hasEWMA = *prev.EWMATTFTMs, true
+	}
+	if prev.Override != nil {
+		// The published state and weight were an operator's, not the
+		// breaker's (override.go): the backend starts from its replayed
+		// events alone, and the override itself comes back from its bucket.
+		return
 	}
 	since := at
 	if prev.Since != nil {

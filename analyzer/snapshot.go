@@ -92,6 +92,7 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		if p50, p95, ok := b.tpotQuantiles(now); ok {
 			d.P50TPOTMs, d.P95TPOTMs = ptr(p50), ptr(p95)
 		}
+		a.applyOverride(p.id, &d, now) // override.go
 		snap.Backends[i] = d
 	}
 	if len(ewmas) > 0 {

@@ -28,6 +28,14 @@ func WriteExplained(w io.Writer, ex Explained) error {
 			fmt.Fprintf(&b, ", open until %s (trip %d)", fleetwatch.FormatTime(e.OpenUntil.Time), e.Trips)
 		}
 		b.WriteString("\n")
+		if o := e.Override; o != nil {
+			w := ""
+			if o.Weight != nil {
+				w = " " + trimFloat(*o.Weight)
+			}
+			fmt.Fprintf(&b, "  override: %s%s by %s until %s: %s (snapshots publish the override; the rest is the analyzer's own view)\n",
+				o.Kind, w, o.Who, fleetwatch.FormatTime(o.Until.Time), o.Reason)
+		}
 		if e.Reason != "" {
 			fmt.Fprintf(&b, "  reason:  %s\n", e.Reason)
 		}

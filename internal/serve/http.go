@@ -53,7 +53,9 @@ func (s *Server) routes() http.Handler {
 		enc.SetIndent("", "  ")
 		enc.Encode(snaps)
 	})
-	mux.HandleFunc("GET /api/explain", s.handleExplain) // ops.go
+	mux.HandleFunc("GET /api/explain", s.handleExplain)     // ops.go
+	mux.HandleFunc("GET /api/overrides", s.ovr.handleGet)   // overrides.go
+	mux.HandleFunc("POST /api/overrides", s.ovr.handlePost) // overrides.go
 	s.statusRoutes(mux)
 	s.newIngestHTTP().Register(mux) // POST /v1/outcomes, /v1/ingest/litellm, /v1/traces (ingest.go)
 	return s.httpAuth.wrap(mux)     // /healthz stays open

@@ -92,6 +92,8 @@ type Server struct {
 	notifier *alert.Notifier
 	// tlog keeps each backend's last transitions for /api/explain.
 	tlog transitionLog
+	// ovr holds the operator overrides (overrides.go).
+	ovr *overrides
 
 	// httpAuth guards the HTTP API (nil: no authentication configured);
 	// ln is a TLS listener when http.tls_cert is set (listenHTTP).
@@ -248,8 +250,12 @@ func (s *Server) build() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	s.ha = newHA(s)
+	s.ovr = newOverrides(s)
 	if s.js != nil {
 		if err := s.ha.openBucket(ctx, s.js); err != nil {
+			return err
+		}
+		if err := s.ovr.open(ctx, s.js); err != nil {
 			return err
 		}
 	}
@@ -337,6 +343,11 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("serve: presence: %w", err)
 	}
 	defer presence.Unsubscribe()
+	ovrSub, err := s.ovr.subscribe(ctx)
+	if err != nil {
+		return fmt.Errorf("serve: overrides: %w", err)
+	}
+	defer ovrSub.Unsubscribe()
 	if s.js != nil {
 		s.ha.start(ctx) // the restore and replay of the partitions taken
 	}
@@ -364,6 +375,10 @@ func (s *Server) Run(ctx context.Context) error {
 		}
 		return fmt.Errorf("serve: collector: %w", err)
 	case <-ctx.Done():
+	}
+	// The overrides in force are loaded before the first snapshot.
+	if err := s.ovr.watch(runCtx, &work); err != nil {
+		s.logf("%v: overrides are not applied", err)
 	}
 	if s.opts.OnReady != nil {
 		s.opts.OnReady()

@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/serve"
+)
+
+func init() {
+	register("override", "operator overrides: drain|force-open|force-closed|weight|clear POOL BACKEND --reason TEXT --for DURATION, or list", runOverride)
+}
+
+// errOverride is a refused or failed /api/overrides request.
+var errOverride = errors.New("override")
+
+// runOverride is `fleetwatch override ACTION POOL BACKEND` and `fleetwatch
+// override list`: a thin client of serve's /api/overrides.
+func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("override", flag.ContinueOnError)
+	base := fs.String("url", "http://127.0.0.1:8080", "serve's HTTP address (http.listen)")
+	tokenEnv := fs.String("token-env", "", "environment variable holding serve's bearer token (http.bearer_token_env)")
+	reason := fs.String("reason", "", "why (required: it goes to the audit)")
+	dur := fs.Duration("for", 0, "how long the override lasts (required but for clear and list; at most 168h)")
+	weight := fs.Float64("weight", -1, "the weight of a weight override, in [0, 1]")
+	who := fs.String("who", os.Getenv("USER"), "who sets it (basic authentication's user wins)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: fleetwatch override drain|force-open|force-closed|weight|clear POOL BACKEND --reason TEXT [--for DURATION] [--weight W]\n       fleetwatch override list")
+		fs.PrintDefaults()
+	}
+	pos, err := parseArgs(fs, args, stderr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if len(pos) == 1 && pos[0] == "list" {
+		reply, err := overrideCall(ctx, http.MethodGet, *base, *tokenEnv, nil)
+		if err != nil {
+			return err
+		}
+		for _, o := range reply.Overrides {
+			w := ""
+			if o.Weight != nil {
+				w = fmt.Sprintf(" %.4g", *o.Weight)
+			}
+			fmt.Fprintf(stdout, "%s / %s: %s%s until %s by %s: %s\n", o.Pool, o.Backend, o.Kind, w, o.Until.Format(time.RFC3339), o.Who, o.Reason)
+		}
+		if len(reply.Overrides) == 0 {
+			fmt.Fprintln(stdout, "no override in force")
+		}
+		return nil
+	}
+	if len(pos) != 3 {
+		fs.Usage()
+		return errUsage
+	}
+	req := serve.OverrideRequest{Action: strings.ReplaceAll(pos[0], "-", "_"), Pool: pos[1], Backend: pos[2], Reason: *reason, Who: *who}
+	if *dur != 0 {
+		req.For = dur.String()
+	}
+	if *weight >= 0 {
+		req.Weight = weight
+	}
+	body, _ := json.Marshal(req)
+	reply, err := overrideCall(ctx, http.MethodPost, *base, *tokenEnv, body)
+	if err != nil {
+		return err
+	}
+	o := reply.Override
+	if req.Action == serve.ActionClear {
+		fmt.Fprintf(stdout, "cleared %s on %s / %s\n", o.Kind, o.Pool, o.Backend)
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s %s / %s until %s\n", o.Kind, o.Pool, o.Backend, o.Until.Format(time.RFC3339))
+	return nil
+}
+
+func overrideCall(ctx context.Context, method, base, tokenEnv string, body []byte) (serve.OverrideReply, error) {
+	var reply serve.OverrideReply
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(base, "/")+"/api/overrides", bytes.NewReader(body))
+	if err != nil {
+		return reply, fmt.Errorf("%w: %v", errOverride, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if tokenEnv != "" {
+		req.Header.Set("Authorization", "Bearer "+os.Getenv(tokenEnv))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return reply, fmt.Errorf("%w: %v", errOverride, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return reply, fmt.Errorf("%w: %v", errOverride, err)
+	}
+	if err := json.Unmarshal(data, &reply); err != nil && resp.StatusCode == http.StatusOK {
+		return reply, fmt.Errorf("%w: %v", errOverride, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		if reply.Error == "" {
+			reply.Error = strings.TrimSpace(string(data))
+		}
+		return reply, fmt.Errorf("%w: %s: %s", errOverride, resp.Status, reply.Error)
+	}
+	return reply, nil
+}

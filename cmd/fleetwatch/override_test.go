@@ -1,0 +1,91 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/serve"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+)
+
+// TestOverrideCommand drains a backend with the command against a running
+// serve (embedded NATS with JetStream): the next snapshot carries weight 0
+// and the override; list shows it; clear ends it; a malformed request is
+// refused with serve's error.
+func TestOverrideCommand(t *testing.T) {
+	cfg := config.Default()
+	cfg.NATS.Listen = "127.0.0.1:-1"
+	cfg.HTTP.Listen = "127.0.0.1:0"
+	cfg.Data = t.TempDir()
+	cfg.Probes.Disabled = true
+	srv, err := serve.New(cfg, serve.Options{Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	})
+	nc, err := nats.Connect(srv.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	snaps := testkit.SubscribeSnapshots(t, nc)
+	testkit.WaitConsuming(t, nc, snaps, "warmup", "w")
+	testkit.Publish(t, nc, "fw.outcomes.edge-1", testkit.Event("llama", "a", 200, 120))
+	testkit.Publish(t, nc, "fw.outcomes.edge-1", testkit.Event("llama", "b", 200, 120))
+	base := "http://" + srv.HTTPAddr()
+
+	var out, errOut bytes.Buffer
+	run := func(args ...string) error {
+		out.Reset()
+		return runOverride(t.Context(), append(args, "--url", base), &out, &errOut)
+	}
+	if err := run("drain", "llama", "a", "--reason", "disk full", "--for", "30m", "--who", "carol"); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "drain llama / a until") {
+		t.Errorf("drain printed %q", out.String())
+	}
+	testkit.Eventually(t, 10*time.Second, "a drained in a snapshot", func() bool {
+		b, _ := snaps.Backend("llama", "a")
+		return b.Weight == 0 && b.Override != nil && b.Override.Kind == fleetwatch.OverrideDrain && b.Override.Who == "carol"
+	})
+	var ex bytes.Buffer
+	if err := runExplain(t.Context(), []string{"llama", "a", "--url", base}, &ex, &errOut); err != nil ||
+		!strings.Contains(ex.String(), "override: drain by carol until") || !strings.Contains(ex.String(), ": disk full") {
+		t.Errorf("explain of the drained backend: %v %q", err, ex.String())
+	}
+	if err := run("list"); err != nil || !strings.Contains(out.String(), "llama / a: drain until") || !strings.Contains(out.String(), "by carol: disk full") {
+		t.Errorf("list: %v %q", err, out.String())
+	}
+	if err := run("weight", "llama", "b", "--reason", "canary", "--for", "1m"); err == nil || !strings.Contains(err.Error(), "weight in [0, 1]") {
+		t.Errorf("weight without --weight: %v, want serve's refusal", err)
+	}
+	if err := run("force-open", "llama", "b", "--for", "1m"); err == nil || !strings.Contains(err.Error(), "reason is required") {
+		t.Errorf("no --reason: %v, want serve's refusal", err)
+	}
+	if err := run("drain", "llama"); err != errUsage {
+		t.Errorf("two arguments: %v, want errUsage", err)
+	}
+	if err := run("clear", "llama", "a", "--reason", "disk replaced"); err != nil || !strings.Contains(out.String(), "cleared drain on llama / a") {
+		t.Errorf("clear: %v %q", err, out.String())
+	}
+	testkit.Eventually(t, 10*time.Second, "a back to its own verdict", func() bool {
+		b, _ := snaps.Backend("llama", "a")
+		return b.Override == nil && b.Weight > 0
+	})
+}

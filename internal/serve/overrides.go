@@ -1,0 +1,434 @@
+package serve
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
+)
+
+// Operator overrides (docs/OPERATIONS.md "Taking a backend out"): an
+// operator drains, forces open or closed, or re-weights one backend for a
+// while, over HTTP (POST /api/overrides), NATS (Subjects.OverridesSet) or
+// `fleetwatch override`. An override is a value in the KV bucket
+// Subjects.BucketOverrides under baselineKey(pool, backend), so it
+// survives restarts and every instance of a deployment sees it: each
+// watches the bucket and hands the overrides in force to its analyzer,
+// which applies them to what it publishes (analyzer.SetOverrides). Every
+// change is published on Subjects.OverridesAudit and kept in the stream
+// Subjects.StreamAudit. Without JetStream overrides are refused
+// (ErrOverridesNoJetStream): kept in memory they would be lost on restart
+// and unseen by routers' other instances, and an operator should know.
+
+// Override actions: the four kinds, and clear.
+const (
+	ActionDrain       = string(fleetwatch.OverrideDrain)
+	ActionForceOpen   = string(fleetwatch.OverrideForceOpen)
+	ActionForceClosed = string(fleetwatch.OverrideForceClosed)
+	ActionWeight      = string(fleetwatch.OverrideWeight)
+	ActionClear       = "clear"
+	// ActionList answers the overrides in force (NATS only; HTTP has GET).
+	ActionList = "list"
+)
+
+// MaxOverrideFor is the longest an override may last: an override is an
+// incident tool, and one forgotten must end on its own.
+const MaxOverrideFor = 7 * 24 * time.Hour
+
+// AuditRetention is how long FW_AUDIT keeps override changes.
+const AuditRetention = 90 * 24 * time.Hour
+
+// Errors of override requests.
+var (
+	// ErrBadOverride is a malformed override request.
+	ErrBadOverride = errors.New("serve: bad override request")
+	// ErrNoOverride is a clear of a backend without an override.
+	ErrNoOverride = errors.New("serve: no override in force")
+	// ErrOverridesNoJetStream refuses overrides on a server without
+	// JetStream.
+	ErrOverridesNoJetStream = errors.New("serve: overrides need JetStream (the fw_overrides KV bucket): this server runs without it")
+)
+
+// OverrideRequest is the body of POST /api/overrides and of a request on
+// Subjects.OverridesSet.
+type OverrideRequest struct {
+	// Action is "drain", "force_open", "force_closed", "weight" or
+	// "clear" ("list" too on NATS).
+	Action  string `json:"action"`
+	Pool    string `json:"pool"`
+	Backend string `json:"backend"`
+	// Reason says why, for the audit; required.
+	Reason string `json:"reason"`
+	// For is how long the override lasts, a Go duration ("30m"), at
+	// most MaxOverrideFor; required but for clear.
+	For string `json:"for,omitempty"`
+	// Weight is the weight of a "weight" override, in [0, 1].
+	Weight *float64 `json:"weight,omitempty"`
+	// Who names the operator. Over HTTP with basic authentication the
+	// authenticated user is recorded instead.
+	Who string `json:"who,omitempty"`
+}
+
+// OverrideReply is the answer to an override request.
+type OverrideReply struct {
+	Error string `json:"error,omitempty"`
+	// Override is what was set, or what a clear removed.
+	Override *analyzer.BackendOverride `json:"override,omitempty"`
+	// Overrides are the overrides in force (GET and list).
+	Overrides []analyzer.BackendOverride `json:"overrides,omitempty"`
+}
+
+// AuditEntry is one override change on Subjects.OverridesAudit.
+type AuditEntry struct {
+	At      fleetwatch.Time `json:"at"`
+	Action  string          `json:"action"` // an Action*, or "expire"
+	Pool    string          `json:"pool"`
+	Backend string          `json:"backend"`
+	Who     string          `json:"who"`
+	Reason  string          `json:"reason"`
+	// Override is the override set, or the one cleared or expired.
+	Override *fleetwatch.Override `json:"override,omitempty"`
+	Via      string               `json:"via"` // "http", "nats" or "expiry"
+}
+
+// overrides is the server's view of the bucket.
+type overrides struct {
+	s  *Server
+	kv jetstream.KeyValue // nil without JetStream
+
+	mu      sync.Mutex // guards byKey
+	byKey   map[string]storedOverride
+	changes *metrics.Counter
+}
+
+type storedOverride struct {
+	o   analyzer.BackendOverride
+	rev uint64
+}
+
+func newOverrides(s *Server) *overrides {
+	o := &overrides{s: s, byKey: map[string]storedOverride{}}
+	o.changes = s.metrics.NewCounter("fleetwatch_override_changes_total")
+	s.metrics.NewGauge("fleetwatch_overrides_active", func() float64 {
+		return float64(len(o.active(time.Now())))
+	})
+	return o
+}
+
+// open creates (or binds) the bucket and the audit stream.
+func (o *overrides) open(ctx context.Context, js jetstream.JetStream) error {
+	subj, replicas := o.s.subj, o.s.cfg.HASettings().Replicas
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      subj.BucketOverrides(),
+		Description: "fleetwatch operator overrides in force, per pool and backend",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	})
+	if err != nil {
+		return fmt.Errorf("serve: overrides bucket %s: %w", subj.BucketOverrides(), err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        subj.StreamAudit(),
+		Description: "fleetwatch operator override changes (who, what, when, why)",
+		Subjects:    []string{subj.OverridesAudit()},
+		MaxAge:      AuditRetention,
+		Storage:     jetstream.FileStorage,
+		Replicas:    replicas,
+	}); err != nil {
+		return fmt.Errorf("serve: audit stream %s: %w", subj.StreamAudit(), err)
+	}
+	o.kv = kv
+	return nil
+}
+
+// watch follows the bucket, handing the overrides in force to the analyzer
+// on each change. It returns once the values present are loaded (so the
+// first snapshot after a restart carries them); the rest runs on work
+// until ctx ends, with the expiry sweep.
+func (o *overrides) watch(ctx context.Context, work *sync.WaitGroup) error {
+	if o.kv == nil {
+		return nil
+	}
+	w, err := o.kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("serve: watching %s: %w", o.s.subj.BucketOverrides(), err)
+	}
+	loaded := make(chan struct{})
+	work.Go(func() {
+		defer w.Stop()
+		initial := true
+		for {
+			select {
+			case <-ctx.Done():
+				if initial {
+					close(loaded)
+				}
+				return
+			case e, ok := <-w.Updates():
+				if !ok {
+					if initial {
+						close(loaded)
+					}
+					return
+				}
+				if e == nil { // the values present are delivered
+					initial = false
+					o.publishToAnalyzer()
+					close(loaded)
+					continue
+				}
+				o.update(e)
+				if !initial {
+					o.publishToAnalyzer()
+				}
+			}
+		}
+	})
+	work.Go(func() { o.sweep(ctx) })
+	select {
+	case <-loaded:
+	case <-time.After(10 * time.Second):
+		o.s.logf("overrides: the bucket's values did not arrive in 10s: starting without them for now")
+	}
+	return nil
+}
+
+// update applies one bucket entry to byKey.
+func (o *overrides) update(e jetstream.KeyValueEntry) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e.Operation() != jetstream.KeyValuePut {
+		delete(o.byKey, e.Key())
+		return
+	}
+	var bo analyzer.BackendOverride
+	if err := json.Unmarshal(e.Value(), &bo); err != nil || bo.Validate() != nil {
+		o.s.logf("overrides: ignoring the malformed value of %s", e.Key())
+		delete(o.byKey, e.Key())
+		return
+	}
+	o.byKey[e.Key()] = storedOverride{o: bo, rev: e.Revision()}
+}
+
+// publishToAnalyzer hands the overrides to the analyzer and asks for an
+// evaluation, so the change goes out at once.
+func (o *overrides) publishToAnalyzer() {
+	o.mu.Lock()
+	list := make([]analyzer.BackendOverride, 0, len(o.byKey))
+	for _, so := range o.byKey {
+		list = append(list, so.o)
+	}
+	o.mu.Unlock()
+	o.s.an.SetOverrides(list)
+	o.s.signalUrgent()
+}
+
+// active returns the overrides in force at now, sorted by pool and backend.
+func (o *overrides) active(now time.Time) []analyzer.BackendOverride {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := []analyzer.BackendOverride{}
+	for _, so := range o.byKey {
+		if so.o.Active(now) {
+			out = append(out, so.o)
+		}
+	}
+	slices.SortFunc(out, func(x, y analyzer.BackendOverride) int {
+		return cmp.Or(cmp.Compare(x.Pool, y.Pool), cmp.Compare(x.Backend, y.Backend))
+	})
+	return out
+}
+
+// sweep deletes expired overrides from the bucket every second. The delete
+// is conditional on the revision seen, so an override set again meanwhile
+// stays, and of several instances sweeping only one succeeds and audits.
+// The analyzer ignores an expired override already, sweep or not.
+func (o *overrides) sweep(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		o.mu.Lock()
+		var expired []storedOverride
+		for _, so := range o.byKey {
+			if !so.o.Active(now) {
+				expired = append(expired, so)
+			}
+		}
+		o.mu.Unlock()
+		for _, so := range expired {
+			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := o.kv.Delete(dctx, baselineKey(so.o.Pool, so.o.Backend), jetstream.LastRevision(so.rev))
+			cancel()
+			if err == nil {
+				ov := so.o.Override
+				o.audit(ctx, AuditEntry{At: fleetwatch.At(now), Action: "expire", Pool: so.o.Pool, Backend: so.o.Backend,
+					Who: ov.Who, Reason: ov.Reason, Override: &ov, Via: "expiry"})
+			}
+		}
+	}
+}
+
+// apply carries out req for who, arrived via "http" or "nats".
+func (o *overrides) apply(ctx context.Context, req OverrideRequest, who, via string) (OverrideReply, error) {
+	if req.Action == ActionList {
+		return OverrideReply{Overrides: o.active(time.Now())}, nil
+	}
+	if o.kv == nil {
+		return OverrideReply{}, ErrOverridesNoJetStream
+	}
+	if err := fleetwatch.ValidatePoolID(req.Pool); err != nil {
+		return OverrideReply{}, fmt.Errorf("%w: pool: %v", ErrBadOverride, err)
+	}
+	if err := fleetwatch.ValidateBackendID(req.Backend); err != nil {
+		return OverrideReply{}, fmt.Errorf("%w: backend: %v", ErrBadOverride, err)
+	}
+	if req.Reason == "" {
+		return OverrideReply{}, fmt.Errorf("%w: reason is required (it goes to the audit)", ErrBadOverride)
+	}
+	if who == "" {
+		who = "anonymous"
+	}
+	now := time.Now()
+	key := baselineKey(req.Pool, req.Backend)
+	if req.Action == ActionClear {
+		e, err := o.kv.Get(ctx, key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return OverrideReply{}, fmt.Errorf("%w on %s/%s", ErrNoOverride, req.Pool, req.Backend)
+		}
+		if err != nil {
+			return OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
+		}
+		var old analyzer.BackendOverride
+		json.Unmarshal(e.Value(), &old)
+		if err := o.kv.Delete(ctx, key); err != nil {
+			return OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
+		}
+		o.changes.Inc()
+		o.audit(ctx, AuditEntry{At: fleetwatch.At(now), Action: ActionClear, Pool: req.Pool, Backend: req.Backend,
+			Who: who, Reason: req.Reason, Override: &old.Override, Via: via})
+		return OverrideReply{Override: &old}, nil
+	}
+	switch req.Action {
+	case ActionDrain, ActionForceOpen, ActionForceClosed, ActionWeight:
+	default:
+		return OverrideReply{}, fmt.Errorf("%w: action %q (want drain, force_open, force_closed, weight or clear)", ErrBadOverride, req.Action)
+	}
+	d, err := time.ParseDuration(req.For)
+	if err != nil || d <= 0 || d > MaxOverrideFor {
+		return OverrideReply{}, fmt.Errorf("%w: for = %q: want a duration above 0 and at most %v, for example \"30m\"", ErrBadOverride, req.For, MaxOverrideFor)
+	}
+	bo := analyzer.BackendOverride{Pool: req.Pool, Backend: req.Backend, Override: fleetwatch.Override{
+		Kind: fleetwatch.OverrideKind(req.Action), Reason: req.Reason, Who: who,
+		Until: fleetwatch.At(now.Add(d)), Weight: req.Weight,
+	}}
+	if err := bo.Validate(); err != nil {
+		return OverrideReply{}, fmt.Errorf("%w: %v", ErrBadOverride, err)
+	}
+	data, _ := json.Marshal(bo)
+	if _, err := o.kv.Put(ctx, key, data); err != nil {
+		return OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
+	}
+	o.changes.Inc()
+	o.audit(ctx, AuditEntry{At: fleetwatch.At(now), Action: req.Action, Pool: req.Pool, Backend: req.Backend,
+		Who: who, Reason: req.Reason, Override: &bo.Override, Via: via})
+	return OverrideReply{Override: &bo}, nil
+}
+
+// audit publishes e on the audit subject, into FW_AUDIT; a failure is
+// logged (the change itself is made).
+func (o *overrides) audit(ctx context.Context, e AuditEntry) {
+	data, _ := json.Marshal(e)
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := o.s.js.Publish(actx, o.s.subj.OverridesAudit(), data); err != nil {
+		o.s.logf("overrides: audit of %s %s/%s not stored: %v", e.Action, e.Pool, e.Backend, err)
+	}
+	o.s.logf("override %s %s/%s by %s: %s", e.Action, e.Pool, e.Backend, e.Who, e.Reason)
+}
+
+// subscribe answers requests on Subjects.OverridesSet, in a queue group so
+// one instance of a deployment answers each.
+func (o *overrides) subscribe(ctx context.Context) (*nats.Subscription, error) {
+	return o.s.nc.QueueSubscribe(o.s.subj.OverridesSet(), fleetwatch.QueueOverrides, func(m *nats.Msg) {
+		var req OverrideRequest
+		var reply OverrideReply
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			reply.Error = fmt.Sprintf("%v: %v", ErrBadOverride, err)
+		} else {
+			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			r, err := o.apply(rctx, req, req.Who, "nats")
+			cancel()
+			if reply = r; err != nil {
+				reply.Error = err.Error()
+			}
+		}
+		data, _ := json.Marshal(reply)
+		m.Respond(data)
+	})
+}
+
+// handleOverrides serves GET and POST /api/overrides.
+func (o *overrides) handleGet(w http.ResponseWriter, _ *http.Request) {
+	writeOverrideReply(w, http.StatusOK, OverrideReply{Overrides: o.active(time.Now())})
+}
+
+func (o *overrides) handlePost(w http.ResponseWriter, r *http.Request) {
+	var req OverrideRequest
+	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
+	if err == nil {
+		err = json.Unmarshal(body, &req)
+	}
+	if err != nil {
+		writeOverrideReply(w, http.StatusBadRequest, OverrideReply{Error: fmt.Sprintf("%v: %v", ErrBadOverride, err)})
+		return
+	}
+	who := req.Who
+	if user, _, ok := r.BasicAuth(); ok && user != "" {
+		who = user // the authenticated identity is recorded
+	}
+	reply, err := o.apply(r.Context(), req, who, "http")
+	code := http.StatusOK
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrBadOverride):
+		code = http.StatusBadRequest
+	case errors.Is(err, ErrNoOverride):
+		code = http.StatusNotFound
+	case errors.Is(err, ErrOverridesNoJetStream):
+		code = http.StatusServiceUnavailable
+	default:
+		code = http.StatusBadGateway
+	}
+	if err != nil {
+		reply.Error = err.Error()
+	}
+	writeOverrideReply(w, code, reply)
+}
+
+func writeOverrideReply(w http.ResponseWriter, code int, reply OverrideReply) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(reply)
+}

@@ -1,0 +1,69 @@
+package serve
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+)
+
+// TestOverridesSharedByInstances runs two instances on one JetStream
+// server and drains a backend of a pool owned by one through the HTTP API
+// of the other: the owner publishes the drain, both list it.
+func TestOverridesSharedByInstances(t *testing.T) {
+	t.Parallel() // waits on leases mostly
+	url, _ := feedtest.NewServer(t)
+	yaml := haYAML(url, 1)
+	a := startInstance(t, "a", yaml)
+	b := startInstance(t, "b", yaml)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	pub := recordPublished(t, nc)
+	pools := poolsPerPartition(8)
+	var pool string
+	testkit.Eventually(t, 30*time.Second, "the partitions spread over both instances", func() bool {
+		trafficFor(t, nc, pools)
+		ok, all, _ := exclusive([]*instance{a, b}, 8)
+		if !ok || !all || len(b.Partitions()) == 0 {
+			return false
+		}
+		for _, p := range pools {
+			if slices.Contains(b.Partitions(), fleetwatch.PartitionOf(p, 8)) {
+				pool = p
+				return true
+			}
+		}
+		return false
+	})
+	testkit.Eventually(t, 10*time.Second, "the pool published by b", func() bool {
+		trafficFor(t, nc, pools)
+		_, ok := pub.first(pool, time.Time{}, func(s *fleetwatch.Snapshot) bool { return s.Epoch == b.an.Epoch() && s.Find("good") != nil })
+		return ok
+	})
+
+	from := time.Now()
+	code, reply := postOverride(t, "http://"+a.HTTPAddr(), OverrideRequest{Action: "drain", Pool: pool, Backend: "good", Reason: "rack move", For: "5m", Who: "dana"})
+	if code != 200 {
+		t.Fatalf("drain through a: %d %+v", code, reply)
+	}
+	testkit.Eventually(t, 10*time.Second, "b, the owner, to publish the drain set through a", func() bool {
+		_, ok := pub.first(pool, from, func(s *fleetwatch.Snapshot) bool {
+			g := s.Find("good")
+			return s.Epoch == b.an.Epoch() && g != nil && g.Weight == 0 && g.Override != nil && g.Override.Who == "dana"
+		})
+		return ok
+	})
+	for _, in := range []*instance{a, b} {
+		if _, r := getOverrides(t, "http://"+in.HTTPAddr()); len(r.Overrides) != 1 || r.Overrides[0].Pool != pool {
+			t.Errorf("%s lists %+v, want the drain of %s/good", in.name, r.Overrides, pool)
+		}
+	}
+}

@@ -1,0 +1,310 @@
+package serve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/feed/route"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+)
+
+// postOverride POSTs req to /api/overrides and returns the status and the
+// decoded reply.
+func postOverride(t *testing.T, base string, req any) (int, OverrideReply) {
+	t.Helper()
+	var body []byte
+	switch r := req.(type) {
+	case string:
+		body = []byte(r)
+	default:
+		body, _ = json.Marshal(r)
+	}
+	resp, err := http.Post(base+"/api/overrides", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var reply OverrideReply
+	if err := json.Unmarshal(data, &reply); err != nil {
+		t.Fatalf("reply does not parse: %v: %s", err, data)
+	}
+	return resp.StatusCode, reply
+}
+
+// appliedLog records the snapshots a router applied.
+type appliedLog struct {
+	mu   sync.Mutex
+	last map[string]fleetwatch.Backend
+}
+
+func (l *appliedLog) record(s *fleetwatch.Snapshot) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last = map[string]fleetwatch.Backend{}
+	}
+	for _, b := range s.Backends {
+		l.last[b.Backend] = b
+	}
+}
+
+func (l *appliedLog) backend(id string) fleetwatch.Backend {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last[id]
+}
+
+// TestOverridesEndToEnd drives overrides through a real serve, NATS,
+// router and fake backends: a drain over HTTP reaches the snapshot and the
+// router sends the backend nothing; a force_open over NATS expires on its
+// own; the drain survives a restart of serve; clear returns to the
+// analyzer's verdict; malformed requests are refused; FW_AUDIT keeps every
+// change.
+func TestOverridesEndToEnd(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	yaml := "nats: {url: \"" + url + "\"}\nprobes: {disabled: true}\n"
+	srv := startServer(t, yaml, Options{})
+
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	snaps := testkit.SubscribeSnapshots(t, nc)
+
+	// A real router over two fake backends, reporting outcomes and
+	// following the decisions.
+	backends := testkit.StartFakeBackends(t, 2)
+	ctx, cancel := context.WithCancel(context.Background())
+	var bg sync.WaitGroup
+	defer func() { cancel(); bg.Wait() }()
+	events, err := route.NewOutcomePublisher(route.PublisherSettings{Subject: "fw.outcomes.edge-1", Publish: nc.Publish})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg.Go(func() { events.Run(ctx) })
+	rt, err := route.New(route.Settings{
+		Pools: []route.Pool{{ID: "p", Backends: []route.Backend{
+			{ID: "b0", URL: backends[0].URL() + "/v1"}, {ID: "b1", URL: backends[1].URL() + "/v1"}}}},
+		Source: "edge-1", Publisher: events,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rt.Close()
+	var applied appliedLog
+	w, err := feed.NewWatcher(nc, feed.WatcherSettings{Pools: rt.Pools(), OnUpdate: func(s *fleetwatch.Snapshot) {
+		rt.Apply(s)
+		applied.record(s)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg.Go(func() { w.Run(ctx) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := &http.Server{Handler: rt}
+	bg.Go(func() { hs.Serve(ln) })
+	defer hs.Close()
+	chat := testkit.NewChatClient("http://" + ln.Addr().String())
+	send := func(n int) map[string]int {
+		got := map[string]int{}
+		for i := range n {
+			r, err := chat.Post("/v1/completions", map[string]any{"model": "p", "prompt": "x" + string(rune('a'+i%26))})
+			if err != nil || r.Status != 200 {
+				t.Fatalf("request %d: %v status %d", i, err, r.Status)
+			}
+			got[r.Backend]++
+		}
+		return got
+	}
+	testkit.Eventually(t, 20*time.Second, "both backends in a snapshot", func() bool {
+		send(4)
+		_, ok0 := snaps.Backend("p", "b0")
+		_, ok1 := snaps.Backend("p", "b1")
+		return ok0 && ok1
+	})
+
+	// Malformed requests are refused, each with a clear error.
+	for _, tc := range []struct {
+		name string
+		req  any
+		code int
+		want string
+	}{
+		{"not JSON", `{"action":`, 400, "bad override request"},
+		{"unknown action", OverrideRequest{Action: "pause", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}, 400, "action \"pause\""},
+		{"no reason", OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", For: "1m"}, 400, "reason is required"},
+		{"no duration", OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x"}, 400, "for = \"\""},
+		{"too long", OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x", For: "8760h"}, 400, "at most"},
+		{"weight without a weight", OverrideRequest{Action: "weight", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}, 400, "weight in [0, 1]"},
+		{"bad pool", OverrideRequest{Action: "drain", Pool: "a..b", Backend: "b0", Reason: "x", For: "1m"}, 400, "pool"},
+		{"clear without an override", OverrideRequest{Action: "clear", Pool: "p", Backend: "b0", Reason: "x"}, 404, "no override in force"},
+	} {
+		code, reply := postOverride(t, srv.httpURL, tc.req)
+		if code != tc.code || !strings.Contains(reply.Error, tc.want) || reply.Override != nil {
+			t.Errorf("%s: %d %+v, want %d with an error containing %q", tc.name, code, reply, tc.code, tc.want)
+		}
+	}
+
+	// Drain b0 over HTTP.
+	code, reply := postOverride(t, srv.httpURL, OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "kernel upgrade", For: "10m", Who: "alice"})
+	if code != 200 || reply.Override == nil || reply.Override.Kind != fleetwatch.OverrideDrain || reply.Override.Who != "alice" {
+		t.Fatalf("drain: %d %+v", code, reply)
+	}
+	testkit.Eventually(t, 10*time.Second, "b0 drained in a snapshot", func() bool {
+		b, _ := snaps.Backend("p", "b0")
+		return b.Weight == 0 && b.Override != nil && b.Override.Kind == fleetwatch.OverrideDrain && b.Override.Reason == "kernel upgrade"
+	})
+	snap, _ := snaps.Snapshot("p")
+	if err := snap.Validate(); err != nil {
+		t.Errorf("drained snapshot: %v", err)
+	}
+	if b := snap.Find("b0"); b.State != fleetwatch.StateClosed {
+		t.Errorf("drained b0 is %s, want closed (the state is unchanged)", b.State)
+	}
+	testkit.Eventually(t, 10*time.Second, "the router to apply the drain", func() bool {
+		b := applied.backend("b0")
+		return b.Weight == 0 && b.Override != nil
+	})
+	if got := send(60); got["b0"] != 0 || got["b1"] != 60 {
+		t.Errorf("after the drain the router sent %v, want all 60 to b1", got)
+	}
+	if code, reply := getOverrides(t, srv.httpURL); code != 200 || len(reply.Overrides) != 1 || reply.Overrides[0].Backend != "b0" {
+		t.Errorf("GET /api/overrides: %d %+v, want the drain of b0", code, reply)
+	}
+
+	// Force b1 open over NATS for 2s: it expires on its own.
+	data, _ := json.Marshal(OverrideRequest{Action: "force_open", Pool: "p", Backend: "b1", Reason: "flaky NIC", For: "2s", Who: "bob"})
+	m, err := nc.Request("fw.overrides.set", data, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nreply OverrideReply
+	if err := json.Unmarshal(m.Data, &nreply); err != nil || nreply.Error != "" || nreply.Override == nil {
+		t.Fatalf("force_open over NATS: %v %s", err, m.Data)
+	}
+	testkit.Eventually(t, 10*time.Second, "b1 forced open", func() bool {
+		b, _ := snaps.Backend("p", "b1")
+		return b.State == fleetwatch.StateOpen && b.OpenUntil != nil && b.OpenUntil.Equal(nreply.Override.Until.Time) && b.Override != nil
+	})
+	testkit.Eventually(t, 15*time.Second, "the force_open to expire and leave the bucket", func() bool {
+		b, _ := snaps.Backend("p", "b1")
+		if b.State != fleetwatch.StateClosed || b.Override != nil {
+			return false
+		}
+		_, r := getOverrides(t, srv.httpURL)
+		srv.ovr.mu.Lock()
+		_, left := srv.ovr.byKey[baselineKey("p", "b1")]
+		srv.ovr.mu.Unlock()
+		return len(r.Overrides) == 1 && !left
+	})
+
+	// Restart serve: the drain is still there, in the new epoch's
+	// snapshots.
+	before, _ := snaps.Snapshot("p")
+	if err := srv.stop(); err != nil {
+		t.Fatal(err)
+	}
+	srv = startServer(t, yaml, Options{})
+	testkit.Eventually(t, 20*time.Second, "the drain after a restart", func() bool {
+		s, ok := snaps.Snapshot("p")
+		if !ok || s.Epoch == before.Epoch {
+			send(2)
+			return false
+		}
+		b := s.Find("b0")
+		return b != nil && b.Weight == 0 && b.Override != nil && b.Override.Who == "alice"
+	})
+
+	// Clear: the analyzer's own verdict, a healthy b0 with a weight.
+	code, reply = postOverride(t, srv.httpURL, OverrideRequest{Action: "clear", Pool: "p", Backend: "b0", Reason: "upgrade done", Who: "alice"})
+	if code != 200 || reply.Override == nil || reply.Override.Kind != fleetwatch.OverrideDrain {
+		t.Fatalf("clear: %d %+v", code, reply)
+	}
+	testkit.Eventually(t, 10*time.Second, "b0 back to its own verdict", func() bool {
+		b, _ := snaps.Backend("p", "b0")
+		return b.Override == nil && b.Weight > 0 && b.State == fleetwatch.StateClosed
+	})
+	testkit.Eventually(t, 10*time.Second, "the router to send b0 traffic again", func() bool {
+		return send(20)["b0"] > 0
+	})
+
+	// The audit stream has every change, in order.
+	js, _ := jetstream.New(nc)
+	actx, acancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer acancel()
+	cons, err := js.OrderedConsumer(actx, "FW_AUDIT", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for len(got) < 4 {
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatalf("audit after %v: %v", got, err)
+		}
+		var e AuditEntry
+		if err := json.Unmarshal(msg.Data(), &e); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, e.Action+" "+e.Backend+" "+e.Who+" "+e.Via)
+	}
+	want := []string{"drain b0 alice http", "force_open b1 bob nats", "expire b1 bob expiry", "clear b0 alice http"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Errorf("audit = %q, want %q", got, want)
+	}
+}
+
+func getOverrides(t *testing.T, base string) (int, OverrideReply) {
+	t.Helper()
+	resp, err := http.Get(base + "/api/overrides")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var reply OverrideReply
+	json.NewDecoder(resp.Body).Decode(&reply)
+	return resp.StatusCode, reply
+}
+
+// TestOverridesWithoutJetStream checks that a server without JetStream
+// refuses overrides, over HTTP and NATS, saying why.
+func TestOverridesWithoutJetStream(t *testing.T) {
+	srv := startServer(t, "nats: {no_jetstream: true}\nprobes: {disabled: true}\n", Options{})
+	req := OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}
+	code, reply := postOverride(t, srv.httpURL, req)
+	if code != http.StatusServiceUnavailable || !strings.Contains(reply.Error, "need JetStream") {
+		t.Errorf("HTTP: %d %+v, want 503 saying overrides need JetStream", code, reply)
+	}
+	nc, err := nats.Connect(srv.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	data, _ := json.Marshal(req)
+	m, err := nc.Request("fw.overrides.set", data, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(m.Data), "need JetStream") {
+		t.Errorf("NATS: %s, want an error saying overrides need JetStream", m.Data)
+	}
+}
