@@ -89,6 +89,7 @@ type Metrics struct {
 	ParseErrors *metrics.Counter // inputs that could not be parsed at all
 	TooLarge    *metrics.Counter // HTTP bodies refused with 413
 	PublishErrs *metrics.Counter // batches the publisher refused
+	Unpublished *metrics.Counter // accepted events of refused batches (their fate: Emit)
 
 	rejects       map[fleetwatch.Reason]*metrics.Counter // by adapter and reason
 	sharedRejects map[fleetwatch.Reason]*metrics.Counter // fleetwatch_ingest_rejects_total, shared with the collector
@@ -112,6 +113,7 @@ func NewMetrics(set *metrics.Set, adapter string) *Metrics {
 		ParseErrors:   set.GetOrCreateCounter("fleetwatch_ingest_adapter_parse_errors_total{" + label + "}"),
 		TooLarge:      set.GetOrCreateCounter("fleetwatch_ingest_adapter_too_large_total{" + label + "}"),
 		PublishErrs:   set.GetOrCreateCounter("fleetwatch_ingest_adapter_publish_errors_total{" + label + "}"),
+		Unpublished:   set.GetOrCreateCounter("fleetwatch_ingest_adapter_unpublished_events_total{" + label + "}"),
 		rejects:       map[fleetwatch.Reason]*metrics.Counter{},
 		sharedRejects: map[fleetwatch.Reason]*metrics.Counter{},
 		skipped:       map[string]*metrics.Counter{},
@@ -285,7 +287,12 @@ func (b *Batch) reject(idx, line int, err error) {
 
 // Emit publishes the accepted events, one message per pool (more when a
 // pool's events exceed the largest message), and releases the batch. It
-// returns the number of events published; an error wraps ErrPublish.
+// returns the number of events published; an error wraps ErrPublish, and
+// the accepted events not published are counted in Unpublished. What
+// becomes of them is the caller's: the file tailer reads them again, an
+// HTTP sender gets 503 and retries, a syslog datagram's are lost. With a
+// *nats.Conn the publisher refuses only once its reconnect buffer
+// (nats.ReconnectBufSize, 8 MiB by default) is full or it is closed.
 func (b *Batch) Emit() (int, error) {
 	defer func() {
 		b.e.decoder.Put(b.dec)
@@ -299,6 +306,7 @@ func (b *Batch) Emit() (int, error) {
 			chunk := cutLines(buf, b.e.maxMsg)
 			if err := b.e.pub.Publish(subject, chunk); err != nil {
 				b.m.PublishErrs.Inc()
+				b.m.Unpublished.Add(b.Accepted - published)
 				return published, fmt.Errorf("%w: %s: %w", ErrPublish, subject, err)
 			}
 			n := countLines(chunk)
