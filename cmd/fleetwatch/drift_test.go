@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"net/http/httptest"
 	"strings"
@@ -120,19 +119,7 @@ func TestDriftCLIAgainstServe(t *testing.T) {
 	cfg.Probes.Schedule = "@every 1s"
 	cfg.Probes.Enrol = 1
 	cfg.Probes.EnrolMin = &config.Duration{}
-	srv, err := serve.New(cfg, serve.Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	srv := runTestServe(t, cfg)
 	url := srv.NATSURL()
 
 	var out, errOut bytes.Buffer

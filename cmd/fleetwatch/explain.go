@@ -9,8 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/internal/serve"
@@ -28,8 +26,7 @@ var errExplain = errors.New("explain")
 // WriteExplained), or the JSON with --json.
 func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
-	base := fs.String("url", "http://127.0.0.1:8080", "serve's HTTP address (http.listen)")
-	tokenEnv := fs.String("token-env", "", "environment variable holding serve's bearer token (http.bearer_token_env)")
+	api := registerAPIFlags(fs)
 	asJSON := fs.Bool("json", false, "print the JSON of /api/explain")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: fleetwatch explain [flags] POOL [BACKEND]")
@@ -49,29 +46,9 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(*base, "/")+"/api/explain?"+q.Encode(), nil)
+	body, err := api.call(ctx, errExplain, http.MethodGet, "/api/explain?"+q.Encode(), nil)
 	if err != nil {
-		return fmt.Errorf("%w: %v", errExplain, err)
-	}
-	if *tokenEnv != "" {
-		req.Header.Set("Authorization", "Bearer "+os.Getenv(*tokenEnv))
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("%w: %v", errExplain, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return fmt.Errorf("%w: %v", errExplain, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e struct{ Error string }
-		json.Unmarshal(body, &e)
-		if e.Error == "" {
-			e.Error = strings.TrimSpace(string(body))
-		}
-		return fmt.Errorf("%w: %s: %s", errExplain, resp.Status, e.Error)
+		return err
 	}
 	if *asJSON {
 		_, err := stdout.Write(body)

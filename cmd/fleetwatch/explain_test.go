@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -10,32 +9,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/fleetwatch/fleetwatch/internal/config"
-	"github.com/fleetwatch/fleetwatch/internal/serve"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // TestExplainCommand asks a running serve why a backend that failed five
 // times in a row is open, and why its healthy peer is not evaluated yet.
 func TestExplainCommand(t *testing.T) {
-	cfg := config.Default()
-	cfg.NATS.Listen = "127.0.0.1:-1"
-	cfg.HTTP.Listen = "127.0.0.1:0"
-	cfg.Data = t.TempDir()
-	cfg.Probes.Disabled = true
-	srv, err := serve.New(cfg, serve.Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	srv := runTestServe(t, testServeConfig(t))
 	nc, err := nats.Connect(srv.NATSURL())
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -27,8 +26,7 @@ var errOverride = errors.New("override")
 // override list`: a thin client of serve's /api/overrides.
 func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("override", flag.ContinueOnError)
-	base := fs.String("url", "http://127.0.0.1:8080", "serve's HTTP address (http.listen)")
-	tokenEnv := fs.String("token-env", "", "environment variable holding serve's bearer token (http.bearer_token_env)")
+	api := registerAPIFlags(fs)
 	reason := fs.String("reason", "", "why (required: it goes to the audit)")
 	dur := fs.Duration("for", 0, "how long the override lasts (required but for clear and list; at most 168h)")
 	weight := fs.Float64("weight", -1, "the weight of a weight override, in [0, 1]")
@@ -44,7 +42,7 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if len(pos) == 1 && pos[0] == "list" {
-		reply, err := overrideCall(ctx, http.MethodGet, *base, *tokenEnv, nil)
+		reply, err := overrideCall(ctx, api, http.MethodGet, nil)
 		if err != nil {
 			return err
 		}
@@ -72,7 +70,7 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		req.Weight = weight
 	}
 	body, _ := json.Marshal(req)
-	reply, err := overrideCall(ctx, http.MethodPost, *base, *tokenEnv, body)
+	reply, err := overrideCall(ctx, api, http.MethodPost, body)
 	if err != nil {
 		return err
 	}
@@ -85,33 +83,14 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return nil
 }
 
-func overrideCall(ctx context.Context, method, base, tokenEnv string, body []byte) (serve.OverrideReply, error) {
+func overrideCall(ctx context.Context, api apiFlags, method string, body []byte) (serve.OverrideReply, error) {
 	var reply serve.OverrideReply
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(base, "/")+"/api/overrides", bytes.NewReader(body))
+	data, err := api.call(ctx, errOverride, method, "/api/overrides", body)
 	if err != nil {
+		return reply, err
+	}
+	if err := json.Unmarshal(data, &reply); err != nil {
 		return reply, fmt.Errorf("%w: %v", errOverride, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if tokenEnv != "" {
-		req.Header.Set("Authorization", "Bearer "+os.Getenv(tokenEnv))
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return reply, fmt.Errorf("%w: %v", errOverride, err)
-	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return reply, fmt.Errorf("%w: %v", errOverride, err)
-	}
-	if err := json.Unmarshal(data, &reply); err != nil && resp.StatusCode == http.StatusOK {
-		return reply, fmt.Errorf("%w: %v", errOverride, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		if reply.Error == "" {
-			reply.Error = strings.TrimSpace(string(data))
-		}
-		return reply, fmt.Errorf("%w: %s: %s", errOverride, resp.Status, reply.Error)
 	}
 	return reply, nil
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -10,8 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
-	"github.com/fleetwatch/fleetwatch/internal/config"
-	"github.com/fleetwatch/fleetwatch/internal/serve"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
@@ -20,24 +17,7 @@ import (
 // and the override; list shows it; clear ends it; a malformed request is
 // refused with serve's error.
 func TestOverrideCommand(t *testing.T) {
-	cfg := config.Default()
-	cfg.NATS.Listen = "127.0.0.1:-1"
-	cfg.HTTP.Listen = "127.0.0.1:0"
-	cfg.Data = t.TempDir()
-	cfg.Probes.Disabled = true
-	srv, err := serve.New(cfg, serve.Options{Logf: t.Logf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	})
+	srv := runTestServe(t, testServeConfig(t))
 	nc, err := nats.Connect(srv.NATSURL())
 	if err != nil {
 		t.Fatal(err)
