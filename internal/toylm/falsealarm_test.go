@@ -65,7 +65,7 @@ func TestVerdict(t *testing.T) {
 	if got := verdict(0, 30000, CUSUMTarget); got != "within" {
 		t.Errorf("0 in 30,000 against 1e-4: %q, want within", got)
 	}
-	if got, want := verdict(0, 2000, CUSUMTarget), "above: 0.0015, 15x the target"; got != want {
+	if got, want := verdict(0, 2000, CUSUMTarget), "above: 0.0015, 15.0x the target"; got != want {
 		t.Errorf("0 in 2000 against 1e-4: %q, want %q", got, want)
 	}
 }
@@ -102,11 +102,11 @@ func TestWriteFalseAlarms(t *testing.T) {
 	}
 	for _, want := range []string{
 		"2 backends of 3 judged cycles per level, 2 at once",
-		"| 0.003 | 6 | 0 (0 <= 0.39) |",
+		"| 0.003 | 6 | 0 (0 <= 0.393) |",
 		"| 0.03 | 6 |",
 		"| 0.1 | 6 |",
 		"| load | 6 |",
-		"| all levels | 24 | 0 (0 <= 0.12) |",
+		"| all levels | 24 | 0 (0 <= 0.117) | 0 (0 <= 0.117) | 0 (0 <= 0.117) | 0 (0 <= 0.117) | above: 0.117, 117.3x the target | above: 0.117, 1173.5x the target |",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())

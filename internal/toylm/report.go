@@ -263,7 +263,7 @@ func WriteFalseAlarms(ctx context.Context, w io.Writer, s ReportSettings) error 
 
 // countUB formats k events in n cycles as "k (rate <= bound)".
 func countUB(k, n int) string {
-	return fmt.Sprintf("%d (%.2g <= %.2g)", k, float64(k)/float64(n), UpperBound95(k, n))
+	return fmt.Sprintf("%d (%.3g <= %.3g)", k, float64(k)/float64(n), UpperBound95(k, n))
 }
 
 // verdict says whether the 95% upper bound of k in n is within target, and
@@ -273,7 +273,7 @@ func verdict(k, n int, target float64) string {
 	if ub <= target {
 		return "within"
 	}
-	return fmt.Sprintf("above: %.2g, %.2gx the target", ub, ub/target)
+	return fmt.Sprintf("above: %.3g, %.1fx the target", ub, ub/target)
 }
 
 // UpperBound95 is the exact one-sided 95% Clopper-Pearson upper bound of
