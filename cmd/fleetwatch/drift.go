@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -32,7 +33,8 @@ commands:
   review [--since D] [--json]       print the drift review digest now (from FW_DRIFT)
   status [--json]                   every backend's drift state (asks serve; falls back to FW_DRIFT)
   rebaseline <pool> <backend>       drop a backend's baseline and enrol again (recorded in FW_DRIFT)
-  sim [--cycles N] [--seed S] ...   run the toy-LM drift harness: false alarms, power, delay`)
+  sim [--cycles N] [--seed S] ...   run the toy-LM drift harness: false alarms, power, delay
+                                    (--null-only: the false-alarm table alone)`)
 	}
 	if len(args) == 0 {
 		usage()
@@ -189,14 +191,20 @@ func runDriftSim(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	enrol := fs.Int("enrol", 8, "minimum enrolment cycles (probes.enrol)")
 	enrolMin := fs.Duration("enrol-min", 2*time.Hour, "minimum enrolment span (probes.enrol_min); 0: none")
 	interval := fs.Duration("interval", 5*time.Minute, "time between cycles (the probe schedule)")
+	nullOnly := fs.Bool("null-only", false, "run only the false-alarm measurement: --cycles null cycles per noise level, each count with its exact 95% upper bound")
+	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "null backends run at once (the result does not depend on it)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
-	if *cycles < *backends || *backends < 1 || *trials < 1 || *enrol < 3 || *interval <= 0 || *enrolMin < 0 {
-		return fmt.Errorf("drift sim: need --cycles >= --backends >= 1, --trials >= 1, --enrol >= 3, --interval > 0 and --enrol-min >= 0")
+	if *cycles < *backends || *backends < 1 || *trials < 1 || *enrol < 3 || *interval <= 0 || *enrolMin < 0 || *workers < 1 {
+		return fmt.Errorf("drift sim: need --cycles >= --backends >= 1, --trials >= 1, --enrol >= 3, --interval > 0, --enrol-min >= 0 and --workers >= 1")
 	}
-	return toylm.WriteReport(ctx, stdout, toylm.ReportSettings{
+	rs := toylm.ReportSettings{
 		Cycles: *cycles, Backends: *backends, Trials: *trials, MaxDelay: *maxDelay, PeerTrials: *peerTrials,
-		Seed: *seed, Enrol: *enrol, EnrolMin: *enrolMin, Interval: *interval,
-	})
+		Seed: *seed, Enrol: *enrol, EnrolMin: *enrolMin, Interval: *interval, Workers: *workers,
+	}
+	if *nullOnly {
+		return toylm.WriteFalseAlarms(ctx, stdout, rs)
+	}
+	return toylm.WriteReport(ctx, stdout, rs)
 }

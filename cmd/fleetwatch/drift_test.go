@@ -58,6 +58,26 @@ func TestDriftSimSmoke(t *testing.T) {
 	}
 }
 
+func TestDriftSimNullOnly(t *testing.T) {
+	t.Parallel()
+	var out, errOut bytes.Buffer
+	err := runDrift(t.Context(), []string{"sim", "--null-only", "--cycles", "4", "--backends", "2", "--enrol", "3", "--enrol-min", "0", "--workers", "2", "--seed", "3"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("drift sim --null-only: %v (%s)", err, errOut.String())
+	}
+	for _, want := range []string{"| 0.003 | 4 |", "| load | 4 |", "| all levels | 16 |", "2 backends of 2 judged cycles per level, 2 at once"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "## Power") {
+		t.Errorf("--null-only ran the power trials:\n%s", out.String())
+	}
+	if err := runDrift(t.Context(), []string{"sim", "--null-only", "--workers", "0"}, &out, &errOut); err == nil {
+		t.Error("--workers 0 accepted")
+	}
+}
+
 func TestDriftRebaselineWithoutServe(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, url)

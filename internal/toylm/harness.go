@@ -1,10 +1,12 @@
 package toylm
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	fleetwatch "github.com/fleetwatch/fleetwatch"
@@ -82,6 +84,8 @@ type Harness struct {
 	EnrolMin time.Duration
 	// Ref is the reference model. If nil, New(Config{}).
 	Ref *Model
+	// Workers is how many backends Null runs at once. If zero, 1.
+	Workers int
 }
 
 func (h *Harness) ref() *Model {
@@ -184,44 +188,88 @@ type NullResult struct {
 	Cycles   int // evaluated cycles, after enrolment
 	Gross    int // cycles whose signal was gross
 	Alarms   int // transitions out of ok (suspect or drifted)
+	Suspects int // transitions from ok to suspect (a CUSUM alarm, not yet confirmed)
 	Drifted  int // transitions to drifted
+}
+
+func (r *NullResult) add(o NullResult) {
+	r.Cycles += o.Cycles
+	r.Gross += o.Gross
+	r.Alarms += o.Alarms
+	r.Suspects += o.Suspects
+	r.Drifted += o.Drifted
 }
 
 // Null runs backends independent enrolments of the reference (or of variant
 // v when not nil) and then cycles cycles each, serving the same artefact.
+// Up to h.Workers backends run at once; the result does not depend on how
+// many (every backend has its own seeded noise and monitor).
 func (h *Harness) Null(sigma float64, v *Variant, backends, cycles int, seed uint64) (NullResult, error) {
 	res := NullResult{Sigma: sigma, Backends: backends}
 	if v != nil {
 		res.Variant = v.Name
 	}
+	h.ref() // set once, before the workers read it
+	workers := min(max(h.Workers, 1), max(backends, 1))
+	parts := make([]NullResult, backends)
+	errs := make([]error, backends)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := range next {
+				parts[k], errs[k] = h.nullBackend(sigma, v, k, cycles, seed)
+			}
+		}()
+	}
 	for k := range backends {
-		o := Options{NoiseSeed: seed*1000003 + uint64(k)}
-		ref := h.ref().With(o)
-		b := &backend{c: ref, models: []*Model{ref}, sigma: sigma, rng: rand.New(rand.NewPCG(seed, uint64(k)))}
-		m := h.monitor(fmt.Sprint("null-", k))
-		start, err := h.enrol(m, b)
+		next <- k
+	}
+	close(next)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return res, err
+	}
+	for _, p := range parts {
+		res.add(p)
+	}
+	return res, nil
+}
+
+// nullBackend is backend k of Null: its enrolment and its cycles.
+func (h *Harness) nullBackend(sigma float64, v *Variant, k, cycles int, seed uint64) (NullResult, error) {
+	var res NullResult
+	o := Options{NoiseSeed: seed*1000003 + uint64(k)}
+	ref := h.ref().With(o)
+	b := &backend{c: ref, models: []*Model{ref}, sigma: sigma, rng: rand.New(rand.NewPCG(seed, uint64(k)))}
+	m := h.monitor(fmt.Sprint("null-", k))
+	start, err := h.enrol(m, b)
+	if err != nil {
+		return res, err
+	}
+	if v != nil {
+		b.c, b.models = v.Build(h.ref(), o)
+	}
+	for i := range cycles {
+		b.setNoise()
+		r, err := m.Observe(Cycle(h.Suite, b.c, h.at(start+i)), nil)
 		if err != nil {
 			return res, err
 		}
-		if v != nil {
-			b.c, b.models = v.Build(h.ref(), o)
+		res.Cycles++
+		if r.Signal.Gross {
+			res.Gross++
 		}
-		for i := range cycles {
-			b.setNoise()
-			r, err := m.Observe(Cycle(h.Suite, b.c, h.at(start+i)), nil)
-			if err != nil {
-				return res, err
+		if tr := r.Transition; tr != nil && tr.From == fleetwatch.DriftOK {
+			res.Alarms++
+			if tr.To == fleetwatch.DriftSuspect {
+				res.Suspects++
 			}
-			res.Cycles++
-			if r.Signal.Gross {
-				res.Gross++
-			}
-			if tr := r.Transition; tr != nil && tr.From == fleetwatch.DriftOK {
-				res.Alarms++
-			}
-			if tr := r.Transition; tr != nil && tr.To == fleetwatch.DriftDrifted {
-				res.Drifted++
-			}
+		}
+		if tr := r.Transition; tr != nil && tr.To == fleetwatch.DriftDrifted {
+			res.Drifted++
 		}
 	}
 	return res, nil

@@ -38,6 +38,9 @@ type ReportSettings struct {
 	// Interval is the time between cycles (the probe schedule). If zero,
 	// 5 minutes.
 	Interval time.Duration
+	// Workers is how many null backends run at once (Harness.Workers). If
+	// zero, 1.
+	Workers int
 }
 
 func (s ReportSettings) withDefaults() ReportSettings {
@@ -58,6 +61,19 @@ func (s ReportSettings) withDefaults() ReportSettings {
 	return s
 }
 
+// harness is the Harness of s (defaults applied), over the default suite.
+func (s ReportSettings) harness() (*Harness, error) {
+	suite, err := probes.LoadSuite("")
+	if err != nil {
+		return nil, err
+	}
+	h := &Harness{Suite: suite, Enrol: s.Enrol, EnrolMin: s.EnrolMin, Interval: s.Interval, Ref: New(Config{})}
+	if s.EnrolMin == 0 {
+		h.EnrolMin = -1
+	}
+	return h, nil
+}
+
 // WriteReport runs the drift harness of docs/DRIFT.md (`fleetwatch drift
 // sim`) over the default suite and writes its Markdown report to w: the
 // variants' calibration, the null rates (false alarms), power and delay of
@@ -65,16 +81,12 @@ func (s ReportSettings) withDefaults() ReportSettings {
 // between two table rows.
 func WriteReport(ctx context.Context, w io.Writer, s ReportSettings) error {
 	s = s.withDefaults()
-	suite, err := probes.LoadSuite("")
+	h, err := s.harness()
 	if err != nil {
 		return err
 	}
-	h := &Harness{Suite: suite, Enrol: s.Enrol, EnrolMin: s.EnrolMin, Interval: s.Interval}
-	if s.EnrolMin == 0 {
-		h.EnrolMin = -1
-	}
-	ref := New(Config{})
-	h.Ref = ref
+	h.Workers = s.Workers
+	suite, ref := h.Suite, h.Ref
 	variants := Variants(ref)
 	fmt.Fprintf(w, "# fleetwatch drift sim (seed %d, suite %s; a cycle every %v, enrolment of at least %d cycles over at least %v, the newest %d kept)\n\n",
 		s.Seed, suite.Name, s.Interval, s.Enrol, s.EnrolMin, 2*s.Enrol)
@@ -198,4 +210,78 @@ func medianOf(x []float64) float64 {
 	s := slices.Clone(x)
 	slices.Sort(s)
 	return s[(len(s)-1)/2]
+}
+
+// Targets of the false-alarm table (the shared DRIFT.md): gross signals at
+// most 1e-3 per cycle, CUSUM alarms at most 1 per 10,000 cycles.
+const (
+	GrossTarget = 1e-3
+	CUSUMTarget = 1e-4
+)
+
+// WriteFalseAlarms runs only the null part of the harness (`fleetwatch drift
+// sim --null-only`): s.Cycles unchanged cycles of the reference at every
+// noise level and under the load regime, split over s.Backends independent
+// enrolments of which s.Workers run at once. It writes a Markdown table of
+// the gross signals, CUSUM suspects (ok -> suspect), all alarms (left ok)
+// and confirmed drifts, each with its rate and exact one-sided 95% upper
+// bound (UpperBound95), and says for each bound whether it is within the
+// target. It stops with ctx's error between two noise levels.
+func WriteFalseAlarms(ctx context.Context, w io.Writer, s ReportSettings) error {
+	s = s.withDefaults()
+	h, err := s.harness()
+	if err != nil {
+		return err
+	}
+	h.Workers = s.Workers
+	per := s.Cycles / s.Backends
+	fmt.Fprintf(w, "# fleetwatch drift sim --null-only (seed %d, suite %s; a cycle every %v, enrolment of at least %d cycles over at least %v; %d backends of %d judged cycles per level, %d at once)\n\n",
+		s.Seed, h.Suite.Name, s.Interval, s.Enrol, s.EnrolMin, s.Backends, per, max(s.Workers, 1))
+	fmt.Fprintln(w, "Rates per judged cycle; brackets: exact one-sided 95% Clopper-Pearson upper bound.")
+	fmt.Fprintln(w, "\n| sigma | cycles | gross signals | CUSUM suspects (ok -> suspect) | alarms (left ok) | drifted | gross vs 1e-3 | alarms vs 1e-4 |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	var total NullResult
+	row := func(name string, r NullResult) {
+		fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %s | %s |\n", name, r.Cycles,
+			countUB(r.Gross, r.Cycles), countUB(r.Suspects, r.Cycles), countUB(r.Alarms, r.Cycles), countUB(r.Drifted, r.Cycles),
+			verdict(r.Gross, r.Cycles, GrossTarget), verdict(r.Alarms, r.Cycles, CUSUMTarget))
+	}
+	for _, sigma := range append(slices.Clone(NoiseLevels), LoadRegime) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r, err := h.Null(sigma, nil, s.Backends, per, s.Seed)
+		if err != nil {
+			return err
+		}
+		total.add(r)
+		row(SigmaName(sigma), r)
+	}
+	row("all levels", total)
+	return nil
+}
+
+// countUB formats k events in n cycles as "k (rate <= bound)".
+func countUB(k, n int) string {
+	return fmt.Sprintf("%d (%.3g <= %.3g)", k, float64(k)/float64(n), UpperBound95(k, n))
+}
+
+// verdict says whether the 95% upper bound of k in n is within target, and
+// if not by what factor it exceeds it.
+func verdict(k, n int, target float64) string {
+	ub := UpperBound95(k, n)
+	if ub <= target {
+		return "within"
+	}
+	return fmt.Sprintf("above: %.3g, %.1fx the target", ub, ub/target)
+}
+
+// UpperBound95 is the exact one-sided 95% Clopper-Pearson upper bound of
+// a rate of which k events were seen in n trials: the p at which seeing k
+// or fewer has probability 0.05, which is the upper end of the two-sided
+// 90% interval. For k = 0 it is 1 - 0.05^(1/n), about 3/n (1.0e-4 for
+// 30,000 cycles); for k >= n, or n <= 0, it is 1.
+func UpperBound95(k, n int) float64 {
+	_, hi := probes.ClopperPearson(k, n, 0.10)
+	return hi
 }
