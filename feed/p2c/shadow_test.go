@@ -106,8 +106,8 @@ func TestShadowPicks(t *testing.T) {
 			// Off: the decisions. ok takes most, low a quarter of ok's
 			// draws (less still: a down-weighted candidate joins the
 			// comparison only with probability weight), half a trickle.
-			mode:   fleetwatch.ShadowOff,
-			shares: map[string]share{"drained": none, "half": {0.001, 0.05}, "low": {0.05, 0.3}, "ok": {0.6, 0.95}, "open": none, "zero": none},
+			mode:     fleetwatch.ShadowOff,
+			shares:   map[string]share{"drained": none, "half": {0.001, 0.05}, "low": {0.05, 0.3}, "ok": {0.6, 0.95}, "open": none, "zero": none},
 			differed: none, exclOpen: none, exclWeight: none,
 		},
 		{
@@ -120,8 +120,8 @@ func TestShadowPicks(t *testing.T) {
 		},
 		{
 			// Observe: all five not drained, equally.
-			mode:   fleetwatch.ShadowObserve,
-			shares: map[string]share{"drained": none, "half": {0.16, 0.24}, "low": {0.16, 0.24}, "ok": {0.16, 0.24}, "open": {0.16, 0.24}, "zero": {0.16, 0.24}},
+			mode:     fleetwatch.ShadowObserve,
+			shares:   map[string]share{"drained": none, "half": {0.16, 0.24}, "low": {0.16, 0.24}, "ok": {0.16, 0.24}, "open": {0.16, 0.24}, "zero": {0.16, 0.24}},
 			differed: share{0.5, 0.95}, exclOpen: share{0.16, 0.24}, exclWeight: share{0.16, 0.24},
 		},
 	}
