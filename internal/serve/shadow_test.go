@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
+	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
@@ -169,6 +170,36 @@ func TestShadowEndToEnd(t *testing.T) {
 		}
 		if err := json.Unmarshal([]byte(body), &status); err != nil || len(status.Pools) != 1 || status.Pools[0].Shadow != fleetwatch.ShadowObserve {
 			t.Errorf("/api/status pools = %+v (%v), want p in shadow observe", status.Pools, err)
+		}
+
+		// An operator's drain is honoured even in observe mode: it is an
+		// instruction, not fleetwatch's judgement.
+		code, reply := postOverride(t, r.srv.httpURL, OverrideRequest{Action: "drain", Pool: "p", Backend: "b2", Reason: "rack maintenance", For: "10m", Who: "carol"})
+		if code != 200 || reply.Override == nil {
+			t.Fatalf("drain: %d %+v", code, reply)
+		}
+		testkit.Eventually(t, 10*time.Second, "the router to apply the drain", func() bool {
+			o := r.applied.backend("b2").Override
+			return o != nil && o.Kind == fleetwatch.OverrideDrain
+		})
+		r.resetBackendStats()
+		r.send(t, 40)
+		if b0, b2 := r.backends[0].Stats().Requests, r.backends[2].Stats().Requests; b2 != 0 || b0 == 0 {
+			t.Errorf("after the drain in observe mode: b0 got %d requests, b2 %d; want b0 some (open, observed) and b2 none (drained)", b0, b2)
+		}
+
+		// The status page of this serve shows the mode and the override.
+		ctx, problems := newBrowser(t)
+		navCtx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if err := chromedp.Do(navCtx, chromedp.Navigate(r.srv.httpURL+"/")); err != nil {
+			t.Fatalf("navigate: %v", err)
+		}
+		waitFor(t, ctx, "the shadow badge", `(() => { const b = document.querySelector("details.pool[data-shadow='observe'] summary .shadow"); return b && !b.hidden && b.textContent === "shadow: observe"; })()`, 30*time.Second)
+		waitFor(t, ctx, "b2's drain", `(() => { const c = document.querySelector("tr[data-backend='b2'] td.override"); return c && ["drain", "by carol", "rack maintenance", "(in 10m)"].every(s => c.textContent.includes(s)); })()`, 30*time.Second)
+		saveScreenshot(t, ctx, "status-page-shadow.png")
+		for _, p := range problems.get() {
+			t.Errorf("page problem: %s", p)
 		}
 	})
 	t.Run("breakers", func(t *testing.T) {
