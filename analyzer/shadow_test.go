@@ -62,3 +62,17 @@ func TestShadowConfigRejected(t *testing.T) {
 		t.Fatalf("New = %v, want ErrInvalidConfig naming pools[0].shadow", err)
 	}
 }
+
+// TestShadowInExplain: an explanation says the pool is in shadow mode.
+func TestShadowInExplain(t *testing.T) {
+	a := newAnalyzer(t, Config{Pools: []PoolConfig{{ID: "observed", Shadow: fleetwatch.ShadowObserve}, {ID: "enforced"}}})
+	a.Observe(append(series("observed", "b", ok, 5, t0, time.Second, 100), series("enforced", "b", ok, 5, t0, time.Second, 100)...))
+	now := at(2 * time.Second)
+	a.Evaluate(now)
+	for pool, want := range map[string]fleetwatch.Shadow{"observed": fleetwatch.ShadowObserve, "enforced": fleetwatch.ShadowOff} {
+		e, found := a.Explain(pool, "b", now)
+		if !found || e.Shadow != want {
+			t.Errorf("Explain(%s, b): found %v, shadow %q, want %q", pool, found, e.Shadow, want)
+		}
+	}
+}
