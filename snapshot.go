@@ -92,6 +92,12 @@ type Snapshot struct {
 	// lower than the highest it has seen for the pool: a stale owner that
 	// has not yet noticed it lost its lease cannot override the new one.
 	Fence uint64 `json:"fence,omitempty"`
+
+	// Shadow marks the decisions advisory (an extension, omitted when
+	// off; see Shadow): a router that knows it follows only the breakers
+	// ("breakers") or nothing ("observe") and counts what it would have
+	// done differently; one that does not know it follows the decisions.
+	Shadow Shadow `json:"shadow,omitempty"`
 }
 
 // Load is a backend's most recent load report (an extension of the

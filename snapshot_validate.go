@@ -19,7 +19,8 @@ var ErrInvalidSnapshot = errors.New("fleetwatch: invalid snapshot")
 //   - v is ProtocolVersion (ErrBadVersion);
 //   - pool is a valid pool id (ErrInvalidPool);
 //   - epoch and at are present (ErrMissingField);
-//   - mode, all_open, each state and drift are known values (ErrBadValue);
+//   - mode, all_open, shadow, each state and drift are known values
+//     (ErrBadValue);
 //   - backends are sorted by backend id with no duplicates (ErrBadValue),
 //     and each id is a valid backend id (ErrInvalidBackend);
 //   - open_until is null unless the backend is open (ErrBadValue);
@@ -66,6 +67,9 @@ func (s *Snapshot) Validate() error {
 	}
 	if s.AllOpen != AllOpenShed && s.AllOpen != AllOpenSpread {
 		return invalidq("all_open", string(s.AllOpen), ErrBadValue, ` (want "shed" or "spread")`)
+	}
+	if !s.Shadow.Valid() {
+		return invalidq("shadow", string(s.Shadow), ErrBadValue, ` (want "breakers", "observe" or omitted)`)
 	}
 	if m := s.MedianEWMATTFTMs; m != nil && !inRange(*m, 0, math.MaxFloat64) {
 		return invalid("median_ewma_ttft_ms", *m, ErrOutOfRange, nonNegative)

@@ -101,6 +101,7 @@ func TestSnapshotValidateRejects(t *testing.T) {
 		{"no mode", func(s *Snapshot) { s.Mode = "" }, ErrBadValue},
 		{"unknown mode", func(s *Snapshot) { s.Mode = "random" }, ErrBadValue},
 		{"unknown all_open", func(s *Snapshot) { s.AllOpen = "panic" }, ErrBadValue},
+		{"unknown shadow", func(s *Snapshot) { s.Shadow = "advisory" }, ErrBadValue},
 		{"negative median", func(s *Snapshot) { s.MedianEWMATTFTMs = Float(-1) }, ErrOutOfRange},
 		{"NaN median", func(s *Snapshot) { s.MedianEWMATTFTMs = Float(math.NaN()) }, ErrOutOfRange},
 		{"infinite affinity_tolerance", func(s *Snapshot) { s.AffinityTolerance = math.Inf(1) }, ErrOutOfRange},
@@ -310,6 +311,7 @@ func genSnapshot(t *rapid.T) *Snapshot {
 		MedianEWMATTFTMs:  genNullable("median", MaxDurationMs),
 		AffinityTolerance: rapid.Float64Range(0, 100).Draw(t, "affinity_tolerance"),
 		Routers:           rapid.IntRange(0, 1000).Draw(t, "routers"),
+		Shadow:            rapid.SampledFrom([]Shadow{ShadowOff, ShadowBreakers, ShadowObserve}).Draw(t, "shadow"),
 		Backends:          make([]Backend, len(ids)),
 	}
 	for i, id := range ids {

@@ -64,6 +64,7 @@ type pool struct {
 	configured bool
 	mode       fleetwatch.Mode
 	allOpen    fleetwatch.AllOpen
+	shadow     fleetwatch.Shadow // the snapshot's shadow mode (shadow.go)
 	tolerance  float64
 	settings   Settings
 
@@ -153,6 +154,7 @@ func (a *Analyzer) newPool(id string) *pool {
 		if pc.AllOpen != "" {
 			p.allOpen = pc.AllOpen
 		}
+		p.shadow = pc.Shadow.Normalize()
 		if pc.AffinityTolerance != 0 {
 			p.tolerance = pc.AffinityTolerance
 		}

@@ -75,6 +75,9 @@ type Explanation struct {
 	// snapshots publish the backend as it says, while everything above is
 	// the analyzer's own judgement underneath (override.go).
 	Override *fleetwatch.Override `json:"override,omitempty"`
+	// Shadow is the pool's shadow mode ("" when off): the decision is
+	// advisory (shadow.go).
+	Shadow fleetwatch.Shadow `json:"shadow,omitempty"`
 }
 
 // RecentWindow is the newest quarter of the window (at least one bucket).
@@ -218,6 +221,7 @@ func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explana
 		if o, ok := a.overrideOf(p.id, b.id, now); ok {
 			e.Override = &o
 		}
+		e.Shadow = p.shadow
 		if !cb.weightSet {
 			e.VerdictWeight = 1
 		}

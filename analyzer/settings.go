@@ -376,6 +376,10 @@ type PoolConfig struct {
 	Mode fleetwatch.Mode
 	// AllOpen is the snapshot's all_open. If empty, shed is used.
 	AllOpen fleetwatch.AllOpen
+	// Shadow is the snapshot's shadow mode (analyzer/shadow.go): breakers
+	// or observe publish the decisions marked advisory. If empty (or
+	// "off"), the decisions are in force.
+	Shadow fleetwatch.Shadow
 	// AffinityTolerance is the snapshot's affinity_tolerance. If zero, 2.5
 	// (fleetwatch.DefaultAffinityTolerance) is used; otherwise it must be at
 	// least 1.
@@ -434,6 +438,9 @@ func (c *Config) validate(global Settings) error {
 		case "", fleetwatch.AllOpenShed, fleetwatch.AllOpenSpread:
 		default:
 			return configErr(key+".all_open", string(p.AllOpen), "must be shed or spread")
+		}
+		if err := validateShadow(key, p.Shadow); err != nil {
+			return err
 		}
 		// Below 1 a sticky backend would be left while it is no slower than
 		// the pool's median, which defeats affinity; 0 means the default.

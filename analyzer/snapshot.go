@@ -22,6 +22,7 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		TTLMs:             s.TTL.Milliseconds(),
 		Mode:              p.mode,
 		AllOpen:           p.allOpen,
+		Shadow:            p.shadow,
 		AffinityTolerance: p.tolerance,
 		Backends:          make([]fleetwatch.Backend, len(bs)),
 	}

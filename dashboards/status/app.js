@@ -135,7 +135,9 @@
 
   function matches(filter, pool, b) {
     if (!filter) return true;
-    const hay = (pool + " " + b.backend + " " + b.state + " " + b.drift + " " + (b.reason || "")).toLowerCase();
+    const o = b.override;
+    const hay = (pool + " " + b.backend + " " + b.state + " " + b.drift + " " + (b.reason || "") +
+      (o ? " override " + o.kind + " " + (o.who || "") + " " + (o.reason || "") : "")).toLowerCase();
     return filter.split(/\s+/).every((w) => hay.includes(w));
   }
 
@@ -149,12 +151,14 @@
     });
     const summary = el("summary");
     const title = el("span", "name", name);
+    const shadow = el("span", "shadow");
+    shadow.hidden = true;
     const counts = el("span", "muted");
     const meta = el("span", "muted");
-    summary.append(title, counts, meta);
+    summary.append(title, shadow, counts, meta);
     const table = el("table");
     const head = el("tr");
-    for (const [h, cls] of [["backend", "id"], ["state"], ["weight"], ["EWMA TTFT"], ["p95 TTFT"], ["p95 TPOT"], ["success"], ["429"], ["requests"], ["drift"], ["last minutes"], ["last change", "reason"]]) {
+    for (const [h, cls] of [["backend", "id"], ["state"], ["weight"], ["EWMA TTFT"], ["p95 TTFT"], ["p95 TPOT"], ["success"], ["429"], ["requests"], ["drift"], ["override", "override"], ["last minutes"], ["last change", "reason"]]) {
       head.appendChild(el("th", cls || "", h));
     }
     const thead = el("thead");
@@ -162,9 +166,48 @@
     const tbody = el("tbody");
     table.append(thead, tbody);
     details.append(summary, table);
-    p = { details, counts, meta, tbody };
+    p = { details, shadow, counts, meta, tbody };
     state.poolEls.set(name, p);
     return p;
+  }
+
+  // SHADOW_TEXT says what a router that knows the pool's shadow mode
+  // follows (docs/PROTOCOL.md "Shadow mode (extension)").
+  const SHADOW_TEXT = {
+    breakers: "decisions are advisory: routers follow the breakers only (open backends get nothing, weights are ignored) and count what they would have done differently",
+    observe: "decisions are advisory: routers follow nothing fleetwatch judged (only operator overrides) and count what they would have done differently",
+  };
+
+  // renderShadow shows a pool's shadow mode as a badge next to its name.
+  function renderShadow(els, mode) {
+    const on = mode === "breakers" || mode === "observe";
+    els.shadow.hidden = !on;
+    els.shadow.textContent = on ? "shadow: " + mode : "";
+    els.shadow.dataset.shadow = on ? mode : "";
+    els.shadow.title = on ? SHADOW_TEXT[mode] : "";
+    els.details.dataset.shadow = on ? mode : "off";
+  }
+
+  // overrideCell shows the operator override in force on a backend: its
+  // kind (and weight), who set it, until when, and why.
+  function overrideCell(b, nowMs) {
+    const td = el("td", "override");
+    const o = b.override;
+    if (!o) {
+      td.textContent = "–";
+      return td;
+    }
+    td.dataset.kind = o.kind;
+    const kind = el("span", "okind", o.kind.replace("_", " ") + (o.kind === "weight" && o.weight !== undefined && o.weight !== null ? " " + Number(o.weight).toFixed(2) : ""));
+    kind.dataset.kind = o.kind;
+    const who = el("span", "owho", "by " + (o.who || "unknown"));
+    const end = new Date(o.until);
+    const soon = Math.abs(end.getTime() - nowMs) < 86400000;
+    const till = el("span", "ountil", "until " + (soon ? end.toLocaleTimeString() : end.toLocaleString()) + " (" + until(o.until, nowMs) + ")");
+    till.title = o.until;
+    const why = el("span", "oreason", o.reason || "");
+    td.append(kind, document.createTextNode(" "), who, document.createTextNode(" "), till, document.createTextNode(": "), why);
+    return td;
   }
 
   function backendRow(pool, b, nowMs) {
@@ -172,6 +215,7 @@
     tr.dataset.pool = pool;
     tr.dataset.backend = b.backend;
     tr.dataset.state = b.state;
+    if (b.override) tr.dataset.override = b.override.kind;
     const id = el("td", "id", b.backend);
     id.title = b.backend;
     const st = el("span", "state", b.state);
@@ -201,7 +245,7 @@
     tr.append(id, stTd, wTd, el("td", "", fmtMs(b.ewma_ttft_ms)), el("td", "", fmtMs(b.p95_ttft_ms)),
       el("td", "tpot", fmtMs(b.p95_tpot_ms)),
       el("td", "", fmtPct(b.success_rate)), el("td", "", fmtPct(b.rate_429)), el("td", "", fmtInt(b.requests)),
-      drift, spark, why);
+      drift, overrideCell(b, nowMs), spark, why);
     return tr;
   }
 
@@ -222,12 +266,13 @@
         n[b.state] = (n[b.state] || 0) + 1;
         seenKeys.add(p.pool + "\u0000" + b.backend);
         const row = backendRow(p.pool, b, nowMs);
-        if (unhealthy && b.state === "closed" && (b.drift === "ok" || b.drift === "unknown")) continue;
+        if (unhealthy && b.state === "closed" && !b.override && (b.drift === "ok" || b.drift === "unknown")) continue;
         if (!matches(filter, p.pool, b)) continue;
         rows.push(row);
       }
       els.tbody.replaceChildren(...rows);
       els.counts.textContent = (p.backends || []).length + " backends: " + n.closed + " closed, " + n.half_open + " half-open, " + n.open + " open";
+      renderShadow(els, p.shadow);
       els.meta.textContent = p.mode + ", all open: " + p.all_open + ", median EWMA " + fmtMs(p.median_ewma_ttft_ms) + ", seq " + p.seq + ", " + ago(p.at, nowMs);
       els.details.dataset.stale = p.stale ? "true" : "false";
       els.details.hidden = rows.length === 0 && (filter !== "" || unhealthy);

@@ -120,6 +120,41 @@ function pick(ws, rand = Math.random) {
   return ws.filter((b) => b.weight > 0).at(-1).backend;
 }
 
+// shadowView returns the decisions a router follows for a snapshot in
+// shadow mode (docs/PROTOCOL.md "Shadow mode (extension)"), s itself when
+// the mode is off: "breakers" weights every closed backend 1 (open ones get
+// nothing, half-open ones keep their trickle); "observe" treats every
+// backend as closed at weight 1. A backend with an operator override keeps
+// its published state and weight, except that force_closed is closed at 1.
+function shadowView(s) {
+  if (!s || (s.shadow !== "breakers" && s.shadow !== "observe")) return s;
+  const backends = s.backends.map((b) => {
+    if (b.override && b.override.kind === "force_closed") return { ...b, state: "closed", weight: 1, open_until: null };
+    if (b.override) return b;
+    if (s.shadow === "observe") return { ...b, state: "closed", weight: 1, open_until: null };
+    if (b.state === "closed") return { ...b, weight: 1 };
+    return b;
+  });
+  return { ...s, backends };
+}
+
+// shadowPick picks a backend for snapshot s: on shadowView(s), and, when s
+// is in shadow mode, also on the full decisions from the same draw,
+// counting in stats ({picks, differed, excluded}) the picks that differ
+// and those (on a fresh snapshot) of a backend the full decisions give
+// nothing. Without shadow mode it is pick(weights(s, ...)).
+function shadowPick(s, known, now, stats, rand = Math.random) {
+  const view = shadowView(s);
+  const r = rand();
+  const chosen = pick(weights(view, known, now), () => r);
+  if (view === s || chosen === null) return chosen;
+  const full = weights(s, known, now);
+  stats.picks++;
+  if (pick(full, () => r) !== chosen) stats.differed++;
+  if (!isStale(s, now) && !full.some((w) => w.backend === chosen && w.weight > 0)) stats.excluded++;
+  return chosen;
+}
+
 // outcomeOf derives the event's outcome from an HTTP status as
 // docs/PROTOCOL.md does (0: no answer came).
 function outcomeOf(status) {
@@ -131,4 +166,4 @@ function outcomeOf(status) {
   return "error";
 }
 
-module.exports = { newerThan, Pool, isStale, weights, pick, outcomeOf };
+module.exports = { newerThan, Pool, isStale, weights, pick, shadowView, shadowPick, outcomeOf };

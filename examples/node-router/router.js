@@ -20,7 +20,7 @@
 
 const http = require("node:http");
 const { connect, JSONCodec } = require("nats");
-const { Pool, isStale, weights, pick, outcomeOf } = require("./decisions");
+const { Pool, isStale, weights, shadowView, shadowPick, outcomeOf } = require("./decisions");
 
 const natsURL = process.env.NATS_URL || "nats://127.0.0.1:4222";
 const prefix = process.env.FW_PREFIX || "fw";
@@ -78,12 +78,15 @@ async function followDecisions(nc) {
   })();
 }
 
+// shadowStats counts the picks made in shadow mode (decisions.js shadowPick).
+const shadowStats = { picks: 0, differed: 0, excluded: 0 };
+
 function publishOutcome(nc, ev) {
   nc.publish(outcomesSubject, jc.encode({ v: 1, pool: poolId, source, ...ev }));
 }
 
 function proxy(nc, req, res) {
-  const backend = pick(weights(pool.snap, known, Date.now()));
+  const backend = shadowPick(pool.snap, known, Date.now(), shadowStats);
   if (backend === null) {
     // Every backend open and all_open: shed: fail fast.
     res.writeHead(503, { "x-fw-shed": "all-open" });
@@ -143,7 +146,8 @@ function state(res) {
     ignored: pool.ignored,
     fenced: pool.fenced,
     states: Object.fromEntries((s?.backends ?? []).map((b) => [b.backend, b.state])),
-    weights: weights(s, known, Date.now()),
+    weights: weights(shadowView(s), known, Date.now()),
+    shadow: { mode: s?.shadow ?? "off", ...shadowStats },
   };
   res.writeHead(200, { "content-type": "application/json" });
   res.end(JSON.stringify(body));

@@ -52,6 +52,13 @@
 // retry_budget (free while the pool has spare capacity, else a share of
 // the fleet's rate per router), the router's own otherwise.
 //
+// Shadow mode (shadow.go): a snapshot whose shadow field is "breakers" or
+// "observe" is advisory. The picker follows ShadowView of it (the breakers
+// only, or nothing but an operator's overrides), picks on the full
+// decisions too from the same random draws, and counts the picks that
+// differ (ShadowStats), so that a team can see what fleetwatch would have
+// done before it lets fleetwatch do it.
+//
 // Load is counted the way grpc-go's balancers count it: Pick counts the
 // request in flight on the backend it returns, and the returned Choice is the
 // one way to finish it (Choice.Done). There is no separate start call to
@@ -272,6 +279,12 @@ type Picker struct {
 	tripped        atomic.Int64 // backends whose local breaker is not closed
 	state          atomic.Pointer[state]
 	updateMu       sync.Mutex // serialises Update, which carries locals over
+	// Shadow mode's counts (shadow.go), and the replayed random sources
+	// of its two picks per request.
+	shadowPicks    atomic.Uint64
+	shadowDiffered atomic.Uint64
+	shadowExcluded [numExcl]atomic.Uint64
+	replays        sync.Pool // *replayRand
 }
 
 // New returns a Picker with no snapshot; Pick returns ErrNoBackends until
@@ -340,6 +353,7 @@ func New(s Settings) *Picker {
 	}
 	p.budget = NewBudget(ratio, floor, p.now)
 	p.fleet = NewBudget(0, 0, p.now)
+	p.replays.New = func() any { return new(replayRand) }
 	return p
 }
 

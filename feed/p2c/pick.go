@@ -41,6 +41,10 @@ import (
 // fails with ErrRetryBudget when none is left. A first attempt deposits
 // into the router's own budget. Pick does not allocate.
 //
+// With a snapshot in shadow mode (its shadow field "breakers" or
+// "observe") Pick follows ShadowView of it and counts what the full
+// decisions would have done differently (see ShadowStats and shadow.go).
+//
 // The request is counted in flight on the chosen backend until Done is
 // called on the returned Choice; on an error nothing is counted.
 func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
@@ -74,6 +78,9 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 		if i, ok := st.byID[req.Exclude]; ok {
 			ex = i
 		}
+	}
+	if st.full != nil {
+		return p.pickShadow(st, r, req, ex, now, fresh)
 	}
 	var (
 		i      int

@@ -88,6 +88,14 @@ type state struct {
 	staleNotOpen   int     // how many of staleOrder are not open
 	staleOpenUntil []int64 // open_until of staleOrder[staleNotOpen:], ascending
 	stalePos       []int   // stalePos[i] is entry i's position in staleOrder
+
+	// Shadow mode (shadow.go): shadow is the snapshot's mode, and full
+	// the state of its full decisions, which the picker does not follow
+	// but picks on too, to count the difference; nil when off. excluded
+	// is set in a full state: why its fresh path never picks entry i.
+	shadow   fleetwatch.Shadow
+	full     *state
+	excluded []uint8
 }
 
 // Update applies snap, unless it is not newer than the one applied (same
@@ -104,7 +112,12 @@ func (p *Picker) Update(snap *fleetwatch.Snapshot) {
 	if prev != nil && !snap.NewerThan(&prev.header) {
 		return
 	}
-	st := p.build(snap, prev)
+	var st *state
+	if snap.Shadow.On() {
+		st = p.buildShadow(snap, prev)
+	} else {
+		st = p.build(snap, prev)
+	}
 	if rb := snap.RetryBudget; rb != nil {
 		// The share accrues while retries are free too, so that it holds
 		// up to about ten seconds' worth when the pool fills up.

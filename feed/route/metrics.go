@@ -28,6 +28,8 @@ import (
 //	fleetwatch_route_backend_weight{pool,backend} the weight of the decision applied
 //	fleetwatch_route_backend_open{pool,backend}   1 when the decision applied is open
 //
+// and the shadow-mode series of shadow.go (fleetwatch_route_shadow_*).
+//
 // Pool and backend labels only ever name configured pools and backends
 // (the applied snapshot is filtered to them), never an id from outside.
 // The OutcomePublisher adds fleetwatch_route_events_* to the set it is
@@ -65,6 +67,7 @@ func newRouterMetrics(set *metrics.Set, rt *Router) *routerMetrics {
 		pickSeconds: set.GetOrCreateHistogram(`fleetwatch_route_pick_duration_seconds`),
 	}
 	set.RegisterMetricsWriter(rt.writeGauges)
+	set.RegisterMetricsWriter(rt.writeShadow)
 	return m
 }
 

@@ -23,6 +23,9 @@ type pool struct {
 	cfg      Pool
 	picker   *p2c.Picker
 	applied  atomic.Pointer[fleetwatch.Snapshot] // the last snapshot given to picker
+	// followed is p2c.ShadowView(applied): the decisions the picker
+	// follows, applied itself unless the pool is in shadow mode.
+	followed atomic.Pointer[fleetwatch.Snapshot]
 	logf     func(format string, args ...any)
 	orca     string // the endpoint-load-metrics-format value to send; "": none (orca.go)
 
@@ -51,6 +54,9 @@ func newPool(i int, pc Pool, now func() time.Time, logf func(string, ...any)) (*
 		ps.Now = now
 	}
 	p := &pool{id: pc.ID, cfg: pc, backends: map[string]*backend{}, picker: p2c.New(ps), logf: logf}
+	if !pc.Shadow.Valid() {
+		return nil, fmt.Errorf("%w: pools[%d].shadow = %q: want off, breakers or observe", ErrConfig, i, pc.Shadow)
+	}
 	var ok bool
 	if p.orca, ok = orcaFormat(pc.ORCA); !ok {
 		return nil, fmt.Errorf("%w: pools[%d].orca = %q: want %q, %q or %q", ErrConfig, i, pc.ORCA, ORCAText, ORCAJSON, ORCAOff)
@@ -121,6 +127,7 @@ func (p *pool) merge(snap *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 		TTLMs:   1,
 		Mode:    p.cfg.Mode,
 		AllOpen: p.cfg.AllOpen,
+		Shadow:  p.cfg.Shadow.Normalize(),
 	}
 	if out.Mode == "" {
 		out.Mode = fleetwatch.ModeBalance
@@ -159,6 +166,7 @@ func (p *pool) apply(snap *fleetwatch.Snapshot) {
 	}
 	m := p.merge(snap)
 	if prev := p.applied.Load(); prev == nil || m.NewerThan(prev) {
+		p.followed.Store(p2c.ShadowView(m))
 		p.applied.Store(m)
 	}
 	p.picker.Update(m)
@@ -185,10 +193,11 @@ func (p *pool) warnUnconfigured(snap *fleetwatch.Snapshot) {
 
 // untried returns a backend for a third or later attempt when the picker,
 // which can exclude only the previous backend, chose one already tried: the
-// first (by id) configured backend not tried yet that the last snapshot does
-// not hold open, or "" when there is none.
+// first (by id) configured backend not tried yet that the decisions the
+// picker follows do not hold open or give weight 0, or "" when there is
+// none.
 func (p *pool) untried(tried []string) string {
-	snap := p.applied.Load()
+	snap := p.followed.Load()
 	for _, b := range snap.Backends {
 		if b.State != fleetwatch.StateOpen && b.Weight > 0 && !slices.Contains(tried, b.Backend) {
 			return b.Backend
@@ -198,11 +207,11 @@ func (p *pool) untried(tried []string) string {
 }
 
 // retryAfter is what a shed request is told to wait: until the first open
-// breaker of the pool half-opens, in whole seconds, at least 1 and at most
+// breaker of the decisions followed half-opens, in whole seconds, at least 1 and at most
 // 300 (the analyzer's default open_max).
 func (p *pool) retryAfter(now time.Time) int {
 	best := time.Duration(-1)
-	for _, b := range p.applied.Load().Backends {
+	for _, b := range p.followed.Load().Backends {
 		if b.State == fleetwatch.StateOpen && b.OpenUntil != nil {
 			if d := b.OpenUntil.Sub(now); best < 0 || d < best {
 				best = d

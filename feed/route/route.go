@@ -22,6 +22,12 @@
 // (all_open=shed) the answer is 503 with Retry-After. Responses carry
 // X-Fleetwatch-Backend and X-Fleetwatch-Attempts.
 //
+// A pool whose decisions are in shadow mode (their shadow field, see
+// shadow.go) is routed by the breakers only ("breakers") or by nothing but
+// an operator's overrides ("observe"), and the router counts, per pool,
+// the requests the full decisions would have routed differently
+// (fleetwatch_route_shadow_*, Router.ShadowStats).
+//
 // Decisions reach the router through Router.Apply, which fits
 // feed.WatcherSettings.OnUpdate (see the package example). Outcome events
 // go to Settings.Publisher; OutcomePublisher is the batching NATS publisher
@@ -103,6 +109,10 @@ type Pool struct {
 	// fleetwatch.AllOpenShed.
 	Mode    fleetwatch.Mode
 	AllOpen fleetwatch.AllOpen
+	// Shadow is the shadow mode the picker assumes until the first
+	// decision, which then says (see shadow.go): "" or "off", "breakers"
+	// or "observe".
+	Shadow fleetwatch.Shadow
 	// Backends are the pool's backends. At least one is required; a
 	// backend a decision names that is not here is never routed to (the
 	// router has no URL for it).

@@ -288,6 +288,10 @@ type PoolConfig struct {
 	LoadStale *Duration       `yaml:"load_stale"`
 	Analyzer  AnalyzerConfig  `yaml:"analyzer"`
 	Backends  []BackendConfig `yaml:"backends"`
+
+	// Shadow is the pool's shadow mode: off (default), breakers or
+	// observe (analyzer.PoolConfig.Shadow, route.Pool.Shadow).
+	Shadow string `yaml:"shadow"`
 }
 
 // BackendConfig is one backend of a pool.

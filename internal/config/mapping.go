@@ -107,6 +107,7 @@ func (c *Config) AnalyzerSettings(seed uint64) analyzer.Config {
 			ID:       p.ID,
 			Mode:     fleetwatch.Mode(p.Mode),
 			AllOpen:  fleetwatch.AllOpen(p.AllOpen),
+			Shadow:   fleetwatch.Shadow(p.Shadow),
 			Settings: p.Analyzer.settings(),
 		}
 		if p.AffinityTolerance != nil {

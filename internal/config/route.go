@@ -9,7 +9,7 @@ import (
 )
 
 // RoutePools is the router's view of the pools: ids, models, the initial
-// mode and all_open policy, backends with their URL, API key (read with
+// mode, all_open policy and shadow mode, backends with their URL, API key (read with
 // getenv from the variable the file names), priority and cost, and the
 // picker settings ps for every pool, with the pool's ms_per_cost_unit as
 // the score's exchange rate (p2c.Settings.CostWeightPerMs, its inverse)
@@ -23,6 +23,7 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 			Models:  pc.Models,
 			Mode:    fleetwatch.Mode(pc.Mode),
 			AllOpen: fleetwatch.AllOpen(pc.AllOpen),
+			Shadow:  fleetwatch.Shadow(pc.Shadow),
 			Picker:  ps,
 			ORCA:    pc.ORCA,
 		}

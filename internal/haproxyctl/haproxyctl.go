@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
 // Runtime is a client of HAProxy's runtime API: one connection per
@@ -167,8 +168,11 @@ type Target struct {
 // Targets computes what every backend of snap should look like in
 // HAProxy: open -> maint (or drain), weight untouched; half-open -> ready
 // with its small weight (at least 1); closed -> ready with its weight
-// scaled to 0-256.
+// scaled to 0-256. A snapshot in shadow mode (docs/PROTOCOL.md "Shadow
+// mode (extension)") is applied as p2c.ShadowView rewrites it: HAProxy
+// follows the breakers only, or nothing but an operator's overrides.
 func Targets(snap *fleetwatch.Snapshot, s Settings) []Target {
+	snap = p2c.ShadowView(snap)
 	be := snap.Pool
 	if v, ok := s.Backends[snap.Pool]; ok {
 		be = v

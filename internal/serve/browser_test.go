@@ -155,11 +155,14 @@ const xssBackend = `<img src=x onerror="window.__xss=1;alert(1)"><script>window.
 // fleetFixture is a status source driven like serve drives it: a heartbeat
 // goroutine builds every pool's snapshot and records it in the history.
 type fleetFixture struct {
-	src     *fixedStatus
-	hist    *history
-	openB   atomic.Bool // vllm-b's breaker is open
-	seq     uint64
-	stopped chan struct{}
+	src   *fixedStatus
+	hist  *history
+	openB atomic.Bool // vllm-b's breaker is open
+	// overrideUntil is when the fixture's operator overrides end: ten
+	// minutes after it starts.
+	overrideUntil time.Time
+	seq           uint64
+	stopped       chan struct{}
 }
 
 func (f *fleetFixture) beat(now time.Time) {
@@ -168,6 +171,11 @@ func (f *fleetFixture) beat(now time.Time) {
 	small[2].Drift = fleetwatch.DriftDrifted
 	small[0].P95TPOTMs = fleetwatch.Float(23.5)
 	small[3].State, small[3].Weight, small[3].Reason = fleetwatch.StateHalfOpen, 0.05, "open time 30s elapsed"
+	// Operator overrides: vllm-c drained by alice; vllm-a forced closed
+	// with a hostile reason, which must stay text.
+	small[2].Weight = 0
+	small[2].Override = &fleetwatch.Override{Kind: fleetwatch.OverrideDrain, Reason: "kernel upgrade", Who: "alice", Until: fleetwatch.At(f.overrideUntil)}
+	small[0].Override = &fleetwatch.Override{Kind: fleetwatch.OverrideForceClosed, Reason: xssBackend, Who: "bob", Until: fleetwatch.At(f.overrideUntil)}
 	if f.openB.Load() {
 		small[1] = openBackend(small[1], now, "error rate 0.80 >= 0.50 over 40 requests in 30s")
 		// The hostile id also moves, so that it appears in the transitions
@@ -182,6 +190,7 @@ func (f *fleetFixture) beat(now time.Time) {
 		testSnapshot("llama-3.1-70b", f.seq, now, small...),
 		testSnapshot("meta-llama/Llama-3.1-8B-Instruct", f.seq, now, big...),
 	}
+	snaps[0].Shadow = fleetwatch.ShadowObserve // the small pool is in shadow mode
 	f.src.set(snaps)
 	f.hist.record(snaps)
 }
@@ -196,8 +205,9 @@ func startFleetFixture(t *testing.T) (*fleetFixture, *httptest.Server) {
 			},
 			next: time.Now().Add(3 * time.Hour),
 		},
-		hist:    newHistory(0),
-		stopped: make(chan struct{}),
+		hist:          newHistory(0),
+		stopped:       make(chan struct{}),
+		overrideUntil: time.Now().Add(10 * time.Minute).Truncate(time.Second),
 	}
 	f.beat(time.Now())
 	ctx, cancel := context.WithCancel(context.Background())
@@ -238,6 +248,35 @@ func TestStatusPageInBrowser(t *testing.T) {
 	// The p95 TPOT column: a backend with one shows it, one without a dash.
 	if got := evalIn[[]string](t, ctx, `["vllm-a", "vllm-b"].map(id => document.querySelector("tr[data-backend='" + id + "'] td.tpot").textContent)`); !slices.Equal(got, []string{"23.5ms", "–"}) {
 		t.Errorf("p95 TPOT cells of vllm-a, vllm-b = %q, want 23.5ms and a dash", got)
+	}
+
+	// Shadow mode: a visible badge on the small pool only.
+	badges := evalIn[map[string]string](t, ctx, `Object.fromEntries([...document.querySelectorAll("details.pool")].map(d => {
+		const b = d.querySelector("summary .shadow"), r = b.getBoundingClientRect();
+		return [d.querySelector(".name").textContent, b.hidden || r.width === 0 ? "" : b.textContent + " | " + b.title];
+	}))`)
+	if b := badges["llama-3.1-70b"]; !strings.HasPrefix(b, "shadow: observe | decisions are advisory") {
+		t.Errorf("llama-3.1-70b's shadow badge = %q, want a visible \"shadow: observe\" saying the decisions are advisory", b)
+	}
+	if b := badges["meta-llama/Llama-3.1-8B-Instruct"]; b != "" {
+		t.Errorf("the 8B pool (not in shadow mode) shows a shadow badge %q", b)
+	}
+	// Overrides: kind, who, until and reason in the row; none elsewhere.
+	cells := evalIn[map[string]string](t, ctx, `Object.fromEntries([...document.querySelectorAll("tr[data-pool='llama-3.1-70b']")].map(r => [r.dataset.backend, r.querySelector("td.override").textContent]))`)
+	untilText := evalIn[string](t, ctx, `new Date(`+fmt.Sprint(fixture.overrideUntil.UnixMilli())+`).toLocaleTimeString()`)
+	for _, want := range []string{"drain", "by alice", "until " + untilText, "(in 10m)", "kernel upgrade"} {
+		if !strings.Contains(cells["vllm-c"], want) {
+			t.Errorf("vllm-c's override cell %q lacks %q", cells["vllm-c"], want)
+		}
+	}
+	if c := cells["vllm-a"]; !strings.Contains(c, "force closed") || !strings.Contains(c, "by bob") || !strings.Contains(c, xssBackend) {
+		t.Errorf("vllm-a's override cell %q lacks the kind, who or the reason as text", c)
+	}
+	if c := cells["vllm-b"]; c != "–" {
+		t.Errorf("vllm-b (no override) shows %q, want a dash", c)
+	}
+	if kind := evalIn[string](t, ctx, `document.querySelector("tr[data-backend='vllm-c']").dataset.override`); kind != "drain" {
+		t.Errorf("vllm-c's row data-override = %q, want drain", kind)
 	}
 
 	pools := evalIn[[]string](t, ctx, `[...document.querySelectorAll(".pool .name")].map(e => e.textContent)`)

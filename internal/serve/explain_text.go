@@ -36,6 +36,9 @@ func WriteExplained(w io.Writer, ex Explained) error {
 			fmt.Fprintf(&b, "  override: %s%s by %s until %s: %s (snapshots publish the override; the rest is the analyzer's own view)\n",
 				o.Kind, w, o.Who, fleetwatch.FormatTime(o.Until.Time), o.Reason)
 		}
+		if e.Shadow.On() {
+			fmt.Fprintf(&b, "  shadow:  the pool is in shadow mode %s: this decision is advisory (docs/OPERATIONS.md \"Rolling out with shadow mode\")\n", e.Shadow)
+		}
 		if e.Reason != "" {
 			fmt.Fprintf(&b, "  reason:  %s\n", e.Reason)
 		}

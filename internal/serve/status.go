@@ -316,6 +316,7 @@ type statusPool struct {
 	Stale             bool               `json:"stale"`
 	Mode              fleetwatch.Mode    `json:"mode"`
 	AllOpen           fleetwatch.AllOpen `json:"all_open"`
+	Shadow            fleetwatch.Shadow  `json:"shadow,omitempty"` // the decisions are advisory
 	MedianEWMATTFTMs  *float64           `json:"median_ewma_ttft_ms"`
 	AffinityTolerance float64            `json:"affinity_tolerance"`
 	Backends          []statusBackend    `json:"backends"`
@@ -352,7 +353,7 @@ func (h *history) status(snaps []fleetwatch.Snapshot, since uint64, limit int, n
 		p := statusPool{
 			Pool: s.Pool, Epoch: s.Epoch, Seq: s.Seq, At: s.At, TTLMs: s.TTLMs,
 			Stale: s.TTLMs > 0 && now.After(s.At.Add(time.Duration(s.TTLMs)*time.Millisecond)),
-			Mode:  s.Mode, AllOpen: s.AllOpen, MedianEWMATTFTMs: s.MedianEWMATTFTMs,
+			Mode:  s.Mode, AllOpen: s.AllOpen, Shadow: s.Shadow, MedianEWMATTFTMs: s.MedianEWMATTFTMs,
 			AffinityTolerance: s.AffinityTolerance,
 			Backends:          make([]statusBackend, 0, len(s.Backends)),
 		}

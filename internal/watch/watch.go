@@ -224,6 +224,12 @@ func RenderSnapshot(w io.Writer, s *fleetwatch.Snapshot, now time.Time) {
 	if feed.Stale(s, now) {
 		stale = "  STALE (routers fall back to local signals)"
 	}
+	switch s.Shadow {
+	case fleetwatch.ShadowBreakers:
+		stale += "  SHADOW breakers (advisory: routers follow the breakers only, not the weights)"
+	case fleetwatch.ShadowObserve:
+		stale += "  SHADOW observe (advisory: routers follow none of it but operator overrides)"
+	}
 	median := "-"
 	if s.MedianEWMATTFTMs != nil {
 		median = fmtMs(s.MedianEWMATTFTMs)

@@ -1,7 +1,7 @@
 "use strict";
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { newerThan, Pool, isStale, weights, pick, outcomeOf } = require("../decisions");
+const { newerThan, Pool, isStale, weights, pick, shadowView, shadowPick, outcomeOf } = require("../decisions");
 
 const snap = (o) => ({
   v: 1, pool: "p", epoch: "E1", seq: 1, at: "2026-12-02T07:50:00.000Z", ttl_ms: 5000,
@@ -76,4 +76,27 @@ test("outcomeOf follows the protocol's table", () => {
   const cases = [[200, "ok"], [429, "throttled"], [408, "timeout"], [504, "timeout"], [0, "timeout"],
     [499, "canceled"], [404, "client_error"], [503, "error"], [302, "error"]];
   for (const [s, want] of cases) assert.equal(outcomeOf(s), want, String(s));
+});
+
+test("shadowView: breakers ignores weights, observe ignores breakers, overrides stay", () => {
+  const drain = { kind: "drain", reason: "r", who: "ops", until: "2026-12-02T09:00:00.000Z" };
+  const bs = [b("a", "closed", 0.25), b("b", "open", 0, { open_until: "2026-12-02T07:51:00.000Z" }),
+    b("c", "half_open", 0.05), b("d", "closed", 0, { override: drain })];
+  const view = (mode) => shadowView(snap({ shadow: mode, backends: bs })).backends.map((x) => [x.backend, x.state, x.weight]);
+  assert.deepEqual(view("breakers"), [["a", "closed", 1], ["b", "open", 0], ["c", "half_open", 0.05], ["d", "closed", 0]]);
+  assert.deepEqual(view("observe"), [["a", "closed", 1], ["b", "closed", 1], ["c", "closed", 1], ["d", "closed", 0]]);
+  const off = snap({ backends: bs });
+  assert.equal(shadowView(off), off);
+});
+
+test("shadowPick follows the view and counts what the decisions would have done", () => {
+  const s = snap({ shadow: "observe", backends: [b("a", "closed", 1), b("b", "open", 0)] });
+  const ab = new Set(["a", "b"]);
+  const stats = { picks: 0, differed: 0, excluded: 0 };
+  assert.equal(shadowPick(s, ab, now, stats, () => 0.75), "b"); // the open b, observed
+  assert.equal(shadowPick(s, ab, now, stats, () => 0.25), "a");
+  assert.deepEqual(stats, { picks: 2, differed: 1, excluded: 1 });
+  const off = { picks: 0, differed: 0, excluded: 0 };
+  assert.equal(shadowPick(snap({ backends: s.backends }), ab, now, off, () => 0.75), "a");
+  assert.deepEqual(off, { picks: 0, differed: 0, excluded: 0 });
 });
