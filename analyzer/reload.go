@@ -12,24 +12,24 @@ type Reconfigured struct {
 	// PoolsAdded are configured pools that were not configured before
 	// (a pool already tracked from its events keeps its state and becomes
 	// configured).
-	PoolsAdded []string
+	PoolsAdded []string `json:"pools_added,omitempty"`
 	// PoolsRemoved are pools no longer configured: they are tracked on as
 	// pools seen only in events, with the global settings, and are dropped
 	// once their backends have expired.
-	PoolsRemoved []string
+	PoolsRemoved []string `json:"pools_removed,omitempty"`
 	// PoolsChanged are pools that stay configured and whose effective
 	// settings, mode, all_open or affinity tolerance changed.
-	PoolsChanged []string
+	PoolsChanged []string `json:"pools_changed,omitempty"`
 	// BackendsAdded and BackendsRemoved are "pool/backend" pairs that
 	// became configured or stopped being configured. A removed backend is
 	// tracked on as a backend seen only in events: it expires after the
 	// pool's Expiry without an event (at once if it never had one).
-	BackendsAdded   []string
-	BackendsRemoved []string
+	BackendsAdded   []string `json:"backends_added,omitempty"`
+	BackendsRemoved []string `json:"backends_removed,omitempty"`
 	// WindowsResized are pools whose Window or Bucket changed: their
 	// backends' windows were rebuilt with the counts of the old ones (see
 	// Reconfigure).
-	WindowsResized []string
+	WindowsResized []string `json:"windows_resized,omitempty"`
 }
 
 // Reconfigure applies a new configuration to a running analyzer: the global

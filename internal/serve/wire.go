@@ -7,6 +7,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
@@ -58,10 +59,11 @@ func (s *Server) noteAlert(a fleetwatch.DriftAlert) {
 
 // NextReview is when the drift review runs next (zero when not scheduled).
 func (s *Server) NextReview() time.Time {
-	if s.cfg.Probes.Disabled || s.cfg.Review.Schedule == "" {
+	cfg := s.config()
+	if cfg.Probes.Disabled || cfg.Review.Schedule == "" {
 		return time.Time{}
 	}
-	sched, err := probes.ParseSchedule(s.cfg.Review.Schedule)
+	sched, err := probes.ParseSchedule(cfg.Review.Schedule)
 	if err != nil {
 		return time.Time{}
 	}
@@ -72,13 +74,22 @@ func (s *Server) statusRoutes(mux *http.ServeMux) { statusRoutes(mux, s, s.hist)
 
 func (s *Server) recordHistory(snaps []fleetwatch.Snapshot) { s.hist.record(snaps) }
 
-// startProbes starts the drift probes and the review schedule; drift
-// statuses flow into the analyzer (and so into the snapshots) and alerts
-// into the status page. The stored drift states are loaded before it
-// returns; RestoreDrift reaches the probes from then on.
-func (s *Server) startProbes(ctx context.Context) (func(), error) {
-	d, err := startProbes(ctx, probeDeps{
-		cfg:          s.cfg,
+// startProbes starts the drift probes and the review schedule of the
+// running configuration; drift statuses flow into the analyzer (and so
+// into the snapshots) and alerts into the status page. The stored drift
+// states are loaded before it returns; RestoreDrift reaches the probes
+// from then on. stopDrift stops them (reload.go).
+func (s *Server) startProbes(ctx context.Context) error {
+	return s.startProbesFrom(ctx, s.config())
+}
+
+// probeDepsOf is what startProbes needs to start the probes of cfg;
+// prober, when not nil, is the prober of an earlier start to update and
+// reuse (a reload).
+func (s *Server) probeDepsOf(cfg *config.Config, prober *probes.Prober) probeDeps {
+	return probeDeps{
+		cfg:          cfg,
+		prober:       prober,
 		nc:           s.nc,
 		js:           s.js,
 		prefix:       s.cfg.Prefix,
@@ -100,14 +111,7 @@ func (s *Server) startProbes(ctx context.Context) (func(), error) {
 				s.opts.OnAlert(a)
 			}
 		},
-	})
-	if err != nil {
-		return nil, err
 	}
-	s.mu.Lock()
-	s.drift = d
-	s.mu.Unlock()
-	return d.Stop, nil
 }
 
 // transitionKey names one series of fleetwatch_breaker_transitions_total.
