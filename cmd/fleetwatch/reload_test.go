@@ -75,3 +75,24 @@ func TestServeReloadsOnSIGHUP(t *testing.T) {
 		t.Errorf("serve: %v", err)
 	}
 }
+
+// TestConfigCheck: `fleetwatch config check` accepts a good file and names
+// the key and line of a bad one, exiting 1.
+func TestConfigCheck(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, []byte("pools:\n  - id: p\n    backends: [{id: a}, {id: b}]\n"), 0o644)
+	os.WriteFile(bad, []byte("pools:\n  - id: p\nanalyzer:\n  failure_rate: 2\n"), 0o644)
+	code, out, errOut := runCmd(t.Context(), "config", "check", good)
+	if code != 0 || !strings.Contains(out, "ok (1 pools, 2 backends)") {
+		t.Errorf("config check of a good file: exit %d, %q %q", code, out, errOut)
+	}
+	code, _, errOut = runCmd(t.Context(), "config", "check", bad)
+	if code != 1 || !strings.Contains(errOut, "bad.yaml:4: analyzer.failure_rate") {
+		t.Errorf("config check of a bad file: exit %d, stderr %q, want exit 1 naming analyzer.failure_rate at line 4", code, errOut)
+	}
+	if code, _, _ := runCmd(t.Context(), "config", "lint", good); code != 2 {
+		t.Errorf("config lint: exit %d, want 2", code)
+	}
+}

@@ -269,3 +269,39 @@ func TestReloadWithoutFile(t *testing.T) {
 		t.Errorf("POST /-/reload without a file = %d %+v, want 400", code, body)
 	}
 }
+
+// TestReloadBehindAuth: POST /-/reload asks for the API's credentials.
+func TestReloadBehindAuth(t *testing.T) {
+	dir := t.TempDir()
+	file, data := filepath.Join(dir, "fleetwatch.yaml"), filepath.Join(dir, "data")
+	yaml := "probes:\n  disabled: true\nhttp:\n  bearer_token_env: TOKEN\npools:\n  - id: p\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	adjust := func(c *config.Config) error { // what newServer sets over the file
+		c.HTTP.Listen, c.NATS.Listen, c.Data = "127.0.0.1:0", "127.0.0.1:-1", data
+		return nil
+	}
+	r := newServer(t, yaml, data, Options{Getenv: func(string) string { return "tok" }, ConfigFile: file, AdjustConfig: adjust}).run(t)
+	post := func(token string) int {
+		req, _ := http.NewRequest(http.MethodPost, r.httpURL+"/-/reload", nil)
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := post(""); code != http.StatusUnauthorized {
+		t.Errorf("POST /-/reload without a token: %d, want 401", code)
+	}
+	if code := post("tok"); code != http.StatusOK {
+		t.Errorf("POST /-/reload with the token: %d, want 200", code)
+	}
+	if code, _ := get(t, http.DefaultClient, r.httpURL+"/-/reload", cred{bearer: "tok"}); code != http.StatusMethodNotAllowed {
+		t.Errorf("GET /-/reload: %d, want 405", code)
+	}
+}
