@@ -287,11 +287,20 @@ func (s *Server) startProbesFrom(ctx context.Context, cfg *config.Config) error 
 	return nil
 }
 
-// runStarted records Run's context, for the probes a reload starts.
-func (s *Server) runStarted(ctx context.Context) {
-	s.rl.mu.Lock()
+// startProbes starts the drift probes and the review schedule of the
+// running configuration (unless probes.disabled) under Run's ctx, and
+// records ctx for the probes later reloads start: drift statuses flow
+// into the analyzer (and so into the snapshots) and alerts into the status
+// page. The stored drift states are loaded before it returns;
+// RestoreDrift reaches the probes from then on. stopDrift stops them.
+func (s *Server) startProbes(ctx context.Context) error {
+	s.rl.mu.Lock() // a reload now waits, then sees the probes started
+	defer s.rl.mu.Unlock()
 	s.rl.runCtx = ctx
-	s.rl.mu.Unlock()
+	if s.config().Probes.Disabled {
+		return nil
+	}
+	return s.startProbesFrom(ctx, s.config())
 }
 
 // stopDrift refuses reloads from now on and stops the running drift

@@ -16,8 +16,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
@@ -304,4 +306,54 @@ func TestReloadBehindAuth(t *testing.T) {
 	if code, _ := get(t, http.DefaultClient, r.httpURL+"/-/reload", cred{bearer: "tok"}); code != http.StatusMethodNotAllowed {
 		t.Errorf("GET /-/reload: %d, want 405", code)
 	}
+}
+
+// TestReloadScrapeTargets: a reload that gives a backend a metrics_url
+// starts reading it (its load appears in the snapshots), and one that
+// takes it away stops, leaving no scrape series of it in /metrics.
+func TestReloadScrapeTargets(t *testing.T) {
+	fake, err := fakeai.Listen(fakeai.Settings{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fake.Close() })
+	dir := t.TempDir()
+	file, data := filepath.Join(dir, "fleetwatch.yaml"), filepath.Join(dir, "data")
+	without := "probes: {disabled: true}\npools:\n  - id: p\n    backends:\n      - id: a\n        url: " + fake.URL() + "\n"
+	with := without + "        metrics_url: auto\n"
+	if err := os.WriteFile(file, []byte(without), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	adjust := func(c *config.Config) error {
+		c.HTTP.Listen, c.NATS.Listen, c.Data = "127.0.0.1:0", "127.0.0.1:-1", data
+		return nil
+	}
+	p := newServer(t, without, data, Options{ConfigFile: file, AdjustConfig: adjust}).run(t)
+	_, snaps := snapshotsOn(t, p)
+	series := `fleetwatch_load_scrapes_total{pool="p",backend="a"}`
+
+	if err := os.WriteFile(file, []byte(with), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Reload(); err != nil || res.Scrape != "restarted" {
+		t.Fatalf("Reload = %+v, %v; want the scraper restarted", res, err)
+	}
+	testkit.Eventually(t, 20*time.Second, "a's scraped load in a snapshot", func() bool {
+		b, ok := snaps.Backend("p", "a")
+		return ok && b.Load != nil && b.Load.Source == analyzer.LoadSourceMetrics
+	})
+	if _, page := testkit.HTTPGet(t, p.httpURL+"/metrics"); !strings.Contains(page, series) {
+		t.Errorf("/metrics lacks %s while a is scraped", series)
+	}
+
+	if err := os.WriteFile(file, []byte(without), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := p.Reload(); err != nil || res.Scrape != "restarted" {
+		t.Fatalf("Reload = %+v, %v; want the scraper restarted", res, err)
+	}
+	testkit.Eventually(t, 10*time.Second, "a's scrape series to leave /metrics", func() bool {
+		_, page := testkit.HTTPGet(t, p.httpURL+"/metrics")
+		return !strings.Contains(page, series)
+	})
 }

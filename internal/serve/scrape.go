@@ -317,13 +317,6 @@ func (s *Server) buildScraper() {
 	s.scraper = newScraper(ss, s.loads, s.metrics, s.logf)
 }
 
-// runScraper runs the scraper, if any, until ctx ends.
-func (s *Server) runScraper(ctx context.Context) {
-	if s.scraper != nil {
-		s.scraper.run(ctx, s.metrics)
-	}
-}
-
 // drainLoads feeds the readings handed over since the last call to the
 // analyzer; the evaluation loop calls it before each Evaluate.
 func (s *Server) drainLoads() {

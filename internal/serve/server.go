@@ -363,12 +363,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.js != nil {
 		s.ha.start(ctx) // the restore and replay of the partitions taken
 	}
-	s.runStarted(ctx) // reloads start probes under ctx from now on
 	defer s.stopDrift()
-	if !s.config().Probes.Disabled {
-		if err := s.startProbes(ctx); err != nil {
-			return fmt.Errorf("serve: probes: %w", err)
-		}
+	if err := s.startProbes(ctx); err != nil { // reload.go; reloads start them under ctx too
+		return fmt.Errorf("serve: probes: %w", err)
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)

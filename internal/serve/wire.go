@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"context"
 	"net/http"
 	"time"
 
@@ -73,15 +72,6 @@ func (s *Server) NextReview() time.Time {
 func (s *Server) statusRoutes(mux *http.ServeMux) { statusRoutes(mux, s, s.hist) }
 
 func (s *Server) recordHistory(snaps []fleetwatch.Snapshot) { s.hist.record(snaps) }
-
-// startProbes starts the drift probes and the review schedule of the
-// running configuration; drift statuses flow into the analyzer (and so
-// into the snapshots) and alerts into the status page. The stored drift
-// states are loaded before it returns; RestoreDrift reaches the probes
-// from then on. stopDrift stops them (reload.go).
-func (s *Server) startProbes(ctx context.Context) error {
-	return s.startProbesFrom(ctx, s.config())
-}
 
 // probeDepsOf is what startProbes needs to start the probes of cfg;
 // prober, when not nil, is the prober of an earlier start to update and
