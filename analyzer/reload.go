@@ -156,6 +156,41 @@ func (a *Analyzer) Reconfigure(cfg Config) (Reconfigured, error) {
 	return r, nil
 }
 
+// conform brings a pool made under another configuration (an adopted
+// one, rebuilt by an analyzer created before a Reconfigure) to a's: its
+// settings, windows and configured backends. Called with a.mu held.
+func (a *Analyzer) conform(p *pool) {
+	window, bucket := p.settings.Window, p.settings.Bucket
+	a.configurePool(p)
+	if p.settings.Window != window || p.settings.Bucket != bucket {
+		for _, b := range p.backends {
+			b.resizeWindows(p.settings.Window, p.settings.Bucket)
+		}
+	}
+	want := map[string]BackendConfig{}
+	if pc := a.configs[p.id]; pc != nil {
+		for _, bc := range pc.Backends {
+			want[bc.ID] = bc
+			if p.backends[bc.ID] == nil {
+				p.addBackend(bc.ID)
+			}
+		}
+	}
+	for id, b := range p.backends {
+		bc, ok := want[id]
+		if !ok {
+			if b.configured {
+				unconfigure(b)
+			}
+			continue
+		}
+		b.configured, b.priority, b.cost = true, bc.Priority, nil
+		if bc.CostPerMTok != nil {
+			b.cost = fleetwatch.Float(*bc.CostPerMTok)
+		}
+	}
+}
+
 // poolView is what configurePool sets, compared to report a changed pool.
 type poolView struct {
 	settings  Settings

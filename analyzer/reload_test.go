@@ -285,3 +285,40 @@ func findSnapshot(t *testing.T, snaps []fleetwatch.Snapshot, pool string) fleetw
 	t.Fatalf("no snapshot of pool %q in %v", pool, poolsOf(snaps))
 	return fleetwatch.Snapshot{}
 }
+
+// TestAdoptConformsToAReconfigure: a pool rebuilt by an analyzer made
+// before a Reconfigure (an HA takeover's scratch analyzer during a reload)
+// takes the adopting analyzer's configuration, and keeps its state.
+func TestAdoptConformsToAReconfigure(t *testing.T) {
+	old := reloadConfig()
+	scratch := newAnalyzer(t, old)
+	before := tripB(t, scratch)
+
+	main := newAnalyzer(t, old)
+	next := reloadConfig()
+	next.Pools[0].Settings.Window = time.Minute
+	next.Pools[0].Backends = []BackendConfig{{ID: "a", Priority: 3}, {ID: "d"}} // b and c leave, d comes
+	if _, err := main.Reconfigure(next); err != nil {
+		t.Fatal(err)
+	}
+	main.Adopt(scratch, func(pool string) bool { return pool == "p" })
+	snap := snapshotOf(t, main, "p", at(10*time.Second))
+	got := map[string]int{}
+	for _, b := range snap.Backends {
+		got[b.Backend] = b.Priority
+		if b.WindowMs != time.Minute.Milliseconds() {
+			t.Errorf("%s: window %d ms, want the reloaded 60000", b.Backend, b.WindowMs)
+		}
+	}
+	if diff := cmp.Diff(map[string]int{"a": 3, "b": 0, "c": 0, "d": 0}, got); diff != "" {
+		t.Errorf("adopted pool's backends and priorities (-want +got):\n%s", diff)
+	}
+	if b := snap.Find("b"); b.State != fleetwatch.StateOpen || !b.OpenUntil.Equal(before.OpenUntil.Time) {
+		t.Errorf("adopted b = %+v, want still open until %v", b, before.OpenUntil)
+	}
+	// b and c are no longer configured: they expire; a and d stay.
+	main.Evaluate(at(10*time.Second + DefaultExpiry + time.Minute))
+	if s := snapshotOf(t, main, "p", at(11*time.Second+DefaultExpiry+time.Minute)); len(s.Backends) != 2 {
+		t.Errorf("after expiry p has %+v, want a and d", s.Backends)
+	}
+}
