@@ -322,3 +322,31 @@ func TestAdoptConformsToAReconfigure(t *testing.T) {
 		t.Errorf("after expiry p has %+v, want a and d", s.Backends)
 	}
 }
+
+// TestReconfigureFinerBucket: from 2s buckets to 1s, each old bucket's
+// counts land in the first new bucket of its span: nothing is lost, and
+// the counts leave the window at most one old bucket early.
+func TestReconfigureFinerBucket(t *testing.T) {
+	cfg := Config{Settings: noJitter(Settings{Bucket: 2 * time.Second}), Pools: []PoolConfig{{ID: "p", Backends: []BackendConfig{{ID: "a"}}}}}
+	a := newAnalyzer(t, cfg)
+	a.Observe(series("p", "a", ok, 40, t0, 20*time.Second, 100))
+	a.Evaluate(at(20 * time.Second))
+	before := backendOf(t, a, "p", "a", at(20*time.Second)).Requests
+	cfg.Settings.Bucket = time.Second
+	if _, err := a.Reconfigure(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if got := backendOf(t, a, "p", "a", at(20*time.Second)).Requests; got != before {
+		t.Errorf("after 2s -> 1s buckets: %d requests, want %d", got, before)
+	}
+	// The events of [0s, 2s) (4 of them) sit in the 0s bucket and leave
+	// at 30s, as on the old grid; those of [2s, 4s) sit in the 2s bucket
+	// and leave at 32s (an event at 3.5s seen with 1s buckets from the
+	// start would stay until 33s).
+	if got := backendOf(t, a, "p", "a", at(31*time.Second)).Requests; got != before-4 {
+		t.Errorf("at 31s: %d requests, want %d", got, before-4)
+	}
+	if got := backendOf(t, a, "p", "a", at(32*time.Second)).Requests; got != before-8 {
+		t.Errorf("at 32s: %d requests, want %d", got, before-8)
+	}
+}
