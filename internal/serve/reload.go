@@ -205,15 +205,20 @@ func (s *Server) reload() (ReloadResult, error) {
 		}
 	}
 
-	// Apply: the probes first (the one step that does I/O and may fail),
-	// then the analyzer, the scraper and the configuration itself.
-	if probesChanged {
-		if res.Probes, err = s.reloadProbes(prev, next); err != nil {
-			return res, err
-		}
-	}
+	// Apply: the analyzer first, so that the drift statuses the restarted
+	// probes load for new backends find them; then the probes, the one
+	// step that does I/O and may fail (the analyzer goes back to prev
+	// then); then the scraper and the configuration itself.
 	if res.Analyzer, err = s.an.Reconfigure(ac); err != nil { // checked above: cannot fail
 		return res, fmt.Errorf("config %s: %w", file, err)
+	}
+	if probesChanged {
+		if res.Probes, err = s.reloadProbes(prev, next); err != nil {
+			if _, err2 := s.an.Reconfigure(prev.AnalyzerSettings(s.seed)); err2 != nil {
+				s.logf("reload: the analyzer could not go back to the running configuration: %v", err2)
+			}
+			return res, err
+		}
 	}
 	if ss := next.ScrapeSettings(); !reflect.DeepEqual(prev.ScrapeSettings(), ss) {
 		s.swapScraper(ss)
