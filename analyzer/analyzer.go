@@ -137,28 +137,11 @@ func New(cfg Config) (*Analyzer, error) {
 // newPool creates and registers a pool, configured or from an event.
 func (a *Analyzer) newPool(id string) *pool {
 	p := &pool{
-		id:        id,
-		mode:      fleetwatch.ModeBalance,
-		allOpen:   fleetwatch.AllOpenShed,
-		tolerance: fleetwatch.DefaultAffinityTolerance,
-		settings:  a.global,
-		backends:  make(map[string]*backend),
-		seq:       a.startSeq(id),
+		id:       id,
+		backends: make(map[string]*backend),
+		seq:      a.startSeq(id),
 	}
-	if pc, ok := a.configs[id]; ok {
-		p.configured = true
-		p.settings = a.global.Override(pc.Settings)
-		if pc.Mode != "" {
-			p.mode = pc.Mode
-		}
-		if pc.AllOpen != "" {
-			p.allOpen = pc.AllOpen
-		}
-		p.shadow = pc.Shadow.Normalize()
-		if pc.AffinityTolerance != 0 {
-			p.tolerance = pc.AffinityTolerance
-		}
-	}
+	a.configurePool(p)
 	a.pools[id] = p
 	a.poolOrder = nil
 	return p

@@ -64,6 +64,7 @@ func (a *Analyzer) Adopt(from *Analyzer, keep func(pool string) bool) []string {
 		}
 		p.seq = seq
 		p.published, p.signature, p.spare = false, nil, nil
+		a.conform(p) // from's configuration may predate a Reconfigure of a (reload.go)
 		a.pools[p.id] = p
 		a.backendCount += len(p.backends)
 		ids = append(ids, p.id)

@@ -106,6 +106,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// this line.
 		fmt.Fprintf(stdout, "fleetwatch: HTTP on %s (status page /, /metrics, /api/decisions, /healthz)\n", srv.HTTPURL())
 	}
+	opts.ConfigFile, opts.AdjustConfig = f.nats.configFile, f.adjust // SIGHUP and POST /-/reload
 	srv, err = serve.New(cfg, opts)
 	if err != nil {
 		return err
@@ -113,5 +114,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg.NATS.URL == "" {
 		fmt.Fprintf(stdout, "fleetwatch: embedded NATS server at %s (JetStream: %v, store %s)\n", srv.NATSURL(), srv.JetStream(), cfg.StoreDir())
 	}
+	stopHangup := reloadOnHangup(ctx, srv, stderr)
+	defer stopHangup()
 	return srv.Run(ctx)
 }

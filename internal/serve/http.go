@@ -56,6 +56,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /api/explain", s.handleExplain)     // ops.go
 	mux.HandleFunc("GET /api/overrides", s.ovr.handleGet)   // overrides.go
 	mux.HandleFunc("POST /api/overrides", s.ovr.handlePost) // overrides.go
+	mux.HandleFunc("POST /-/reload", s.handleReload)        // reload.go
 	s.statusRoutes(mux)
 	s.newIngestHTTP().Register(mux) // POST /v1/outcomes, /v1/ingest/litellm, /v1/traces (ingest.go)
 	return s.httpAuth.wrap(mux)     // /healthz stays open

@@ -102,7 +102,7 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	}
 	inGot := func(pool string) bool { return mine[fleetwatch.PartitionOf(pool, h.n)] }
 
-	scratch, err := analyzer.New(s.cfg.AnalyzerSettings(s.seed))
+	scratch, err := analyzer.New(s.config().AnalyzerSettings(s.seed))
 	if err != nil { // the configuration was validated: cannot happen
 		s.logf("ha: takeover of %v: %v", got, err)
 		return

@@ -33,7 +33,10 @@ const DriftRetention = 30 * 24 * time.Hour
 
 // probeDeps is what startProbes needs from serve.
 type probeDeps struct {
-	cfg      *config.Config
+	cfg *config.Config
+	// prober, when set, is the prober of an earlier start, updated to
+	// cfg and reused (a reload keeps the state of the targets that stay).
+	prober   *probes.Prober
 	nc       *nats.Conn
 	js       jetstream.JetStream // nil without JetStream
 	prefix   string
@@ -321,7 +324,12 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 	ps.Now = d.now
 	ps.Logf = d.logf
 	ps.Owns = d.owns
-	prober, err := probes.New(ps)
+	prober := d.prober
+	if prober != nil {
+		err = prober.Update(ps)
+	} else {
+		prober, err = probes.New(ps)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -450,6 +458,8 @@ var ErrNoDriftProbes = errors.New("serve: drift probes not running")
 // before it publishes their first snapshot. Run does the same for every
 // pool at start. It waits for a running probe cycle of each backend.
 func (s *Server) RestoreDrift(ctx context.Context, pools []string) error {
+	s.rl.probes.RLock() // not while a reload restarts the probes
+	defer s.rl.probes.RUnlock()
 	s.mu.Lock()
 	d := s.drift
 	s.mu.Unlock()

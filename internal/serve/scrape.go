@@ -307,20 +307,14 @@ func (sc *scraper) read(ctx context.Context, url string) (analyzer.LoadReport, e
 // the hand-off channel (none without targets).
 func (s *Server) buildScraper() {
 	ss := s.cfg.ScrapeSettings()
+	// Room for a few rounds of every target: the evaluation loop drains it
+	// every 100ms, so it fills only when that loop is stuck. Made without
+	// targets too: a reload may add some.
+	s.loads = make(chan loadReading, max(4*len(ss.Targets)+16, 256))
 	if len(ss.Targets) == 0 {
 		return
 	}
-	// Room for a few rounds of every target: the evaluation loop drains it
-	// every 100ms, so it fills only when that loop is stuck.
-	s.loads = make(chan loadReading, 4*len(ss.Targets)+16)
 	s.scraper = newScraper(ss, s.loads, s.metrics, s.logf)
-}
-
-// runScraper runs the scraper, if any, until ctx ends.
-func (s *Server) runScraper(ctx context.Context) {
-	if s.scraper != nil {
-		s.scraper.run(ctx, s.metrics)
-	}
 }
 
 // drainLoads feeds the readings handed over since the last call to the

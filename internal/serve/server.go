@@ -59,6 +59,12 @@ type Options struct {
 	// Seed drives the analyzer's open-time jitter and epoch. If zero, a
 	// random one, so that two instances never share an epoch.
 	Seed uint64
+	// ConfigFile is the file Reload reads again (SIGHUP, POST /-/reload);
+	// empty: Reload refuses (ErrNoConfigFile).
+	ConfigFile string
+	// AdjustConfig, when set, is applied to every configuration Reload
+	// reads, after the file: the command line's overrides.
+	AdjustConfig func(*config.Config) error
 }
 
 // Server is one fleetwatch daemon.
@@ -110,6 +116,9 @@ type Server struct {
 	transitions map[transitionKey]uint64
 	ran         bool
 	closed      bool
+
+	// rl is the state of configuration reloads (reload.go).
+	rl reloadState
 
 	closeOnce sync.Once
 }
@@ -246,6 +255,7 @@ func (s *Server) build() error {
 	s.evalDuration = s.metrics.NewHistogram("fleetwatch_evaluate_duration_seconds")
 	s.unpublished = s.metrics.NewCounter("fleetwatch_decisions_unpublished_total")
 	s.registerAnalyzerMetrics()
+	s.registerReloadMetrics()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -261,7 +271,9 @@ func (s *Server) build() error {
 	}
 	s.pub, err = feed.NewPublisher(ctx, s.nc, feed.PublisherSettings{
 		Prefix: s.cfg.Prefix, NoKV: s.js == nil, Metrics: s.metrics, Logf: s.logf,
-		Configured: s.cfg.Configured, // kept first when a snapshot must be truncated
+		// Configured pools and backends are kept first when a snapshot
+		// must be truncated (of the running configuration: reloads).
+		Configured: func(pool, backend string) bool { return s.config().Configured(pool, backend) },
 		KVReplicas: s.cfg.HASettings().Replicas,
 	})
 	if err != nil {
@@ -351,12 +363,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.js != nil {
 		s.ha.start(ctx) // the restore and replay of the partitions taken
 	}
-	var stopProbes func()
-	if !s.cfg.Probes.Disabled {
-		var err error
-		if stopProbes, err = s.startProbes(ctx); err != nil {
-			return fmt.Errorf("serve: probes: %w", err)
-		}
+	defer s.stopDrift()
+	if err := s.startProbes(ctx); err != nil { // reload.go; reloads start them under ctx too
+		return fmt.Errorf("serve: probes: %w", err)
 	}
 
 	runCtx, cancel := context.WithCancel(ctx)
@@ -370,9 +379,6 @@ func (s *Server) Run(ctx context.Context) error {
 	case <-s.col.Ready():
 	case err := <-errs:
 		work.Wait()
-		if stopProbes != nil {
-			stopProbes()
-		}
 		return fmt.Errorf("serve: collector: %w", err)
 	case <-ctx.Done():
 	}
@@ -384,7 +390,7 @@ func (s *Server) Run(ctx context.Context) error {
 		s.opts.OnReady()
 	}
 	work.Go(func() { s.evaluateLoop(runCtx) })
-	work.Go(func() { s.runScraper(runCtx) })
+	work.Go(func() { s.runScrapers(runCtx) }) // reload.go
 	if s.js != nil {
 		work.Go(func() { s.ha.loop(runCtx) })
 	}
@@ -403,9 +409,7 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	cancel()
 	work.Wait()
-	if stopProbes != nil {
-		stopProbes()
-	}
+	s.stopDrift()
 	s.finalSnapshot()
 	s.ha.releaseAll() // a successor takes over at once, not after the TTL
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -1,12 +1,12 @@
 package serve
 
 import (
-	"context"
 	"net/http"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
@@ -58,10 +58,11 @@ func (s *Server) noteAlert(a fleetwatch.DriftAlert) {
 
 // NextReview is when the drift review runs next (zero when not scheduled).
 func (s *Server) NextReview() time.Time {
-	if s.cfg.Probes.Disabled || s.cfg.Review.Schedule == "" {
+	cfg := s.config()
+	if cfg.Probes.Disabled || cfg.Review.Schedule == "" {
 		return time.Time{}
 	}
-	sched, err := probes.ParseSchedule(s.cfg.Review.Schedule)
+	sched, err := probes.ParseSchedule(cfg.Review.Schedule)
 	if err != nil {
 		return time.Time{}
 	}
@@ -72,13 +73,13 @@ func (s *Server) statusRoutes(mux *http.ServeMux) { statusRoutes(mux, s, s.hist)
 
 func (s *Server) recordHistory(snaps []fleetwatch.Snapshot) { s.hist.record(snaps) }
 
-// startProbes starts the drift probes and the review schedule; drift
-// statuses flow into the analyzer (and so into the snapshots) and alerts
-// into the status page. The stored drift states are loaded before it
-// returns; RestoreDrift reaches the probes from then on.
-func (s *Server) startProbes(ctx context.Context) (func(), error) {
-	d, err := startProbes(ctx, probeDeps{
-		cfg:          s.cfg,
+// probeDepsOf is what startProbes needs to start the probes of cfg;
+// prober, when not nil, is the prober of an earlier start to update and
+// reuse (a reload).
+func (s *Server) probeDepsOf(cfg *config.Config, prober *probes.Prober) probeDeps {
+	return probeDeps{
+		cfg:          cfg,
+		prober:       prober,
 		nc:           s.nc,
 		js:           s.js,
 		prefix:       s.cfg.Prefix,
@@ -100,14 +101,7 @@ func (s *Server) startProbes(ctx context.Context) (func(), error) {
 				s.opts.OnAlert(a)
 			}
 		},
-	})
-	if err != nil {
-		return nil, err
 	}
-	s.mu.Lock()
-	s.drift = d
-	s.mu.Unlock()
-	return d.Stop, nil
 }
 
 // transitionKey names one series of fleetwatch_breaker_transitions_total.
