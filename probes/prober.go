@@ -330,6 +330,10 @@ func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, 
 		p.probeError(st, err, o)
 		return false, err
 	}
+	if err := p.teach(ctx, st, cy, &caps); err != nil {
+		p.probeError(st, err, o)
+		return false, err
+	}
 	p.mu.Lock()
 	cy.TrafficFingerprint = st.trafficFP
 	p.mu.Unlock()

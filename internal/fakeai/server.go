@@ -404,8 +404,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	defer release()
 	ctx := r.Context()
+	echo, err := promptEchoOf(a.completer, req, raw, chat)
+	if err != nil {
+		s.badRequests.Add(1)
+		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
 
-	c := a.completer.Complete(req)
+	c := echo.complete(a.completer, req)
 	if a.b.Fingerprint != "" {
 		c.Fingerprint = a.b.Fingerprint
 	}
@@ -460,6 +466,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 					ch.Logprobs = completionLogprobsOf(c.Tokens, 0)
 				}
 				base.Choices = []completionChoice{ch}
+				if echo != nil {
+					base.Choices = []echoChoice{echo.choice(req.Prompt, c, finish, logprobs)}
+				}
 			}
 			base.Usage = u
 			if a.b.BreakAfterTokens > 0 {

@@ -82,6 +82,9 @@ type Harness struct {
 	EnrolMin time.Duration
 	// Ref is the reference model. If nil, New(Config{}).
 	Ref *Model
+	// Teacher is how the monitors judge teacher-forced scores (the suite's
+	// fixed texts). If empty, probes.TeacherOnly, serve's default.
+	Teacher probes.TeacherMode
 }
 
 func (h *Harness) ref() *Model {
@@ -148,7 +151,7 @@ func (b *backend) setNoise() {
 }
 
 func (h *Harness) monitor(id string) *probes.Monitor {
-	return probes.NewMonitor("sim", id, probes.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: h.EnrolMin, Params: h.Params}, nil)
+	return probes.NewMonitor("sim", id, probes.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: h.EnrolMin, Params: h.Params, Teacher: h.Teacher}, nil)
 }
 
 // at is the time of cycle i.
@@ -166,7 +169,7 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func (h *Harness) enrol(m *probes.Monitor, b *backend) (int, error) {
 	for i := 0; ; i++ {
 		b.setNoise()
-		r, err := m.Observe(Cycle(h.Suite, b.c, h.at(i)), nil)
+		r, err := m.Observe(h.cycle(m, b.c, h.at(i)), nil)
 		if err != nil {
 			return 0, err
 		}
@@ -208,7 +211,7 @@ func (h *Harness) Null(sigma float64, v *Variant, backends, cycles int, seed uin
 		}
 		for i := range cycles {
 			b.setNoise()
-			r, err := m.Observe(Cycle(h.Suite, b.c, h.at(start+i)), nil)
+			r, err := m.Observe(h.cycle(m, b.c, h.at(start+i)), nil)
 			if err != nil {
 				return res, err
 			}
@@ -277,7 +280,7 @@ func (h *Harness) Power(v Variant, sigma float64, trials, maxCycles int, seed ui
 		sus, dr := 0, 0
 		for i := 1; i <= maxCycles && dr == 0; i++ {
 			b.setNoise()
-			r, err := m.Observe(Cycle(h.Suite, b.c, h.at(start+i)), nil)
+			r, err := m.Observe(h.cycle(m, b.c, h.at(start+i)), nil)
 			if err != nil {
 				return res, err
 			}

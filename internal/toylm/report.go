@@ -1,6 +1,7 @@
 package toylm
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -38,6 +39,10 @@ type ReportSettings struct {
 	// Interval is the time between cycles (the probe schedule). If zero,
 	// 5 minutes.
 	Interval time.Duration
+	// Tier is what the monitors judge (TierNames): the sampled probes
+	// alone, the teacher-forced scores for subtle changes, or both. If
+	// empty, "teacher", serve's default.
+	Tier string
 }
 
 func (s ReportSettings) withDefaults() ReportSettings {
@@ -69,15 +74,19 @@ func WriteReport(ctx context.Context, w io.Writer, s ReportSettings) error {
 	if err != nil {
 		return err
 	}
-	h := &Harness{Suite: suite, Enrol: s.Enrol, EnrolMin: s.EnrolMin, Interval: s.Interval}
+	mode, err := TierMode(s.Tier)
+	if err != nil {
+		return err
+	}
+	h := &Harness{Suite: suite, Enrol: s.Enrol, EnrolMin: s.EnrolMin, Interval: s.Interval, Teacher: mode}
 	if s.EnrolMin == 0 {
 		h.EnrolMin = -1
 	}
 	ref := New(Config{})
 	h.Ref = ref
 	variants := Variants(ref)
-	fmt.Fprintf(w, "# fleetwatch drift sim (seed %d, suite %s; a cycle every %v, enrolment of at least %d cycles over at least %v, the newest %d kept)\n\n",
-		s.Seed, suite.Name, s.Interval, s.Enrol, s.EnrolMin, 2*s.Enrol)
+	fmt.Fprintf(w, "# fleetwatch drift sim (seed %d, suite %s, tier %s; a cycle every %v, enrolment of at least %d cycles over at least %v, the newest %d kept)\n\n",
+		s.Seed, suite.Name, cmp.Or(s.Tier, "teacher"), s.Interval, s.Enrol, s.EnrolMin, 2*s.Enrol)
 	fmt.Fprintln(w, "Calibration (measured KL against the reference, nats/token; greedy top-1 agreement):")
 	for _, v := range variants {
 		if m, ok := variantModel(v, ref); ok {
