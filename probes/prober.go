@@ -453,6 +453,9 @@ func (p *Prober) refreshLocked(st *backendState) {
 	}
 	sn.CUSUM = m.det.CUSUM.C
 	sn.Cooldown = m.det.CUSUM.Cooldown
+	if cu, ok := m.decidingCUSUM(); ok {
+		sn.CUSUM, sn.Cooldown = cu.C, cu.Cooldown
+	}
 	sn.IdentityPending = m.det.IdentityPending
 	sn.BaselineSince = sn.Since
 	st.monState = m.exportState()

@@ -396,3 +396,13 @@ func teacherLogprobSignal(st *TeacherStats, null NullModel, cu *CUSUM, p Params)
 		cu.C, p.CUSUMThreshold, st.T4, st.Persist, cu.MeanExcess(), p.MinExcessNats, st.S2, z2, st.Positions)
 	return s
 }
+
+// decidingCUSUM is the teacher tier's CUSUM when it, not the sampled one,
+// decides subtle changes (TeacherOnly with a teacher tier): what the
+// status and the fleetwatch_drift_cusum gauge show.
+func (m *Monitor) decidingCUSUM() (CUSUM, bool) {
+	if m.baseline == nil || m.baseline.Teacher == nil || m.teacherMode() != TeacherOnly {
+		return CUSUM{}, false
+	}
+	return m.tch.CUSUM, true
+}
