@@ -35,12 +35,12 @@ const (
 // (for the persistent delta), and whether enrolment found the backend
 // unable to score prompts.
 type teacherState struct {
-	CUSUM CUSUM  `json:"cusum"`
-	Prev  *Cycle `json:"prev,omitempty"` // the previous judged cycle's scores, as a cycle of the teacher suite
+	CUSUM CUSUM
+	Prev  *Cycle // the previous judged cycle's scores, as a cycle of the teacher suite
 	// Unsupported is set when an enrolment cycle came without scores: the
 	// baseline will have no teacher tier, so later enrolment cycles do not
 	// ask.
-	Unsupported bool `json:"unsupported,omitempty"`
+	Unsupported bool
 }
 
 // TeacherStats are one cycle's teacher-forced statistics against the
