@@ -103,9 +103,8 @@ func TestTierMode(t *testing.T) {
 // miss 7 of 50 trials), and reaches drifted.
 func TestTeacherQ8CaughtWithinTenCyclesAtSigma01(t *testing.T) {
 	t.Parallel()
-	h, vs := testHarness(t)
-	h.Teacher = probes.TeacherOnly
-	r, err := h.Power(vs["q8-like"], 0.1, raceFewer(3), 10, 21)
+	h, vs := teacherHarness(t)
+	r, err := h.Power(vs["q8-like"], 0.1, raceFewer(2), 10, 21)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,10 +118,9 @@ func TestTeacherQ8CaughtWithinTenCyclesAtSigma01(t *testing.T) {
 // fixed noise level and in the load regime.
 func TestTeacherNullStaysOK(t *testing.T) {
 	t.Parallel()
-	h, vs := testHarness(t)
-	h.Teacher = probes.TeacherOnly
+	h, vs := teacherHarness(t)
 	fp16 := vs["fp16"]
-	for _, sigma := range []float64{0.1, LoadRegime} {
+	for _, sigma := range teacherNullLevels {
 		for _, v := range []*Variant{nil, &fp16} {
 			r, err := h.Null(sigma, v, 1, nullCycles/2, 22)
 			if err != nil {
@@ -133,4 +131,18 @@ func TestTeacherNullStaysOK(t *testing.T) {
 			}
 		}
 	}
+}
+
+// teacherHarness is testHarness on the teacher tier, with the default
+// suite's fixed texts and one sampled prompt: the teacher tier decides
+// subtle changes, and the other 15 prompts would only slow the toy model
+// (tenfold under the race detector).
+func teacherHarness(t *testing.T) (*Harness, map[string]Variant) {
+	t.Helper()
+	h, vs := testHarness(t)
+	s := *h.Suite
+	s.Prompts = s.Prompts[:1]
+	s.Hash += "-one-prompt"
+	h.Suite, h.Teacher = &s, probes.TeacherOnly
+	return h, vs
 }
