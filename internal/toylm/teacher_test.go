@@ -104,11 +104,14 @@ func TestTierMode(t *testing.T) {
 func TestTeacherQ8CaughtWithinTenCyclesAtSigma01(t *testing.T) {
 	t.Parallel()
 	h, vs := teacherHarness(t)
+	// no gross rule: with one sampled prompt S3 is one noisy position and
+	// would catch q8-like at once; the teacher CUSUM must do it alone
+	h.Params.GrossZ = math.Inf(1)
 	r, err := h.Power(vs["q8-like"], 0.1, raceFewer(2), 10, 21)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Within(10) != r.Trials || r.DriftedWithin(10) != r.Trials {
+	if r.Within(10) != r.Trials || r.DriftedWithin(10) != r.Trials || r.SuspectDelay[0] < 2 {
 		t.Errorf("q8-like at sigma 0.1: left ok within 10 cycles in %d of %d trials, drifted in %d (%v, %v)",
 			r.Within(10), r.Trials, r.DriftedWithin(10), r.SuspectDelay, r.DriftedDelay)
 	}
