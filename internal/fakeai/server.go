@@ -1,7 +1,9 @@
 // Package fakeai is a fake OpenAI-compatible inference backend over real
 // HTTP, for tests, the demo and docker-compose. It serves
 // POST /v1/chat/completions and /v1/completions (streaming SSE and not, with
-// usage, system_fingerprint and logprobs in the OpenAI shapes),
+// usage, system_fingerprint and logprobs in the OpenAI shapes, and the
+// prompt's own logprobs on "echo" or "prompt_logprobs" where the Completer
+// is a PromptScorer, as vLLM does: teacher.go),
 // POST /v1/embeddings, GET /v1/models, GET /version, GET /health and
 // GET /metrics (vLLM's load gauges and configuration info gauges, see
 // Identity), and vLLM's ORCA load report header on non-streaming answers
