@@ -44,6 +44,10 @@ type Baseline struct {
 	Null      NullModel        `json:"null"`
 	Identity  Identity         `json:"identity"`
 	Reason    string           `json:"reason,omitempty"`
+	// Teacher is the teacher-forced tier (teacher_monitor.go): a baseline
+	// over the suite's fixed texts, nil when the backend did not score
+	// them at enrolment.
+	Teacher *Baseline `json:"teacher,omitempty"`
 }
 
 // PromptBaseline is the baseline of one prompt.
@@ -63,6 +67,9 @@ type PositionBaseline struct {
 	Alts  []Alt   `json:"alts"`  // mean logprob of every token seen in the top-k, most likely first
 	Floor float64 `json:"floor"` // mean lowest top-k logprob
 	N     int     `json:"n"`     // aligned cycles
+	// Var is the sample variance of the top-1 logprob over those cycles
+	// (teacher tier only: teacher_monitor.go).
+	Var float64 `json:"var,omitempty"`
 }
 
 // NullStat is the null distribution of one statistic: the leave-one-out

@@ -86,6 +86,9 @@ type Capabilities struct {
 	Seed           bool `json:"seed"`             // identical greedy answers to identical requests
 	Fingerprint    bool `json:"fingerprint"`      // system_fingerprint present
 	Version        bool `json:"version"`          // GET /version answered
+	// PromptLogprobs: the suite's fixed texts were scored teacher-forced
+	// (echo with logprobs) this cycle.
+	PromptLogprobs bool `json:"prompt_logprobs"`
 }
 
 // Client speaks the OpenAI-compatible API to one backend.

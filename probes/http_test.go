@@ -339,8 +339,9 @@ func TestProberDetectsAChangeOverHTTP(t *testing.T) {
 	if err := p.ProbeBackend(t.Context(), "p", "b"); err != nil {
 		t.Fatal(err)
 	}
-	if got := fs.Stats().Requests - before; got != 32 {
-		t.Errorf("%d generation requests, want 32: the fingerprint change runs an extra cycle", got)
+	s := defaultSuite(t)
+	if got, want := fs.Stats().Requests-before, int64(2*(len(s.Prompts)+len(s.Teacher))); got != want {
+		t.Errorf("%d generation requests, want %d: the fingerprint change runs an extra cycle", got, want)
 	}
 	alerts := sink.alertsFor("b")
 	if len(alerts) != 1 {

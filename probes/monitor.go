@@ -29,6 +29,9 @@ type MonitorSettings struct {
 	EnrolMin time.Duration
 	// Params are the decision thresholds.
 	Params Params
+	// Teacher is how teacher-forced scores are judged where the backend
+	// supports them. If empty, TeacherOnly.
+	Teacher TeacherMode
 }
 
 // Monitor is the pure drift logic of one backend: enrolment, statistics,
@@ -50,12 +53,15 @@ type Monitor struct {
 	identity   *Identity
 	prev       *Cycle // the last judged cycle, for S4
 	last       Result
+
+	teacherSetting TeacherMode
+	tch            teacherState // the teacher-forced tier (teacher_monitor.go)
 }
 
 // NewMonitor returns a monitor that starts enrolling, or continues from b
 // when b is a baseline of the same suite (nil: enrol).
 func NewMonitor(pool, backend string, s MonitorSettings, b *Baseline) *Monitor {
-	m := &Monitor{Pool: pool, Backend: backend, suite: s.Suite, enrol: s.Enrol, enrolMin: s.EnrolMin, p: s.Params.withDefaults()}
+	m := &Monitor{Pool: pool, Backend: backend, suite: s.Suite, enrol: s.Enrol, enrolMin: s.EnrolMin, p: s.Params.withDefaults(), teacherSetting: s.Teacher}
 	if m.enrol == 0 {
 		m.enrol = 8
 	}
@@ -87,6 +93,7 @@ func (m *Monitor) Last() Result { return m.last }
 func (m *Monitor) Rebaseline(now time.Time) {
 	m.baseline, m.enrolling, m.recent, m.prev = nil, nil, nil, nil
 	m.det = Detector{Status: fleetwatch.DriftUnknown, Since: now}
+	m.tch = teacherState{}
 }
 
 // Result is what one cycle did.
@@ -106,7 +113,10 @@ type Result struct {
 	// IdentityTier lists the identity-tier fields that differ from the
 	// baseline's this cycle: an immediate suspect (Signal.Identity).
 	IdentityTier []IdentityChange
-	Transition   *Transition
+	// Teacher holds the teacher-forced statistics when the baseline has
+	// a teacher tier.
+	Teacher    *TeacherStats
+	Transition *Transition
 	// Alert is set when the status changed.
 	Alert *fleetwatch.DriftAlert
 }
@@ -131,6 +141,9 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 	if b.Logprobs && !c.hasLogprobs() {
 		return r, ErrNoLogprobs
 	}
+	if err := m.teacherCheck(c); err != nil {
+		return r, err
+	}
 	r.Stats = Measure(b, c)
 	r.Stats.S4 = PersistentDelta(b, c, m.prev)
 	m.prev = c
@@ -139,6 +152,7 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 	} else {
 		r.Signal, r.PValue = m.blackBoxSignal(c, r.Stats, fdr)
 	}
+	r.Signal, r.Teacher = m.teacherSignal(c, r.Signal)
 	tier := b.Identity.TierChanges(c.Identity)
 	if bf, tf := b.Identity.Fingerprint, c.TrafficFingerprint; bf != "" && tf != "" && tf != bf && c.Identity.Fingerprint != bf {
 		// traffic and the probe agree that the fingerprint is not the
@@ -161,6 +175,7 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 	}
 	if tr, ok := m.det.Step(c.At, r.Signal, m.p); ok {
 		r.Transition = &tr
+		m.teacherAfterStep(&tr)
 		a := m.alert(c, r, tr)
 		r.Alert = &a
 	}
@@ -173,6 +188,7 @@ func (m *Monitor) enrolCycle(c *Cycle, r Result) (Result, error) {
 		m.enrolStart = c.At
 	}
 	m.enrolling = append(m.enrolling, c)
+	m.teacherEnrolCycle(c)
 	if len(m.enrolling) > 2*m.enrol { // keep the newest, bounded
 		m.enrolling = m.enrolling[len(m.enrolling)-2*m.enrol:]
 	}
@@ -183,6 +199,9 @@ func (m *Monitor) enrolCycle(c *Cycle, r Result) (Result, error) {
 	}
 	b, err := BuildBaseline(m.suite, m.enrolling, m.p.SigmaFloor)
 	if err != nil {
+		return r, err
+	}
+	if err := m.attachTeacher(b, m.enrolling); err != nil {
 		return r, err
 	}
 	b.Pool, b.Backend, b.Created, b.From = m.Pool, m.Backend, c.At, m.enrolStart
@@ -279,6 +298,7 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 	if len(r.IdentityTier) > 0 {
 		ev.Extra["identity_changes"] = r.IdentityTier
 	}
+	teacherEvidence(ev.Extra, b.Teacher, r.Teacher, m.tch.CUSUM)
 	if c.TrafficFingerprint != "" {
 		ev.Extra["traffic_fingerprint"] = c.TrafficFingerprint
 	}

@@ -170,6 +170,9 @@ type Cycle struct {
 	// the probe's own fingerprint also differing from the baseline's, the
 	// identity tier counts it as a change.
 	TrafficFingerprint string `json:",omitempty"`
+	// Teacher holds the teacher-forced scores of the suite's fixed texts,
+	// in suite order, when the cycle scored them (teacher.go).
+	Teacher []Observation `json:",omitempty"`
 }
 
 // hasLogprobs reports whether every observation carried logprobs.

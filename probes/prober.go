@@ -330,6 +330,10 @@ func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, 
 		p.probeError(st, err, o)
 		return false, err
 	}
+	if err := p.teach(ctx, st, cy, &caps); err != nil {
+		p.probeError(st, err, o)
+		return false, err
+	}
 	p.mu.Lock()
 	cy.TrafficFingerprint = st.trafficFP
 	p.mu.Unlock()
@@ -449,6 +453,9 @@ func (p *Prober) refreshLocked(st *backendState) {
 	}
 	sn.CUSUM = m.det.CUSUM.C
 	sn.Cooldown = m.det.CUSUM.Cooldown
+	if cu, ok := m.decidingCUSUM(); ok {
+		sn.CUSUM, sn.Cooldown = cu.C, cu.Cooldown
+	}
 	sn.IdentityPending = m.det.IdentityPending
 	sn.BaselineSince = sn.Since
 	st.monState = m.exportState()

@@ -61,6 +61,9 @@ type DriftState struct {
 	Prev        *Cycle                 `json:"prev,omitempty"`
 	// Recent are the last cycles of a black-box backend (the MMD sample).
 	Recent []*Cycle `json:"recent,omitempty"`
+	// TeacherCUSUM is the teacher-forced tier's CUSUM, when the baseline
+	// has that tier (its previous scores are Prev's).
+	TeacherCUSUM *CUSUM `json:"teacher_cusum,omitempty"`
 }
 
 // UnmarshalState decodes a stored drift state.
@@ -87,6 +90,7 @@ func (m *Monitor) exportState() DriftState {
 	if len(m.recent) > 0 {
 		s.Recent = append([]*Cycle(nil), m.recent...)
 	}
+	m.exportTeacher(&s)
 	return s
 }
 
@@ -114,6 +118,7 @@ func (m *Monitor) importState(s *DriftState) bool {
 			m.recent = append(m.recent, c)
 		}
 	}
+	m.importTeacher(s)
 	// the last cycle's statistics are not stored: S2's z is unknown (NaN)
 	m.last = Result{At: s.LastCycle, Signal: Signal{Score: s.Score, Thresh: s.Threshold}, Stats: Stats{S2: math.NaN()}}
 	return true

@@ -40,7 +40,10 @@ type Prompt struct {
 type Suite struct {
 	Name    string   `json:"name"`
 	Prompts []Prompt `json:"prompts"`
-	Hash    string   `json:"-"`
+	// Teacher are the fixed texts scored teacher-forced where the backend
+	// returns prompt logprobs (teacher.go); optional.
+	Teacher []TeacherText `json:"teacher,omitempty"`
+	Hash    string        `json:"-"`
 }
 
 // ErrSuite reports an unusable prompt suite.
@@ -99,6 +102,9 @@ func ParseSuite(data []byte) (*Suite, error) {
 		default:
 			return nil, fmt.Errorf("%w: prompts[%d].kind = %q: want stable, border or one-token", ErrSuite, i, p.Kind)
 		}
+	}
+	if err := validateTeacher(s.Teacher); err != nil {
+		return nil, err
 	}
 	canon, _ := json.Marshal(s) // the normalised suite decides the hash
 	sum := sha256.Sum256(canon)

@@ -193,15 +193,19 @@ func runDriftSim(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	interval := fs.Duration("interval", 5*time.Minute, "time between cycles (the probe schedule)")
 	nullOnly := fs.Bool("null-only", false, "run only the false-alarm measurement: --cycles null cycles per noise level, each count with its exact 95% upper bound")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "null backends run at once (the result does not depend on it)")
+	tier := fs.String("tier", "teacher", "what is judged: sampled (the sampled probes alone), teacher (teacher-forced scores for subtle changes, serve's default) or both (every rule of both tiers)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
+	}
+	if _, err := toylm.TierMode(*tier); err != nil {
+		return fmt.Errorf("drift sim: --tier: %w", err)
 	}
 	if *cycles < *backends || *backends < 1 || *trials < 1 || *enrol < 3 || *interval <= 0 || *enrolMin < 0 || *workers < 1 {
 		return fmt.Errorf("drift sim: need --cycles >= --backends >= 1, --trials >= 1, --enrol >= 3, --interval > 0, --enrol-min >= 0 and --workers >= 1")
 	}
 	rs := toylm.ReportSettings{
 		Cycles: *cycles, Backends: *backends, Trials: *trials, MaxDelay: *maxDelay, PeerTrials: *peerTrials,
-		Seed: *seed, Enrol: *enrol, EnrolMin: *enrolMin, Interval: *interval, Workers: *workers,
+		Seed: *seed, Enrol: *enrol, EnrolMin: *enrolMin, Interval: *interval, Workers: *workers, Tier: *tier,
 	}
 	if *nullOnly {
 		return toylm.WriteFalseAlarms(ctx, stdout, rs)

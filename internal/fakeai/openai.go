@@ -56,6 +56,10 @@ type generationRequest struct {
 	Stop          json.RawMessage `json:"stop"`
 	Logprobs      json.RawMessage `json:"logprobs"` // chat: bool; completions: int
 	TopLogprobs   *int            `json:"top_logprobs"`
+	// Echo and PromptLogprobs ask /v1/completions for the prompt's own
+	// logprobs (teacher.go).
+	Echo           bool `json:"echo"`
+	PromptLogprobs *int `json:"prompt_logprobs"`
 }
 
 var errBadRequest = errors.New("fakeai: bad request")

@@ -1,7 +1,9 @@
 // Package fakeai is a fake OpenAI-compatible inference backend over real
 // HTTP, for tests, the demo and docker-compose. It serves
 // POST /v1/chat/completions and /v1/completions (streaming SSE and not, with
-// usage, system_fingerprint and logprobs in the OpenAI shapes),
+// usage, system_fingerprint and logprobs in the OpenAI shapes, and the
+// prompt's own logprobs on "echo" or "prompt_logprobs" where the Completer
+// is a PromptScorer, as vLLM does: teacher.go),
 // POST /v1/embeddings, GET /v1/models, GET /version, GET /health and
 // GET /metrics (vLLM's load gauges and configuration info gauges, see
 // Identity), and vLLM's ORCA load report header on non-streaming answers
@@ -404,8 +406,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	defer release()
 	ctx := r.Context()
+	echo, err := promptEchoOf(a.completer, req, raw, chat)
+	if err != nil {
+		s.badRequests.Add(1)
+		writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
 
-	c := a.completer.Complete(req)
+	c := echo.complete(a.completer, req)
 	if a.b.Fingerprint != "" {
 		c.Fingerprint = a.b.Fingerprint
 	}
@@ -460,6 +468,9 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 					ch.Logprobs = completionLogprobsOf(c.Tokens, 0)
 				}
 				base.Choices = []completionChoice{ch}
+				if echo != nil {
+					base.Choices = []echoChoice{echo.choice(req.Prompt, c, finish, logprobs)}
+				}
 			}
 			base.Usage = u
 			if a.b.BreakAfterTokens > 0 {

@@ -86,6 +86,9 @@ type Harness struct {
 	Ref *Model
 	// Workers is how many backends Null runs at once. If zero, 1.
 	Workers int
+	// Teacher is how the monitors judge teacher-forced scores (the suite's
+	// fixed texts). If empty, probes.TeacherOnly, serve's default.
+	Teacher probes.TeacherMode
 }
 
 func (h *Harness) ref() *Model {
@@ -152,7 +155,7 @@ func (b *backend) setNoise() {
 }
 
 func (h *Harness) monitor(id string) *probes.Monitor {
-	return probes.NewMonitor("sim", id, probes.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: h.EnrolMin, Params: h.Params}, nil)
+	return probes.NewMonitor("sim", id, probes.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: h.EnrolMin, Params: h.Params, Teacher: h.Teacher}, nil)
 }
 
 // at is the time of cycle i.
@@ -170,7 +173,7 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func (h *Harness) enrol(m *probes.Monitor, b *backend) (int, error) {
 	for i := 0; ; i++ {
 		b.setNoise()
-		r, err := m.Observe(Cycle(h.Suite, b.c, h.at(i)), nil)
+		r, err := m.Observe(h.cycle(m, b.c, h.at(i)), nil)
 		if err != nil {
 			return 0, err
 		}
@@ -254,7 +257,7 @@ func (h *Harness) nullBackend(sigma float64, v *Variant, k, cycles int, seed uin
 	}
 	for i := range cycles {
 		b.setNoise()
-		r, err := m.Observe(Cycle(h.Suite, b.c, h.at(start+i)), nil)
+		r, err := m.Observe(h.cycle(m, b.c, h.at(start+i)), nil)
 		if err != nil {
 			return res, err
 		}
@@ -325,7 +328,7 @@ func (h *Harness) Power(v Variant, sigma float64, trials, maxCycles int, seed ui
 		sus, dr := 0, 0
 		for i := 1; i <= maxCycles && dr == 0; i++ {
 			b.setNoise()
-			r, err := m.Observe(Cycle(h.Suite, b.c, h.at(start+i)), nil)
+			r, err := m.Observe(h.cycle(m, b.c, h.at(start+i)), nil)
 			if err != nil {
 				return res, err
 			}

@@ -26,8 +26,10 @@ func testHarness(t *testing.T) (*Harness, map[string]Variant) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// serve's defaults: a cycle every 5 minutes, enrolment over 2 hours
-	return &Harness{Suite: s, Ref: New(Config{})}, variantsOnce()
+	// serve's defaults: a cycle every 5 minutes, enrolment over 2 hours;
+	// the sampled tier alone (teacher_test.go tests the teacher tier, which
+	// costs three times as much per cycle)
+	return &Harness{Suite: s, Ref: New(Config{}), Teacher: probes.TeacherOff}, variantsOnce()
 }
 
 func TestSwapCaughtInOneCycleAtEveryNoiseLevel(t *testing.T) {

@@ -74,6 +74,10 @@ type Options struct {
 	Fingerprint string
 	// NoLogprobs makes the fake server omit logprobs.
 	NoLogprobs bool
+	// NoPromptLogprobs makes the model decline to score prompts (the fake
+	// server answers echo requests 400): a backend without prompt
+	// logprobs (teacher.go).
+	NoPromptLogprobs bool
 	// PromptOverhead is added to the prompt token count, like a chat
 	// template's tokens. A different value mimics a different tokenizer or
 	// template.

@@ -1,6 +1,7 @@
 package toylm
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -41,6 +42,10 @@ type ReportSettings struct {
 	// Workers is how many null backends run at once (Harness.Workers). If
 	// zero, 1.
 	Workers int
+	// Tier is what the monitors judge (TierNames): the sampled probes
+	// alone, the teacher-forced scores for subtle changes, or both. If
+	// empty, "teacher", serve's default.
+	Tier string
 }
 
 func (s ReportSettings) withDefaults() ReportSettings {
@@ -61,13 +66,19 @@ func (s ReportSettings) withDefaults() ReportSettings {
 	return s
 }
 
-// harness is the Harness of s (defaults applied), over the default suite.
+// harness is the Harness of s (defaults applied), over the default suite,
+// judging s.Tier with s.Workers null backends at once.
 func (s ReportSettings) harness() (*Harness, error) {
 	suite, err := probes.LoadSuite("")
 	if err != nil {
 		return nil, err
 	}
-	h := &Harness{Suite: suite, Enrol: s.Enrol, EnrolMin: s.EnrolMin, Interval: s.Interval, Ref: New(Config{})}
+	mode, err := TierMode(s.Tier)
+	if err != nil {
+		return nil, err
+	}
+	h := &Harness{Suite: suite, Enrol: s.Enrol, EnrolMin: s.EnrolMin, Interval: s.Interval, Ref: New(Config{}),
+		Teacher: mode, Workers: s.Workers}
 	if s.EnrolMin == 0 {
 		h.EnrolMin = -1
 	}
@@ -85,11 +96,10 @@ func WriteReport(ctx context.Context, w io.Writer, s ReportSettings) error {
 	if err != nil {
 		return err
 	}
-	h.Workers = s.Workers
 	suite, ref := h.Suite, h.Ref
 	variants := Variants(ref)
-	fmt.Fprintf(w, "# fleetwatch drift sim (seed %d, suite %s; a cycle every %v, enrolment of at least %d cycles over at least %v, the newest %d kept)\n\n",
-		s.Seed, suite.Name, s.Interval, s.Enrol, s.EnrolMin, 2*s.Enrol)
+	fmt.Fprintf(w, "# fleetwatch drift sim (seed %d, suite %s, tier %s; a cycle every %v, enrolment of at least %d cycles over at least %v, the newest %d kept)\n\n",
+		s.Seed, suite.Name, cmp.Or(s.Tier, "teacher"), s.Interval, s.Enrol, s.EnrolMin, 2*s.Enrol)
 	fmt.Fprintln(w, "Calibration (measured KL against the reference, nats/token; greedy top-1 agreement):")
 	for _, v := range variants {
 		if m, ok := variantModel(v, ref); ok {
@@ -233,10 +243,9 @@ func WriteFalseAlarms(ctx context.Context, w io.Writer, s ReportSettings) error 
 	if err != nil {
 		return err
 	}
-	h.Workers = s.Workers
 	per := s.Cycles / s.Backends
-	fmt.Fprintf(w, "# fleetwatch drift sim --null-only (seed %d, suite %s; a cycle every %v, enrolment of at least %d cycles over at least %v; %d backends of %d judged cycles per level, %d at once)\n\n",
-		s.Seed, h.Suite.Name, s.Interval, s.Enrol, s.EnrolMin, s.Backends, per, max(s.Workers, 1))
+	fmt.Fprintf(w, "# fleetwatch drift sim --null-only (seed %d, suite %s, tier %s; a cycle every %v, enrolment of at least %d cycles over at least %v; %d backends of %d judged cycles per level, %d at once)\n\n",
+		s.Seed, h.Suite.Name, cmp.Or(s.Tier, "teacher"), s.Interval, s.Enrol, s.EnrolMin, s.Backends, per, max(s.Workers, 1))
 	fmt.Fprintln(w, "Rates per judged cycle; brackets: exact one-sided 95% Clopper-Pearson upper bound.")
 	fmt.Fprintln(w, "\n| sigma | cycles | gross signals | CUSUM suspects (ok -> suspect) | alarms (left ok) | drifted | gross vs 1e-3 | alarms vs 1e-4 |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
