@@ -44,6 +44,8 @@ type Baseline struct {
 	Null      NullModel        `json:"null"`
 	Identity  Identity         `json:"identity"`
 	Reason    string           `json:"reason,omitempty"`
+	// Tools is the tool-call baseline (nil without tool probes).
+	Tools *ToolBaseline `json:"tools,omitempty"`
 }
 
 // PromptBaseline is the baseline of one prompt.
@@ -227,6 +229,7 @@ func BuildBaseline(s *Suite, cycles []*Cycle, sigmaFloor float64) (*Baseline, er
 		From: cycles[0].At, To: cycles[len(cycles)-1].At, Cycles: len(cycles),
 		Logprobs: logprobs, Prompts: buildProfile(s, cycles, logprobs),
 		Identity: cycles[len(cycles)-1].Identity,
+		Tools:    buildToolBaseline(s, cycles),
 	}
 	var s1, s2, s3 []float64
 	rest := make([]*Cycle, 0, len(cycles)-1)

@@ -106,7 +106,9 @@ type Result struct {
 	// IdentityTier lists the identity-tier fields that differ from the
 	// baseline's this cycle: an immediate suspect (Signal.Identity).
 	IdentityTier []IdentityChange
-	Transition   *Transition
+	// Tools is the tool-call tier's result (nil without tool probes).
+	Tools      *ToolResult
+	Transition *Transition
 	// Alert is set when the status changed.
 	Alert *fleetwatch.DriftAlert
 }
@@ -139,6 +141,7 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 	} else {
 		r.Signal, r.PValue = m.blackBoxSignal(c, r.Stats, fdr)
 	}
+	r.Tools, r.Signal = m.toolTier(c, r.Signal)
 	tier := b.Identity.TierChanges(c.Identity)
 	if bf, tf := b.Identity.Fingerprint, c.TrafficFingerprint; bf != "" && tf != "" && tf != bf && c.Identity.Fingerprint != bf {
 		// traffic and the probe agree that the fingerprint is not the
@@ -278,6 +281,9 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 	}
 	if len(r.IdentityTier) > 0 {
 		ev.Extra["identity_changes"] = r.IdentityTier
+	}
+	if r.Tools != nil {
+		ev.Extra["tool_calls"] = r.Tools.evidence()
 	}
 	if c.TrafficFingerprint != "" {
 		ev.Extra["traffic_fingerprint"] = c.TrafficFingerprint

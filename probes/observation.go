@@ -170,6 +170,9 @@ type Cycle struct {
 	// the probe's own fingerprint also differing from the baseline's, the
 	// identity tier counts it as a change.
 	TrafficFingerprint string `json:",omitempty"`
+	// Tools are the judged answers to the suite's tool prompts, in suite
+	// order (none without tool probes).
+	Tools []ToolObservation `json:",omitempty"`
 }
 
 // hasLogprobs reports whether every observation carried logprobs.

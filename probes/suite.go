@@ -40,7 +40,9 @@ type Prompt struct {
 type Suite struct {
 	Name    string   `json:"name"`
 	Prompts []Prompt `json:"prompts"`
-	Hash    string   `json:"-"`
+	// Tools are the tool-call probes (tool.go); nil: none.
+	Tools *ToolSuite `json:"tools,omitempty"`
+	Hash  string     `json:"-"`
 }
 
 // ErrSuite reports an unusable prompt suite.
@@ -51,6 +53,9 @@ var ErrSuite = errors.New("probes: invalid suite")
 func LoadSuite(nameOrPath string) (*Suite, error) {
 	if nameOrPath == "" {
 		nameOrPath = DefaultSuite
+	}
+	if base, tools, ok := strings.Cut(nameOrPath, "+"); ok {
+		return loadWithTools(base, tools)
 	}
 	data, err := builtinSuites.ReadFile("suites/" + nameOrPath + ".json")
 	if err != nil {
@@ -98,6 +103,11 @@ func ParseSuite(data []byte) (*Suite, error) {
 			p.MaxTokens = 1
 		default:
 			return nil, fmt.Errorf("%w: prompts[%d].kind = %q: want stable, border or one-token", ErrSuite, i, p.Kind)
+		}
+	}
+	if s.Tools != nil {
+		if err := s.Tools.validate(); err != nil {
+			return nil, err
 		}
 	}
 	canon, _ := json.Marshal(s) // the normalised suite decides the hash

@@ -56,6 +56,8 @@ type generationRequest struct {
 	Stop          json.RawMessage `json:"stop"`
 	Logprobs      json.RawMessage `json:"logprobs"` // chat: bool; completions: int
 	TopLogprobs   *int            `json:"top_logprobs"`
+	Tools         json.RawMessage `json:"tools"`       // tool.go
+	ToolChoice    json.RawMessage `json:"tool_choice"` // tool.go
 }
 
 var errBadRequest = errors.New("fakeai: bad request")
@@ -222,8 +224,9 @@ func completionLogprobsOf(toks []TokenLogprob, offset int) *completionLogprobs {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string         `json:"role,omitempty"`
+	Content   *string        `json:"content,omitempty"`
+	ToolCalls []chatToolCall `json:"tool_calls,omitempty"` // tool.go
 }
 
 type chatChoice struct {
