@@ -509,6 +509,7 @@ func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 		}
 	}
 	v := ComparePeers(baselines, p.s.Params)
+	tv := CompareToolPeers(baselines, p.s.Params) // toolpeers.go
 	now := p.s.Now()
 	var alerts []fleetwatch.DriftAlert
 	p.mu.Lock()
@@ -527,6 +528,10 @@ func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 			want, score, thresh = fleetwatch.DriftSuspect, d, p.s.Params.PeerMinNats
 			reason = fmt.Sprintf("the two backends %s and %s differ: baseline distance %.4f nats >= %.2f; with two peers neither is blamed",
 				v.Pair[0], v.Pair[1], d, p.s.Params.PeerMinNats)
+		case tv.Outlier == st.t.Backend:
+			want, score, thresh, reason = fleetwatch.DriftDrifted, tv.Stats.Z, tv.Thresh, tv.Reason
+		case tv.PairDiffers && (tv.Pair[0] == st.t.Backend || tv.Pair[1] == st.t.Backend):
+			want, score, thresh, reason = fleetwatch.DriftSuspect, tv.Stats.Z, tv.Thresh, tv.Reason
 		default:
 			reason = "in line with its peers"
 		}

@@ -48,7 +48,7 @@ func TestToolCycleOverHTTP(t *testing.T) {
 		}
 	}
 	c0 := probes.CountTools(cy.Tools)
-	want := probes.ToolCounts{ShouldCall: 24, Called: 24, RightName: 24, ArgsParse: 24, ArgsValid: 24, ShouldNotCall: 8, NoCall: 8}
+	want := probes.ToolCounts{ShouldCall: 40, Called: 40, RightName: 40, ArgsParse: 40, ArgsValid: 40, ShouldNotCall: 8, NoCall: 8}
 	if c0 != want {
 		t.Errorf("counts %+v, want %+v", c0, want)
 	}

@@ -12,11 +12,11 @@ import (
 type ToolParams struct {
 	// GrossPoints and GrossZ: a gross change fires at once when a rate
 	// fell by at least GrossPoints from the baseline's and the binomial
-	// test's z is at least GrossZ. If zero, 0.2 (20 points) and 3.09
-	// (p 0.001).
+	// test's z is at least GrossZ. If zero, 0.2 (20 points) and 3.72
+	// (p 0.0001).
 	GrossPoints, GrossZ float64
 	// CUSUMThreshold is h of the tool tier's CUSUM (same cap and slack as
-	// the logprob tier's). If zero, 4.
+	// the logprob tier's). If zero, 3.
 	CUSUMThreshold float64
 	// MinFall is the absolute floor: the mean fall since the CUSUM left 0
 	// must reach it. If zero, 0.05 (5 points).
@@ -27,6 +27,9 @@ type ToolParams struct {
 	MinFailure float64
 }
 
+// DefaultToolParams are the tool tier's thresholds with every default.
+func DefaultToolParams() ToolParams { return ToolParams{}.withDefaults() }
+
 func (p ToolParams) withDefaults() ToolParams {
 	def := func(v *float64, d float64) {
 		if *v == 0 {
@@ -34,8 +37,8 @@ func (p ToolParams) withDefaults() ToolParams {
 		}
 	}
 	def(&p.GrossPoints, 0.2)
-	def(&p.GrossZ, 3.09)
-	def(&p.CUSUMThreshold, 4)
+	def(&p.GrossZ, 3.72)
+	def(&p.CUSUMThreshold, 3)
 	def(&p.MinFall, 0.05)
 	def(&p.MinFailure, 0.01)
 	return p
@@ -75,20 +78,25 @@ type ToolResult struct {
 // MeasureTools compares one cycle's judged tool observations with the
 // baseline.
 func MeasureTools(b *ToolBaseline, obs []ToolObservation, p ToolParams) ToolStats {
+	return compareCounts(b.Counts, CountTools(obs), p)
+}
+
+// compareCounts tests counts c against the rates of base: the exact
+// one-sided binomial test of c's failures under base's failure rate.
+func compareCounts(base, c ToolCounts, p ToolParams) ToolStats {
 	p = p.withDefaults()
-	c := CountTools(obs)
-	st := ToolStats{Counts: c, Baseline: b.Counts,
-		ValidRate: c.ValidRate(), BaseValid: b.Counts.ValidRate(),
-		NoCallRate: c.NoCallRate(), BaseNoCall: b.Counts.NoCallRate(),
+	st := ToolStats{Counts: c, Baseline: base,
+		ValidRate: c.ValidRate(), BaseValid: base.ValidRate(),
+		NoCallRate: c.NoCallRate(), BaseNoCall: base.NoCallRate(),
 		PValid: 1, PNoCall: 1, Fall: math.Inf(-1)}
 	tests := 0
-	if c.ShouldCall > 0 && b.Counts.ShouldCall > 0 {
+	if c.ShouldCall > 0 && base.ShouldCall > 0 {
 		tests++
 		q0 := max(1-st.BaseValid, p.MinFailure)
 		st.PValid = BinomialUpper(c.ShouldCall-c.ArgsValid, c.ShouldCall, q0)
 		st.Fall = st.BaseValid - st.ValidRate
 	}
-	if c.ShouldNotCall > 0 && b.Counts.ShouldNotCall > 0 {
+	if c.ShouldNotCall > 0 && base.ShouldNotCall > 0 {
 		tests++
 		q0 := max(1-st.BaseNoCall, p.MinFailure)
 		st.PNoCall = BinomialUpper(c.ShouldNotCall-c.NoCall, c.ShouldNotCall, q0)

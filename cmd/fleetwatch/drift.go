@@ -189,14 +189,19 @@ func runDriftSim(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	enrol := fs.Int("enrol", 8, "minimum enrolment cycles (probes.enrol)")
 	enrolMin := fs.Duration("enrol-min", 2*time.Hour, "minimum enrolment span (probes.enrol_min); 0: none")
 	interval := fs.Duration("interval", 5*time.Minute, "time between cycles (the probe schedule)")
+	toolsOnly := fs.Bool("tools-only", false, "run only the tool-call probes' section (suite default-v1+tools-v1)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
 	if *cycles < *backends || *backends < 1 || *trials < 1 || *enrol < 3 || *interval <= 0 || *enrolMin < 0 {
 		return fmt.Errorf("drift sim: need --cycles >= --backends >= 1, --trials >= 1, --enrol >= 3, --interval > 0 and --enrol-min >= 0")
 	}
-	return toylm.WriteReport(ctx, stdout, toylm.ReportSettings{
+	rs := toylm.ReportSettings{
 		Cycles: *cycles, Backends: *backends, Trials: *trials, MaxDelay: *maxDelay, PeerTrials: *peerTrials,
 		Seed: *seed, Enrol: *enrol, EnrolMin: *enrolMin, Interval: *interval,
-	})
+	}
+	if *toolsOnly {
+		return toylm.WriteToolReport(ctx, stdout, rs)
+	}
+	return toylm.WriteReport(ctx, stdout, rs)
 }

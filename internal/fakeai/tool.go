@@ -141,8 +141,7 @@ func (m *ToolModel) Answer(prompt string, tr ToolRequest) []ToolCall {
 	n := m.calls.Add(1)
 	rng := rand.New(rand.NewPCG(m.Seed, n))
 	best := pickTool(prompt, tr)
-	hard := m.Hard > 0 && unit(m.Artefact, prompt, "hard") < m.Hard
-	wrong := hard && rng.Float64() < m.HardError
+	wrong := m.IsHard(prompt) && rng.Float64() < m.HardError
 	if best < 0 {
 		if wrong { // a hard prompt that needs no call: a spurious call
 			t := tr.Tools[int(unit(m.Artefact, prompt, "tool")*float64(len(tr.Tools)))]
@@ -168,6 +167,11 @@ func (m *ToolModel) Answer(prompt string, tr ToolRequest) []ToolCall {
 		mode = BreakInvalidJSON // a required call cannot be left out
 	}
 	return breakCall(call, mode, t, tr)
+}
+
+// IsHard reports whether the artefact finds prompt hard.
+func (m *ToolModel) IsHard(prompt string) bool {
+	return m.Hard > 0 && unit(m.Artefact, prompt, "hard") < m.Hard
 }
 
 // breakCall spoils a correct call in the given way ("": unchanged).
