@@ -162,6 +162,9 @@ func toolSignal(st ToolStats, cu *CUSUM, p Params) Signal {
 	}
 	summary := st.summary()
 	switch {
+	case s.Quiet && !s.Alarm && !s.Gross:
+		s.Score, s.Thresh = cu.C, tp.CUSUMThreshold
+		s.Reason = "tool calls in line with the baseline: " + st.rates()
 	case s.Gross:
 		s.Score, s.Thresh = st.Z, tp.GrossZ
 		s.Reason = fmt.Sprintf("gross change in tool calls: %s (gross: a fall of >= %.0f points with z >= %.2f)", summary, 100*tp.GrossPoints, tp.GrossZ)
@@ -174,6 +177,11 @@ func toolSignal(st ToolStats, cu *CUSUM, p Params) Signal {
 }
 
 func (st ToolStats) summary() string {
+	return fmt.Sprintf("%s; fall %.0f points, binomial p %.2g (z %.1f)", st.rates(), 100*st.Fall, st.P, st.Z)
+}
+
+// rates are the rates of the cycle and of the baseline.
+func (st ToolStats) rates() string {
 	rate := func(name string, k, n int, base float64) string {
 		if n == 0 {
 			return ""
@@ -189,7 +197,7 @@ func (st ToolStats) summary() string {
 			parts = append(parts, s)
 		}
 	}
-	return fmt.Sprintf("%s; fall %.0f points, binomial p %.2g (z %.1f)", strings.Join(parts, ", "), 100*st.Fall, st.P, st.Z)
+	return strings.Join(parts, ", ")
 }
 
 // toolTier judges the cycle's tool probes against the baseline, feeds the

@@ -411,7 +411,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	c := a.completer.Complete(req)
 	var calls []ToolCall
 	if chat && !raw.Stream {
-		if calls, err = s.answerTools(raw, req); err != nil {
+		if calls, err = s.answerTools(raw, req, &c); err != nil {
 			s.badRequests.Add(1)
 			writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 			return

@@ -419,13 +419,22 @@ func withToolCalls(ch *chatChoice, calls []ToolCall, id string, u *usage) {
 }
 
 // answerTools reads the request's tools and asks the ToolModel; no tools:
-// no calls.
-func (s *Server) answerTools(raw generationRequest, req CompletionRequest) ([]ToolCall, error) {
+// no calls. An answer with calls takes as long to generate as the calls'
+// tokens, not the text's: c's tokens are cut to that many.
+func (s *Server) answerTools(raw generationRequest, req CompletionRequest, c *Completion) ([]ToolCall, error) {
 	tr, err := parseTools(raw.Tools, raw.ToolChoice)
 	if err != nil || len(tr.Tools) == 0 {
 		return nil, err
 	}
-	return s.ToolModel().Answer(req.Prompt, tr), nil
+	calls := s.ToolModel().Answer(req.Prompt, tr)
+	if len(calls) > 0 {
+		n := 0
+		for _, call := range calls {
+			n += CountTokens(call.Name + " " + call.Arguments)
+		}
+		c.Tokens = c.Tokens[:min(len(c.Tokens), max(n, 1))]
+	}
+	return calls, nil
 }
 
 // zeroTools answers requests with tools while no ToolModel was set.
