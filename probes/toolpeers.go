@@ -29,7 +29,7 @@ type ToolPeerVerdict struct {
 // CompareToolPeers compares the tool baselines of one pool's backends
 // (keyed by backend id; only supported tool baselines of the same suite
 // count). With 3 or more, the backend whose rates, tested against the
-// pooled counts of the others, fell by at least GrossPoints with z >=
+// pooled counts of the others, are lower by at least PeerPoints with z >=
 // GrossZ is the outlier; with 2, the pair differs when either is worse
 // than the other by that rule.
 func CompareToolPeers(baselines map[string]*Baseline, p Params) ToolPeerVerdict {
@@ -65,7 +65,7 @@ func CompareToolPeers(baselines map[string]*Baseline, p Params) ToolPeerVerdict 
 			best, v.Candidate, v.Stats = st.Z, id, st
 		}
 	}
-	flagged := v.Stats.Fall >= tp.GrossPoints && v.Stats.Z >= tp.GrossZ
+	flagged := v.Stats.Fall >= tp.PeerPoints && v.Stats.Z >= tp.GrossZ
 	switch {
 	case !flagged:
 		v.Reason = "tool calls in line with the peers"
@@ -75,8 +75,8 @@ func CompareToolPeers(baselines map[string]*Baseline, p Params) ToolPeerVerdict 
 			ids[0], ids[1], v.Stats.summary())
 	default:
 		v.Outlier = v.Candidate
-		v.Reason = fmt.Sprintf("tool-call outlier among %d peers at enrolment: %s against the others' pooled rates (needs a fall of >= %.0f points with z >= %.2f)",
-			len(ids), v.Stats.summary(), 100*tp.GrossPoints, tp.GrossZ)
+		v.Reason = fmt.Sprintf("tool-call outlier among %d peers at enrolment: %s against the others' pooled rates (needs %.0f points lower with z >= %.2f)",
+			len(ids), v.Stats.summary(), 100*tp.PeerPoints, tp.GrossZ)
 	}
 	return v
 }

@@ -25,6 +25,10 @@ type ToolParams struct {
 	// so that a baseline without a single failure does not make one
 	// failure an alarm. If zero, 0.01.
 	MinFailure float64
+	// PeerPoints: a backend whose enrolment rates are lower than the
+	// pooled rates of its peers by at least PeerPoints, with z >= GrossZ,
+	// is a tool-call outlier. If zero, 0.1 (10 points).
+	PeerPoints float64
 }
 
 // DefaultToolParams are the tool tier's thresholds with every default.
@@ -41,6 +45,7 @@ func (p ToolParams) withDefaults() ToolParams {
 	def(&p.CUSUMThreshold, 3)
 	def(&p.MinFall, 0.05)
 	def(&p.MinFailure, 0.01)
+	def(&p.PeerPoints, 0.1)
 	return p
 }
 

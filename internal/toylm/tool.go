@@ -318,7 +318,7 @@ func WriteToolReport(ctx context.Context, w io.Writer, s ToolReportSettings) err
 			propCP(pr.Within(1), pr.Trials), propCP(pr.Within(2), pr.Trials), propCP(pr.Within(3), pr.Trials),
 			propCP(pr.DriftedWithin(s.MaxDelay), pr.Trials), medianDelay(pr.SuspectDelay), medianDelay(pr.DriftedDelay))
 	}
-	fmt.Fprintf(w, "\nPeers (3 backends, the last one breaking its calls from the start; %d trials):\n\n", s.PeerTrials)
+	fmt.Fprintf(w, "\nPeers (3 backends, the last one breaking its calls from the start; %d trials; named when its enrolment rates are >= %.0f points below the others' with z >= %.2f):\n\n", s.PeerTrials, 100*p.PeerPoints, p.GrossZ)
 	fmt.Fprintln(w, "| valid-call rate lower by | outlier named (95% CP) | wrong backend named |")
 	fmt.Fprintln(w, "|---|---|---|")
 	for _, fall := range []float64{0, 0.1, 0.2, 0.3} {
