@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -234,5 +235,20 @@ func TestToolCallsOverHTTP(t *testing.T) {
 	resp.Body.Close()
 	if diff := cmp.Diff(ToolSettings{Break: 1, Modes: []string{"wrong_name"}}, got); diff != "" {
 		t.Errorf("GET /admin/tools (-want +got):\n%s", diff)
+	}
+}
+
+// The admin listener of `fleetwatch fake` reaches a backend's tool model.
+func TestToolsThroughTheFleetAdmin(t *testing.T) {
+	srv := start(t, Settings{Name: "b1"})
+	admin := httptest.NewServer(AdminHandler([]*Server{srv}, nil))
+	t.Cleanup(admin.Close)
+	resp, err := http.Post(admin.URL+"/admin/b1/tools", "application/json", strings.NewReader(`{"break":0.25,"modes":["no_call"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := srv.ToolModel().Settings(); resp.StatusCode != http.StatusOK || got.Break != 0.25 || len(got.Modes) != 1 {
+		t.Errorf("status %d, tool model %+v", resp.StatusCode, got)
 	}
 }
