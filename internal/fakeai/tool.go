@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 )
 
@@ -81,6 +82,48 @@ type ToolModel struct {
 	calls atomic.Uint64
 }
 
+// toolAnswer is the reference answer to one prompt and set of tools, the
+// same for every artefact.
+type toolAnswer struct {
+	best int      // the function to call, -1: none
+	args []string // the arguments for each function
+}
+
+// answers caches reference answers: the probes ask the same prompts every
+// cycle, and building arguments from a schema is the costly part.
+var answers struct {
+	sync.Mutex // guards m
+	m          map[string]toolAnswer
+}
+
+// reference returns the reference answer, computed once per prompt and
+// tools (told apart by their names, descriptions and choice).
+func reference(prompt string, tr ToolRequest) toolAnswer {
+	var key strings.Builder
+	key.WriteString(tr.Choice + "\x00" + tr.Forced + "\x00" + prompt)
+	for _, t := range tr.Tools {
+		key.WriteString("\x00" + t.Name + "\x00" + t.Description)
+	}
+	k := key.String()
+	answers.Lock()
+	a, ok := answers.m[k]
+	answers.Unlock()
+	if ok {
+		return a
+	}
+	a = toolAnswer{best: pickTool(prompt, tr)}
+	for _, t := range tr.Tools {
+		a.args = append(a.args, arguments(t.Parameters, prompt))
+	}
+	answers.Lock()
+	if answers.m == nil || len(answers.m) >= 4096 {
+		answers.m = map[string]toolAnswer{} // a crude bound is enough for a fake
+	}
+	answers.m[k] = a
+	answers.Unlock()
+	return a
+}
+
 // ErrBadTools reports a tools or tool_choice field the fake cannot read.
 var ErrBadTools = fmt.Errorf("%w: tools", errBadRequest)
 
@@ -140,17 +183,18 @@ func (m *ToolModel) Answer(prompt string, tr ToolRequest) []ToolCall {
 	}
 	n := m.calls.Add(1)
 	rng := rand.New(rand.NewPCG(m.Seed, n))
-	best := pickTool(prompt, tr)
+	ref := reference(prompt, tr)
+	best := ref.best
 	wrong := m.IsHard(prompt) && rng.Float64() < m.HardError
 	if best < 0 {
 		if wrong { // a hard prompt that needs no call: a spurious call
-			t := tr.Tools[int(unit(m.Artefact, prompt, "tool")*float64(len(tr.Tools)))]
-			return []ToolCall{{Name: t.Name, Arguments: arguments(t.Parameters, prompt)}}
+			i := int(unit(m.Artefact, prompt, "tool") * float64(len(tr.Tools)))
+			return []ToolCall{{Name: tr.Tools[i].Name, Arguments: ref.args[i]}}
 		}
 		return nil
 	}
 	t := tr.Tools[best]
-	call := ToolCall{Name: t.Name, Arguments: arguments(t.Parameters, prompt)}
+	call := ToolCall{Name: t.Name, Arguments: ref.args[best]}
 	mode := ""
 	switch {
 	case wrong:
