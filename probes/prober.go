@@ -449,6 +449,7 @@ func (p *Prober) refreshLocked(st *backendState) {
 	}
 	sn.CUSUM = m.det.CUSUM.C
 	sn.Cooldown = m.det.CUSUM.Cooldown
+	sn.Tools = last.Tools
 	sn.IdentityPending = m.det.IdentityPending
 	sn.BaselineSince = sn.Since
 	st.monState = m.exportState()
@@ -651,13 +652,15 @@ type BackendStatus struct {
 	FingerprintEvents    int               `json:"fingerprint_events"`
 	LastFingerprintEvent *FingerprintEvent `json:"last_fingerprint_event,omitempty"`
 	// LastAlert is the backend's last drift alert, with its evidence.
-	LastAlert     *fleetwatch.DriftAlert `json:"last_alert,omitempty"`
-	Caps          Capabilities           `json:"capabilities"`
-	LastCycle     time.Time              `json:"last_cycle"`
-	LastError     string                 `json:"last_error,omitempty"`
-	LastErrorKind string                 `json:"last_error_kind,omitempty"`
-	LastErrorAt   time.Time              `json:"last_error_at"`
-	Errors        int                    `json:"errors"`
+	LastAlert *fleetwatch.DriftAlert `json:"last_alert,omitempty"`
+	// Tools is the last cycle's tool-call tier (nil without tool probes).
+	Tools         *ToolResult  `json:"tools,omitempty"`
+	Caps          Capabilities `json:"capabilities"`
+	LastCycle     time.Time    `json:"last_cycle"`
+	LastError     string       `json:"last_error,omitempty"`
+	LastErrorKind string       `json:"last_error_kind,omitempty"`
+	LastErrorAt   time.Time    `json:"last_error_at"`
+	Errors        int          `json:"errors"`
 }
 
 // Statuses returns every target's drift state, in target order.

@@ -1,6 +1,7 @@
 package probes
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
@@ -246,5 +247,17 @@ func TestCompareToolPeers(t *testing.T) {
 	v = CompareToolPeers(map[string]*Baseline{"a": b(16 * 39), "b": b(16 * 38), "c": unsupported}, Params{})
 	if v.Outlier != "" || v.PairDiffers {
 		t.Errorf("a backend without tools was compared: %+v", v)
+	}
+}
+
+// A suite without should-not-call prompts has no no-call rate: the stats
+// stay finite, so that they encode as JSON.
+func TestToolStatsWithoutNoCallPrompts(t *testing.T) {
+	st := compareCounts(toolCounts(16*40, 16*40, 0, 0), toolCounts(30, 40, 0, 0), ToolParams{})
+	if _, err := json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if st.NoCallRate != 0 || st.BaseNoCall != 0 || math.Abs(st.Fall-0.25) > 1e-9 || st.PNoCall != 1 {
+		t.Errorf("stats %+v", st)
 	}
 }

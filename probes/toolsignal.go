@@ -50,6 +50,7 @@ func (p ToolParams) withDefaults() ToolParams {
 }
 
 // ToolStats are one cycle's tool-call statistics against the baseline.
+// A rate without prompts of its kind is 0.
 type ToolStats struct {
 	Counts     ToolCounts `json:"counts"`
 	Baseline   ToolCounts `json:"baseline_counts"`
@@ -111,6 +112,11 @@ func compareCounts(base, c ToolCounts, p ToolParams) ToolStats {
 	st.Z = probit(st.P)
 	if math.IsInf(st.Fall, -1) {
 		st.Fall = 0
+	}
+	for _, r := range []*float64{&st.ValidRate, &st.BaseValid, &st.NoCallRate, &st.BaseNoCall} {
+		if math.IsNaN(*r) {
+			*r = 0 // no such prompts; JSON has no NaN
+		}
 	}
 	return st
 }
