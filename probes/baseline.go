@@ -48,6 +48,8 @@ type Baseline struct {
 	// over the suite's fixed texts, nil when the backend did not score
 	// them at enrolment.
 	Teacher *Baseline `json:"teacher,omitempty"`
+	// Tools is the tool-call baseline (nil without tool probes).
+	Tools *ToolBaseline `json:"tools,omitempty"`
 }
 
 // PromptBaseline is the baseline of one prompt.
@@ -234,6 +236,7 @@ func BuildBaseline(s *Suite, cycles []*Cycle, sigmaFloor float64) (*Baseline, er
 		From: cycles[0].At, To: cycles[len(cycles)-1].At, Cycles: len(cycles),
 		Logprobs: logprobs, Prompts: buildProfile(s, cycles, logprobs),
 		Identity: cycles[len(cycles)-1].Identity,
+		Tools:    buildToolBaseline(s, cycles),
 	}
 	var s1, s2, s3 []float64
 	rest := make([]*Cycle, 0, len(cycles)-1)

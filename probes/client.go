@@ -482,5 +482,10 @@ func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout 
 		}
 	}
 	caps.Fingerprint = cy.Identity.Fingerprint != ""
+	if s.Tools != nil && c.t.Endpoint != EndpointCompletions {
+		if cy.Tools, err = c.runTools(ctx, call, model, s.Tools); err != nil {
+			return nil, caps, err
+		}
+	}
 	return cy, caps, nil
 }

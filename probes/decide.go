@@ -50,6 +50,8 @@ type Params struct {
 	// MMDWindow is how many recent cycles form the MMD test's sample. If
 	// zero, 4.
 	MMDWindow int
+	// Tools are the tool-call tier's thresholds (toolsignal.go).
+	Tools ToolParams
 }
 
 func (p Params) withDefaults() Params {
@@ -82,6 +84,7 @@ func (p Params) withDefaults() Params {
 	if p.MMDWindow == 0 {
 		p.MMDWindow = 4
 	}
+	p.Tools = p.Tools.withDefaults()
 	return p
 }
 
@@ -161,6 +164,8 @@ type Detector struct {
 	// IdentityPending is set while the backend is suspect because of an
 	// identity change.
 	IdentityPending bool
+	// ToolCUSUM is the tool-call tier's CUSUM, reset with CUSUM.
+	ToolCUSUM CUSUM
 }
 
 // Transition is a status change.
@@ -222,6 +227,7 @@ func (d *Detector) Step(now time.Time, s Signal, p Params) (Transition, bool) {
 	d.Status, d.Since, d.Quiet, d.IdentityPending = to, now, 0, pending
 	if to != fleetwatch.DriftSuspect {
 		d.CUSUM.Reset(p.Cooldown)
+		d.ToolCUSUM.Reset(p.Cooldown)
 	}
 	return Transition{From: from, To: to, Signal: s}, true
 }

@@ -115,7 +115,9 @@ type Result struct {
 	IdentityTier []IdentityChange
 	// Teacher holds the teacher-forced statistics when the baseline has
 	// a teacher tier.
-	Teacher    *TeacherStats
+	Teacher *TeacherStats
+	// Tools is the tool-call tier's result (nil without tool probes).
+	Tools      *ToolResult
 	Transition *Transition
 	// Alert is set when the status changed.
 	Alert *fleetwatch.DriftAlert
@@ -153,6 +155,7 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 		r.Signal, r.PValue = m.blackBoxSignal(c, r.Stats, fdr)
 	}
 	r.Signal, r.Teacher = m.teacherSignal(c, r.Signal)
+	r.Tools, r.Signal = m.toolTier(c, r.Signal)
 	tier := b.Identity.TierChanges(c.Identity)
 	if bf, tf := b.Identity.Fingerprint, c.TrafficFingerprint; bf != "" && tf != "" && tf != bf && c.Identity.Fingerprint != bf {
 		// traffic and the probe agree that the fingerprint is not the
@@ -299,6 +302,9 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 		ev.Extra["identity_changes"] = r.IdentityTier
 	}
 	teacherEvidence(ev.Extra, b.Teacher, r.Teacher, m.tch.CUSUM)
+	if r.Tools != nil {
+		ev.Extra["tool_calls"] = r.Tools.evidence()
+	}
 	if c.TrafficFingerprint != "" {
 		ev.Extra["traffic_fingerprint"] = c.TrafficFingerprint
 	}

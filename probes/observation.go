@@ -173,6 +173,9 @@ type Cycle struct {
 	// Teacher holds the teacher-forced scores of the suite's fixed texts,
 	// in suite order, when the cycle scored them (teacher.go).
 	Teacher []Observation `json:",omitempty"`
+	// Tools are the judged answers to the suite's tool prompts, in suite
+	// order (none without tool probes).
+	Tools []ToolObservation `json:",omitempty"`
 }
 
 // hasLogprobs reports whether every observation carried logprobs.

@@ -456,6 +456,7 @@ func (p *Prober) refreshLocked(st *backendState) {
 	if cu, ok := m.decidingCUSUM(); ok {
 		sn.CUSUM, sn.Cooldown = cu.C, cu.Cooldown
 	}
+	sn.Tools = last.Tools
 	sn.IdentityPending = m.det.IdentityPending
 	sn.BaselineSince = sn.Since
 	st.monState = m.exportState()
@@ -516,6 +517,7 @@ func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 		}
 	}
 	v := ComparePeers(baselines, p.s.Params)
+	tv := CompareToolPeers(baselines, p.s.Params) // toolpeers.go
 	now := p.s.Now()
 	var alerts []fleetwatch.DriftAlert
 	p.mu.Lock()
@@ -534,6 +536,10 @@ func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 			want, score, thresh = fleetwatch.DriftSuspect, d, p.s.Params.PeerMinNats
 			reason = fmt.Sprintf("the two backends %s and %s differ: baseline distance %.4f nats >= %.2f; with two peers neither is blamed",
 				v.Pair[0], v.Pair[1], d, p.s.Params.PeerMinNats)
+		case tv.Outlier == st.t.Backend:
+			want, score, thresh, reason = fleetwatch.DriftDrifted, tv.Stats.Z, tv.Thresh, tv.Reason
+		case tv.PairDiffers && (tv.Pair[0] == st.t.Backend || tv.Pair[1] == st.t.Backend):
+			want, score, thresh, reason = fleetwatch.DriftSuspect, tv.Stats.Z, tv.Thresh, tv.Reason
 		default:
 			reason = "in line with its peers"
 		}
@@ -653,13 +659,15 @@ type BackendStatus struct {
 	FingerprintEvents    int               `json:"fingerprint_events"`
 	LastFingerprintEvent *FingerprintEvent `json:"last_fingerprint_event,omitempty"`
 	// LastAlert is the backend's last drift alert, with its evidence.
-	LastAlert     *fleetwatch.DriftAlert `json:"last_alert,omitempty"`
-	Caps          Capabilities           `json:"capabilities"`
-	LastCycle     time.Time              `json:"last_cycle"`
-	LastError     string                 `json:"last_error,omitempty"`
-	LastErrorKind string                 `json:"last_error_kind,omitempty"`
-	LastErrorAt   time.Time              `json:"last_error_at"`
-	Errors        int                    `json:"errors"`
+	LastAlert *fleetwatch.DriftAlert `json:"last_alert,omitempty"`
+	// Tools is the last cycle's tool-call tier (nil without tool probes).
+	Tools         *ToolResult  `json:"tools,omitempty"`
+	Caps          Capabilities `json:"capabilities"`
+	LastCycle     time.Time    `json:"last_cycle"`
+	LastError     string       `json:"last_error,omitempty"`
+	LastErrorKind string       `json:"last_error_kind,omitempty"`
+	LastErrorAt   time.Time    `json:"last_error_at"`
+	Errors        int          `json:"errors"`
 }
 
 // Statuses returns every target's drift state, in target order.

@@ -43,6 +43,8 @@ type DriftState struct {
 	Status          fleetwatch.DriftStatus `json:"status"` // against the baseline
 	Since           time.Time              `json:"since"`
 	CUSUM           CUSUM                  `json:"cusum"`
+	// ToolCUSUM is the tool-call tier's CUSUM.
+	ToolCUSUM CUSUM `json:"tool_cusum"`
 	// Quiet counts the quiet cycles of a drifted backend towards recovery.
 	Quiet int `json:"quiet"`
 	// IdentityPending is set while the backend is suspect because its
@@ -81,7 +83,7 @@ func UnmarshalState(data []byte) (*DriftState, error) {
 // exportState is the monitor's part of its backend's DriftState.
 func (m *Monitor) exportState() DriftState {
 	s := DriftState{V: StateVersion, Pool: m.Pool, Backend: m.Backend, SuiteHash: m.suite.Hash,
-		Status: m.det.Status, Since: m.det.Since, CUSUM: m.det.CUSUM, Quiet: m.det.Quiet,
+		Status: m.det.Status, Since: m.det.Since, CUSUM: m.det.CUSUM, ToolCUSUM: m.det.ToolCUSUM, Quiet: m.det.Quiet,
 		IdentityPending: m.det.IdentityPending, Identity: m.identity, Prev: m.prev,
 		Score: finite(m.last.Signal.Score), Threshold: m.last.Signal.Thresh, LastCycle: m.last.At}
 	if m.baseline != nil {
@@ -105,7 +107,7 @@ func (m *Monitor) importState(s *DriftState) bool {
 	default:
 		return false
 	}
-	m.det = Detector{Status: s.Status, Since: s.Since, CUSUM: s.CUSUM, Quiet: s.Quiet, IdentityPending: s.IdentityPending}
+	m.det = Detector{Status: s.Status, Since: s.Since, CUSUM: s.CUSUM, ToolCUSUM: s.ToolCUSUM, Quiet: s.Quiet, IdentityPending: s.IdentityPending}
 	if s.Identity != nil {
 		id := *s.Identity
 		m.identity = &id

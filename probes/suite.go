@@ -43,7 +43,9 @@ type Suite struct {
 	// Teacher are the fixed texts scored teacher-forced where the backend
 	// returns prompt logprobs (teacher.go); optional.
 	Teacher []TeacherText `json:"teacher,omitempty"`
-	Hash    string        `json:"-"`
+	// Tools are the tool-call probes (tool.go); nil: none.
+	Tools *ToolSuite `json:"tools,omitempty"`
+	Hash  string     `json:"-"`
 }
 
 // ErrSuite reports an unusable prompt suite.
@@ -54,6 +56,9 @@ var ErrSuite = errors.New("probes: invalid suite")
 func LoadSuite(nameOrPath string) (*Suite, error) {
 	if nameOrPath == "" {
 		nameOrPath = DefaultSuite
+	}
+	if base, tools, ok := strings.Cut(nameOrPath, "+"); ok {
+		return loadWithTools(base, tools)
 	}
 	data, err := builtinSuites.ReadFile("suites/" + nameOrPath + ".json")
 	if err != nil {
@@ -105,6 +110,11 @@ func ParseSuite(data []byte) (*Suite, error) {
 	}
 	if err := validateTeacher(s.Teacher); err != nil {
 		return nil, err
+	}
+	if s.Tools != nil {
+		if err := s.Tools.validate(); err != nil {
+			return nil, err
+		}
 	}
 	canon, _ := json.Marshal(s) // the normalised suite decides the hash
 	sum := sha256.Sum256(canon)

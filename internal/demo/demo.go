@@ -2,8 +2,8 @@
 // fake OpenAI-compatible backends (internal/fakeai) behind the router
 // library (feed/route), and client traffic through the router, all in one
 // process, while a script breaks the backends (fast failures, 429
-// saturation, scale to zero, a cold start, an artefact change) and the
-// narration says what fleetwatch decided and why.
+// saturation, scale to zero, a cold start, an artefact change, broken tool
+// calls) and the narration says what fleetwatch decided and why.
 package demo
 
 import (
@@ -131,6 +131,7 @@ func demoScript(total time.Duration) []demoStep {
 			d.backends["vllm-a"].srv.SetCompleter(q4.With(toylm.Options{Sigma: 0.003, Fingerprint: "fp_demo_a"}))
 			d.say("        (measured KL of the new artefact against the old: %.3f nats/token; the fingerprint did not change)", kl)
 		}},
+		toolIncident(at(0.80)), // tools.go
 	}
 }
 
@@ -320,7 +321,7 @@ func Run(ctx context.Context, s Settings) error {
 	fmt.Fprintf(stdout, "  decisions     http://%s/api/decisions   (or: nats -s %s sub 'fw.decisions.>')\n", httpAddr, natsURL)
 	fmt.Fprintf(stdout, "  router        %s/v1/chat/completions (model %q)\n", router, pool)
 	fmt.Fprintf(stdout, "  live table    go run ./cmd/fleetwatch watch --nats %s %s\n", natsURL, pool)
-	fmt.Fprintf(stdout, "Drift probes run every 10s; each backend enrols a baseline over its first 3 cycles.\n\n")
+	fmt.Fprintf(stdout, "Drift probes (16 text and %d tool-call prompts) run every 10s; each backend enrols a baseline over its first 3 cycles.\n\n", demoToolPrompts)
 
 	trafficCtx, stopTraffic := context.WithCancel(ctx)
 	var traffic sync.WaitGroup
@@ -382,6 +383,11 @@ func (d *demoRun) config(s Settings) (*config.Config, error) {
 		p.Backends = append(p.Backends, config.BackendConfig{ID: id, URL: d.backends[id].srv.URL(), CostPerMTok: &cost, MetricsURL: "auto"})
 	}
 	cfg.Pools = []config.PoolConfig{p}
+	suite, err := writeToolSuite(cfg.Data) // tools.go: text and tool-call probes
+	if err != nil {
+		return nil, err
+	}
+	cfg.Probes.Suite = suite
 	cfg.Probes.Schedule = "@every 10s"
 	cfg.Probes.Timeout = &config.Duration{Duration: 5 * time.Second}
 	cfg.Probes.Quarantine = true

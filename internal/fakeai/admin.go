@@ -14,6 +14,7 @@ import (
 //	GET  /admin/<name>/behavior       the current behavior
 //	POST /admin/<name>/behavior       change it, e.g. {"refuse":true} or {"error_rate":0.5}
 //	GET  /admin/<name>/stats          request counters
+//	POST /admin/<name>/tools          how requests with tools are answered, e.g. {"break":0.4}
 //	POST /admin/<name>/artefact       serve another artefact, {"variant":"fp16"}
 //
 // Every /admin/<name>/... request other than artefact goes to the named

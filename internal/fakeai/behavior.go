@@ -222,6 +222,8 @@ func PatchOf(b Behavior) BehaviorPatch {
 //	POST /admin/reset     zero the counters
 //	GET  /admin/identity  the identity (Identity JSON)
 //	POST /admin/identity  change it: the fields present replace the current ones
+//	GET  /admin/tools     how requests with tools are answered (ToolSettings JSON)
+//	POST /admin/tools     replace it, e.g. {"break":0.4,"modes":["invalid_json"]}
 //
 // The same endpoints are served by s itself; AdminHandler lets a caller also
 // mount them on a separate listener, so that a backend that refuses
@@ -254,5 +256,6 @@ func (s *Server) AdminHandler() http.Handler {
 		writeJSON(w, http.StatusOK, s.Stats())
 	})
 	s.identityAdmin(mux) // GET and POST /admin/identity
+	s.toolAdmin(mux)     // GET and POST /admin/tools
 	return mux
 }

@@ -58,8 +58,10 @@ type generationRequest struct {
 	TopLogprobs   *int            `json:"top_logprobs"`
 	// Echo and PromptLogprobs ask /v1/completions for the prompt's own
 	// logprobs (teacher.go).
-	Echo           bool `json:"echo"`
-	PromptLogprobs *int `json:"prompt_logprobs"`
+	Echo           bool            `json:"echo"`
+	PromptLogprobs *int            `json:"prompt_logprobs"`
+	Tools          json.RawMessage `json:"tools"`       // tool.go
+	ToolChoice     json.RawMessage `json:"tool_choice"` // tool.go
 }
 
 var errBadRequest = errors.New("fakeai: bad request")
@@ -226,8 +228,9 @@ func completionLogprobsOf(toks []TokenLogprob, offset int) *completionLogprobs {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string         `json:"role,omitempty"`
+	Content   *string        `json:"content,omitempty"`
+	ToolCalls []chatToolCall `json:"tool_calls,omitempty"` // tool.go
 }
 
 type chatChoice struct {

@@ -100,6 +100,9 @@ type Server struct {
 
 	lis listener // the owned listener, when Listen or Start was used
 
+	toolMu sync.Mutex // guards tools
+	tools  *ToolModel // answers requests with tools (tool.go); nil: the zero ToolModel
+
 	idMu     sync.Mutex // guards identity
 	identity Identity
 }
@@ -414,6 +417,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 
 	c := echo.complete(a.completer, req)
+	var calls []ToolCall
+	if chat && !raw.Stream {
+		if calls, err = s.answerTools(raw, req, &c); err != nil {
+			s.badRequests.Add(1)
+			writeError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+			return
+		}
+	}
 	if a.b.Fingerprint != "" {
 		c.Fingerprint = a.b.Fingerprint
 	}
@@ -460,6 +471,7 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 				if logprobs {
 					ch.Logprobs = chatLogprobsOf(c.Tokens)
 				}
+				withToolCalls(&ch, calls, base.ID, u)
 				base.Choices = []chatChoice{ch}
 			} else {
 				base.Object = "text_completion"

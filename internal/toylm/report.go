@@ -170,7 +170,7 @@ func WriteReport(ctx context.Context, w io.Writer, s ReportSettings) error {
 				r.WrongName, medianOf(r.Distances), medianOf(r.OthersDistances))
 		}
 	}
-	return nil
+	return WriteToolReport(ctx, w, s) // tool.go
 }
 
 // variantModel returns the single model behind a plain variant.
