@@ -128,12 +128,16 @@ func BenchmarkObserveBaseline(b *testing.B) {
 // chunks of events, so that both see the same machine load, and reports
 // each one's ns per event and their ratio. On a busy shared machine this
 // ratio is steadier than two separate benchmarks.
-func BenchmarkObserveVsBaseline(b *testing.B) {
+func BenchmarkObserveVsBaseline(b *testing.B) { observeVsBaseline(b, nil) }
+
+// observeVsBaseline is BenchmarkObserveVsBaseline on events passed to
+// decorate first (when not nil).
+func observeVsBaseline(b *testing.B, decorate func(i int, e *fleetwatch.Event)) {
 	a := newAnalyzer(b, Config{})
 	var c baselineCounter
 	var inAnalyzer, inBaseline time.Duration
 	var events int
-	runObserveBench(b, func(batch []fleetwatch.Event) {
+	runObserveBenchWith(b, decorate, func(batch []fleetwatch.Event) {
 		start := time.Now()
 		c.observe(batch)
 		mid := time.Now()
@@ -163,25 +167,7 @@ func withLoad(i int, e *fleetwatch.Event) {
 // BenchmarkObserveWithLoad is BenchmarkObserveVsBaseline on events that
 // carry a source and load fields: the cost of the load report and the
 // router count on the hot path.
-func BenchmarkObserveWithLoad(b *testing.B) {
-	a := newAnalyzer(b, Config{})
-	var c baselineCounter
-	var inAnalyzer, inBaseline time.Duration
-	var events int
-	runObserveBenchWith(b, withLoad, func(batch []fleetwatch.Event) {
-		start := time.Now()
-		c.observe(batch)
-		mid := time.Now()
-		a.Observe(batch)
-		inBaseline += mid.Sub(start)
-		inAnalyzer += time.Since(mid)
-		events += len(batch)
-	})
-	if events > 0 && inBaseline > 0 {
-		b.ReportMetric(float64(inAnalyzer)/float64(events), "observe-ns/event")
-		b.ReportMetric(float64(inAnalyzer)/float64(inBaseline), "ratio")
-	}
-}
+func BenchmarkObserveWithLoad(b *testing.B) { observeVsBaseline(b, withLoad) }
 
 // BenchmarkEvaluate1000 is one Evaluate (rules, weights and the snapshot)
 // of a pool of 1,000 backends whose 30s windows are full (20 events per

@@ -155,22 +155,4 @@ func withTPOT(i int, e *fleetwatch.Event) {
 // BenchmarkObserveWithTPOT is BenchmarkObserveVsBaseline on events that
 // carry a duration and output tokens: the cost of the TPOT window on the
 // hot path.
-func BenchmarkObserveWithTPOT(b *testing.B) {
-	a := newAnalyzer(b, Config{})
-	var c baselineCounter
-	var inAnalyzer, inBaseline time.Duration
-	var events int
-	runObserveBenchWith(b, withTPOT, func(batch []fleetwatch.Event) {
-		start := time.Now()
-		c.observe(batch)
-		mid := time.Now()
-		a.Observe(batch)
-		inBaseline += mid.Sub(start)
-		inAnalyzer += time.Since(mid)
-		events += len(batch)
-	})
-	if events > 0 && inBaseline > 0 {
-		b.ReportMetric(float64(inAnalyzer)/float64(events), "observe-ns/event")
-		b.ReportMetric(float64(inAnalyzer)/float64(inBaseline), "ratio")
-	}
-}
+func BenchmarkObserveWithTPOT(b *testing.B) { observeVsBaseline(b, withTPOT) }

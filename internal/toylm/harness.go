@@ -325,26 +325,38 @@ func (h *Harness) Power(v Variant, sigma float64, trials, maxCycles int, seed ui
 			return res, err
 		}
 		b.c, b.models = v.Build(h.ref(), o)
-		sus, dr := 0, 0
-		for i := 1; i <= maxCycles && dr == 0; i++ {
+		sus, dr, err := delays(maxCycles, func(i int) (probes.Result, error) {
 			b.setNoise()
-			r, err := m.Observe(h.cycle(m, b.c, h.at(start+i)), nil)
-			if err != nil {
-				return res, err
-			}
-			if tr := r.Transition; tr != nil {
-				if sus == 0 && tr.To != fleetwatch.DriftOK {
-					sus = i
-				}
-				if tr.To == fleetwatch.DriftDrifted {
-					dr = i
-				}
-			}
+			return m.Observe(h.cycle(m, b.c, h.at(start+i)), nil)
+		})
+		if err != nil {
+			return res, err
 		}
 		res.SuspectDelay = append(res.SuspectDelay, sus)
 		res.DriftedDelay = append(res.DriftedDelay, dr)
 	}
 	return res, nil
+}
+
+// delays observes cycles 1 to maxCycles until one makes the backend
+// drifted, and returns the first cycle that left ok and the one that made
+// it drifted (0: none within maxCycles).
+func delays(maxCycles int, observe func(i int) (probes.Result, error)) (suspect, drifted int, err error) {
+	for i := 1; i <= maxCycles && drifted == 0; i++ {
+		r, err := observe(i)
+		if err != nil {
+			return 0, 0, err
+		}
+		if tr := r.Transition; tr != nil {
+			if suspect == 0 && tr.To != fleetwatch.DriftOK {
+				suspect = i
+			}
+			if tr.To == fleetwatch.DriftDrifted {
+				drifted = i
+			}
+		}
+	}
+	return suspect, drifted, nil
 }
 
 // PeerResult counts how often the odd backend of a pool was named.

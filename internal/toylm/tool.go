@@ -189,20 +189,11 @@ func (h *ToolHarness) ToolPower(fall float64, modes []string, trials, maxCycles 
 			return res, err
 		}
 		broken := h.model(s^0xb4ea, brk, modes)
-		sus, dr := 0, 0
-		for i := 1; i <= maxCycles && dr == 0; i++ {
-			r, err := m.Observe(h.cycle(broken, start+i), nil)
-			if err != nil {
-				return res, err
-			}
-			if tr := r.Transition; tr != nil {
-				if sus == 0 && tr.To != fleetwatch.DriftOK {
-					sus = i
-				}
-				if tr.To == fleetwatch.DriftDrifted {
-					dr = i
-				}
-			}
+		sus, dr, err := delays(maxCycles, func(i int) (probes.Result, error) {
+			return m.Observe(h.cycle(broken, start+i), nil)
+		})
+		if err != nil {
+			return res, err
 		}
 		res.SuspectDelay = append(res.SuspectDelay, sus)
 		res.DriftedDelay = append(res.DriftedDelay, dr)
