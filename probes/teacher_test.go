@@ -49,16 +49,8 @@ func enrolTeacher(t *testing.T, c fakeai.Completer, store *mapStore) (*probes.Pr
 	t.Helper()
 	fs, hs := toyServer(t, c, fakeai.Behavior{})
 	sink := newSink()
-	p, err := probes.New(probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}},
-		Sink: sink, Store: store, Enrol: 4, EnrolMin: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 4 {
-		if err := p.ProbeBackend(t.Context(), "p", "b"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	p := newProber(t, hs.URL, probes.Settings{Sink: sink, Store: store, Enrol: 4, EnrolMin: -1})
+	probeTimes(t, p, 4)
 	if s := p.Statuses()[0]; s.Enrolling || s.Status != fleetwatch.DriftOK {
 		t.Fatalf("after enrolment: %+v", s)
 	}

@@ -62,25 +62,13 @@ func TestProberCatchesBrokenToolCallsOverHTTP(t *testing.T) {
 	fs, hs := toyServer(t, m, fakeai.Behavior{})
 	sink := newSink()
 	clock := &fakeClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
-	p, err := probes.New(probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}},
-		Suite: s, Sink: sink, Enrol: 4, Now: clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 6 {
-		if err := p.ProbeBackend(t.Context(), "p", "b"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	p := newProber(t, hs.URL, probes.Settings{Suite: s, Sink: sink, Enrol: 4, Now: clock.Now})
+	probeTimes(t, p, 6)
 	if st := p.Statuses()[0]; st.Enrolling || st.Status != fleetwatch.DriftOK {
 		t.Fatalf("after enrolment: %+v", st)
 	}
 	fs.SetToolModel(&fakeai.ToolModel{Break: 0.5, Modes: []string{fakeai.BreakMissingRequired}, Seed: 5})
-	for range 2 {
-		if err := p.ProbeBackend(t.Context(), "p", "b"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	probeTimes(t, p, 2)
 	alerts := sink.alertsFor("b")
 	if len(alerts) == 0 {
 		t.Fatalf("no alert after 2 cycles breaking half the tool calls; status %+v", p.Statuses()[0])
@@ -124,21 +112,35 @@ func TestBackendWithoutToolsIsNotJudgedOnThem(t *testing.T) {
 	t.Cleanup(hs.Close)
 	sink := newSink()
 	clock := &fakeClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
-	p, err := probes.New(probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}},
-		Suite: s, Sink: sink, Enrol: 4, Now: clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for range 8 {
-		if err := p.ProbeBackend(t.Context(), "p", "b"); err != nil {
-			t.Fatal(err)
-		}
-	}
+	p := newProber(t, hs.URL, probes.Settings{Suite: s, Sink: sink, Enrol: 4, Now: clock.Now})
+	probeTimes(t, p, 8)
 	st := p.Statuses()[0]
 	if st.Enrolling || st.Status != fleetwatch.DriftOK || st.Errors != 0 {
 		t.Errorf("status %+v, want ok without errors", st)
 	}
 	if a := sink.alertsFor("b"); len(a) != 0 {
 		t.Errorf("alerts %+v, want none", a)
+	}
+}
+
+// newProber returns a Prober of the one target p/b at url, with s's other
+// settings.
+func newProber(t *testing.T, url string, s probes.Settings) *probes.Prober {
+	t.Helper()
+	s.Targets = []probes.Target{{Pool: "p", Backend: "b", URL: url}}
+	p, err := probes.New(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// probeTimes runs n probe cycles of p/b.
+func probeTimes(t *testing.T, p *probes.Prober, n int) {
+	t.Helper()
+	for range n {
+		if err := p.ProbeBackend(t.Context(), "p", "b"); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

@@ -253,22 +253,16 @@ func (s *Server) reloadProbes(prev, next *config.Config) (string, error) {
 	if ctx == nil { // Run has not started the probes yet: it will, from next
 		return "updated before start", nil
 	}
-	s.mu.Lock()
-	d := s.drift
-	s.drift = nil
-	s.mu.Unlock()
-	if d != nil {
-		d.Stop()
-	}
+	wasRunning := s.stopProbes()
 	if next.Probes.Disabled {
 		return "stopped", nil
 	}
 	what := "restarted"
-	if d == nil {
+	if !wasRunning {
 		what = "started"
 	}
 	if err := s.startProbesFrom(ctx, next); err != nil {
-		if d != nil {
+		if wasRunning {
 			if err2 := s.startProbesFrom(ctx, prev); err2 != nil {
 				s.logf("reload: the drift probes could not be started again: %v", err2)
 			}
@@ -308,12 +302,9 @@ func (s *Server) startProbes(ctx context.Context) error {
 	return s.startProbesFrom(ctx, s.config())
 }
 
-// stopDrift refuses reloads from now on and stops the running drift
-// probes, whichever start (Run's or a reload's) made them.
-func (s *Server) stopDrift() {
-	s.rl.mu.Lock()
-	s.rl.done = true
-	s.rl.mu.Unlock()
+// stopProbes stops the running drift probes, if any, and forgets them. It
+// reports whether some were running.
+func (s *Server) stopProbes() bool {
 	s.mu.Lock()
 	d := s.drift
 	s.drift = nil
@@ -321,6 +312,16 @@ func (s *Server) stopDrift() {
 	if d != nil {
 		d.Stop()
 	}
+	return d != nil
+}
+
+// stopDrift refuses reloads from now on and stops the running drift
+// probes, whichever start (Run's or a reload's) made them.
+func (s *Server) stopDrift() {
+	s.rl.mu.Lock()
+	s.rl.done = true
+	s.rl.mu.Unlock()
+	s.stopProbes()
 }
 
 // swapScraper hands a scraper of ss to runScrapers (none when ss has no
