@@ -176,6 +176,12 @@ type Settings struct {
 	// server). If zero, 1 hour and 1 GiB are used.
 	IntakeMaxAge   time.Duration
 	IntakeMaxBytes int64
+	// CountsIntakeLoss reports whether this collector is the one of a
+	// deployment that counts the intake's losses (the messages the bounds
+	// discarded before any collector took them: intake.go), so that
+	// several collectors sharing FW_INTAKE count each loss once. If nil,
+	// this one counts.
+	CountsIntakeLoss func() bool
 	// Now is the clock events are stamped and checked against. If nil,
 	// time.Now is used.
 	Now func() time.Time
@@ -262,6 +268,9 @@ type Collector struct {
 	js     jetstream.JetStream // nil without JetStream
 	stream string              // FW_OUTCOMES, when js != nil
 	intake jetstream.Consumer  // FW_INTAKE's durable consumer, with Settings.Intake
+	// intakeLossMark is the highest intake sequence already counted as
+	// lost or seen delivered (intake.go); used by the loss loop alone.
+	intakeLossMark uint64
 
 	batchPool  sync.Pool // *[]fleetwatch.Event, BatchSize capacity
 	refusePool sync.Pool // *[]fleetwatch.Refusal for ObserveRefusing
@@ -396,6 +405,9 @@ func (c *Collector) Run(ctx context.Context) error {
 	var workers []*worker
 	var err error
 	if c.intake != nil {
+		// Before taking anything: what the bounds discarded while no
+		// collector ran is counted exactly (intake.go).
+		c.countIntakeLoss(ctx)
 		workers, err = c.consumeIntake()
 	} else {
 		workers, err = c.subscribe()
@@ -419,6 +431,12 @@ func (c *Collector) Run(ctx context.Context) error {
 			c.subjects.Outcomes(), c.subjects.OutcomesWildcard(), fleetwatch.QueueCollectors, c.settings.Subscriptions)
 	}
 
+	if c.intake != nil {
+		lossDone := make(chan struct{})
+		lossCtx, stopLoss := context.WithCancel(ctx)
+		go func() { defer close(lossDone); c.intakeLossLoop(lossCtx) }()
+		defer func() { stopLoss(); <-lossDone }()
+	}
 	c.flushLoop(ctx, workers)
 	c.drain(workers)
 	return nil

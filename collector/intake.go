@@ -35,6 +35,17 @@ const (
 
 // setupIntake creates or updates FW_INTAKE and its durable consumer.
 func (c *Collector) setupIntake(ctx context.Context) error {
+	cons, err := c.ensureIntake(ctx)
+	if err != nil {
+		return err
+	}
+	c.intake = cons
+	return nil
+}
+
+// ensureIntake creates or updates FW_INTAKE and its durable consumer,
+// binding a stream whose configuration may not be changed.
+func (c *Collector) ensureIntake(ctx context.Context) (jetstream.Consumer, error) {
 	name := c.subjects.StreamIntake()
 	cfg := jetstream.StreamConfig{
 		Name:        name,
@@ -50,7 +61,7 @@ func (c *Collector) setupIntake(ctx context.Context) error {
 	stream, err := c.js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
 		if stream, err = c.js.Stream(ctx, name); err != nil {
-			return fmt.Errorf("collector: intake stream %s: %w", name, err)
+			return nil, fmt.Errorf("collector: intake stream %s: %w", name, err)
 		}
 		c.settings.Logf("collector: using stream %s as configured (update refused)", name)
 	}
@@ -63,10 +74,9 @@ func (c *Collector) setupIntake(ctx context.Context) error {
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
-		return fmt.Errorf("collector: intake stream %s: consumer %s: %w", name, fleetwatch.QueueCollectors, err)
+		return nil, fmt.Errorf("collector: intake stream %s: consumer %s: %w", name, fleetwatch.QueueCollectors, err)
 	}
-	c.intake = cons
-	return nil
+	return cons, nil
 }
 
 // consumeIntake starts Subscriptions pullers on the intake consumer, each
@@ -99,5 +109,68 @@ func (w *worker) onIntakeMsg(msg jetstream.Msg) {
 	w.handle(msg.Subject(), msg.Data(), arrival)
 	if err := msg.Ack(); err != nil {
 		w.c.m.intakeAckErrors.Inc()
+	}
+}
+
+// intakeLossEvery is how often the intake's losses are counted.
+const intakeLossEvery = 5 * time.Second
+
+// intakeLossLoop counts, every intakeLossEvery until ctx ends, the intake
+// messages that left the stream without ever being delivered (see
+// countIntakeLoss); Run counts once more before it consumes.
+func (c *Collector) intakeLossLoop(ctx context.Context) {
+	t := time.NewTicker(intakeLossEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.closed:
+			return
+		case <-t.C:
+		}
+		c.countIntakeLoss(ctx)
+	}
+}
+
+// countIntakeLoss counts the messages FW_INTAKE discarded before any
+// collector took them. The consumer delivers in stream order and skips
+// only messages that are gone, so every sequence up to its last delivered
+// one was delivered; a sequence above it and below the stream's first one
+// left the stream undelivered: discarded by IntakeMaxAge or IntakeMaxBytes
+// (or removed by an operator). The stream is read before the consumer (an
+// acknowledged message leaves a work queue too, so the other order would
+// count deliveries as losses): a delivery in between can only make the
+// count smaller, never count a delivered message. Run counts before it
+// consumes, which is exact for what was discarded while no collector ran;
+// the periodic count while collectors run may miss a loss that the
+// consumer overtook between the two reads. Every collector follows the
+// high-water mark; only the one CountsIntakeLoss names adds to the
+// counter.
+func (c *Collector) countIntakeLoss(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stream, err := c.js.Stream(rctx, c.subjects.StreamIntake())
+	if err != nil {
+		return
+	}
+	first := stream.CachedInfo().State.FirstSeq
+	ci, err := c.intake.Info(rctx)
+	if err != nil {
+		return
+	}
+	gone := uint64(0)
+	if first > 0 {
+		gone = first - 1 // the highest sequence no longer in the stream
+	}
+	from := max(ci.Delivered.Stream, c.intakeLossMark)
+	if gone <= from {
+		return
+	}
+	c.intakeLossMark = gone
+	if c.settings.CountsIntakeLoss == nil || c.settings.CountsIntakeLoss() {
+		c.m.intakeLost.Add(int(gone - from))
+		c.settings.Logf("collector: %d outcome messages left %s undelivered (its max_age or max_bytes discarded them while no collector took them); counted in fleetwatch_intake_lost_messages_total",
+			gone-from, c.subjects.StreamIntake())
 	}
 }

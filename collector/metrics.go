@@ -30,6 +30,7 @@ type collectorMetrics struct {
 	rejectsSuppressed     *metrics.Counter
 	replayedEvents        *metrics.Counter
 	intakeAckErrors       *metrics.Counter
+	intakeLost            *metrics.Counter
 	jetstream             *metrics.Gauge
 
 	// bySourceMu guards bySource and sources: the rejects by reason and
@@ -72,6 +73,7 @@ func newCollectorMetrics(set *metrics.Set, maxSources int) *collectorMetrics {
 		rejectsSuppressed:     set.GetOrCreateCounter("fleetwatch_rejects_suppressed_total"),
 		replayedEvents:        set.GetOrCreateCounter("fleetwatch_replay_events_total"),
 		intakeAckErrors:       set.GetOrCreateCounter("fleetwatch_intake_ack_errors_total"),
+		intakeLost:            set.GetOrCreateCounter("fleetwatch_intake_lost_messages_total"),
 		jetstream:             set.GetOrCreateGauge("fleetwatch_collector_jetstream", nil),
 		bySource:              make(map[sourceKey]*metrics.Counter),
 		sources:               make(map[string]struct{}),
@@ -140,7 +142,9 @@ type Stats struct {
 	RejectsPublished      uint64 // notices published on fw.rejects
 	RejectsSuppressed     uint64 // rejects not described because of the rate limit
 
-	JetStream bool // capture and replay are on
+	JetStream  bool   // capture and replay are on
+	Intake     bool   // the durable intake is on
+	IntakeLost uint64 // intake messages discarded undelivered (counted by this collector)
 }
 
 // AcceptedTotal is the number of accepted events of every outcome.
@@ -177,6 +181,8 @@ func (c *Collector) Stats() Stats {
 		RejectsPublished:      m.rejectsPublished.Get(),
 		RejectsSuppressed:     m.rejectsSuppressed.Get(),
 		JetStream:             c.js != nil,
+		Intake:                c.intake != nil,
+		IntakeLost:            m.intakeLost.Get(),
 	}
 	for o := fleetwatch.OutcomeOK; int(o) < fleetwatch.NumOutcomes; o++ {
 		s.Accepted[o] = m.events[o].Get()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -28,6 +29,17 @@ func (c *Collector) setupStream(ctx context.Context) error {
 		}
 		return fmt.Errorf("collector: jetstream account info: %w", err)
 	}
+	if err := c.ensureOutcomes(ctx, js); err != nil {
+		return err
+	}
+	c.js = js
+	c.stream = c.subjects.StreamOutcomes()
+	return nil
+}
+
+// ensureOutcomes creates or updates FW_OUTCOMES, binding one whose
+// configuration may not be changed.
+func (c *Collector) ensureOutcomes(ctx context.Context, js jetstream.JetStream) error {
 	name := c.subjects.StreamOutcomes()
 	cfg := jetstream.StreamConfig{
 		Name:        name,
@@ -51,9 +63,25 @@ func (c *Collector) setupStream(ctx context.Context) error {
 		}
 		c.settings.Logf("collector: using stream %s as configured (update refused: %v)", name, err)
 	}
-	c.js = js
-	c.stream = name
 	return nil
+}
+
+// Ensure creates the streams and the intake consumer again if the server
+// lost them (it came back with an empty store, or an operator deleted
+// them); what exists is left as it is. serve calls it after every
+// reconnect. Without JetStream it does nothing.
+func (c *Collector) Ensure(ctx context.Context) error {
+	if c.js == nil {
+		return nil
+	}
+	if err := c.ensureOutcomes(ctx, c.js); err != nil {
+		return err
+	}
+	if c.intake == nil {
+		return nil
+	}
+	_, err := c.ensureIntake(ctx)
+	return err
 }
 
 // replayFetch is how many stream messages Replay keeps in flight; each is a
@@ -100,6 +128,23 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
 		OptStartTime:   &start,
 	})
+	// A server before 2.10 takes one filter subject: the whole stream is
+	// read then, and the subjects are matched here.
+	var match func(subject string) bool
+	if errors.Is(err, jetstream.ErrConsumerMultipleFilterSubjectsNotSupported) {
+		match = func(subject string) bool {
+			for _, s := range subjects {
+				if subjectMatches(s, subject) {
+					return true
+				}
+			}
+			return false
+		}
+		cons, err = stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartTimePolicy,
+			OptStartTime:  &start,
+		})
+	}
 	if err != nil {
 		return 0, fmt.Errorf("collector: replay %s: create consumer: %w", c.stream, err)
 	}
@@ -152,7 +197,9 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 		}
 		stored = meta.Timestamp
 		batch = batch[:0]
-		dec.DecodeBatch(msg.Data(), onLine)
+		if match == nil || match(msg.Subject()) {
+			dec.DecodeBatch(msg.Data(), onLine)
+		}
 		if len(batch) > 0 {
 			fn(batch)
 			events += len(batch)
@@ -166,4 +213,23 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 		c.settings.Logf("collector: replay skipped %d lines of %s that are not valid outcome events", skipped, c.stream)
 	}
 	return events, nil
+}
+
+// subjectMatches reports whether subject matches the NATS subject pattern
+// (tokens separated by dots, * one token, > the rest).
+func subjectMatches(pattern, subject string) bool {
+	for {
+		p, prest, pmore := strings.Cut(pattern, ".")
+		if p == ">" {
+			return subject != ""
+		}
+		s, srest, smore := strings.Cut(subject, ".")
+		if p != "*" && p != s {
+			return false
+		}
+		if !pmore || !smore {
+			return pmore == smore
+		}
+		pattern, subject = prest, srest
+	}
 }

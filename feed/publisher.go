@@ -78,6 +78,7 @@ type Publisher struct {
 	nc         *nats.Conn
 	subjects   fleetwatch.Subjects
 	kv         jetstream.KeyValue // nil: subjects only
+	replicas   int                // of the decisions bucket, when it is created
 	logf       func(format string, args ...any)
 	set        *metrics.Set
 	configured func(pool, backend string) bool
@@ -164,8 +165,22 @@ func NewPublisher(ctx context.Context, nc *nats.Conn, s PublisherSettings) (*Pub
 		return nil, err
 	}
 	p.kv = kv
+	p.replicas = replicas
 	kvGauge.Set(1)
 	return p, nil
+}
+
+// Ensure creates the decisions bucket again if the server lost it (it came
+// back with an empty store, or an operator deleted it); a bucket that
+// exists is left as it is, and the handle in use stays valid (it names the
+// bucket). A daemon calls it after every reconnect; without the KV it does
+// nothing.
+func (p *Publisher) Ensure(ctx context.Context) error {
+	if p.kv == nil {
+		return nil
+	}
+	_, err := openDecisionsBucket(ctx, p.nc, p.subjects.BucketDecisions(), p.replicas)
+	return err
 }
 
 // errNoJetStream reports that the server (or account) has no JetStream.

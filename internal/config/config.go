@@ -60,13 +60,16 @@ type NATSConfig struct {
 
 // IngestConfig is how outcome events come in.
 type IngestConfig struct {
-	// Durable turns on the durable intake: the stream FW_INTAKE keeps
-	// every outcome event as published until a collector takes it, so
-	// events published while no serve runs, or while it reconnects, are
-	// not lost (collector.Settings.Intake). Default false: core NATS, the
-	// fastest path, which loses what is published while no collector
-	// listens.
-	Durable bool `yaml:"durable"`
+	// Durable is the durable intake: the stream FW_INTAKE keeps every
+	// outcome event as published until a collector takes it, so events
+	// published while no serve runs, or while it reconnects, are not lost
+	// (collector.Settings.Intake), and what its bounds discard is counted.
+	// Default: on whenever the NATS server has JetStream (off, with a
+	// warning and the loss stated on /healthz, when it has none); true
+	// makes JetStream required; false is core NATS alone, which loses what
+	// is published while no collector listens (DECISIONS.md "No silent
+	// loss").
+	Durable *bool `yaml:"durable"`
 	// MaxAge and MaxBytes bound what FW_INTAKE keeps while nobody
 	// consumes it; default 1h and 1 GiB.
 	MaxAge   *Duration `yaml:"max_age"`
@@ -602,7 +605,7 @@ func (c *Config) validate(lines map[string]int, file string) error {
 	if c.HA.Replicas < 0 || c.HA.Replicas > 5 {
 		return fail("ha.replicas", "%d: must be between 1 and 5 (0: the default 1)", c.HA.Replicas)
 	}
-	if c.Ingest.Durable && c.NATS.NoJetStream {
+	if c.Ingest.Durable != nil && *c.Ingest.Durable && c.NATS.NoJetStream {
 		return fail("ingest.durable", "true: the durable intake needs JetStream (nats.no_jetstream is true)")
 	}
 	if v := c.Route.StallFloor; v != nil && v.Duration == 0 {

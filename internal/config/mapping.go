@@ -180,10 +180,11 @@ func (c *Config) ReviewSettings() probes.ReviewSettings {
 // 10 minutes, so that a restart replays a full window). The caller adds the
 // clock, the metrics and the hooks.
 func (c *Config) CollectorSettings() collector.Settings {
+	intake, _ := c.DurableIntake()
 	s := collector.Settings{
 		Prefix:         c.Prefix,
 		NoJetStream:    c.NATS.NoJetStream,
-		Intake:         c.Ingest.Durable,
+		Intake:         intake,
 		IntakeMaxBytes: c.Ingest.MaxBytes,
 		StreamMaxAge:   max(2*c.Analyzer.settings().WithDefaults().Window, 10*time.Minute),
 		StreamReplicas: c.HA.Replicas,
@@ -192,6 +193,16 @@ func (c *Config) CollectorSettings() collector.Settings {
 		s.IntakeMaxAge = c.Ingest.MaxAge.Duration
 	}
 	return s
+}
+
+// DurableIntake reports whether the durable intake is asked for, and
+// whether the file says so (explicit): a default intake gives way to a
+// server without JetStream, an explicit one does not.
+func (c *Config) DurableIntake() (on, explicit bool) {
+	if c.Ingest.Durable != nil {
+		return *c.Ingest.Durable, true
+	}
+	return !c.NATS.NoJetStream, false
 }
 
 // StoreDir is the embedded NATS server's JetStream store (default

@@ -172,6 +172,10 @@ func fieldByTag(v reflect.Value, name string) (reflect.Value, bool) {
 	return reflect.Value{}, false
 }
 
+// onByDefault are the boolean keys whose default is true: setting them
+// means setting them false.
+var onByDefault = map[string]bool{"ingest.durable": true}
+
 func setLeaf(t *testing.T, key string, v reflect.Value) {
 	t.Helper()
 	switch v.Type() {
@@ -194,7 +198,7 @@ func setLeaf(t *testing.T, key string, v reflect.Value) {
 	case reflect.Float64:
 		v.SetFloat(0.7)
 	case reflect.Bool:
-		v.SetBool(true)
+		v.SetBool(!onByDefault[key])
 	case reflect.Slice:
 		if v.Type().Elem().Kind() == reflect.String {
 			v.Set(reflect.ValueOf([]string{"x-" + key}))
@@ -251,6 +255,9 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		}
 	}
 
+	// The keys on by default are set on in all (no_jetstream, set too,
+	// turns their defaults off).
+	all.Ingest.Durable = new(true)
 	m := mapAll(all)
 	// Fields the file does not set: they are the caller's wiring.
 	wiring := map[string]bool{
@@ -267,7 +274,7 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		"collector.Settings.BatchSize": true, "collector.Settings.FlushInterval": true, "collector.Settings.StreamFlushInterval": true,
 		"collector.Settings.StreamBatchBytes": true, "collector.Settings.RejectRate": true, "collector.Settings.RejectBurst": true,
 		"collector.Settings.StreamMaxBytes": true, "collector.Settings.Now": true,
-		"collector.Settings.Metrics": true, "collector.Settings.Logf": true, "collector.Settings.OnUrgent": true,
+		"collector.Settings.Metrics": true, "collector.Settings.Logf": true, "collector.Settings.OnUrgent": true, "collector.Settings.CountsIntakeLoss": true,
 		"collector.Settings.MaxRejectSources": true, "collector.Settings.StreamSubject": true, "collector.Settings.StreamHeader": true,
 	}
 	var unreached []string

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
@@ -25,14 +26,9 @@ func (s *Server) routes() http.Handler {
 	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		status, code := "ok", http.StatusOK
-		if s.nc == nil || !s.nc.IsConnected() {
-			status, code = "nats disconnected", http.StatusServiceUnavailable
-		}
+		code, body := s.health(time.Now()) // health.go
 		w.WriteHeader(code)
-		json.NewEncoder(w).Encode(map[string]any{
-			"status": status, "nats": s.nc != nil && s.nc.IsConnected(), "jetstream": s.js != nil,
-		})
+		json.NewEncoder(w).Encode(body)
 	})
 	mux.HandleFunc("GET /api/decisions", func(w http.ResponseWriter, r *http.Request) {
 		snaps := s.Snapshots()

@@ -49,6 +49,7 @@ type lease struct {
 	fence      uint64    // revision of the Create that acquired it
 	validUntil time.Time // the lease is not trusted past this (sent + 9/10 TTL)
 	state      int
+	riding     bool // the last renewal failed for a reason that is not a loss (an election, an outage)
 	sub        *nats.Subscription
 	buffer     []*nats.Msg // partition batches received while restoring
 }
@@ -86,8 +87,15 @@ type ha struct {
 	rebuilt    time.Duration     // the last takeover's rebuild
 	// bufferedBytes are the partition batches held by restoring leases.
 	bufferedBytes int
+	// maxFence is the highest fence this instance acquired or restored:
+	// the floor of a lease bucket it has to create again.
+	maxFence uint64
+	// lastLeaseOK is when a lease operation last got an answer from the
+	// server (a success or a definite refusal): /healthz.
+	lastLeaseOK time.Time
 
 	acquired, lost, released *metrics.Counter
+	ridden, reacquired       *metrics.Counter
 	fromOthers, ownSkipped   *metrics.Counter
 	forwarded, unowned       *metrics.Counter
 	malformed, buffered      *metrics.Counter
@@ -129,6 +137,8 @@ func newHA(s *Server) *ha {
 	h.acquired = m.NewCounter("fleetwatch_ha_leases_acquired_total")
 	h.lost = m.NewCounter("fleetwatch_ha_leases_lost_total")
 	h.released = m.NewCounter("fleetwatch_ha_leases_released_total")
+	h.ridden = m.NewCounter("fleetwatch_ha_lease_renewals_ridden_total")
+	h.reacquired = m.NewCounter("fleetwatch_ha_leases_reacquired_total")
 	h.fromOthers = m.NewCounter("fleetwatch_ha_partition_events_received_total")
 	h.ownSkipped = m.NewCounter("fleetwatch_ha_partition_batches_own_total")
 	h.forwarded = m.NewCounter("fleetwatch_ha_events_forwarded_total")
@@ -158,29 +168,6 @@ func newHA(s *Server) *ha {
 	return h
 }
 
-// openBucket creates (or binds) the lease bucket: memory storage (a lease
-// need not outlive the cluster), history 1, TTL the lease TTL.
-func (h *ha) openBucket(ctx context.Context, js jetstream.JetStream) error {
-	bucket := h.s.subj.BucketLeases()
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      bucket,
-		Description: "fleetwatch: partition leases of the serve instances",
-		History:     1,
-		TTL:         h.ttl,
-		Storage:     jetstream.MemoryStorage,
-		Replicas:    h.s.cfg.HASettings().Replicas,
-	})
-	if err != nil {
-		if kv, err = js.KeyValue(ctx, bucket); err != nil {
-			return fmt.Errorf("serve: lease bucket %s: %w", bucket, err)
-		}
-		h.s.logf("ha: using lease bucket %s as configured", bucket)
-	}
-	h.kv = kv
-	h.view.Store(&ownership{held: make([]bool, h.n), live: make([]bool, h.n), fence: make([]uint64, h.n), validUntil: make([]time.Time, h.n)})
-	return nil
-}
-
 func leaseKey(p int) string { return "p." + strconv.Itoa(p) }
 
 // publishViewLocked rebuilds the lock-free view from the leases.
@@ -190,7 +177,7 @@ func (h *ha) publishViewLocked() {
 		v.held[p] = true
 		v.live[p] = l.state == stateLive
 		v.fence[p] = l.fence
-		v.validUntil[p] = l.validUntil
+		v.validUntil[p] = h.trustedUntil(l)
 	}
 	h.view.Store(v)
 }
@@ -216,6 +203,25 @@ func (h *ha) owns(pool string, now time.Time) (fence uint64, ok, held bool) {
 func (h *ha) leader() bool {
 	v := h.view.Load()
 	return v == nil || v.live[0]
+}
+
+// rideFor is how long past its TTL a lease whose renewals get no answer
+// is still trusted: long enough to ride out a JetStream leader election
+// (4.4-7.5 s measured with nats-server 2.15 at R3) or a short outage of
+// the server. Nobody can take the lease meanwhile without the stream
+// accepting a write, and whoever does holds a higher fence, which routers
+// and the decisions bucket prefer (DECISIONS.md "NATS restarts and
+// elections").
+func (h *ha) rideFor() time.Duration { return 2 * h.ttl }
+
+// trustedUntil is when lease l stops being trusted: 9/10 of the TTL after
+// its last successful renewal was sent, and rideFor more while its
+// renewals get no answer.
+func (h *ha) trustedUntil(l *lease) time.Time {
+	if l.riding {
+		return l.validUntil.Add(h.rideFor())
+	}
+	return l.validUntil
 }
 
 // renewEvery and tickEvery are the lease loop's cadences.
@@ -306,6 +312,7 @@ func (h *ha) putMember(ctx context.Context) {
 	defer cancel()
 	if _, err := h.kv.Put(c, "i."+h.id, []byte(time.Now().UTC().Format(time.RFC3339Nano))); err != nil && ctx.Err() == nil {
 		h.s.logf("ha: member key: %v", err)
+		h.kickEnsure()
 	}
 }
 
@@ -361,9 +368,28 @@ func (h *ha) renewOne(ctx context.Context, p int, rev uint64) {
 		return
 	}
 	if err != nil {
+		if !leaseRefused(err) {
+			// No answer (an election, an outage, a bucket the server
+			// lost): ride it out until trustedUntil, and check the bucket.
+			if !l.riding {
+				l.riding = true
+				h.ridden.Inc()
+				h.s.logf("ha: renewing partition %d: %v (still publishing it until %s unless a renewal is refused)",
+					p, err, h.trustedUntil(l).Format(time.RFC3339Nano))
+				h.publishViewLocked()
+			}
+			h.kickEnsure()
+			return
+		}
+		h.lastLeaseOK = time.Now()
 		h.loseLocked(p, fmt.Sprintf("renewal failed: %v", err))
 		return
 	}
+	h.lastLeaseOK = time.Now()
+	if l.riding {
+		h.s.logf("ha: renewed partition %d again", p)
+	}
+	l.riding = false
 	l.rev = next
 	l.validUntil = sent.Add(h.ttl * 9 / 10)
 	h.publishViewLocked()
@@ -390,8 +416,12 @@ func (h *ha) expire(now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for p, l := range h.leases {
-		if now.After(l.validUntil) {
-			h.loseLocked(p, "not renewed within the lease TTL")
+		if now.After(h.trustedUntil(l)) {
+			if l.riding {
+				h.loseLocked(p, fmt.Sprintf("no renewal answered within the lease TTL and %v more", h.rideFor()))
+			} else {
+				h.loseLocked(p, "not renewed within the lease TTL")
+			}
 		}
 	}
 }
@@ -522,6 +552,7 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 	// instances starting together contend less.
 	start := fleetwatch.PartitionOf(h.id, h.n)
 	var got []int
+	failures := 0
 	for i := 0; i < h.n && len(got) < want; i++ {
 		p := (start + i) % h.n
 		if skip[p] {
@@ -533,7 +564,13 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 		cancel()
 		if err != nil {
 			if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil && !h.s.nc.IsClosed() {
-				h.s.logf("ha: acquiring partition %d: %v", p, err)
+				if failures++; failures == 1 {
+					h.s.logf("ha: acquiring partition %d: %v", p, err)
+				}
+				h.kickEnsure()
+				if !leaseRefused(err) {
+					break // no answer: the next tick tries again, after the bucket is checked
+				}
 			}
 			continue
 		}
@@ -546,6 +583,8 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 		}
 		l.sub = sub
 		h.mu.Lock()
+		h.maxFence = max(h.maxFence, rev)
+		h.lastLeaseOK = time.Now()
 		h.leases[p] = l
 		h.publishViewLocked()
 		h.mu.Unlock()

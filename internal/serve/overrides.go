@@ -130,6 +130,25 @@ func newOverrides(s *Server) *overrides {
 
 // open creates (or binds) the bucket and the audit stream.
 func (o *overrides) open(ctx context.Context, js jetstream.JetStream) error {
+	kv, err := o.ensureAssets(ctx, js)
+	if err != nil {
+		return err
+	}
+	o.kv = kv
+	return nil
+}
+
+// ensure creates the bucket and the audit stream again if the server lost
+// them (jsensure.go); the bucket handle in use stays valid.
+func (o *overrides) ensure(ctx context.Context) error {
+	if o.kv == nil {
+		return nil
+	}
+	_, err := o.ensureAssets(ctx, o.s.js)
+	return err
+}
+
+func (o *overrides) ensureAssets(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
 	subj, replicas := o.s.subj, o.s.cfg.HASettings().Replicas
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      subj.BucketOverrides(),
@@ -139,7 +158,7 @@ func (o *overrides) open(ctx context.Context, js jetstream.JetStream) error {
 		Replicas:    replicas,
 	})
 	if err != nil {
-		return fmt.Errorf("serve: overrides bucket %s: %w", subj.BucketOverrides(), err)
+		return nil, fmt.Errorf("serve: overrides bucket %s: %w", subj.BucketOverrides(), err)
 	}
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        subj.StreamAudit(),
@@ -149,10 +168,9 @@ func (o *overrides) open(ctx context.Context, js jetstream.JetStream) error {
 		Storage:     jetstream.FileStorage,
 		Replicas:    replicas,
 	}); err != nil {
-		return fmt.Errorf("serve: audit stream %s: %w", subj.StreamAudit(), err)
+		return nil, fmt.Errorf("serve: audit stream %s: %w", subj.StreamAudit(), err)
 	}
-	o.kv = kv
-	return nil
+	return kv, nil
 }
 
 // watch follows the bucket, handing the overrides in force to the analyzer

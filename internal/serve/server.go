@@ -107,7 +107,12 @@ type Server struct {
 
 	decisionLatency *metrics.Histogram
 	unpublished     *metrics.Counter // snapshots not sent while NATS was unreachable
-	evalDuration    *metrics.Histogram
+	ensureErrors    *metrics.Counter // JetStream resources that could not be ensured again (jsensure.go)
+	ensure          chan struct{}    // kicks the ensure loop (jsensure.go)
+
+	pubMu        sync.Mutex           // guards lastPub
+	lastPub      map[string]time.Time // when each pool's last snapshot was published (health.go)
+	evalDuration *metrics.Histogram
 
 	mu          sync.Mutex   // guards urgentAt, alerts, transitions, ran, closed, drift
 	drift       *driftProbes // the running drift probes (RestoreDrift); nil until Run starts them
@@ -142,6 +147,7 @@ func New(cfg *config.Config, opts Options) (_ *Server, err error) {
 		logf:    opts.Logf,
 		metrics: metrics.NewSet(),
 		urgent:  make(chan struct{}, 1),
+		ensure:  make(chan struct{}, 1),
 		hist:    newHistory(defaultHistoryPoints),
 	}
 	if s.logf == nil {
@@ -190,7 +196,10 @@ func (s *Server) connect() error {
 				s.logf("nats: disconnected: %v", err)
 			}
 		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) { s.logf("nats: reconnected to %s", nc.ConnectedUrlRedacted()) }),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			s.logf("nats: reconnected to %s", nc.ConnectedUrlRedacted())
+			s.kickEnsure() // the server may have come back without some of the streams
+		}),
 	}, s.opts.NATSOptions...)
 	var err error
 	if s.nc, err = nats.Connect(url, opts...); err != nil {
@@ -254,7 +263,9 @@ func (s *Server) build() error {
 	s.decisionLatency = s.metrics.NewHistogram("fleetwatch_decision_latency_seconds")
 	s.evalDuration = s.metrics.NewHistogram("fleetwatch_evaluate_duration_seconds")
 	s.unpublished = s.metrics.NewCounter("fleetwatch_decisions_unpublished_total")
+	s.ensureErrors = s.metrics.NewCounter("fleetwatch_jetstream_ensure_errors_total")
 	s.registerAnalyzerMetrics()
+	s.registerHealthMetrics()
 	s.registerReloadMetrics()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -262,7 +273,7 @@ func (s *Server) build() error {
 	s.ha = newHA(s)
 	s.ovr = newOverrides(s)
 	if s.js != nil {
-		if err := s.ha.openBucket(ctx, s.js); err != nil {
+		if err := s.ha.ensureBucket(ctx); err != nil {
 			return err
 		}
 		if err := s.ovr.open(ctx, s.js); err != nil {
@@ -281,6 +292,11 @@ func (s *Server) build() error {
 	}
 	cs := s.cfg.CollectorSettings()
 	cs.NoJetStream = s.js == nil
+	if _, explicit := s.cfg.DurableIntake(); s.js == nil && cs.Intake && !explicit {
+		cs.Intake = false
+		s.logf("ingest: the NATS server has no JetStream: no durable intake, so events published while no serve runs are lost, uncounted (see /healthz)")
+	}
+	cs.CountsIntakeLoss = s.ha.leader
 	cs.Metrics, cs.Logf, cs.OnUrgent = s.metrics, s.logf, s.signalUrgent
 	var sink collector.RefusingSink = s.an
 	if s.js != nil {
@@ -393,6 +409,7 @@ func (s *Server) Run(ctx context.Context) error {
 	work.Go(func() { s.runScrapers(runCtx) }) // reload.go
 	if s.js != nil {
 		work.Go(func() { s.ha.loop(runCtx) })
+		work.Go(func() { s.ensureLoop(runCtx) })
 	}
 	if s.notifier != nil {
 		work.Go(func() { s.notifier.Run(runCtx) })
@@ -562,11 +579,15 @@ func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
 		s.an.Forget(func(pool string) bool { return foreign[pool] })
 	}
 	if s.nc.IsConnected() {
+		sent := make([]string, 0, len(kept))
 		for i := range kept {
 			if err := s.pub.Publish(ctx, &kept[i]); err != nil {
 				s.logf("publish %s: %v", kept[i].Pool, err)
+				continue
 			}
+			sent = append(sent, kept[i].Pool)
 		}
+		s.notePublished(sent, now)
 	} else if len(kept) > 0 {
 		s.unpublished.Add(len(kept))
 	}

@@ -1,0 +1,153 @@
+package serve
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+)
+
+// Health: /healthz answers 200 only while this instance does its part:
+// connected to NATS, and with JetStream either publishing every pool of
+// the partitions it holds or a standby beside instances that hold them.
+// fleetwatch_pool_publish_age_seconds says, per pool it decides, how long
+// ago its last snapshot went out.
+
+// publishStaleAfter is how old a held pool's last publish may be before
+// /healthz says serve is not publishing: three heartbeats, at least 3 s.
+func (s *Server) publishStaleAfter() time.Duration {
+	hb := s.cfg.AnalyzerSettings(s.seed).Settings.WithDefaults().Heartbeat
+	return max(3*hb, 3*time.Second)
+}
+
+// notePublished records when pools were last sent on their subjects.
+func (s *Server) notePublished(pools []string, at time.Time) {
+	if len(pools) == 0 {
+		return
+	}
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	if s.lastPub == nil {
+		s.lastPub = map[string]time.Time{}
+	}
+	for _, p := range pools {
+		s.lastPub[p] = at
+	}
+}
+
+// publishAges returns, per pool this instance holds, how long ago its last
+// snapshot was published, sorted by pool; pools it no longer holds are
+// forgotten.
+func (s *Server) publishAges(now time.Time) (pools []string, ages []time.Duration) {
+	s.pubMu.Lock()
+	defer s.pubMu.Unlock()
+	for p := range s.lastPub {
+		if _, _, held := s.ha.owns(p, now); !held {
+			delete(s.lastPub, p)
+			continue
+		}
+		pools = append(pools, p)
+	}
+	slices.Sort(pools)
+	for _, p := range pools {
+		ages = append(ages, now.Sub(s.lastPub[p]))
+	}
+	return pools, ages
+}
+
+func (s *Server) registerHealthMetrics() {
+	s.metrics.RegisterMetricsWriter(func(w io.Writer) {
+		pools, ages := s.publishAges(time.Now())
+		for i, p := range pools {
+			metrics.WriteGaugeFloat64(w, fmt.Sprintf(`fleetwatch_pool_publish_age_seconds{pool=%q}`, p), ages[i].Seconds())
+		}
+	})
+}
+
+// health is /healthz's answer: the HTTP code, a one-line status and the
+// details that explain it.
+func (s *Server) health(now time.Time) (int, map[string]any) {
+	connected := s.nc != nil && s.nc.IsConnected()
+	body := map[string]any{"nats": connected, "jetstream": s.js != nil}
+	ingest := s.ingestHealth()
+	body["ingest"] = ingest
+	fail := func(why string) (int, map[string]any) {
+		body["status"] = why
+		return http.StatusServiceUnavailable, body
+	}
+	if !connected {
+		return fail("nats disconnected")
+	}
+	if s.js != nil && s.ha.view.Load() != nil {
+		held, instances, lastAnswer := s.ha.summary()
+		body["partitions_owned"] = held
+		body["instances"] = instances
+		if held == 0 && instances <= 1 {
+			if lastAnswer.IsZero() || now.Sub(lastAnswer) > s.ha.ttl {
+				return fail(fmt.Sprintf("no partition lease: JetStream has not answered a lease request for %v", sinceOr(now, lastAnswer)))
+			}
+			return fail("no partition lease held and no other instance alive")
+		}
+		if held == 0 {
+			body["role"] = "standby"
+		}
+	}
+	pools, ages := s.publishAges(now)
+	limit := s.publishStaleAfter()
+	var stale []string
+	for i, p := range pools {
+		if ages[i] > limit {
+			stale = append(stale, fmt.Sprintf("%s (%.1fs)", p, ages[i].Seconds()))
+		}
+	}
+	if len(stale) > 0 {
+		body["stale_pools"] = stale
+		return fail(fmt.Sprintf("not publishing: %d pools without a snapshot for more than %v", len(stale), limit))
+	}
+	body["status"] = "ok"
+	return http.StatusOK, body
+}
+
+func sinceOr(now, t time.Time) string {
+	if t.IsZero() {
+		return "ever"
+	}
+	return now.Sub(t).Round(100 * time.Millisecond).String()
+}
+
+// summary is the lease state /healthz reports: partitions live here, the
+// instances counted, and when a lease request was last answered.
+func (h *ha) summary() (live, instances int, lastAnswer time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, l := range h.leases {
+		if l.state == stateLive {
+			live++
+		}
+	}
+	return live, max(h.instances, 1), h.lastLeaseOK
+}
+
+// ingestHealth is the ingest part of /healthz: how events reach the
+// collectors, and what was lost on the way where that can be counted.
+func (s *Server) ingestHealth() map[string]any {
+	st := s.col.Stats()
+	m := map[string]any{
+		"durable":        st.Intake,
+		"dropped":        st.Dropped,
+		"intake_lost":    st.IntakeLost,
+		"publish_errors": st.StreamPublishErrors,
+	}
+	switch {
+	case st.Intake:
+		m["loss"] = "events published while no serve runs are kept in " + s.subj.StreamIntake() + " up to its bounds; what the bounds discard is counted in intake_lost"
+	case st.JetStream:
+		m["loss"] = "ingest.durable is false: events published while no serve runs are lost, uncounted"
+	default:
+		m["loss"] = "no JetStream: events published while no serve runs are lost, uncounted"
+	}
+	return m
+}
