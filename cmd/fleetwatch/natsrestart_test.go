@@ -99,9 +99,15 @@ func startNATSProc(t testing.TB, bin string, args ...string) *natsProc {
 
 var natsPortLine = regexp.MustCompile(`Listening for client connections on \S+:(\d+)`)
 
+// start starts the server on port: -1 lets it choose and report it, 0
+// keeps the port of its configuration file (n.port).
 func (n *natsProc) start(port int) {
 	n.t.Helper()
-	n.cmd = exec.Command(n.bin, append(append([]string{}, n.args...), "-p", strconv.Itoa(port))...)
+	args := append([]string{}, n.args...)
+	if port != 0 {
+		args = append(args, "-p", strconv.Itoa(port))
+	}
+	n.cmd = exec.Command(n.bin, args...)
 	if n.logs == nil {
 		n.logs = &syncBuffer{}
 	}
@@ -113,7 +119,7 @@ func (n *natsProc) start(port int) {
 	n.exited = exited
 	cmd := n.cmd
 	go func() { _ = cmd.Wait(); close(exited) }()
-	if port > 0 {
+	if port != -1 {
 		n.waitListening()
 		return
 	}

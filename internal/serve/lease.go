@@ -95,7 +95,7 @@ type ha struct {
 	lastLeaseOK time.Time
 
 	acquired, lost, released *metrics.Counter
-	ridden, reacquired       *metrics.Counter
+	ridden                   *metrics.Counter
 	fromOthers, ownSkipped   *metrics.Counter
 	forwarded, unowned       *metrics.Counter
 	malformed, buffered      *metrics.Counter
@@ -138,7 +138,6 @@ func newHA(s *Server) *ha {
 	h.lost = m.NewCounter("fleetwatch_ha_leases_lost_total")
 	h.released = m.NewCounter("fleetwatch_ha_leases_released_total")
 	h.ridden = m.NewCounter("fleetwatch_ha_lease_renewals_ridden_total")
-	h.reacquired = m.NewCounter("fleetwatch_ha_leases_reacquired_total")
 	h.fromOthers = m.NewCounter("fleetwatch_ha_partition_events_received_total")
 	h.ownSkipped = m.NewCounter("fleetwatch_ha_partition_batches_own_total")
 	h.forwarded = m.NewCounter("fleetwatch_ha_events_forwarded_total")

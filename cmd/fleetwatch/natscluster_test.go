@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+)
+
+// Three nats-server processes in one cluster, each with a store of its own,
+// under a serve whose JetStream assets have three replicas.
+
+// natsCluster is three natsProcs routed to each other.
+type natsCluster struct{ nodes []*natsProc }
+
+func startNATSCluster(t *testing.T, bin string) *natsCluster {
+	t.Helper()
+	var clients, routes []string
+	for range 3 {
+		clients = append(clients, freeLoopbackAddr(t))
+		routes = append(routes, freeLoopbackAddr(t))
+	}
+	c := &natsCluster{}
+	for i := range 3 {
+		dir := t.TempDir()
+		var others []string
+		for j, r := range routes {
+			if j != i {
+				others = append(others, "nats-route://"+r)
+			}
+		}
+		conf := fmt.Sprintf(`server_name: n%d
+listen: %s
+jetstream { store_dir: %q }
+cluster {
+  name: fw
+  listen: %s
+  routes: [%s]
+}
+`, i+1, clients[i], filepath.Join(dir, "js"), routes[i], strings.Join(others, ", "))
+		path := filepath.Join(dir, "nats.conf")
+		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		n := &natsProc{t: t, bin: bin, args: []string{"-c", path}}
+		_, port, _ := strings.Cut(clients[i], ":")
+		fmt.Sscan(port, &n.port)
+		t.Cleanup(func() {
+			n.kill(syscall.SIGKILL)
+			if t.Failed() {
+				t.Logf("nats-server n%d output:\n%s", i+1, n.logs.String())
+			}
+		})
+		c.nodes = append(c.nodes, n)
+	}
+	for _, n := range c.nodes {
+		n.startPort()
+	}
+	return c
+}
+
+// startPort starts the node on its configured port (the port is in its
+// configuration file; -p would override it).
+func (n *natsProc) startPort() {
+	n.t.Helper()
+	n.start(0)
+}
+
+func (c *natsCluster) urls() string {
+	var u []string
+	for _, n := range c.nodes {
+		u = append(u, n.url())
+	}
+	return strings.Join(u, ",")
+}
+
+// waitJetStream waits until the cluster's JetStream answers (a meta leader
+// is elected).
+func (c *natsCluster) waitJetStream(t *testing.T) {
+	t.Helper()
+	nc, err := nats.Connect(c.urls())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	testkit.Eventually(t, 30*time.Second, "the cluster's JetStream to answer", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_, err := js.AccountInfo(ctx)
+		return err == nil
+	})
+}
+
+const clusterServeConfig = "ha:\n  replicas: 3\n"
+
+// TestServeRidesOutTheLeaseStreamLeaderLoss kills the node that leads the
+// lease stream (KV_fw_leases, R3) while serve publishes: no pool may be
+// silent for longer than the lease TTL and a second, and the fences never
+// go back.
+func TestServeRidesOutTheLeaseStreamLeaderLoss(t *testing.T) {
+	t.Parallel()
+	cluster := startNATSCluster(t, natsServerBinary(t))
+	cluster.waitJetStream(t)
+	startServeOn(t, cluster.urls(), clusterServeConfig)
+	nc, snaps := watchSnapshots(t, cluster.urls())
+	pools := []string{"chat", "code", "embed", "rerank"}
+	for _, p := range pools {
+		publishEvents(t, nc, p, "a", "b")
+	}
+	testkit.Eventually(t, 30*time.Second, "snapshots of every pool", func() bool {
+		for _, p := range pools {
+			if _, ok := snaps.since(p, time.Time{}); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	js, _ := jetstream.New(nc)
+	var leader string
+	testkit.Eventually(t, 20*time.Second, "the lease stream's leader", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		s, err := js.Stream(ctx, "KV_fw_leases")
+		if err != nil || s.CachedInfo().Cluster == nil {
+			return false
+		}
+		leader = s.CachedInfo().Cluster.Leader
+		return leader != ""
+	})
+	var victim *natsProc
+	for i, n := range cluster.nodes {
+		if leader == fmt.Sprintf("n%d", i+1) {
+			victim = n
+		}
+	}
+	if victim == nil {
+		t.Fatalf("lease stream leader %q is none of the nodes", leader)
+	}
+	fences := map[string]uint64{}
+	for _, p := range pools {
+		s, _ := snaps.since(p, time.Time{})
+		fences[p] = s.Fence
+	}
+	killed := time.Now()
+	victim.kill(syscall.SIGKILL)
+	time.Sleep(15 * time.Second) // past any election and the lease TTL and its ride
+	end := time.Now()
+	limit := 5*time.Second + time.Second
+	for _, p := range pools {
+		gap := snaps.longestGap(p, killed, end)
+		s, _ := snaps.since(p, time.Time{})
+		t.Logf("pool %s: longest silence %v after killing the lease stream's leader %s (fence %d -> %d)", p, gap.Round(10*time.Millisecond), leader, fences[p], s.Fence)
+		if gap > limit {
+			t.Errorf("pool %s silent for %v, want at most the lease TTL + 1 s (%v)", p, gap, limit)
+		}
+		if s.Fence < fences[p] {
+			t.Errorf("pool %s: fence went back from %d to %d", p, fences[p], s.Fence)
+		}
+	}
+}
+
+// TestServeRecoversFromAWholeClusterRestart kills every node of the
+// cluster, starts them again on their stores, and checks that serve
+// publishes again within the lease TTL and a heartbeat of the cluster's
+// JetStream answering again.
+func TestServeRecoversFromAWholeClusterRestart(t *testing.T) {
+	t.Parallel()
+	cluster := startNATSCluster(t, natsServerBinary(t))
+	cluster.waitJetStream(t)
+	serve := startServeOn(t, cluster.urls(), clusterServeConfig)
+	nc, snaps := watchSnapshots(t, cluster.urls())
+	publishEvents(t, nc, "chat", "a", "b")
+	testkit.Eventually(t, 30*time.Second, "a snapshot of chat", func() bool {
+		_, ok := snaps.since("chat", time.Time{})
+		return ok
+	})
+	before, _ := snaps.since("chat", time.Time{})
+	for _, n := range cluster.nodes {
+		n.kill(syscall.SIGKILL)
+	}
+	time.Sleep(7 * time.Second) // past the lease TTL
+	for _, n := range cluster.nodes {
+		n.startPort()
+	}
+	cluster.waitJetStream(t)
+	back := time.Now()
+	testkit.Eventually(t, 60*time.Second, "a snapshot of chat after the cluster's restart", func() bool {
+		_, ok := snaps.since("chat", back)
+		return ok
+	})
+	took := snaps.firstAfter("chat", back).Sub(back)
+	after, _ := snaps.since("chat", back)
+	t.Logf("first snapshot %v after the cluster's JetStream answered again (fence %d -> %d)", took.Round(10*time.Millisecond), before.Fence, after.Fence)
+	if limit := 5*time.Second + time.Second + 1250*time.Millisecond; took > limit {
+		t.Errorf("snapshot %v after the cluster's return, want within %v", took, limit)
+	}
+	if after.Fence < before.Fence {
+		t.Errorf("fence went back from %d to %d", before.Fence, after.Fence)
+	}
+	testkit.Eventually(t, 20*time.Second, "/healthz ok again", func() bool {
+		code, _ := testkit.HTTPGet(t, "http://"+serve.HTTPAddr+"/healthz")
+		return code == 200
+	})
+}
