@@ -161,6 +161,11 @@ func (s Subjects) StreamOutcomes() string { return strings.ToUpper(s.jsName()) +
 // ("FW_INTAKE"): events published while no collector runs are kept.
 func (s Subjects) StreamIntake() string { return strings.ToUpper(s.jsName()) + "_INTAKE" }
 
+// StreamCapture is the JetStream stream that stores outcome events as
+// proxies publish them, by default beside the live core path ("FW_CAPTURE"):
+// a collector that starts alone replays what arrived while none ran.
+func (s Subjects) StreamCapture() string { return strings.ToUpper(s.jsName()) + "_CAPTURE" }
+
 // StreamDrift is the JetStream stream keeping drift alerts for review
 // ("FW_DRIFT").
 func (s Subjects) StreamDrift() string { return strings.ToUpper(s.jsName()) + "_DRIFT" }

@@ -119,6 +119,7 @@ func BenchmarkCollectorThroughput(b *testing.B) {
 		{"collector-jetstream", nil, single, 1, Settings{}},
 		{"collector-ndjson100-nojs", []feedtest.Option{feedtest.WithoutJetStream()}, ndjson, 100, Settings{}},
 		{"collector-ndjson100", nil, ndjson, 100, Settings{}},
+		{"collector-intake", nil, single, 1, Settings{Intake: true}},
 		{"collector-intake-ndjson100", nil, ndjson, 100, Settings{Intake: true}},
 	} {
 		b.Run(v.name, func(b *testing.B) {

@@ -176,6 +176,17 @@ type Settings struct {
 	// server). If zero, 1 hour and 1 GiB are used.
 	IntakeMaxAge   time.Duration
 	IntakeMaxBytes int64
+	// Capture turns on the capture (capture.go): the stream FW_CAPTURE
+	// stores fw.outcomes and fw.outcomes.> as published, within
+	// IntakeMaxAge and IntakeMaxBytes, beside the live core path, and a
+	// collector that starts while CatchUp says no other one runs replays
+	// what it stored after the last accepted event. Ignored with Intake or
+	// without JetStream; a stream that cannot be created (another stream
+	// takes those subjects, FW_INTAKE for one) turns it off, logged.
+	Capture bool
+	// CatchUp reports whether this collector is the only one running, so
+	// that Run replays the capture (see Capture). If nil, it does.
+	CatchUp func() bool
 	// CountsIntakeLoss reports whether this collector is the one of a
 	// deployment that counts the intake's losses (the messages the bounds
 	// discarded before any collector took them: intake.go), so that
@@ -265,9 +276,10 @@ type Collector struct {
 	m        *collectorMetrics
 	rejects  *rejectLimiter
 
-	js     jetstream.JetStream // nil without JetStream
-	stream string              // FW_OUTCOMES, when js != nil
-	intake jetstream.Consumer  // FW_INTAKE's durable consumer, with Settings.Intake
+	js      jetstream.JetStream // nil without JetStream
+	stream  string              // FW_OUTCOMES, when js != nil
+	intake  jetstream.Consumer  // FW_INTAKE's durable consumer, with Settings.Intake
+	capture bool                // FW_CAPTURE is in place (Settings.Capture)
 	// intakeLossMark is the highest intake sequence already counted as
 	// lost or seen delivered (intake.go); used by the loss loop alone.
 	intakeLossMark uint64
@@ -362,6 +374,12 @@ func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
 		if err := c.setupIntake(ctx); err != nil {
 			return nil, err
 		}
+	} else if s.Capture {
+		if err := c.ensureCapture(ctx, c.js); err != nil {
+			s.Logf("%v: running without it (events published while no collector runs are lost, uncounted)", err)
+		} else {
+			c.capture = true
+		}
 	}
 	return c, nil
 }
@@ -421,6 +439,18 @@ func (c *Collector) Run(ctx context.Context) error {
 	if err := c.nc.Flush(); err != nil { // the server has the subscriptions
 		c.drain(workers)
 		return fmt.Errorf("collector: subscribing: %w", err)
+	}
+	if c.capture && (c.settings.CatchUp == nil || c.settings.CatchUp()) {
+		// Before Ready: the first decisions include what was published
+		// while no collector ran.
+		w := newWorker(c)
+		n, err := c.catchUp(ctx, w)
+		if err != nil {
+			c.settings.Logf("%v (the rest of what was published while no collector ran is not decided on)", err)
+		}
+		if n > 0 {
+			c.settings.Logf("collector: caught up on %d messages published while no collector ran (from %s)", n, c.subjects.StreamCapture())
+		}
 	}
 	c.readyOnce.Do(func() { close(c.ready) })
 	if c.intake != nil {

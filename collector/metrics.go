@@ -31,6 +31,8 @@ type collectorMetrics struct {
 	replayedEvents        *metrics.Counter
 	intakeAckErrors       *metrics.Counter
 	intakeLost            *metrics.Counter
+	captureReplayed       *metrics.Counter
+	captureUncovered      *metrics.FloatCounter
 	jetstream             *metrics.Gauge
 
 	// bySourceMu guards bySource and sources: the rejects by reason and
@@ -74,6 +76,8 @@ func newCollectorMetrics(set *metrics.Set, maxSources int) *collectorMetrics {
 		replayedEvents:        set.GetOrCreateCounter("fleetwatch_replay_events_total"),
 		intakeAckErrors:       set.GetOrCreateCounter("fleetwatch_intake_ack_errors_total"),
 		intakeLost:            set.GetOrCreateCounter("fleetwatch_intake_lost_messages_total"),
+		captureReplayed:       set.GetOrCreateCounter("fleetwatch_capture_replayed_messages_total"),
+		captureUncovered:      set.GetOrCreateFloatCounter("fleetwatch_capture_uncovered_seconds_total"),
 		jetstream:             set.GetOrCreateGauge("fleetwatch_collector_jetstream", nil),
 		bySource:              make(map[sourceKey]*metrics.Counter),
 		sources:               make(map[string]struct{}),
@@ -145,6 +149,12 @@ type Stats struct {
 	JetStream  bool   // capture and replay are on
 	Intake     bool   // the durable intake is on
 	IntakeLost uint64 // intake messages discarded undelivered (counted by this collector)
+	Capture    bool   // the capture is on (FW_CAPTURE beside the core path)
+	// CaptureReplayed are the captured messages replayed at start;
+	// CaptureUncoveredSeconds the seconds between the last accepted event
+	// and the oldest captured one that nobody replayed (lost).
+	CaptureReplayed         uint64
+	CaptureUncoveredSeconds float64
 }
 
 // AcceptedTotal is the number of accepted events of every outcome.
@@ -169,20 +179,23 @@ func (s Stats) RejectedTotal() uint64 {
 func (c *Collector) Stats() Stats {
 	m := c.m
 	s := Stats{
-		Messages:              m.messages.Get(),
-		Rejected:              make(map[fleetwatch.Reason]uint64, len(m.rejects)),
-		Skewed:                m.skewed.Get(),
-		Dropped:               m.dropped.Get(),
-		SlowConsumer:          m.slowConsumer.Get(),
-		Batches:               m.batches.Get(),
-		StreamPublished:       m.streamPublished.Get(),
-		StreamPublishedEvents: m.streamPublishedEvents.Get(),
-		StreamPublishErrors:   m.streamPublishErrors.Get(),
-		RejectsPublished:      m.rejectsPublished.Get(),
-		RejectsSuppressed:     m.rejectsSuppressed.Get(),
-		JetStream:             c.js != nil,
-		Intake:                c.intake != nil,
-		IntakeLost:            m.intakeLost.Get(),
+		Messages:                m.messages.Get(),
+		Rejected:                make(map[fleetwatch.Reason]uint64, len(m.rejects)),
+		Skewed:                  m.skewed.Get(),
+		Dropped:                 m.dropped.Get(),
+		SlowConsumer:            m.slowConsumer.Get(),
+		Batches:                 m.batches.Get(),
+		StreamPublished:         m.streamPublished.Get(),
+		StreamPublishedEvents:   m.streamPublishedEvents.Get(),
+		StreamPublishErrors:     m.streamPublishErrors.Get(),
+		RejectsPublished:        m.rejectsPublished.Get(),
+		RejectsSuppressed:       m.rejectsSuppressed.Get(),
+		JetStream:               c.js != nil,
+		Intake:                  c.intake != nil,
+		IntakeLost:              m.intakeLost.Get(),
+		Capture:                 c.capture,
+		CaptureReplayed:         m.captureReplayed.Get(),
+		CaptureUncoveredSeconds: m.captureUncovered.Get(),
 	}
 	for o := fleetwatch.OutcomeOK; int(o) < fleetwatch.NumOutcomes; o++ {
 		s.Accepted[o] = m.events[o].Get()

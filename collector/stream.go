@@ -77,6 +77,9 @@ func (c *Collector) Ensure(ctx context.Context) error {
 	if err := c.ensureOutcomes(ctx, c.js); err != nil {
 		return err
 	}
+	if c.capture {
+		return c.ensureCapture(ctx, c.js)
+	}
 	if c.intake == nil {
 		return nil
 	}

@@ -15,8 +15,9 @@ import (
 
 // No silent loss by default (DECISIONS.md "No silent loss"): with the
 // default configuration and a nats-server with JetStream, events published
-// while no serve runs are decided on when one starts, and what the
-// intake's bounds discard is counted.
+// while no serve runs are kept in FW_CAPTURE and decided on when one
+// starts; what the capture's bounds discard is counted (as a period), and
+// with the durable intake (ingest.durable: true) as messages, exactly.
 
 // startServeOn runs `fleetwatch serve` against natsURL with the YAML config
 // (empty: the defaults) and a data directory of its own.
@@ -32,8 +33,8 @@ func startServeOn(t *testing.T, natsURL, config string) *proc {
 }
 
 // TestDefaultKeepsEventsWhileServeIsDown: 30 failures of one backend
-// published while serve is stopped open its breaker once serve runs again,
-// and nothing is counted lost.
+// published while serve is stopped open its breaker once serve runs again
+// (caught up from the capture), and no period is counted lost.
 func TestDefaultKeepsEventsWhileServeIsDown(t *testing.T) {
 	t.Parallel()
 	ns := startNATSProc(t, natsServerBinary(t))
@@ -68,15 +69,18 @@ func TestDefaultKeepsEventsWhileServeIsDown(t *testing.T) {
 		return false
 	})
 	metrics := "http://" + second.HTTPAddr + "/metrics"
-	if lost, ok := metricValue(t, metrics, "fleetwatch_intake_lost_messages_total"); !ok || lost != 0 {
-		t.Errorf("fleetwatch_intake_lost_messages_total = %v (present %v), want 0", lost, ok)
+	if n, ok := metricValue(t, metrics, "fleetwatch_capture_replayed_messages_total"); !ok || n != 60 {
+		t.Errorf("fleetwatch_capture_replayed_messages_total = %v (present %v), want the 60 published while serve was down", n, ok)
+	}
+	if lost, ok := metricValue(t, metrics, "fleetwatch_capture_uncovered_seconds_total"); !ok || lost != 0 {
+		t.Errorf("fleetwatch_capture_uncovered_seconds_total = %v (present %v), want 0", lost, ok)
 	}
 }
 
-// TestIntakeLossIsCounted: with an intake bound far below what is published
-// while serve is down, every published event is either decided on or
-// counted lost, exactly.
-func TestIntakeLossIsCounted(t *testing.T) {
+// TestCaptureGapIsCounted: with a capture bound far below what is
+// published while serve is down, the period the capture no longer holds is
+// counted, and what it holds is decided on.
+func TestCaptureGapIsCounted(t *testing.T) {
 	t.Parallel()
 	ns := startNATSProc(t, natsServerBinary(t))
 	nc, err := nats.Connect(ns.url())
@@ -85,6 +89,56 @@ func TestIntakeLossIsCounted(t *testing.T) {
 	}
 	defer nc.Close()
 	const config = "ingest:\n  max_bytes: 4096\n"
+	first := startServeOn(t, ns.url(), config)
+	testkit.Publish(t, nc, "fw.outcomes", testkit.Event("chat", "a", 200, 80))
+	metrics := "http://" + first.HTTPAddr + "/metrics"
+	testkit.Eventually(t, 20*time.Second, "the first event accepted", func() bool {
+		n, _ := metricValue(t, metrics, `fleetwatch_stream_published_events_total`)
+		return n >= 1
+	})
+	if err := first.stop(); err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	for range 100 {
+		testkit.Publish(t, nc, "fw.outcomes", testkit.Event("chat", "a", 200, 80))
+	}
+	time.Sleep(time.Second) // the discarded period: at least this long
+	for range 100 {
+		testkit.Publish(t, nc, "fw.outcomes", testkit.Event("chat", "a", 200, 80))
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	second := startServeOn(t, ns.url(), config)
+	metrics = "http://" + second.HTTPAddr + "/metrics"
+	var replayed, uncovered float64
+	testkit.Eventually(t, 30*time.Second, "the capture replayed and the gap counted", func() bool {
+		replayed, _ = metricValue(t, metrics, "fleetwatch_capture_replayed_messages_total")
+		uncovered, _ = metricValue(t, metrics, "fleetwatch_capture_uncovered_seconds_total")
+		return replayed > 0 && uncovered > 0
+	})
+	t.Logf("%v messages replayed, %.3f s uncovered", replayed, uncovered)
+	if uncovered < 1 || replayed >= 200 {
+		t.Errorf("uncovered %.3f s, replayed %v: want at least the 1 s pause uncovered and fewer than the 200 published replayed", uncovered, replayed)
+	}
+	code, body := testkit.HTTPGet(t, "http://"+second.HTTPAddr+"/healthz")
+	if code != 200 || !containsAll(body, `"mode":"core + capture"`, `"capture_uncovered_seconds":`) {
+		t.Errorf("/healthz = %d %s, want 200 with the capture and its uncovered period", code, body)
+	}
+}
+
+// TestIntakeLossIsCounted: with the durable intake bound far below what is
+// published while serve is down, every published event is either decided
+// on or counted lost, exactly.
+func TestIntakeLossIsCounted(t *testing.T) {
+	t.Parallel()
+	ns := startNATSProc(t, natsServerBinary(t))
+	nc, err := nats.Connect(ns.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	const config = "ingest:\n  durable: true\n  max_bytes: 4096\n"
 	first := startServeOn(t, ns.url(), config)
 	if err := first.stop(); err != nil {
 		t.Fatalf("serve: %v", err)
@@ -109,7 +163,7 @@ func TestIntakeLossIsCounted(t *testing.T) {
 		t.Errorf("accepted %v + lost %v, want both > 0 and %d in all", accepted, lost, published)
 	}
 	code, body := testkit.HTTPGet(t, "http://"+second.HTTPAddr+"/healthz")
-	if code != 200 || !containsAll(body, `"durable":true`, `"intake_lost":`) {
+	if code != 200 || !containsAll(body, `"mode":"durable intake"`, `"intake_lost":`) {
 		t.Errorf("/healthz = %d %s, want 200 with the intake and its losses", code, body)
 	}
 }

@@ -180,11 +180,12 @@ func (c *Config) ReviewSettings() probes.ReviewSettings {
 // 10 minutes, so that a restart replays a full window). The caller adds the
 // clock, the metrics and the hooks.
 func (c *Config) CollectorSettings() collector.Settings {
-	intake, _ := c.DurableIntake()
+	intake, capture := c.IntakeMode()
 	s := collector.Settings{
 		Prefix:         c.Prefix,
 		NoJetStream:    c.NATS.NoJetStream,
 		Intake:         intake,
+		Capture:        capture,
 		IntakeMaxBytes: c.Ingest.MaxBytes,
 		StreamMaxAge:   max(2*c.Analyzer.settings().WithDefaults().Window, 10*time.Minute),
 		StreamReplicas: c.HA.Replicas,
@@ -195,14 +196,15 @@ func (c *Config) CollectorSettings() collector.Settings {
 	return s
 }
 
-// DurableIntake reports whether the durable intake is asked for, and
-// whether the file says so (explicit): a default intake gives way to a
-// server without JetStream, an explicit one does not.
-func (c *Config) DurableIntake() (on, explicit bool) {
+// IntakeMode is how outcome events are kept while no serve runs
+// (ingest.durable): unset, the capture beside the core path whenever the
+// server has JetStream (capture); true, the durable intake (intake, which
+// needs JetStream); false, neither.
+func (c *Config) IntakeMode() (intake, capture bool) {
 	if c.Ingest.Durable != nil {
-		return *c.Ingest.Durable, true
+		return *c.Ingest.Durable, false
 	}
-	return !c.NATS.NoJetStream, false
+	return false, !c.NATS.NoJetStream
 }
 
 // StoreDir is the embedded NATS server's JetStream store (default

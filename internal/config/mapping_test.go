@@ -172,8 +172,8 @@ func fieldByTag(v reflect.Value, name string) (reflect.Value, bool) {
 	return reflect.Value{}, false
 }
 
-// onByDefault are the boolean keys whose default is true: setting them
-// means setting them false.
+// onByDefault are the boolean keys whose default is not false: setting
+// them means setting them false.
 var onByDefault = map[string]bool{"ingest.durable": true}
 
 func setLeaf(t *testing.T, key string, v reflect.Value) {
@@ -255,8 +255,8 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		}
 	}
 
-	// The keys on by default are set on in all (no_jetstream, set too,
-	// turns their defaults off).
+	// ingest.durable true in all (no_jetstream, set too, turns its
+	// default off); the capture it replaces is reached by its default.
 	all.Ingest.Durable = new(true)
 	m := mapAll(all)
 	// Fields the file does not set: they are the caller's wiring.
@@ -274,7 +274,10 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		"collector.Settings.BatchSize": true, "collector.Settings.FlushInterval": true, "collector.Settings.StreamFlushInterval": true,
 		"collector.Settings.StreamBatchBytes": true, "collector.Settings.RejectRate": true, "collector.Settings.RejectBurst": true,
 		"collector.Settings.StreamMaxBytes": true, "collector.Settings.Now": true,
-		"collector.Settings.Metrics": true, "collector.Settings.Logf": true, "collector.Settings.OnUrgent": true, "collector.Settings.CountsIntakeLoss": true,
+		"collector.Settings.Metrics": true, "collector.Settings.Logf": true, "collector.Settings.OnUrgent": true, "collector.Settings.CountsIntakeLoss": true, "collector.Settings.CatchUp": true,
+		// ingest.durable unset reaches Capture (TestIntakeMode), true
+		// reaches Intake: never both in one file.
+		"collector.Settings.Capture":          true,
 		"collector.Settings.MaxRejectSources": true, "collector.Settings.StreamSubject": true, "collector.Settings.StreamHeader": true,
 	}
 	var unreached []string
@@ -310,5 +313,28 @@ func TestMappingReachesEverySetting(t *testing.T) {
 	reached("config.ScrapeTarget", reflect.ValueOf(m.Scrape.Targets[0]))
 	for _, f := range unreached {
 		t.Errorf("setting %s is reached by no key of the file", f)
+	}
+}
+
+// TestIntakeMode: ingest.durable unset is the capture whenever JetStream
+// is on, true the durable intake, false neither.
+func TestIntakeMode(t *testing.T) {
+	for _, tc := range []struct {
+		durable                 *bool
+		noJetStream             bool
+		wantIntake, wantCapture bool
+	}{
+		{nil, false, false, true},
+		{nil, true, false, false},
+		{new(true), false, true, false},
+		{new(false), false, false, false},
+	} {
+		c := Default()
+		c.Ingest.Durable, c.NATS.NoJetStream = tc.durable, tc.noJetStream
+		s := c.CollectorSettings()
+		if s.Intake != tc.wantIntake || s.Capture != tc.wantCapture {
+			t.Errorf("durable %v, no_jetstream %v: intake %v capture %v, want %v %v",
+				tc.durable, tc.noJetStream, s.Intake, s.Capture, tc.wantIntake, tc.wantCapture)
+		}
 	}
 }

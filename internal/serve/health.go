@@ -136,14 +136,20 @@ func (h *ha) summary() (live, instances int, lastAnswer time.Time) {
 func (s *Server) ingestHealth() map[string]any {
 	st := s.col.Stats()
 	m := map[string]any{
-		"durable":        st.Intake,
+		"mode":           "core",
 		"dropped":        st.Dropped,
-		"intake_lost":    st.IntakeLost,
 		"publish_errors": st.StreamPublishErrors,
 	}
 	switch {
 	case st.Intake:
+		m["mode"] = "durable intake"
+		m["intake_lost"] = st.IntakeLost
 		m["loss"] = "events published while no serve runs are kept in " + s.subj.StreamIntake() + " up to its bounds; what the bounds discard is counted in intake_lost"
+	case st.Capture:
+		m["mode"] = "core + capture"
+		m["capture_replayed"] = st.CaptureReplayed
+		m["capture_uncovered_seconds"] = st.CaptureUncoveredSeconds
+		m["loss"] = "events published while no serve runs are kept in " + s.subj.StreamCapture() + " up to its bounds and replayed at start; a period the bounds discarded is counted in capture_uncovered_seconds"
 	case st.JetStream:
 		m["loss"] = "ingest.durable is false: events published while no serve runs are lost, uncounted"
 	default:

@@ -110,6 +110,7 @@ type Server struct {
 	ensureErrors    *metrics.Counter // JetStream resources that could not be ensured again (jsensure.go)
 	ensure          chan struct{}    // kicks the ensure loop (jsensure.go)
 
+	alone        bool                 // no other instance answered at start: the collector catches up on the capture
 	pubMu        sync.Mutex           // guards lastPub
 	lastPub      map[string]time.Time // when each pool's last snapshot was published (health.go)
 	evalDuration *metrics.Histogram
@@ -231,6 +232,7 @@ func (s *Server) checkPresence() error {
 	// No responders answers at once; a slow instance gets two seconds.
 	msg, err := s.nc.Request(s.subj.Presence(), nil, 2*time.Second)
 	if err != nil {
+		s.alone = true
 		return nil // no responders (or no answer): alone
 	}
 	var other struct {
@@ -292,11 +294,11 @@ func (s *Server) build() error {
 	}
 	cs := s.cfg.CollectorSettings()
 	cs.NoJetStream = s.js == nil
-	if _, explicit := s.cfg.DurableIntake(); s.js == nil && cs.Intake && !explicit {
-		cs.Intake = false
-		s.logf("ingest: the NATS server has no JetStream: no durable intake, so events published while no serve runs are lost, uncounted (see /healthz)")
+	if s.js == nil && cs.Capture {
+		s.logf("ingest: the NATS server has no JetStream: no capture, so events published while no serve runs are lost, uncounted (see /healthz)")
 	}
 	cs.CountsIntakeLoss = s.ha.leader
+	cs.CatchUp = func() bool { return s.alone }
 	cs.Metrics, cs.Logf, cs.OnUrgent = s.metrics, s.logf, s.signalUrgent
 	var sink collector.RefusingSink = s.an
 	if s.js != nil {
