@@ -60,6 +60,13 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if lc.OffsetFile == "" {
 		lc.OffsetFile = filepath.Join(cfg.Data, "ingest-"+proxy+".offset")
 	}
+	if lc.File != "" {
+		// Before anything is read: an offset that cannot be saved would
+		// otherwise stop the adapter after its first batch.
+		if err := ingest.PrepareOffsetFile(lc.OffsetFile); err != nil {
+			return err
+		}
+	}
 	logf := logTo(stderr, "ingest "+proxy+": ")
 	nc, err := nf.connectURL("fleetwatch-ingest-"+proxy, cfg.NATS.URL, logf)
 	if err != nil {
