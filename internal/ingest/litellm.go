@@ -148,11 +148,11 @@ func MapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event
 			ev.TTFTMs = ev.DurationMs
 		}
 	}
-	if v, ok := finite(p.PromptTokens); ok && v > 0 {
-		ev.InputTokens = int64(v)
+	if p.PromptTokens != nil {
+		ev.InputTokens = tokenCount(*p.PromptTokens)
 	}
-	if v, ok := finite(p.CompletionTokens); ok && v > 0 {
-		ev.OutputTokens = int64(v)
+	if p.CompletionTokens != nil {
+		ev.OutputTokens = tokenCount(*p.CompletionTokens)
 	}
 	return "", nil
 }
@@ -191,6 +191,17 @@ func unixSeconds(v *float64) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.UnixMicro(int64(math.Round(f * 1e6))).UTC(), true
+}
+
+// tokenCount converts an adapter's token count to the event's: a count
+// that is negative, not finite or beyond int64 becomes -1, which the
+// event's validation rejects as out_of_range as it does on every other
+// path (never dropped silently).
+func tokenCount(n float64) int64 {
+	if math.IsNaN(n) || n < 0 || n >= math.MaxInt64 {
+		return -1
+	}
+	return int64(n)
 }
 
 // msOf converts seconds to milliseconds, rounded to the microsecond.
