@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
@@ -203,5 +205,33 @@ func TestIngestCreatesDataDir(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), bad) {
 		t.Errorf("the error does not name %s:\n%s", bad, stderr.String())
+	}
+}
+
+// TestMetricsPortDefaults: `ingest nginx`, `ingest haproxy` and `haproxy`
+// run side by side on one proxy host, so their --http defaults differ
+// (the two ingest adapters used to share 9108: the second one exited with
+// "address already in use").
+func TestMetricsPortDefaults(t *testing.T) {
+	defaultRe := regexp.MustCompile(`-http string\n.*\(default "([^"]+)"\)`)
+	seen := map[string]string{}
+	for _, args := range [][]string{{"ingest", "nginx"}, {"ingest", "haproxy"}, {"haproxy"}} {
+		var out strings.Builder
+		if code := Run(t.Context(), append(args, "-h"), io.Discard, &out); code != 0 {
+			t.Fatalf("%v -h: exit %d", args, code)
+		}
+		m := defaultRe.FindStringSubmatch(out.String())
+		if m == nil {
+			t.Fatalf("%v -h shows no --http default:\n%s", args, out.String())
+		}
+		name := strings.Join(args, " ")
+		if other, dup := seen[m[1]]; dup {
+			t.Errorf("%s and %s both default --http to %s", other, name, m[1])
+		}
+		seen[m[1]] = name
+	}
+	want := map[string]string{"127.0.0.1:9108": "ingest nginx", "127.0.0.1:9110": "ingest haproxy", "127.0.0.1:9109": "haproxy"}
+	if diff := cmp.Diff(want, seen); diff != "" {
+		t.Errorf("--http defaults (-want +got), as docs/METRICS.md lists them:\n%s", diff)
 	}
 }
