@@ -15,12 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/serve"
 )
 
 // natsPasswords are the passwords the tests give deploy/nats/nats.conf
@@ -161,6 +163,35 @@ func checkDeployPermissions(t *testing.T, url string) {
 	}
 	if _, err := kv.Put(ctx, "pool-a", []byte(`{"v":1,"seq":1}`)); err != nil {
 		t.Fatalf("fleetwatch puts a decision: %v", err)
+	}
+	// Every other bucket serve writes: a put (publish on $KV.<bucket>.<key>)
+	// and a watch, as serve does, with its user's permissions.
+	for _, bucket := range []string{serve.BucketDriftState(subj), subj.BucketOverrides(), subj.BucketLeases(), subj.BucketBaselines()} {
+		bkv, err := fwJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1})
+		if err != nil {
+			t.Fatalf("fleetwatch creates the %s bucket: %v", bucket, err)
+		}
+		putCtx, putCancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err = bkv.Put(putCtx, "pool-a.YmFja2VuZA", []byte(`{}`))
+		putCancel()
+		if err != nil {
+			t.Errorf("fleetwatch puts into %s: %v", bucket, err)
+			continue
+		}
+		w, err := bkv.WatchAll(ctx)
+		if err != nil {
+			t.Errorf("fleetwatch watches %s: %v", bucket, err)
+			continue
+		}
+		select {
+		case e := <-w.Updates():
+			if e == nil || string(e.Value()) != `{}` {
+				t.Errorf("fleetwatch's watch of %s: %v", bucket, e)
+			}
+		case <-ctx.Done():
+			t.Errorf("fleetwatch's watch of %s: nothing", bucket)
+		}
+		w.Stop()
 	}
 	outcomes, err := fw.SubscribeSync(subj.OutcomesWildcard())
 	if err != nil {
@@ -405,5 +436,25 @@ func TestDeployNATSWithServe(t *testing.T) {
 	}
 	if out := p.logs.String(); strings.Contains(strings.ToLower(out), "permission") {
 		t.Errorf("fleetwatch serve reports a permission problem:\n%s", out)
+	}
+}
+
+// TestDeployNATSConfsAgree: nats-cluster.conf's users and permissions are
+// nats.conf's (TestDeployNATSPermissions checks those against a real
+// server), so a right added to one is added to both.
+func TestDeployNATSConfsAgree(t *testing.T) {
+	accounts := func(name string) string {
+		data, err := os.ReadFile(filepath.Join(repoRoot(t), "deploy", "nats", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, after, ok := strings.Cut(string(data), "\naccounts {")
+		if !ok {
+			t.Fatalf("%s has no accounts block", name)
+		}
+		return after
+	}
+	if diff := cmp.Diff(accounts("nats.conf"), accounts("nats-cluster.conf")); diff != "" {
+		t.Errorf("the accounts blocks of nats.conf and nats-cluster.conf differ (-nats.conf +nats-cluster.conf):\n%s", diff)
 	}
 }

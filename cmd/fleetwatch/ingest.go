@@ -22,6 +22,13 @@ func init() {
 	register("ingest", "turn nginx or HAProxy access logs (file or syslog) into outcome events (fleetwatch ingest nginx|haproxy)", runIngest)
 }
 
+// ingestHTTPDefaults are the adapters' --http defaults: distinct, since
+// both may run on one host, and apart from `fleetwatch haproxy`'s 9109.
+var ingestHTTPDefaults = map[string]string{
+	ingest.AdapterNginx:   "127.0.0.1:9108",
+	ingest.AdapterHAProxy: "127.0.0.1:9110",
+}
+
 // runIngest is `fleetwatch ingest nginx|haproxy`: it follows the access log
 // file and/or receives syslog as the config's ingest.<proxy> block and the
 // flags say, and publishes one outcome event per upstream attempt
@@ -39,7 +46,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	offsetFile := fs.String("offset-file", "", "where the read offset is kept (overrides ingest."+proxy+".offset_file)")
 	syslogAddr := fs.String("syslog", "", "UDP host:port to receive syslog on (overrides ingest."+proxy+".syslog_listen)")
 	fromStart := fs.Bool("from-start", false, "read a file without a saved offset from its start (default: from its end)")
-	httpAddr := fs.String("http", "127.0.0.1:9108", "listen address for /metrics and /healthz; empty: none")
+	httpAddr := fs.String("http", ingestHTTPDefaults[proxy], "listen address for /metrics and /healthz; empty: none")
 	poll := fs.Duration("poll", 250*time.Millisecond, "how often the file is checked")
 	data := fs.String("data", "", "data directory, for the default offset file (default the config's data, ./data)")
 	if err := parseFlags(fs, args[1:], stderr); err != nil {
@@ -59,6 +66,13 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	override(&lc.SyslogListen, *syslogAddr)
 	if lc.OffsetFile == "" {
 		lc.OffsetFile = filepath.Join(cfg.Data, "ingest-"+proxy+".offset")
+	}
+	if lc.File != "" {
+		// Before anything is read: an offset that cannot be saved would
+		// otherwise stop the adapter after its first batch.
+		if err := ingest.PrepareOffsetFile(lc.OffsetFile); err != nil {
+			return err
+		}
 	}
 	logf := logTo(stderr, "ingest "+proxy+": ")
 	nc, err := nf.connectURL("fleetwatch-ingest-"+proxy, cfg.NATS.URL, logf)

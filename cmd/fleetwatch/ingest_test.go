@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
@@ -154,4 +157,81 @@ func haproxyServers(t *testing.T, sock string) string {
 		fmt.Fprintf(&b, "%s %s %s\n", f[3], state, f[7])
 	}
 	return b.String()
+}
+
+// TestIngestCreatesDataDir: `ingest nginx --file` with a data directory
+// that does not exist yet creates it and keeps the offset there (it used to
+// exit after the first batch, saving no offset); a data directory that
+// cannot be created is an error at start that names it.
+func TestIngestCreatesDataDir(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	dir := t.TempDir()
+	logFile := filepath.Join(dir, "access.log")
+	line := `{"msec":"1764741600.123","status":"200","pool":"llama","upstream_addr":"10.0.0.1:8000","upstream_status":"200","upstream_header_time":"0.040","upstream_response_time":"0.050"}` + "\n"
+	if err := os.WriteFile(logFile, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "not", "yet", "data")
+	ctx, cancel := context.WithCancel(t.Context())
+	var stdout, stderr syncBuffer
+	code := make(chan int, 1)
+	go func() {
+		code <- Run(ctx, []string{"ingest", "nginx", "--nats", url, "--file", logFile, "--from-start",
+			"--http", "", "--poll", "20ms", "--data", data}, &stdout, &stderr)
+	}()
+	offset := filepath.Join(data, "ingest-nginx.offset")
+	eventually(t, 10*time.Second, "the offset file in the new data directory", func() bool {
+		select {
+		case c := <-code:
+			t.Fatalf("ingest exited with %d:\n%s", c, stderr.String())
+		default:
+		}
+		_, err := os.Stat(offset)
+		return err == nil
+	})
+	cancel()
+	if c := <-code; c != 0 {
+		t.Errorf("exit code %d:\n%s", c, stderr.String())
+	}
+
+	notDir := filepath.Join(dir, "file")
+	if err := os.WriteFile(notDir, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(notDir, "data")
+	stderr = syncBuffer{}
+	if c := Run(t.Context(), []string{"ingest", "nginx", "--nats", url, "--file", logFile, "--http", "", "--data", bad}, io.Discard, &stderr); c != 1 {
+		t.Errorf("exit code %d with an impossible data directory, want 1", c)
+	}
+	if !strings.Contains(stderr.String(), bad) {
+		t.Errorf("the error does not name %s:\n%s", bad, stderr.String())
+	}
+}
+
+// TestMetricsPortDefaults: `ingest nginx`, `ingest haproxy` and `haproxy`
+// run side by side on one proxy host, so their --http defaults differ
+// (the two ingest adapters used to share 9108: the second one exited with
+// "address already in use").
+func TestMetricsPortDefaults(t *testing.T) {
+	defaultRe := regexp.MustCompile(`-http string\n.*\(default "([^"]+)"\)`)
+	seen := map[string]string{}
+	for _, args := range [][]string{{"ingest", "nginx"}, {"ingest", "haproxy"}, {"haproxy"}} {
+		var out strings.Builder
+		if code := Run(t.Context(), append(args, "-h"), io.Discard, &out); code != 0 {
+			t.Fatalf("%v -h: exit %d", args, code)
+		}
+		m := defaultRe.FindStringSubmatch(out.String())
+		if m == nil {
+			t.Fatalf("%v -h shows no --http default:\n%s", args, out.String())
+		}
+		name := strings.Join(args, " ")
+		if other, dup := seen[m[1]]; dup {
+			t.Errorf("%s and %s both default --http to %s", other, name, m[1])
+		}
+		seen[m[1]] = name
+	}
+	want := map[string]string{"127.0.0.1:9108": "ingest nginx", "127.0.0.1:9110": "ingest haproxy", "127.0.0.1:9109": "haproxy"}
+	if diff := cmp.Diff(want, seen); diff != "" {
+		t.Errorf("--http defaults (-want +got), as docs/METRICS.md lists them:\n%s", diff)
+	}
 }

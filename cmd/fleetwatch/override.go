@@ -31,8 +31,9 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	dur := fs.Duration("for", 0, "how long the override lasts (required but for clear and list; at most 168h)")
 	weight := fs.Float64("weight", -1, "the weight of a weight override, in [0, 1]")
 	who := fs.String("who", os.Getenv("USER"), "who sets it (basic authentication's user wins)")
+	force := fs.Bool("force", false, "set it even though the pool or backend is neither configured nor in a current snapshot (a planned backend); without it serve refuses, to catch typos")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: fleetwatch override drain|force-open|force-closed|weight|clear POOL BACKEND --reason TEXT [--for DURATION] [--weight W]\n       fleetwatch override list")
+		fmt.Fprintln(stderr, "usage: fleetwatch override drain|force-open|force-closed|weight|clear POOL BACKEND --reason TEXT [--for DURATION] [--weight W] [--force]\n       fleetwatch override list")
 		fs.PrintDefaults()
 	}
 	pos, err := parseArgs(fs, args, stderr)
@@ -62,7 +63,7 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fs.Usage()
 		return errUsage
 	}
-	req := serve.OverrideRequest{Action: strings.ReplaceAll(pos[0], "-", "_"), Pool: pos[1], Backend: pos[2], Reason: *reason, Who: *who}
+	req := serve.OverrideRequest{Action: strings.ReplaceAll(pos[0], "-", "_"), Pool: pos[1], Backend: pos[2], Reason: *reason, Who: *who, Force: *force}
 	if *dur != 0 {
 		req.For = dur.String()
 	}

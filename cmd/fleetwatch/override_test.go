@@ -27,6 +27,11 @@ func TestOverrideCommand(t *testing.T) {
 	testkit.WaitConsuming(t, nc, snaps, "warmup", "w")
 	testkit.Publish(t, nc, "fw.outcomes.edge-1", testkit.Event("llama", "a", 200, 120))
 	testkit.Publish(t, nc, "fw.outcomes.edge-1", testkit.Event("llama", "b", 200, 120))
+	testkit.Eventually(t, 10*time.Second, "llama's backends in a snapshot (serve refuses overrides of unknown ones)", func() bool {
+		_, a := snaps.Backend("llama", "a")
+		_, b := snaps.Backend("llama", "b")
+		return a && b
+	})
 	base := "http://" + srv.HTTPAddr()
 
 	var out, errOut bytes.Buffer
@@ -57,6 +62,20 @@ func TestOverrideCommand(t *testing.T) {
 	}
 	if err := run("force-open", "llama", "b", "--for", "1m"); err == nil || !strings.Contains(err.Error(), "reason is required") {
 		t.Errorf("no --reason: %v, want serve's refusal", err)
+	}
+	if err := run("drain", "llama", "b2-WRONG", "--reason", "typo", "--for", "5m"); err == nil ||
+		!strings.Contains(err.Error(), `backend "b2-WRONG" of pool "llama" is neither configured nor in a current snapshot`) ||
+		!strings.Contains(err.Error(), "known backends of llama: a, b") {
+		t.Errorf("drain of a typo: %v, want serve's refusal naming it and the known backends", err)
+	}
+	if err := run("drain", "no-such-pool", "b1", "--reason", "typo", "--for", "5m"); err == nil || !strings.Contains(err.Error(), `pool "no-such-pool"`) {
+		t.Errorf("drain in an unknown pool: %v, want serve's refusal naming it", err)
+	}
+	if err := run("drain", "llama", "c", "--reason", "planned", "--for", "5m", "--force"); err != nil || !strings.Contains(out.String(), "drain llama / c until") {
+		t.Errorf("forced drain of planned llama/c: %v %q", err, out.String())
+	}
+	if err := run("clear", "llama", "c", "--reason", "not planned after all"); err != nil {
+		t.Errorf("clear of llama/c: %v", err)
 	}
 	if err := run("drain", "llama"); err != errUsage {
 		t.Errorf("two arguments: %v, want errUsage", err)

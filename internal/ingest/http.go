@@ -87,7 +87,7 @@ func (h *HTTP) Metrics(adapter string) *Metrics {
 type Response struct {
 	Accepted int        `json:"accepted"`
 	Rejected int        `json:"rejected"`
-	Skipped  int        `json:"skipped,omitempty"`
+	Skipped  *int       `json:"skipped,omitempty"` // LiteLLM's answer only, zero included
 	Rejects  []Rejected `json:"rejects,omitempty"` // at most MaxListedRejects
 	Error    string     `json:"error,omitempty"`
 }
@@ -140,7 +140,9 @@ func (h *HTTP) read(w http.ResponseWriter, r *http.Request, m *Metrics) []byte {
 
 // finish emits b and answers: 200 when something was accepted or nothing
 // was sent, 400 when every event was rejected, 503 when publishing failed.
-func (h *HTTP) finish(w http.ResponseWriter, b *Batch, skipped int) {
+// skipped is nil for an adapter that skips nothing (its answer has no
+// skipped field).
+func (h *HTTP) finish(w http.ResponseWriter, b *Batch, skipped *int) {
 	res := Response{Accepted: b.Accepted, Rejected: len(b.Rejects), Skipped: skipped, Rejects: b.Rejects}
 	if len(res.Rejects) > MaxListedRejects {
 		res.Rejects = res.Rejects[:MaxListedRejects]
@@ -172,7 +174,7 @@ func (h *HTTP) serveOutcomes(w http.ResponseWriter, r *http.Request) {
 	}
 	b := h.s.Emitter.NewBatch(h.outcomes)
 	b.AddRaw(data, 1)
-	h.finish(w, b, 0)
+	h.finish(w, b, nil)
 }
 
 // serveLiteLLM takes LiteLLM generic_api callback payloads.
@@ -200,7 +202,7 @@ func (h *HTTP) serveLiteLLM(w http.ResponseWriter, r *http.Request) {
 			b.Add(&ev, line)
 		}
 	})
-	h.finish(w, b, skipped)
+	h.finish(w, b, &skipped)
 }
 
 func shortErr(err error) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -18,19 +19,19 @@ import (
 // or one object (single). Only the fields fleetwatch uses are read; every
 // number may also come as null.
 type litellmPayload struct {
-	Status              *string  `json:"status"` // "success" or "failure"
-	Model               *string  `json:"model"`
-	ModelID             *string  `json:"model_id"`
-	ModelGroup          *string  `json:"model_group"`
-	APIBase             *string  `json:"api_base"`
-	StartTime           *float64 `json:"startTime"` // unix seconds
-	EndTime             *float64 `json:"endTime"`
-	CompletionStartTime *float64 `json:"completionStartTime"` // first chunk (streaming), else the end
-	ResponseTime        *float64 `json:"response_time"`       // seconds
-	PromptTokens        *float64 `json:"prompt_tokens"`
-	CompletionTokens    *float64 `json:"completion_tokens"`
-	CacheHit            *bool    `json:"cache_hit"` // answered from LiteLLM's own cache: no backend
-	ErrorStr            *string  `json:"error_str"`
+	Status              *string      `json:"status"` // "success" or "failure"
+	Model               *string      `json:"model"`
+	ModelID             *string      `json:"model_id"`
+	ModelGroup          *string      `json:"model_group"`
+	APIBase             *string      `json:"api_base"`
+	StartTime           *litellmTime `json:"startTime"`
+	EndTime             *litellmTime `json:"endTime"`
+	CompletionStartTime *litellmTime `json:"completionStartTime"` // first chunk (streaming), else the end
+	ResponseTime        *float64     `json:"response_time"`       // seconds
+	PromptTokens        *float64     `json:"prompt_tokens"`
+	CompletionTokens    *float64     `json:"completion_tokens"`
+	CacheHit            *bool        `json:"cache_hit"` // answered from LiteLLM's own cache: no backend
+	ErrorStr            *string      `json:"error_str"`
 	ErrorInformation    *struct {
 		ErrorCode  json.RawMessage `json:"error_code"` // "429", 429 or null
 		ErrorClass *string         `json:"error_class"`
@@ -39,6 +40,62 @@ type litellmPayload struct {
 		APIBase *string `json:"api_base"`
 		ModelID *string `json:"model_id"`
 	} `json:"hidden_params"`
+}
+
+// litellmTime is a point in time as LiteLLM's payloads carry it, in unix
+// seconds: a JSON number (the StandardLoggingPayload's float), or a string
+// as LiteLLM's generic API logging example shows and as a Python datetime
+// prints: epoch seconds ("1764741600.25"), RFC 3339 with or without a zone
+// ("2024-01-01T12:00:00.123456", "...Z", "...+01:00"), or Python's str()
+// form with a space for the T ("2024-01-01 12:00:00.123456+00:00"). A
+// time without a zone is UTC. An empty string is absent (NaN).
+type litellmTime float64
+
+// litellmTimeLayouts are tried in order after a space separator became T;
+// a fractional second is accepted after the seconds by each.
+var litellmTimeLayouts = []string{time.RFC3339Nano, "2006-01-02T15:04:05"}
+
+func (t *litellmTime) UnmarshalJSON(data []byte) error {
+	if len(data) == 0 || data[0] != '"' {
+		var f float64
+		if err := json.Unmarshal(data, &f); err != nil {
+			return err
+		}
+		*t = litellmTime(f)
+		return nil
+	}
+	var str string
+	if err := json.Unmarshal(data, &str); err != nil {
+		return err
+	}
+	str = strings.TrimSpace(str)
+	if str == "" {
+		*t = litellmTime(math.NaN())
+		return nil
+	}
+	if f, err := strconv.ParseFloat(str, 64); err == nil {
+		*t = litellmTime(f)
+		return nil
+	}
+	if len(str) > 10 && str[10] == ' ' {
+		str = str[:10] + "T" + str[11:]
+	}
+	for _, layout := range litellmTimeLayouts {
+		if tm, err := time.Parse(layout, str); err == nil { // no zone: UTC
+			*t = litellmTime(float64(tm.UnixMicro()) / 1e6)
+			return nil
+		}
+	}
+	return fmt.Errorf("time %q: want unix seconds, RFC 3339 or Python's datetime form", str)
+}
+
+// seconds is t as the *float64 the mapping reads (nil when absent).
+func (t *litellmTime) seconds() *float64 {
+	if t == nil {
+		return nil
+	}
+	f := float64(*t)
+	return &f
 }
 
 // LiteLLM field names a pool or backend may come from.
@@ -133,26 +190,26 @@ func MapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event
 		ev.Status = litellmErrorStatus(&p)
 	}
 	ev.Outcome = fleetwatch.OutcomeFromStatus(ev.Status)
-	if t, ok := unixSeconds(p.EndTime); ok {
+	if t, ok := unixSeconds(p.EndTime.seconds()); ok {
 		ev.TS = t
 	}
-	start, hasStart := finite(p.StartTime)
-	if end, ok := finite(p.EndTime); ok && hasStart && end >= start {
+	start, hasStart := finite(p.StartTime.seconds())
+	if end, ok := finite(p.EndTime.seconds()); ok && hasStart && end >= start {
 		ev.DurationMs, ev.HasDuration = msOf(end-start), true
 	} else if rt, ok := finite(p.ResponseTime); ok && rt >= 0 {
 		ev.DurationMs, ev.HasDuration = msOf(rt), true
 	}
-	if first, ok := finite(p.CompletionStartTime); ok && hasStart && first >= start && ev.Outcome == fleetwatch.OutcomeOK {
+	if first, ok := finite(p.CompletionStartTime.seconds()); ok && hasStart && first >= start && ev.Outcome == fleetwatch.OutcomeOK {
 		ev.TTFTMs, ev.HasTTFT = msOf(first-start), true
 		if ev.HasDuration && ev.TTFTMs > ev.DurationMs {
 			ev.TTFTMs = ev.DurationMs
 		}
 	}
-	if v, ok := finite(p.PromptTokens); ok && v > 0 {
-		ev.InputTokens = int64(v)
+	if p.PromptTokens != nil {
+		ev.InputTokens = tokenCount(*p.PromptTokens)
 	}
-	if v, ok := finite(p.CompletionTokens); ok && v > 0 {
-		ev.OutputTokens = int64(v)
+	if p.CompletionTokens != nil {
+		ev.OutputTokens = tokenCount(*p.CompletionTokens)
 	}
 	return "", nil
 }
@@ -191,6 +248,17 @@ func unixSeconds(v *float64) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return time.UnixMicro(int64(math.Round(f * 1e6))).UTC(), true
+}
+
+// tokenCount converts an adapter's token count to the event's: a count
+// that is negative, not finite or beyond int64 becomes -1, which the
+// event's validation rejects as out_of_range as it does on every other
+// path (never dropped silently).
+func tokenCount(n float64) int64 {
+	if math.IsNaN(n) || n < 0 || n >= math.MaxInt64 {
+		return -1
+	}
+	return int64(n)
 }
 
 // msOf converts seconds to milliseconds, rounded to the microsecond.

@@ -155,13 +155,13 @@ func MapSpan(span ptrace.Span, resource pcommon.Map, s OTLPSettings, m *Mapping,
 		}
 	}
 	if v, ok := attrs.Get(attrInputTokens); ok {
-		if n, ok := numberOf(v); ok && n > 0 {
-			ev.InputTokens = int64(n)
+		if n, ok := numberOf(v); ok {
+			ev.InputTokens = tokenCount(n)
 		}
 	}
 	if v, ok := attrs.Get(attrOutputTokens); ok {
-		if n, ok := numberOf(v); ok && n > 0 {
-			ev.OutputTokens = int64(n)
+		if n, ok := numberOf(v); ok {
+			ev.OutputTokens = tokenCount(n)
 		}
 	}
 	return ""
@@ -235,7 +235,8 @@ const (
 // otlp.md "OTLP/HTTP"): a binary protobuf or JSON
 // ExportTraceServiceRequest, optionally gzip-compressed; the answer is an
 // ExportTraceServiceResponse in the request's encoding, with
-// partial_success counting the GenAI spans that were rejected; a bad
+// partial_success counting the GenAI spans that made no event (rejected,
+// or skipped for no_pool, no_upstream or unmapped); a bad
 // request gets 400 with a google.rpc.Status.
 func (h *HTTP) serveTraces(w http.ResponseWriter, r *http.Request) {
 	ct := strings.ToLower(strings.TrimSpace(strings.Split(r.Header.Get("Content-Type"), ";")[0]))
@@ -270,6 +271,7 @@ func (h *HTTP) serveTraces(w http.ResponseWriter, r *http.Request) {
 	}
 	b := h.s.Emitter.NewBatch(h.otlp)
 	var ev fleetwatch.Event
+	skipped := map[string]int{} // GenAI spans that made no event, by reason
 	rss := req.Traces().ResourceSpans()
 	for i := 0; i < rss.Len(); i++ {
 		rs := rss.At(i)
@@ -280,13 +282,20 @@ func (h *HTTP) serveTraces(w http.ResponseWriter, r *http.Request) {
 			for k := 0; k < spans.Len(); k++ {
 				if skip := MapSpan(spans.At(k), resource, h.s.OTLP, h.s.Mapping, &ev); skip != "" {
 					h.otlp.Skip(skip)
+					if skip != SkipNotLLM {
+						skipped[skip]++
+					}
 					continue
 				}
 				b.Add(&ev, 0)
 			}
 		}
 	}
-	rejected := len(b.Rejects)
+	invalid := len(b.Rejects)
+	var first string
+	if invalid > 0 {
+		first = b.Rejects[0].Error
+	}
 	if _, err := b.Emit(); err != nil {
 		// Retryable: the exporter sends the batch again.
 		w.Header().Set("Retry-After", "1")
@@ -294,10 +303,10 @@ func (h *HTTP) serveTraces(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp := ptraceotlp.NewExportResponse()
-	if rejected > 0 {
+	if msg, n := notAccepted(invalid, first, skipped); n > 0 {
 		ps := resp.PartialSuccess()
-		ps.SetRejectedSpans(int64(rejected))
-		ps.SetErrorMessage(fmt.Sprintf("%d GenAI spans did not make valid outcome events (first: %s)", rejected, b.Rejects[0].Error))
+		ps.SetRejectedSpans(int64(n))
+		ps.SetErrorMessage(msg)
 	}
 	var body []byte
 	if ct == contentProto {
@@ -312,6 +321,28 @@ func (h *HTTP) serveTraces(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", ct)
 	w.WriteHeader(http.StatusOK)
 	w.Write(body)
+}
+
+// notAccepted describes the GenAI spans that made no event: invalid ones
+// (first is the first one's error) and those skipped, by reason. A span
+// without gen_ai attributes is not counted: it was never addressed to
+// fleetwatch, and a whole application's traces may be sent here.
+func notAccepted(invalid int, first string, skipped map[string]int) (string, int) {
+	n := invalid
+	var parts []string
+	if invalid > 0 {
+		parts = append(parts, fmt.Sprintf("%d did not make valid outcome events (first: %s)", invalid, first))
+	}
+	for _, reason := range SkipReasons {
+		if c := skipped[reason]; c > 0 {
+			n += c
+			parts = append(parts, fmt.Sprintf("%d skipped: %s", c, reason))
+		}
+	}
+	if n == 0 {
+		return "", 0
+	}
+	return fmt.Sprintf("%d GenAI spans not accepted: %s", n, strings.Join(parts, "; ")), n
 }
 
 // grpcCode maps an HTTP status to the google.rpc.Code of the Status body.

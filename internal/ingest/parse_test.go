@@ -191,6 +191,30 @@ func TestMapLiteLLM(t *testing.T) {
 			settings: ingest.LiteLLMSettings{PoolField: "model", BackendField: "model_id"},
 			want:     fleetwatch.Event{Pool: "m", Backend: "dep-1", Status: 503, HasStatus: true, Outcome: fleetwatch.OutcomeError},
 		},
+		{
+			name:    "string times without a zone (UTC), as LiteLLM's generic API logging example sends them",
+			payload: `{"status":"success","model_group":"g","api_base":"x","startTime":"2026-12-03T06:00:00.123456","completionStartTime":"2026-12-03T06:00:00.373456","endTime":"2026-12-03T06:00:01.123456"}`,
+			want: fleetwatch.Event{Pool: "g", Backend: "x", TS: time.Date(2026, 12, 3, 6, 0, 1, 123456000, time.UTC), Status: 200, HasStatus: true,
+				Outcome: fleetwatch.OutcomeOK, TTFTMs: 250, HasTTFT: true, DurationMs: 1000, HasDuration: true},
+		},
+		{
+			name:    "Python's datetime str() with a zone, and RFC 3339 with Z",
+			payload: `{"status":"success","model_group":"g","api_base":"x","startTime":"2026-12-03 07:00:00+01:00","endTime":"2026-12-03T06:00:00.5Z"}`,
+			want: fleetwatch.Event{Pool: "g", Backend: "x", TS: time.Date(2026, 12, 3, 6, 0, 0, 500000000, time.UTC), Status: 200, HasStatus: true,
+				Outcome: fleetwatch.OutcomeOK, DurationMs: 500, HasDuration: true},
+		},
+		{
+			name:    "Python's datetime str() without a zone",
+			payload: `{"status":"failure","model_group":"g","api_base":"x","startTime":"2026-12-03 06:00:00.000001","endTime":"2026-12-03 06:00:02.000001"}`,
+			want: fleetwatch.Event{Pool: "g", Backend: "x", TS: time.Date(2026, 12, 3, 6, 0, 2, 1000, time.UTC), Status: 500, HasStatus: true,
+				Outcome: fleetwatch.OutcomeError, DurationMs: 2000, HasDuration: true},
+		},
+		{
+			name:    "epoch seconds as strings",
+			payload: `{"status":"success","model_group":"g","api_base":"x","startTime":"1764741600.0","endTime":" 1764741601.5 "}`,
+			want: fleetwatch.Event{Pool: "g", Backend: "x", TS: time.UnixMilli(1764741601500).UTC(), Status: 200, HasStatus: true,
+				Outcome: fleetwatch.OutcomeOK, DurationMs: 1500, HasDuration: true},
+		},
 		{name: "a cache hit", payload: `{"status":"success","model_group":"g","api_base":"x","cache_hit":true}`, skip: ingest.SkipNoUpstream},
 		{name: "no status", payload: `{"model_group":"g","api_base":"x"}`, skip: ingest.SkipEventType},
 		{name: "no backend", payload: `{"status":"success","model_group":"g"}`, skip: ingest.SkipNoUpstream},
@@ -212,5 +236,8 @@ func TestMapLiteLLM(t *testing.T) {
 	var ev fleetwatch.Event
 	if _, err := ingest.MapLiteLLM([]byte(`[1]`), ingest.LiteLLMSettings{}, nil, &ev); err == nil {
 		t.Errorf("an array is not a payload")
+	}
+	if _, err := ingest.MapLiteLLM([]byte(`{"status":"success","model_group":"g","api_base":"x","endTime":"yesterday"}`), ingest.LiteLLMSettings{}, nil, &ev); err == nil {
+		t.Errorf("endTime \"yesterday\" is not a time")
 	}
 }

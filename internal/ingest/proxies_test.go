@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -101,6 +102,30 @@ func docSnippet(t *testing.T, re string) string {
 	return string(m)
 }
 
+// nginxServerOptions returns the parameters docs/INTEGRATIONS.md puts on
+// the server lines of its nginx upstream block (" max_fails=0"), after
+// checking that every server line there has max_fails=0: with nginx's
+// default max_fails=1 fail_timeout=10s, nginx hides a failing server
+// itself, sends it a request every 10 s, and fleetwatch sees too few
+// failures to open it for tens of seconds.
+func nginxServerOptions(t *testing.T) string {
+	t.Helper()
+	block := docSnippet(t, `(?s)    upstream llama \{\n.*?\n    \}\n`)
+	lines := regexp.MustCompile(`(?m)^\s*server (\S+?)((?: [^;]*)?);`).FindAllStringSubmatch(block, -1)
+	if len(lines) == 0 {
+		t.Fatalf("docs/INTEGRATIONS.md's upstream block has no server lines:\n%s", block)
+	}
+	for _, l := range lines {
+		if !strings.Contains(l[2], " max_fails=0") {
+			t.Errorf("docs/INTEGRATIONS.md: %q lacks max_fails=0", strings.TrimSpace(l[0]))
+		}
+	}
+	return lines[0][2]
+}
+
+// TestNginxDocUpstream checks the nginx upstream block users copy.
+func TestNginxDocUpstream(t *testing.T) { nginxServerOptions(t) }
+
 type writerFunc func(p []byte)
 
 func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
@@ -166,8 +191,8 @@ http {
   access_log %[1]s/access.log fleetwatch;
   %[7]s
   upstream llama {
-    server %[2]s max_fails=0;
-    server %[3]s max_fails=0;
+    server %[2]s%[8]s;
+    server %[3]s%[8]s;
   }
   server {
     listen 127.0.0.1:%[4]d;
@@ -196,7 +221,7 @@ func TestNginx(t *testing.T) {
 	dir := t.TempDir()
 	port := freePort(t)
 	conf := filepath.Join(dir, "nginx.conf")
-	if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, good.Addr(), bad.Addr(), port, nginxUser(), docSnippet(t, `(?s)    log_format fleetwatch escape=json.*?';\n`), "")), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf(nginxConf, dir, good.Addr(), bad.Addr(), port, nginxUser(), docSnippet(t, `(?s)    log_format fleetwatch escape=json.*?';\n`), "", nginxServerOptions(t))), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -396,7 +421,7 @@ func TestNginxSyslog(t *testing.T) {
 	conf := filepath.Join(dir, "nginx.conf")
 	syslog := fmt.Sprintf("access_log syslog:server=%s,tag=nginx fleetwatch;", conn.LocalAddr())
 	text := fmt.Sprintf(nginxConf, dir, backends[0].Addr(), backends[1].Addr(), port, nginxUser(),
-		docSnippet(t, `(?s)    log_format fleetwatch escape=json.*?';\n`), syslog)
+		docSnippet(t, `(?s)    log_format fleetwatch escape=json.*?';\n`), syslog, nginxServerOptions(t))
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}

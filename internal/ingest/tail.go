@@ -87,6 +87,28 @@ func (t *Tailer) loadOffset() (offsetState, bool) {
 	return st, true
 }
 
+// PrepareOffsetFile makes sure the offset file at path can be written:
+// it creates its directory (a default data directory such as ./data need
+// not exist yet) and writes and removes its temporary file, so that a
+// directory that cannot be created or written is an error at start that
+// names it, not a failure after the first batch. An empty path is no
+// offset file and always fine.
+func PrepareOffsetFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("ingest: offset file %s: cannot create its directory: %w", path, err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, nil, 0o644); err != nil {
+		return fmt.Errorf("ingest: offset file %s: cannot write in %s: %w", path, dir, err)
+	}
+	os.Remove(tmp)
+	return nil
+}
+
 // saveOffset writes the offset file atomically (a temporary file renamed
 // over it).
 func (t *Tailer) saveOffset(st offsetState) error {
@@ -118,8 +140,11 @@ type follower struct {
 // lines of each read (without their newlines). When handle fails, the
 // lines are offered again at the next poll and the offset is not moved.
 // It returns nil when ctx ends; an error only when the offset file cannot
-// be written.
+// be written (checked first, PrepareOffsetFile).
 func (t *Tailer) Run(ctx context.Context, handle func(lines [][]byte) error) error {
+	if err := PrepareOffsetFile(t.s.OffsetFile); err != nil {
+		return err
+	}
 	var cur *follower
 	defer func() {
 		if cur != nil {

@@ -241,7 +241,7 @@ func TestIngestLiteLLM(t *testing.T) {
 	}
 	var res ingest.Response
 	json.Unmarshal(raw, &res)
-	if res.Accepted != 2 || res.Skipped != 1 || res.Rejected != 1 || res.Rejects[0].Reason != fleetwatch.ReasonBadJSON {
+	if res.Accepted != 2 || res.Skipped == nil || *res.Skipped != 1 || res.Rejected != 1 || res.Rejects[0].Reason != fleetwatch.ReasonBadJSON {
 		t.Errorf("json_array answer: %s", raw)
 	}
 	var ndjson bytes.Buffer

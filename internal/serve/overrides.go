@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,6 +59,11 @@ var (
 	ErrBadOverride = errors.New("serve: bad override request")
 	// ErrNoOverride is a clear of a backend without an override.
 	ErrNoOverride = errors.New("serve: no override in force")
+	// ErrUnknownTarget refuses an override of a pool or backend that is
+	// neither configured nor in a current snapshot (a typo would
+	// otherwise be accepted and drain nothing); OverrideRequest.Force
+	// sets one anyway, for a backend about to be added.
+	ErrUnknownTarget = errors.New("serve: unknown override target")
 	// ErrOverridesNoJetStream refuses overrides on a server without
 	// JetStream.
 	ErrOverridesNoJetStream = errors.New("serve: overrides need JetStream (the fw_overrides KV bucket): this server runs without it")
@@ -80,6 +87,11 @@ type OverrideRequest struct {
 	// Who names the operator. Over HTTP with basic authentication the
 	// authenticated user is recorded instead.
 	Who string `json:"who,omitempty"`
+	// Force sets the override even when the pool or backend is neither
+	// configured nor in a current snapshot (a planned backend, before its
+	// first event). Without it such a request is refused
+	// (ErrUnknownTarget). Clear never needs it.
+	Force bool `json:"force,omitempty"`
 }
 
 // OverrideReply is the answer to an override request.
@@ -362,6 +374,11 @@ func (o *overrides) apply(ctx context.Context, req OverrideRequest, who, via str
 	if err := bo.Validate(); err != nil {
 		return OverrideReply{}, fmt.Errorf("%w: %v", ErrBadOverride, err)
 	}
+	if !req.Force {
+		if err := o.checkKnown(ctx, req.Pool, req.Backend, now); err != nil {
+			return OverrideReply{}, err
+		}
+	}
 	data, _ := json.Marshal(bo)
 	if _, err := o.kv.Put(ctx, key, data); err != nil {
 		return OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
@@ -370,6 +387,101 @@ func (o *overrides) apply(ctx context.Context, req OverrideRequest, who, via str
 	o.audit(ctx, AuditEntry{At: fleetwatch.At(now), Action: req.Action, Pool: req.Pool, Backend: req.Backend,
 		Who: who, Reason: req.Reason, Override: &bo.Override, Via: via})
 	return OverrideReply{Override: &bo}, nil
+}
+
+// maxListedTargets bounds the pools or backends an ErrUnknownTarget names.
+const maxListedTargets = 20
+
+// checkKnown reports, as an ErrUnknownTarget naming what is unknown and
+// what is known, a pool or backend that is neither in the configuration
+// nor in a current snapshot. The snapshots are this instance's analyzer's
+// and the decisions bucket's: with several instances the one answering
+// an override need not own the pool, and the bucket holds the current
+// snapshot of every pool, whoever publishes it.
+func (o *overrides) checkKnown(ctx context.Context, pool, backend string, now time.Time) error {
+	poolKnown := false
+	backends := map[string]bool{}
+	for _, pc := range o.s.config().Pools {
+		if pc.ID == pool {
+			poolKnown = true
+			for _, b := range pc.Backends {
+				backends[b.ID] = true
+			}
+		}
+	}
+	addSnapshot := func(snap fleetwatch.Snapshot) {
+		poolKnown = true
+		for _, b := range snap.Backends {
+			backends[b.Backend] = true
+		}
+	}
+	if !backends[backend] {
+		if snap, ok := o.s.an.Snapshot(pool, now); ok {
+			addSnapshot(snap)
+		}
+	}
+	kv := o.decisions(ctx)
+	if !backends[backend] && kv != nil {
+		if e, err := kv.Get(ctx, pool); err == nil {
+			var snap fleetwatch.Snapshot
+			if json.Unmarshal(e.Value(), &snap) == nil {
+				addSnapshot(snap)
+			}
+		}
+	}
+	if backends[backend] {
+		return nil
+	}
+	if !poolKnown {
+		return fmt.Errorf("%w: pool %q is neither configured nor in a current snapshot (known pools: %s); set force for a planned one",
+			ErrUnknownTarget, pool, listed(o.knownPools(ctx, kv, now)))
+	}
+	return fmt.Errorf("%w: backend %q of pool %q is neither configured nor in a current snapshot (known backends of %s: %s); set force for a planned one",
+		ErrUnknownTarget, backend, pool, pool, listed(slices.Sorted(maps.Keys(backends))))
+}
+
+// decisions binds the decisions bucket (nil when it cannot be bound: no
+// JetStream, or no snapshot published yet).
+func (o *overrides) decisions(ctx context.Context) jetstream.KeyValue {
+	if o.s.js == nil {
+		return nil
+	}
+	kv, err := o.s.js.KeyValue(ctx, o.s.subj.BucketDecisions())
+	if err != nil {
+		return nil
+	}
+	return kv
+}
+
+// knownPools lists the configured pools, this analyzer's and the
+// decisions bucket's, sorted.
+func (o *overrides) knownPools(ctx context.Context, kv jetstream.KeyValue, now time.Time) []string {
+	pools := map[string]bool{}
+	for _, pc := range o.s.config().Pools {
+		pools[pc.ID] = true
+	}
+	for _, snap := range o.s.an.Snapshots(now) {
+		pools[snap.Pool] = true
+	}
+	if kv != nil {
+		if keys, err := kv.ListKeys(ctx); err == nil {
+			for k := range keys.Keys() {
+				pools[k] = true
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(pools))
+}
+
+// listed joins ids for an error message, at most maxListedTargets of them.
+func listed(ids []string) string {
+	switch {
+	case len(ids) == 0:
+		return "none"
+	case len(ids) > maxListedTargets:
+		return fmt.Sprintf("%s and %d more", strings.Join(ids[:maxListedTargets], ", "), len(ids)-maxListedTargets)
+	}
+	return strings.Join(ids, ", ")
 }
 
 // audit publishes e on the audit subject, into FW_AUDIT; a failure is
@@ -430,7 +542,7 @@ func (o *overrides) handlePost(w http.ResponseWriter, r *http.Request) {
 	case err == nil:
 	case errors.Is(err, ErrBadOverride):
 		code = http.StatusBadRequest
-	case errors.Is(err, ErrNoOverride):
+	case errors.Is(err, ErrNoOverride), errors.Is(err, ErrUnknownTarget):
 		code = http.StatusNotFound
 	case errors.Is(err, ErrOverridesNoJetStream):
 		code = http.StatusServiceUnavailable

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,5 +66,15 @@ func TestOverridesSharedByInstances(t *testing.T) {
 		if _, r := getOverrides(t, "http://"+in.HTTPAddr()); len(r.Overrides) != 1 || r.Overrides[0].Pool != pool {
 			t.Errorf("%s lists %+v, want the drain of %s/good", in.name, r.Overrides, pool)
 		}
+	}
+
+	// a does not own the pool: it knows its backends from the decisions
+	// bucket, and refuses a typo naming them.
+	code, reply = postOverride(t, "http://"+a.HTTPAddr(), OverrideRequest{Action: "drain", Pool: pool, Backend: "good-WRONG", Reason: "typo", For: "5m"})
+	if want := "(known backends of " + pool + ": good)"; code != 404 || !strings.Contains(reply.Error, want) {
+		t.Errorf("drain of %s/good-WRONG through a: %d %q, want 404 with %s", pool, code, reply.Error, want)
+	}
+	if _, r := getOverrides(t, "http://"+b.HTTPAddr()); len(r.Overrides) != 1 {
+		t.Errorf("b lists %+v after a refused override, want the drain alone", r.Overrides)
 	}
 }

@@ -157,6 +157,10 @@ func TestOverridesEndToEnd(t *testing.T) {
 		{"weight without a weight", OverrideRequest{Action: "weight", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}, 400, "weight in [0, 1]"},
 		{"bad pool", OverrideRequest{Action: "drain", Pool: "a..b", Backend: "b0", Reason: "x", For: "1m"}, 400, "pool"},
 		{"clear without an override", OverrideRequest{Action: "clear", Pool: "p", Backend: "b0", Reason: "x"}, 404, "no override in force"},
+		{"a backend typo", OverrideRequest{Action: "drain", Pool: "p", Backend: "b0-WRONG", Reason: "x", For: "1m"}, 404,
+			`backend "b0-WRONG" of pool "p" is neither configured nor in a current snapshot (known backends of p: b0, b1)`},
+		{"an unknown pool", OverrideRequest{Action: "drain", Pool: "no-such-pool", Backend: "b0", Reason: "x", For: "1m"}, 404,
+			`pool "no-such-pool" is neither configured nor in a current snapshot (known pools: p)`},
 	} {
 		code, reply := postOverride(t, srv.httpURL, tc.req)
 		if code != tc.code || !strings.Contains(reply.Error, tc.want) || reply.Override != nil {
@@ -270,6 +274,50 @@ func TestOverridesEndToEnd(t *testing.T) {
 	want := []string{"drain b0 alice http", "force_open b1 bob nats", "expire b1 bob expiry", "clear b0 alice http"}
 	if strings.Join(got, "|") != strings.Join(want, "|") {
 		t.Errorf("audit = %q, want %q", got, want)
+	}
+}
+
+// TestOverridesKnownTargets: a configured backend takes an override
+// before its first event; a backend or pool that is neither configured
+// nor in a snapshot is refused, over HTTP and NATS, naming what is known;
+// force sets it anyway (a planned backend), and clear needs no force.
+func TestOverridesKnownTargets(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	srv := startServer(t, "nats: {url: \""+url+"\"}\nprobes: {disabled: true}\npools:\n  - id: chat\n    backends: [{id: b1}, {id: b2}]\n", Options{})
+	drain := OverrideRequest{Action: "drain", Pool: "chat", Backend: "b2", Reason: "rack move", For: "5m"}
+	if code, reply := postOverride(t, srv.httpURL, drain); code != 200 {
+		t.Errorf("drain of configured chat/b2: %d %+v", code, reply)
+	}
+	typo := drain
+	typo.Backend = "b2-WRONG"
+	code, reply := postOverride(t, srv.httpURL, typo)
+	if want := "(known backends of chat: b1, b2)"; code != 404 || !strings.Contains(reply.Error, want) || !strings.Contains(reply.Error, `"b2-WRONG"`) {
+		t.Errorf("drain of chat/b2-WRONG: %d %q, want 404 naming b2-WRONG and %s", code, reply.Error, want)
+	}
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	data, _ := json.Marshal(OverrideRequest{Action: "drain", Pool: "no-such-pool", Backend: "b1", Reason: "x", For: "1m"})
+	m, err := nc.Request("fw.overrides.set", data, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nreply OverrideReply
+	if json.Unmarshal(m.Data, &nreply); nreply.Override != nil || !strings.Contains(nreply.Error, `pool "no-such-pool" is neither configured`) {
+		t.Errorf("NATS drain of no-such-pool/b1: %s", m.Data)
+	}
+	typo.Force, typo.Backend = true, "b3"
+	if code, reply := postOverride(t, srv.httpURL, typo); code != 200 || reply.Override == nil {
+		t.Errorf("forced drain of planned chat/b3: %d %+v", code, reply)
+	}
+	testkit.Eventually(t, 10*time.Second, "chat/b2 and chat/b3 in force, none of the refused", func() bool {
+		_, r := getOverrides(t, srv.httpURL)
+		return len(r.Overrides) == 2 && r.Overrides[0].Backend == "b2" && r.Overrides[1].Backend == "b3"
+	})
+	if code, reply := postOverride(t, srv.httpURL, OverrideRequest{Action: "clear", Pool: "chat", Backend: "b3", Reason: "planned no more"}); code != 200 {
+		t.Errorf("clear of chat/b3 without force: %d %+v", code, reply)
 	}
 }
 

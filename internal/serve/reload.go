@@ -98,7 +98,8 @@ type ReloadResult struct {
 	// removed or changed).
 	Analyzer analyzer.Reconfigured `json:"analyzer"`
 	// Probes is what happened to the drift probes: "unchanged",
-	// "restarted", "started", "stopped", or "updated" before they run.
+	// "restarted", "started", "stopped", "disabled" (none ran and none
+	// run: probes.disabled or --no-probes), or "updated" before they run.
 	Probes string `json:"probes"`
 	// Scrape is "unchanged" or "restarted" (the metrics_url scraper).
 	Scrape string `json:"scrape"`
@@ -255,6 +256,9 @@ func (s *Server) reloadProbes(prev, next *config.Config) (string, error) {
 	}
 	wasRunning := s.stopProbes()
 	if next.Probes.Disabled {
+		if !wasRunning { // disabled before too (--no-probes): nothing ran, nothing stopped
+			return "disabled", nil
+		}
 		return "stopped", nil
 	}
 	what := "restarted"

@@ -357,3 +357,36 @@ func TestReloadScrapeTargets(t *testing.T) {
 		return !strings.Contains(page, series)
 	})
 }
+
+// TestReloadNoProbes: on a serve whose probes are disabled (--no-probes
+// sets probes.disabled over every file), a reload that changes the probes
+// block starts nothing and says the probes are disabled, not "stopped":
+// none were running.
+func TestReloadNoProbes(t *testing.T) {
+	dir := t.TempDir()
+	file, data := filepath.Join(dir, "fleetwatch.yaml"), filepath.Join(dir, "data")
+	yaml := "probes:\n  schedule: \"@every 5m\"\npools:\n  - id: p\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	adjust := func(c *config.Config) error { // newServer's overrides, and --no-probes
+		c.HTTP.Listen, c.NATS.Listen, c.Data = "127.0.0.1:0", "127.0.0.1:-1", data
+		c.Probes.Disabled = true
+		return nil
+	}
+	started := strings.Replace(yaml, "probes:\n", "probes:\n  disabled: true\n", 1)
+	var logs testkit.Lines
+	r := newServer(t, started, data, Options{ConfigFile: file, AdjustConfig: adjust, Logf: logs.Logf}).run(t)
+	nc := feedtest.Connect(t, r.NATSURL())
+	testkit.WaitConsuming(t, nc, testkit.SubscribeSnapshots(t, nc), "p", "b") // Run is past the probes' start
+	if err := os.WriteFile(file, []byte(strings.Replace(yaml, "5m", "10m", 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Reload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Probes != "disabled" || strings.Contains(logs.String(), "probes stopped") {
+		t.Errorf("probes %q, log:\n%s\nwant probes disabled", res.Probes, logs.String())
+	}
+}
