@@ -29,6 +29,13 @@ type window struct {
 
 	counts [fleetwatch.NumOutcomes]uint64 // totals over the live buckets
 	ttft   *histogram                     // totals over the live buckets; nil until the first sample
+
+	// The client errors by status class (statusclass.go): per bucket,
+	// indexed like buckets, and their totals over the live buckets. status
+	// is nil until the window's first client error, so a backend that
+	// never answers 4xx pays nothing for it and the bucket stays 80 bytes.
+	status      []statusCounts
+	statusTotal statusCounts
 }
 
 // denseAfter is the number of samples of one bucket above which its samples
@@ -80,31 +87,42 @@ func (w *window) advance(num int64) {
 	}
 	if num-w.head >= w.size() {
 		for i := range w.buckets {
-			w.evict(&w.buckets[i])
+			w.evict(i)
 		}
 	} else {
 		for n := w.head + 1; n <= num; n++ {
-			w.evict(w.slot(n))
+			w.evict(w.index(n))
 		}
 	}
 	w.head = num
 }
 
-func (w *window) slot(num int64) *bucket {
+func (w *window) slot(num int64) *bucket { return &w.buckets[w.index(num)] }
+
+// index is the position of bucket number num in the ring.
+func (w *window) index(num int64) int {
 	i := num % w.size()
 	if i < 0 {
 		i += w.size()
 	}
-	return &w.buckets[i]
+	return int(i)
 }
 
-// evict subtracts a bucket from the totals and empties it.
-func (w *window) evict(b *bucket) {
+// evict subtracts the bucket at index i from the totals and empties it.
+func (w *window) evict(i int) {
+	b := &w.buckets[i]
 	if b.empty() {
 		return
 	}
 	for o, c := range b.counts {
 		w.counts[o] -= uint64(c)
+	}
+	if w.status != nil && b.counts[fleetwatch.OutcomeClientError] > 0 {
+		st := &w.status[i]
+		for k, c := range st {
+			w.statusTotal[k] -= c
+		}
+		*st = statusCounts{}
 	}
 	for _, bin := range b.samples {
 		w.ttft.remove(bin)
@@ -167,8 +185,22 @@ func (w *window) add(num int64, outcome fleetwatch.Outcome, latency bool, bin ui
 // reset empties the window (a new breaker generation starts from nothing).
 func (w *window) reset() {
 	for i := range w.buckets {
-		w.evict(&w.buckets[i])
+		w.evict(i)
 	}
+}
+
+// addClientStatus counts the status class of a client error that add has
+// just counted in bucket num.
+func (w *window) addClientStatus(num int64, status int) {
+	if num <= w.head-w.size() {
+		return
+	}
+	if w.status == nil {
+		w.status = make([]statusCounts, len(w.buckets))
+	}
+	k := classOf(status)
+	w.status[w.index(num)][k]++
+	w.statusTotal[k]++
 }
 
 // windowStats is what the rules read from a window.
@@ -177,6 +209,22 @@ type windowStats struct {
 	requests   uint64 // all outcomes
 	counted    uint64 // ok + error + timeout + stalled + throttled
 	maxRetryMs float64
+}
+
+func (s *windowStats) clientErrors() uint64 { return s.counts[fleetwatch.OutcomeClientError] }
+
+// answered is the denominator of the client-error rate and of that rule's
+// gate: the counted requests and the client errors.
+func (s *windowStats) answered() uint64 { return s.counted + s.clientErrors() }
+
+// clientErrorRate is client_error / (counted + client_error); ok is false
+// when that is 0/0.
+func (s *windowStats) clientErrorRate() (float64, bool) {
+	d := s.answered()
+	if d == 0 {
+		return 0, false
+	}
+	return float64(s.clientErrors()) / float64(d), true
 }
 
 func (s *windowStats) ok() uint64        { return s.counts[fleetwatch.OutcomeOK] }
