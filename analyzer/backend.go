@@ -149,6 +149,13 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 	if outcome == fleetwatch.OutcomeClientError {
 		b.win.addClientStatus(num, ev.Status)
 	}
+	if outcome.Counted() || outcome == fleetwatch.OutcomeClientError {
+		sent := num
+		if ev.HasDuration && ev.DurationMs > 0 && ev.DurationMs <= fleetwatch.MaxDurationMs {
+			sent = b.win.bucketOf(ts.Add(-time.Duration(ev.DurationMs * float64(time.Millisecond))))
+		}
+		b.win.addSent(sent, outcome == fleetwatch.OutcomeClientError)
+	}
 	if ms, ok := tpotSample(ev, outcome); ok {
 		b.observeTPOT(num, ms)
 	}

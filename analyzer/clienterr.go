@@ -32,19 +32,36 @@ import (
 //     requests',
 //   - its rate is at least ClientErrorRate and at least ClientErrorMargin
 //     above the peers' median,
-//   - and the newest quarter of the window, when it has answered requests,
-//     says the same against the peers' median over their newest quarter.
+//   - and the newest quarter of the window confirms it on the same
+//     traffic: over the requests sent (ts - duration_ms) in each of its
+//     buckets, to the backend and to its peers, the backend's client-error
+//     rate is at least ClientErrorRate and at least ClientErrorMargin above
+//     the rate it would have at its peers' rate of each bucket
+//     (checkClientErrors).
+//
+// The newest quarter is counted by sending time, bucket by bucket,
+// because "the same traffic" is the requests sent in the same second.
+// Counted by answer, a peer's newest quarter at the start of a flood of
+// bad requests is mostly the long generations it accepted before the
+// flood, finishing ok, while the backend that rejects the bad requests
+// fastest has the fewest in flight and draws most of the new ones: in the
+// simulator (docs/EVALUATION.md "Client errors") that opened a backend in
+// 15 of 20 runs of a flood of 100% bad requests at one router, and a
+// quarter counted by sending time but not bucket by bucket still did
+// (the quarter straddles the onset, and the backend drawing the new
+// requests has more of them in it).
 //
 // As the failure-rate rule, it may also trip on the newest quarter alone
-// (RecentMinRequests answered requests there, past both thresholds) when
-// the whole window is at least half of both.
+// (RecentMinRequests answered requests sent there, past both thresholds)
+// when the whole window is at least half of both.
 
-// clientPeerRates are the client-error rates of the pool's backends that
-// may be peers (peerEligible), sorted: over the window and over the newest
-// quarter (those with answered requests there).
+// clientPeerRates are what the rule compares a backend with: the
+// client-error rates over the window of the pool's backends that may be
+// peers (peerEligible), sorted, and the requests sent to them in each
+// bucket of the newest quarter, summed (index 0 is the head bucket).
 type clientPeerRates struct {
-	window, recent peers
-	recentOf       map[*backend]float64 // the newest quarter's rate of each eligible backend that has one
+	window        peers
+	sent, sentErr []uint64
 }
 
 // peerEligible reports whether o may be a peer of the client-error rule.
@@ -68,24 +85,24 @@ func clientRuleNeeded(s *Settings, bs []*backend) bool {
 	return false
 }
 
-// buildClientPeers computes the rates of bs's eligible peers; the views
-// must be current.
-func buildClientPeers(s *Settings, bs []*backend, recentLen int64) clientPeerRates {
-	c := clientPeerRates{recentOf: map[*backend]float64{}}
+// buildClientPeers computes the rates and sums of bs's eligible peers; the
+// views must be current and the windows advanced to the same head.
+func buildClientPeers(s *Settings, bs []*backend) clientPeerRates {
+	n := recentBuckets(s)
+	c := clientPeerRates{sent: make([]uint64, n), sentErr: make([]uint64, n)}
 	for _, o := range bs {
 		if !peerEligible(s, o) {
 			continue
 		}
 		r, _ := o.view.clientErrorRate()
 		c.window = append(c.window, r)
-		st := o.win.recent(recentLen)
-		if rr, ok := st.clientErrorRate(); ok {
-			c.recent = append(c.recent, rr)
-			c.recentOf[o] = rr
+		for j := range n {
+			sent, sentErr := o.win.sentIn(o.win.head - j)
+			c.sent[j] += uint64(sent)
+			c.sentErr[j] += uint64(sentErr)
 		}
 	}
 	sort.Float64s(c.window)
-	sort.Float64s(c.recent)
 	return c
 }
 
@@ -108,13 +125,15 @@ type clientErrorCheck struct {
 	n       uint64  // answered requests in the window
 	hasRate bool
 
-	recent    float64 // over the newest quarter
-	recentN   uint64
-	hasRecent bool
+	// Over the requests sent in the buckets of the newest quarter in which
+	// a peer was sent requests too: the backend's rate, and the rate it
+	// would have at its peers' rate of each of those buckets.
+	recent, peerRecent float64
+	recentN            uint64 // the backend's answered requests sent there
+	hasRecent          bool
 
-	peerMedian       float64 // the peers' median over the window
-	peerRecentMedian float64 // over their newest quarter (the window's when none has one)
-	hasPeers         bool
+	peerMedian float64 // the peers' median over the window
+	hasPeers   bool
 
 	// fires: the window's rate is past both thresholds (the gate aside);
 	// heldByRecency: it fires but the newest quarter does not confirm it;
@@ -128,15 +147,21 @@ type clientErrorCheck struct {
 // opens reports whether the check opens the backend, the gate aside.
 func (c *clientErrorCheck) opens() bool { return (c.fires && !c.heldByRecency) || c.recentFires }
 
-// checkClientErrors applies the rule to b (its view and recent the newest
-// quarter of its window) against the peers' rates.
-func checkClientErrors(s *Settings, b *backend, recent *windowStats, cp *clientPeerRates) clientErrorCheck {
+// checkClientErrors applies the rule to b against the peers' rates.
+//
+// The newest quarter is compared bucket by bucket of sending time, as a
+// stratified comparison: in each bucket the peers' pooled rate times the
+// backend's requests sent then is what the backend would show were it
+// like its peers, and the sum over the buckets against its own client
+// errors is its excess. A share of traffic that moves between backends
+// as a flood starts (the backend that rejects fastest draws the most new
+// requests) then shows no excess, while a backend rejecting what its
+// peers serve in the same seconds does.
+func checkClientErrors(s *Settings, b *backend, cp *clientPeerRates) clientErrorCheck {
 	v := &b.view
 	var c clientErrorCheck
 	c.rate, c.hasRate = v.clientErrorRate()
 	c.n = v.answered()
-	c.recent, c.hasRecent = recent.clientErrorRate()
-	c.recentN = recent.answered()
 	if !c.hasRate || s.ClientErrorRate <= 0 {
 		return c
 	}
@@ -145,19 +170,35 @@ func checkClientErrors(s *Settings, b *backend, recent *windowStats, cp *clientP
 	if !c.hasPeers {
 		return c
 	}
-	ownRecent, ownRecentIn := cp.recentOf[b]
-	c.peerRecentMedian = c.peerMedian
-	if m, ok := medianOfOthers(cp.recent, ownRecent, ownRecentIn); ok {
-		c.peerRecentMedian = m
+	var ownErr uint64
+	var expected float64
+	for j := range cp.sent {
+		sent, sentErr := b.win.sentIn(b.win.head - int64(j))
+		peerSent, peerErr := cp.sent[j], cp.sentErr[j]
+		if own {
+			peerSent, peerErr = peerSent-uint64(sent), peerErr-uint64(sentErr)
+		}
+		if sent == 0 || peerSent == 0 {
+			continue // nothing to compare in this bucket
+		}
+		c.recentN += uint64(sent)
+		ownErr += uint64(sentErr)
+		expected += float64(sent) * float64(peerErr) / float64(peerSent)
+	}
+	if c.hasRecent = c.recentN > 0; c.hasRecent {
+		c.recent = float64(ownErr) / float64(c.recentN)
+		c.peerRecent = expected / float64(c.recentN)
 	}
 	threshold, margin := s.ClientErrorRate, s.ClientErrorMargin
-	recentPast := c.hasRecent && c.recent >= threshold && c.recent-c.peerRecentMedian >= margin
+	// Without requests sent to the backend and to a peer in the same
+	// buckets of the newest quarter there is nothing to confirm on.
+	recentPast := c.hasRecent && c.recent >= threshold && c.recent-c.peerRecent >= margin
 	window := fmtDur(s.Window)
 	recentSpan := fmtDur(time.Duration(recentBuckets(s)) * s.Bucket)
 	switch {
 	case c.rate >= threshold && c.rate-c.peerMedian >= margin:
 		c.fires = true
-		if c.hasRecent && !recentPast {
+		if !recentPast {
 			c.heldByRecency = true
 			return c
 		}
@@ -167,8 +208,8 @@ func checkClientErrors(s *Settings, b *backend, recent *windowStats, cp *clientP
 	case s.RecentMinRequests > 0 && recentPast && c.recentN >= uint64(s.RecentMinRequests) &&
 		c.rate >= threshold/2 && c.rate-c.peerMedian >= margin/2:
 		c.recentFires = true
-		c.reason = fmt.Sprintf("%s vs pool median %.2f over the newest %s (%d requests; %.2f vs %.2f over %s)",
-			clientErrorLabel(&b.win.statusTotal, c.recent), c.peerRecentMedian, recentSpan, c.recentN, c.rate, c.peerMedian, window)
+		c.reason = fmt.Sprintf("%s vs the peers' %.2f on the requests sent in the newest %s (%d requests; %.2f vs pool median %.2f over %s)",
+			clientErrorLabel(&b.win.statusTotal, c.recent), c.peerRecent, recentSpan, c.recentN, c.rate, c.peerMedian, window)
 		c.severity = c.recent / threshold
 	}
 	return c

@@ -23,6 +23,14 @@ func statusSeries(b string, n int, from time.Time, span time.Duration, statuses 
 	return out
 }
 
+// withDuration sets every event's duration_ms.
+func withDuration(evs []fleetwatch.Event, ms float64) []fleetwatch.Event {
+	for i := range evs {
+		evs[i].DurationMs, evs[i].HasDuration = ms, true
+	}
+	return evs
+}
+
 // TestClientErrorRule: a backend answering 4xx to requests its peers serve
 // opens; a pool answering them alike, a pool of one, a quiet backend and a
 // backend that has recovered do not.
@@ -125,8 +133,22 @@ func TestClientErrorRule(t *testing.T) {
 				statusSeries("a", 24, at(4*time.Second), 6*time.Second, 404),
 				statusSeries("b", 90, at(-20*time.Second), 30*time.Second, 200)),
 			want: want{State: fleetwatch.StateOpen, Cause: CauseClientError,
-				Reason:   "404 rate 1.00 vs pool median 0.00 over the newest 7s (24 requests; 0.30 vs 0.00 over 30s)",
+				Reason:   "404 rate 1.00 vs the peers' 0.00 on the requests sent in the newest 7s (24 requests; 0.30 vs pool median 0.00 over 30s)",
 				HeldGate: map[string]uint64{}},
+		},
+		{
+			// A flood starts at 5 s: every new request is bad. a rejects
+			// fastest and draws 10 a second, b and c one each, and finish
+			// long generations sent before the flood (ok, duration 20 s).
+			// By answer time a is at 0.62 and its peers at 0.09, but
+			// second by second of sending they all reject everything.
+			name: "a flood's onset: the backend drawing the new requests is held",
+			events: concat(statusSeries("a", 30, at(-5*time.Second), 10*time.Second, 200), statusSeries("a", 50, at(5*time.Second), 5*time.Second, 400),
+				statusSeries("b", 30, at(-5*time.Second), 10*time.Second, 200), statusSeries("b", 5, at(5*time.Second), 5*time.Second, 400),
+				withDuration(statusSeries("b", 20, at(5*time.Second), 5*time.Second, 200), 20_000),
+				statusSeries("c", 30, at(-5*time.Second), 10*time.Second, 200), statusSeries("c", 5, at(5*time.Second), 5*time.Second, 400),
+				withDuration(statusSeries("c", 20, at(5*time.Second), 5*time.Second, 200), 20_000)),
+			want: want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}, Recency: 1},
 		},
 		{
 			name:     "recent_min_requests < 0 turns the quarter trip off",

@@ -424,14 +424,14 @@ func explainRules(s *Settings, b, cb *backend, bs []*backend, recent windowStats
 		}
 	}
 	rules = append(rules, c)
-	return append(rules, explainClientErrors(s, cb, bs, &recent)...)
+	return append(rules, explainClientErrors(s, cb, bs)...)
 }
 
 // explainClientErrors is the client-error rule's two rows: the window
 // (held by recency when the newest quarter does not confirm it) and the
 // newest-quarter trip. Value is the backend's rate and Threshold
 // ClientErrorRate; the detail names the peers' median and the margin.
-func explainClientErrors(s *Settings, cb *backend, bs []*backend, recent *windowStats) []RuleCheck {
+func explainClientErrors(s *Settings, cb *backend, bs []*backend) []RuleCheck {
 	recentSpan := fmtDur(time.Duration(recentBuckets(s)) * s.Bucket)
 	w := RuleCheck{Rule: CauseClientError, Threshold: s.ClientErrorRate}
 	q := RuleCheck{Rule: RuleClientErrorRecent, Threshold: s.ClientErrorRate}
@@ -442,9 +442,9 @@ func explainClientErrors(s *Settings, cb *backend, bs []*backend, recent *window
 	}
 	var cp clientPeerRates
 	if clientRuleNeeded(s, bs) {
-		cp = buildClientPeers(s, bs, recentBuckets(s))
+		cp = buildClientPeers(s, bs)
 	}
-	c := checkClientErrors(s, cb, recent, &cp)
+	c := checkClientErrors(s, cb, &cp)
 	w.Value, w.HasValue = c.rate, c.hasRate
 	q.Value, q.HasValue = c.recent, c.hasRecent
 	opensAt := fmt.Sprintf("opens at %.2f and %.2f above the peers' median", s.ClientErrorRate, s.ClientErrorMargin)
@@ -458,18 +458,22 @@ func explainClientErrors(s *Settings, cb *backend, bs []*backend, recent *window
 		w.Detail = fmt.Sprintf("%s vs the peers' median %.2f over %d requests in %s (%s)",
 			clientErrorLabel(&cb.win.statusTotal, c.rate), c.peerMedian, c.n, fmtDur(s.Window), opensAt)
 		w.Fires = c.fires
-		if c.heldByRecency {
+		switch {
+		case c.heldByRecency && c.hasRecent:
 			w.HeldBy = HeldByRecency
-			w.Detail += fmt.Sprintf("; the newest %s is at %.2f vs the peers' %.2f", recentSpan, c.recent, c.peerRecentMedian)
+			w.Detail += fmt.Sprintf("; the requests sent in the newest %s are at %.2f vs the peers' %.2f", recentSpan, c.recent, c.peerRecent)
+		case c.heldByRecency:
+			w.HeldBy = HeldByRecency
+			w.Detail += fmt.Sprintf("; no requests sent to it and to a peer in the newest %s to confirm it", recentSpan)
 		}
 	}
 	switch {
-	case !c.hasRecent:
-		q.Detail = fmt.Sprintf("no answered request in the newest %s", recentSpan)
 	case !c.hasPeers:
-		q.Detail = fmt.Sprintf("client-error rate %.2f over %d requests in the newest %s; no peer to compare with", c.recent, c.recentN, recentSpan)
+		q.Detail = fmt.Sprintf("no peer with %d requests to compare with", s.MinRequests)
+	case !c.hasRecent:
+		q.Detail = fmt.Sprintf("no request sent to it and to a peer in the same second of the newest %s", recentSpan)
 	default:
-		q.Detail = fmt.Sprintf("client-error rate %.2f vs the peers' median %.2f over %d requests in the newest %s", c.recent, c.peerRecentMedian, c.recentN, recentSpan)
+		q.Detail = fmt.Sprintf("client-error rate %.2f vs the peers' %.2f over %d requests sent in the newest %s (second by second)", c.recent, c.peerRecent, c.recentN, recentSpan)
 		if s.RecentMinRequests <= 0 {
 			q.Detail += " (the newest-quarter trip is off: recent_min_requests < 0)"
 		} else {

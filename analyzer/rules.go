@@ -145,7 +145,7 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 	var clientPeers clientPeerRates
 	clientRule := clientRuleNeeded(s, bs)
 	if clientRule {
-		clientPeers = buildClientPeers(s, bs, recentLen)
+		clientPeers = buildClientPeers(s, bs)
 	}
 	var trips []trip
 	for _, b := range bs {
@@ -275,8 +275,7 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 		}
 
 		if clientRule && v.clientErrors() > 0 {
-			rs := b.win.recent(recentLen)
-			c := checkClientErrors(s, b, &rs, &clientPeers)
+			c := checkClientErrors(s, b, &clientPeers)
 			switch {
 			case c.opens():
 				want[gateClientError] = true

@@ -43,7 +43,7 @@ type window struct {
 // dense histogram's 1.5 KiB).
 const denseAfter = 512
 
-// bucket is one Bucket of time. Its fields are ordered to keep it at 80
+// bucket is one Bucket of time. Its fields are ordered to keep it at 88
 // bytes: 30 of them are most of a quiet backend's memory.
 type bucket struct {
 	num          int64      // bucket number; meaningful only while the bucket is not empty
@@ -52,11 +52,18 @@ type bucket struct {
 	counts       [fleetwatch.NumOutcomes]uint32
 	sampleCounts uint32
 	maxRetryMs   float32
-	denseInUse   bool
+	// sent and sentClientErr count the answered requests (counted and
+	// client errors) and the client errors among them by when the request
+	// was sent (ts - duration_ms), not by when it was answered: the
+	// client-error rule compares backends on the requests sent to them in
+	// the same span (clienterr.go).
+	sent          uint32
+	sentClientErr uint32
+	denseInUse    bool
 }
 
 func (b *bucket) empty() bool {
-	return b.sampleCounts == 0 && b.counts == [fleetwatch.NumOutcomes]uint32{}
+	return b.sampleCounts == 0 && b.sent == 0 && b.counts == [fleetwatch.NumOutcomes]uint32{}
 }
 
 // newWindow returns a window of size buckets of the given length.
@@ -133,6 +140,7 @@ func (w *window) evict(i int) {
 		b.denseInUse = false
 	}
 	b.counts = [fleetwatch.NumOutcomes]uint32{}
+	b.sent, b.sentClientErr = 0, 0
 	b.samples = b.samples[:0]
 	b.maxRetryMs = 0
 	b.sampleCounts = 0
@@ -189,6 +197,36 @@ func (w *window) reset() {
 	}
 }
 
+// addSent counts an answered request in the bucket of its sending, num,
+// which is not newer than the head (add has moved the head to the
+// answer's bucket); a request sent before the window is not counted.
+func (w *window) addSent(num int64, clientErr bool) {
+	if !w.started || num <= w.head-w.size() || num > w.head {
+		return
+	}
+	b := w.slot(num)
+	if b.empty() {
+		b.num = num
+	}
+	b.sent++
+	if clientErr {
+		b.sentClientErr++
+	}
+}
+
+// sentIn is the answered requests sent in bucket num and the client
+// errors among them (0 when num is not in the window).
+func (w *window) sentIn(num int64) (sent, clientErr uint32) {
+	if !w.started || num <= w.head-w.size() || num > w.head {
+		return 0, 0
+	}
+	b := w.slot(num)
+	if b.empty() || b.num != num {
+		return 0, 0
+	}
+	return b.sent, b.sentClientErr
+}
+
 // addClientStatus counts the status class of a client error that add has
 // just counted in bucket num.
 func (w *window) addClientStatus(num int64, status int) {
@@ -209,6 +247,19 @@ type windowStats struct {
 	requests   uint64 // all outcomes
 	counted    uint64 // ok + error + timeout + stalled + throttled
 	maxRetryMs float64
+
+	// sent and sentClientErr: the answered requests sent in the span and
+	// the client errors among them (recent only; bucket.sent).
+	sent, sentClientErr uint64
+}
+
+// sentClientErrorRate is the client-error rate of the requests sent in the
+// span and answered; ok is false when none was.
+func (s *windowStats) sentClientErrorRate() (float64, bool) {
+	if s.sent == 0 {
+		return 0, false
+	}
+	return float64(s.sentClientErr) / float64(s.sent), true
 }
 
 func (s *windowStats) clientErrors() uint64 { return s.counts[fleetwatch.OutcomeClientError] }
@@ -300,6 +351,8 @@ func (w *window) recent(n int64) windowStats {
 				s.counted += uint64(c)
 			}
 		}
+		s.sent += uint64(b.sent)
+		s.sentClientErr += uint64(b.sentClientErr)
 	}
 	return s
 }
