@@ -71,6 +71,21 @@ func TestClientErrorRule(t *testing.T) {
 				Reason: "401 rate 1.00 vs pool median 0.00 over 40 requests in 30s", HeldGate: map[string]uint64{}},
 		},
 		{
+			name: "two wrong-model replicas of four both open",
+			events: concat(statusSeries("a", 60, t0, 10*time.Second, 404), statusSeries("x", 60, t0, 10*time.Second, 404),
+				statusSeries("b", 60, t0, 10*time.Second, 200), statusSeries("c", 60, t0, 10*time.Second, 200)),
+			want: want{State: fleetwatch.StateOpen, Cause: CauseClientError,
+				Reason: "404 rate 1.00 vs pool median 0.00 over 60 requests in 30s", HeldGate: map[string]uint64{}},
+		},
+		{
+			name: "three of four answering 404 look like bad requests",
+			events: concat(statusSeries("a", 60, t0, 10*time.Second, 404), statusSeries("x", 60, t0, 10*time.Second, 404),
+				statusSeries("y", 60, t0, 10*time.Second, 404), statusSeries("b", 60, t0, 10*time.Second, 200)),
+			want: want{State: fleetwatch.StateClosed,
+				Reason:   "60 client errors of 60 requests, weighed against the peers' by the client-error rule; the other rate rules wait for 20 counted (0 so far)",
+				HeldGate: map[string]uint64{}},
+		},
+		{
 			name: "a pool-wide flood of bad requests opens nothing",
 			events: concat(statusSeries("a", 60, t0, 10*time.Second, 400, 200, 422), statusSeries("b", 60, t0, 10*time.Second, 400, 200, 422),
 				statusSeries("c", 60, t0, 10*time.Second, 400, 200, 422)),
