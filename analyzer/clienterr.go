@@ -193,8 +193,6 @@ func checkClientErrors(s *Settings, b *backend, cp *clientPeerRates) clientError
 	// Without requests sent to the backend and to a peer in the same
 	// buckets of the newest quarter there is nothing to confirm on.
 	recentPast := c.hasRecent && c.recent >= threshold && c.recent-c.peerRecent >= margin
-	window := fmtDur(s.Window)
-	recentSpan := fmtDur(time.Duration(recentBuckets(s)) * s.Bucket)
 	switch {
 	case c.rate >= threshold && c.rate-c.peerMedian >= margin:
 		c.fires = true
@@ -203,13 +201,13 @@ func checkClientErrors(s *Settings, b *backend, cp *clientPeerRates) clientError
 			return c
 		}
 		c.reason = fmt.Sprintf("%s vs pool median %.2f over %d requests in %s",
-			clientErrorLabel(&b.win.statusTotal, c.rate), c.peerMedian, c.n, window)
+			clientErrorLabel(&b.win.statusTotal, c.rate), c.peerMedian, c.n, fmtDur(s.Window))
 		c.severity = c.rate / threshold
 	case s.RecentMinRequests > 0 && recentPast && c.recentN >= uint64(s.RecentMinRequests) &&
 		c.rate >= threshold/2 && c.rate-c.peerMedian >= margin/2:
 		c.recentFires = true
 		c.reason = fmt.Sprintf("%s vs the peers' %.2f on the requests sent in the newest %s (%d requests; %.2f vs pool median %.2f over %s)",
-			clientErrorLabel(&b.win.statusTotal, c.recent), c.peerRecent, recentSpan, c.recentN, c.rate, c.peerMedian, window)
+			clientErrorLabel(&b.win.statusTotal, c.recent), c.peerRecent, fmtDur(time.Duration(recentBuckets(s))*s.Bucket), c.recentN, c.rate, c.peerMedian, fmtDur(s.Window))
 		c.severity = c.recent / threshold
 	}
 	return c

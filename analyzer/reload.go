@@ -311,7 +311,7 @@ func (w *window) merge(num int64, src *bucket) {
 	for _, bin := range src.samples {
 		w.addSample(dst, bin)
 	}
-	if src.denseInUse {
+	if src.isDense() {
 		for bin, c := range src.dense.counts {
 			for range c {
 				w.addSample(dst, uint16(bin))
@@ -326,9 +326,10 @@ func (w *window) addSample(dst *bucket, bin uint16) {
 		w.ttft = new(histogram)
 	}
 	w.ttft.add(bin)
+	dense := dst.isDense()
 	dst.sampleCounts++
 	switch {
-	case dst.denseInUse:
+	case dense:
 		dst.dense.add(bin)
 	case len(dst.samples) < denseAfter:
 		dst.samples = append(dst.samples, bin)
@@ -341,7 +342,6 @@ func (w *window) addSample(dst *bucket, bin uint16) {
 		}
 		dst.dense.add(bin)
 		dst.samples = dst.samples[:0]
-		dst.denseInUse = true
 	}
 }
 
