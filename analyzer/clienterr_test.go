@@ -379,3 +379,38 @@ func TestStatusClasses(t *testing.T) {
 		t.Errorf("after reset (-want +got):\n%s", diff)
 	}
 }
+
+// TestSentCounts: answered requests are counted in the bucket they were
+// sent in, which may be older than the answer's; they leave with it and
+// survive a resize.
+func TestSentCounts(t *testing.T) {
+	w := newWindow(4, time.Second)
+	w.add(3, ok, false, 0, 0)
+	w.addSent(1, false) // an ok sent two buckets before its answer
+	w.addSent(3, false)
+	w.add(3, clientErr, false, 0, 0)
+	w.addSent(3, true)
+	w.addSent(-1, false) // sent before the window: not counted
+	got := [][2]uint32{}
+	for num := int64(0); num <= 3; num++ {
+		sent, errs := w.sentIn(num)
+		got = append(got, [2]uint32{sent, errs})
+	}
+	if diff := cmp.Diff([][2]uint32{{0, 0}, {1, 0}, {0, 0}, {2, 1}}, got); diff != "" {
+		t.Errorf("sent per bucket 0-3 (-want +got):\n%s", diff)
+	}
+	if r := w.recent(3); r.sent != 3 || r.sentClientErr != 1 {
+		t.Errorf("recent(3): sent %d, client errors %d, want 3 and 1", r.sent, r.sentClientErr)
+	}
+	rs := w.resized(8, time.Second)
+	if sent, errs := rs.sentIn(1); sent != 1 || errs != 0 {
+		t.Errorf("resized: bucket 1 sent %d %d, want 1 0", sent, errs)
+	}
+	w.advance(5) // buckets 1 and 0 leave
+	if sent, _ := w.sentIn(1); sent != 0 {
+		t.Errorf("bucket 1 still counts %d sent after leaving the window", sent)
+	}
+	if sent, errs := w.sentIn(3); sent != 2 || errs != 1 {
+		t.Errorf("bucket 3: sent %d %d, want 2 1", sent, errs)
+	}
+}
