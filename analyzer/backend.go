@@ -152,7 +152,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 	if outcome.Counted() || outcome == fleetwatch.OutcomeClientError {
 		sent := num
 		if ev.HasDuration && ev.DurationMs > 0 && ev.DurationMs <= fleetwatch.MaxDurationMs {
-			sent = b.win.bucketOf(ts.Add(-time.Duration(ev.DurationMs * float64(time.Millisecond))))
+			sent = b.win.bucketOfNanos(tsNs - int64(ev.DurationMs*float64(time.Millisecond)))
 		}
 		b.win.addSent(sent, outcome == fleetwatch.OutcomeClientError)
 	}

@@ -78,8 +78,11 @@ func newWindow(size int, bucketLen time.Duration) window {
 }
 
 // bucketOf returns the bucket number of t.
-func (w *window) bucketOf(t time.Time) int64 {
-	n := t.UnixNano()
+func (w *window) bucketOf(t time.Time) int64 { return w.bucketOfNanos(t.UnixNano()) }
+
+// bucketOfNanos returns the bucket number of n nanoseconds since the Unix
+// epoch.
+func (w *window) bucketOfNanos(n int64) int64 {
 	if n < 0 {
 		return (n - w.bucketNanos + 1) / w.bucketNanos
 	}
