@@ -440,10 +440,9 @@ func explainClientErrors(s *Settings, cb *backend, bs []*backend) []RuleCheck {
 		q.Detail = w.Detail
 		return []RuleCheck{w, q}
 	}
-	var cp clientPeerRates
-	if clientRuleNeeded(s, bs) {
-		cp = buildClientPeers(s, bs)
-	}
+	// Built whether or not the rule has anything to do in the pool (an
+	// operator's question is not the hot path): the row shows the peers.
+	cp := buildClientPeers(s, bs)
 	c := checkClientErrors(s, cb, &cp)
 	w.Value, w.HasValue = c.rate, c.hasRate
 	q.Value, q.HasValue = c.recent, c.hasRecent
