@@ -389,7 +389,15 @@ func explainRules(s *Settings, b, cb *backend, bs []*backend, recent windowStats
 	c.Detail = fmt.Sprintf("no counted request in the newest %s", recentSpan)
 	if rrOK {
 		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests in the newest %s", rr, recent.counted, recentSpan) + recentRule(s, s.ThrottleRate)
-		c.Fires = s.RecentMinRequests > 0 && r429OK && r429 < s.ThrottleRate && r429 >= s.ThrottleRate/2 &&
+		// The window's guard is at half the threshold, or the newest half
+		// of the window is (findTrips' halfOK).
+		halfOK := false
+		if r429OK && v.throttled() > 0 && s.RecentMinRequests > 0 && r429 < s.ThrottleRate/2 {
+			half := cb.win.recent(2 * recentBuckets(s))
+			h, ok := half.rate429()
+			halfOK = ok && h >= s.ThrottleRate/2
+		}
+		c.Fires = s.RecentMinRequests > 0 && r429OK && r429 < s.ThrottleRate && (r429 >= s.ThrottleRate/2 || halfOK) &&
 			rr >= s.ThrottleRate && recent.counted >= uint64(s.RecentMinRequests)
 		if c.Fires && poolHold {
 			c.HeldBy = HeldByPoolThrottle
