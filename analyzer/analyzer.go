@@ -334,15 +334,17 @@ type Transition struct {
 
 // Causes of transitions, the keys of Stats.Trips and Stats.HeldByGate.
 const (
-	CauseFailureRate       = "failure_rate"        // closed -> open: error rate
-	CauseConsecutive       = "consecutive"         // closed -> open: failures in a row
-	CauseThrottled         = "throttled"           // closed -> open: 429 rate
-	CauseSlow              = "slow"                // closed -> open: EWMA against the pool median
-	CauseHalfOpenFailure   = "half_open_failure"   // half_open -> open: an error or timeout
-	CauseHalfOpenThrottled = "half_open_throttled" // half_open -> open: a 429
-	CauseOpenElapsed       = "open_elapsed"        // open -> half_open
-	CauseRecovered         = "recovered"           // half_open -> closed
-	CauseExpired           = "expired"             // dropped after Expiry without events
+	CauseFailureRate       = "failure_rate"           // closed -> open: error rate
+	CauseConsecutive       = "consecutive"            // closed -> open: failures in a row
+	CauseThrottled         = "throttled"              // closed -> open: 429 rate
+	CauseSlow              = "slow"                   // closed -> open: EWMA against the pool median
+	CauseClientError       = "client_error_rate"      // closed -> open: 4xx rate far above the peers'
+	CauseHalfOpenClientErr = "half_open_client_error" // half_open -> open: client errors again, after a client_error_rate trip
+	CauseHalfOpenFailure   = "half_open_failure"      // half_open -> open: an error or timeout
+	CauseHalfOpenThrottled = "half_open_throttled"    // half_open -> open: a 429
+	CauseOpenElapsed       = "open_elapsed"           // open -> half_open
+	CauseRecovered         = "recovered"              // half_open -> closed
+	CauseExpired           = "expired"                // dropped after Expiry without events
 )
 
 // Evaluate applies the rules at now and returns the snapshots to publish and

@@ -173,7 +173,16 @@ func BenchmarkObserveWithLoad(b *testing.B) { observeVsBaseline(b, withLoad) }
 // of a pool of 1,000 backends whose 30s windows are full (20 events per
 // backend per second, 90% with a TTFT sample). Each iteration first observes
 // one more second of events, outside the timer, so the windows stay full.
-func BenchmarkEvaluate1000(b *testing.B) {
+func BenchmarkEvaluate1000(b *testing.B) { evaluate1000(b, 0) }
+
+// BenchmarkEvaluate1000ClientErrors is BenchmarkEvaluate1000 with 1% of the
+// events client errors (status 404) on every backend: the client-error
+// rule computes the peers' rates and sums at every Evaluate.
+func BenchmarkEvaluate1000ClientErrors(b *testing.B) { evaluate1000(b, 100) }
+
+// evaluate1000 runs the Evaluate benchmark; one event in clientErrEvery,
+// drawn at random, is a client error (none when 0).
+func evaluate1000(b *testing.B, clientErrEvery int) {
 	const backends, perSecond = 1000, 20
 	a := newAnalyzer(b, Config{})
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -182,9 +191,12 @@ func BenchmarkEvaluate1000(b *testing.B) {
 		for i := range backends * perSecond {
 			e := fleetwatch.Event{Pool: "big", Backend: fmt.Sprintf("backend-%04d", i%backends),
 				TS: t0.Add(time.Duration(s)*time.Second + time.Duration(i)*time.Second/(backends*perSecond))}
-			if rng.IntN(10) == 0 {
+			switch {
+			case clientErrEvery > 0 && rng.IntN(clientErrEvery) == 0:
+				e.Outcome, e.Status, e.HasStatus = fleetwatch.OutcomeClientError, 404, true
+			case rng.IntN(10) == 0:
 				e.Outcome = fleetwatch.OutcomeError
-			} else {
+			default:
 				e.Outcome, e.TTFTMs, e.HasTTFT = fleetwatch.OutcomeOK, math.Exp(math.Log(200)+0.5*rng.NormFloat64()), true
 			}
 			evs = append(evs, e)

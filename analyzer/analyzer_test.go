@@ -38,7 +38,7 @@ func TestSnapshotFields(t *testing.T) {
 				Backend: "a", State: fleetwatch.StateClosed, Priority: 1,
 				// n = 13 counted, observed weight 1 - (1/13)/0.5, prior 1, k = 5.
 				Weight: 0.8889,
-				Reason: "not evaluated: 13 of 20 requests; weight 0.89: 429 pressure (rate_429 0.08 of throttle_rate 0.50 gives 0.85), " +
+				Reason: "not evaluated: 14 of 20 requests, 1 of them client errors; weight 0.89: 429 pressure (rate_429 0.08 of throttle_rate 0.50 gives 0.85), " +
 					"shrinkage toward the pool's 1.00 over 13 requests (k 5) gives 0.89",
 				EWMATTFTMs: fleetwatch.Float(100), P50TTFTMs: fleetwatch.Float(p100), P95TTFTMs: fleetwatch.Float(p100),
 				SuccessRate: fleetwatch.Float(10.0 / 12), Rate429: fleetwatch.Float(1.0 / 13),

@@ -11,10 +11,11 @@ import (
 type verdict uint8
 
 const (
-	verdictNone      verdict = iota
-	verdictClose             // HalfOpenSuccesses ok events in a row
-	verdictFailure           // an error or timeout
-	verdictThrottled         // a 429: the backend is not ready for traffic
+	verdictNone        verdict = iota
+	verdictClose               // HalfOpenSuccesses ok events in a row
+	verdictFailure             // an error or timeout
+	verdictThrottled           // a 429: the backend is not ready for traffic
+	verdictClientError         // HalfOpenSuccesses client errors after a client_error_rate trip
 )
 
 // backend is the analyzer's state of one backend of one pool.
@@ -43,13 +44,15 @@ type backend struct {
 	generation uint64    // +1 per transition
 	genStart   time.Time // events older than this belong to an older generation
 	openUntil  time.Time
-	trips      int // consecutive trips since the backend last closed
+	trips      int    // consecutive trips since the backend last closed
+	tripCause  string // the cause of the last opening
 
 	run         int // failures in a row while closed
 	runLatched  int // run length that reached ConsecutiveFailures, until Evaluate applies it
 	stalls      int // stalled outcomes in the current run
 	stallLatch  int // stalls that reached ConsecutiveStalls, until Evaluate applies it
 	halfOpenOK  int // ok events in a row while half-open
+	halfOpen4xx int // client errors while half-open after a client_error_rate trip
 	verdict     verdict
 	verdictWait float64 // retry_after_ms of a half-open 429
 
@@ -143,6 +146,16 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		bin = binOf(ev.TTFTMs)
 	}
 	b.win.add(num, outcome, latency, bin, ev.RetryAfterMs)
+	if outcome == fleetwatch.OutcomeClientError {
+		b.win.addClientStatus(num, ev.Status)
+	}
+	if outcome.Counted() || outcome == fleetwatch.OutcomeClientError {
+		sent := num
+		if ev.HasDuration && ev.DurationMs > 0 && ev.DurationMs <= fleetwatch.MaxDurationMs {
+			sent = b.win.bucketOfNanos(tsNs - int64(ev.DurationMs*float64(time.Millisecond)))
+		}
+		b.win.addSent(sent, outcome == fleetwatch.OutcomeClientError)
+	}
 	if ms, ok := tpotSample(ev, outcome); ok {
 		b.observeTPOT(num, ms)
 	}
@@ -180,6 +193,16 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		case outcome == fleetwatch.OutcomeThrottled:
 			b.verdict, b.verdictWait = verdictThrottled, ev.RetryAfterMs
 			return true
+		case outcome == fleetwatch.OutcomeClientError && b.tripCause == CauseClientError:
+			// Opened for answering 4xx that its peers did not: its probe
+			// must show ok answers, and as many 4xx as the ok needed to
+			// close reopen it (one alone may be the request's fault).
+			b.halfOpenOK = 0
+			b.halfOpen4xx++
+			if b.halfOpen4xx >= s.HalfOpenSuccesses {
+				b.verdict = verdictClientError
+				return true
+			}
 		case outcome == fleetwatch.OutcomeOK:
 			b.halfOpenOK++
 			if b.halfOpenOK >= s.HalfOpenSuccesses {
@@ -200,7 +223,7 @@ func (b *backend) enter(state fleetwatch.State, now time.Time, reason string) {
 	b.stateReason = reason
 	b.holdReason = ""
 	b.run, b.runLatched, b.stalls, b.stallLatch = 0, 0, 0, 0
-	b.halfOpenOK, b.verdict, b.verdictWait = 0, verdictNone, 0
+	b.halfOpenOK, b.halfOpen4xx, b.verdict, b.verdictWait = 0, 0, verdictNone, 0
 	if state != fleetwatch.StateOpen {
 		b.openUntil = time.Time{}
 	}

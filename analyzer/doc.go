@@ -22,7 +22,8 @@
 //     the event's time, with running totals that are updated when an event
 //     is added and when a bucket leaves the window (gobreaker's rolling
 //     counts, grpc-go outlier detection's callcounter). Each bucket holds
-//     counts by outcome, the largest retry_after_ms and the TTFT samples.
+//     counts by outcome, the largest retry_after_ms, the TTFT samples, and
+//     the answered requests and client errors by when they were sent.
 //   - TTFT histogram (histogram.go): log-linear (HDR layout), 16 bins per
 //     power of two from 0.25 ms to 2^22 ms, 385 bins; quantiles by nearest
 //     rank on the window's merged histogram report the point of a bin at
@@ -45,9 +46,9 @@
 // Failures are error, timeout and stalled (a router's first-token deadline
 // ended the attempt: a timeout by another name, docs/PROTOCOL.md); throttled
 // has its own rate (rate_429 = throttled / (ok + error + timeout + stalled +
-// throttled)); canceled and client_error
-// are counted in requests only. A closed backend opens on the first rule that
-// fires, in this order:
+// throttled)); canceled is counted in requests only, and client_error counts
+// only in the client-error rule (5), against the peers. A closed backend
+// opens on the first rule that fires, in this order:
 //
 //  1. consecutive: ConsecutiveFailures (5) failures in a row, at any volume,
 //     or ConsecutiveStalls (2) stalled outcomes within such a run.
@@ -63,6 +64,22 @@
 //     medians. One peer suffices (in a pool of two, two backends cannot
 //     each be five times slower than the other); a pool that slows down
 //     together trips nothing.
+//  5. client_error_rate (clienterr.go): the client-error rate
+//     client_error / (counted + client_error) >= ClientErrorRate (0.5) and
+//     >= ClientErrorMargin (0.4) above the median rate of the peers (the
+//     other backends not open with MinRequests answered requests; at least
+//     one), confirmed on the newest quarter second by second of sending
+//     time (ts - duration_ms): there the backend's rate must be past both
+//     against the rate it would have at its peers' pooled rate of each
+//     bucket, which a share of traffic moving between backends as a flood
+//     of bad requests starts does not fake. A wrong-model replica (404 to
+//     everything its peers serve) opens; a pool answering 4xx alike, or a
+//     pool of one, opens nothing. The reason names the dominant status
+//     class (400, 401, 403, 404, 405, 413, 422, other; counted per bucket
+//     in a side array allocated at a window's first client error). A
+//     backend it opened reopens while half-open on HalfOpenSuccesses
+//     client errors before as many ok in a row (half_open_client_error).
+//     A negative ClientErrorRate turns it off.
 //
 // Rules 2 and 3 must also hold on the newest quarter of the window when it
 // has counted requests, so a backend that has recovered is not opened on a
@@ -76,8 +93,9 @@
 // mixed-cost traffic; a median moves only when most requests are slow
 // (Stats.HeldByMedian counts the screens it overruled).
 //
-// Rules 2 to 4 are gated: they need MinRequests (20) counted requests in the
-// window. Below it a backend is "not evaluated", which is not healthy; a rule
+// Rules 2 to 5 are gated: they need MinRequests (20) counted requests in the
+// window (rule 5: answered requests, the client errors counted too, so a
+// backend answering nothing but 4xx is evaluated). Below it a backend is "not evaluated", which is not healthy; a rule
 // that would have fired is counted in Stats.HeldByGate, once per episode. A
 // single failure on a quiet backend therefore never opens it.
 //
@@ -180,12 +198,17 @@
 //   - The consecutive run: ok resets it; throttled, canceled and
 //     client_error neither extend nor reset it; a run that reached the
 //     threshold is latched until Evaluate.
-//   - The gate counts ok + error + timeout + throttled. A reason's "over N
-//     requests" is the denominator of the rate it quotes.
+//   - The gate counts ok + error + timeout + throttled (for the
+//     client-error rule, client_error too). A reason's "over N requests"
+//     is the denominator of the rate it quotes.
+//   - client_error counts against a backend only relative to its peers
+//     (rule 5); there is no retry evidence to weigh, because the router
+//     never retries a 4xx and events carry no attempt id
+//     (docs/PROTOCOL.md "Client errors against the peers").
 //   - Slowness compares with the median of the other backends that are not
 //     open; one such peer suffices; the backend itself is left out.
 //   - Order of rules and of openings under the cap: consecutive,
-//     failure_rate, throttled, slow for one backend; the worst first across
+//     failure_rate, throttled, slow, client_error_rate for one backend; the worst first across
 //     backends (how far past its threshold, then id).
 //   - Half-open: the window restarts empty; a 429 reopens like a failure;
 //     the first decisive event wins; the cap also holds a reopening.

@@ -51,8 +51,10 @@ type Explanation struct {
 	Counted  uint64            `json:"counted"`
 	Recent   RecentWindow      `json:"recent"`
 
-	// Evaluated is false while the min_requests gate keeps the rate rules
-	// from opening the backend ("not evaluated": Counted < MinRequests).
+	// Evaluated is false while the min_requests gate keeps every rate rule
+	// from opening the backend ("not evaluated": Counted < MinRequests, and
+	// Counted plus the client errors below it too while the client-error
+	// rule is on, since that rule's gate counts them).
 	Evaluated   bool `json:"evaluated"`
 	MinRequests int  `json:"min_requests"`
 
@@ -92,6 +94,7 @@ type RecentWindow struct {
 const (
 	RuleFailureRateRecent = "failure_rate_recent"
 	RuleThrottledRecent   = "throttled_recent"
+	RuleClientErrorRecent = "client_error_rate_recent"
 )
 
 // Holds of RuleCheck.HeldBy: what kept a rule that fired from opening the
@@ -253,7 +256,7 @@ func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explana
 		e.Requests, e.Counted = v.requests, v.counted
 		recent := cb.win.recent(recentLen)
 		e.Recent = RecentWindow{SpanMs: (time.Duration(recentLen) * s.Bucket).Milliseconds(), Requests: recent.requests, Counted: recent.counted}
-		e.Evaluated = v.counted >= uint64(s.MinRequests)
+		e.Evaluated = v.counted >= uint64(s.MinRequests) || s.ClientErrorRate > 0 && v.answered() >= uint64(s.MinRequests)
 		e.WeightParts = a.weightParts(cp, cb, cprior)
 		if cb.holdReason != "" { // a trip, or a half-open verdict, the cap holds
 			e.CapHeld = cb.holdReason
@@ -278,7 +281,12 @@ func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explana
 				r.Fires, r.HeldBy = false, ""
 				continue
 			}
-			if r.Fires && r.HeldBy == "" && r.Rule != CauseConsecutive && !e.Evaluated {
+			gated := copies[i].view.counted < uint64(s.MinRequests)
+			if r.Rule == CauseClientError || r.Rule == RuleClientErrorRecent {
+				// This rule's gate counts the client errors too.
+				gated = copies[i].view.answered() < uint64(s.MinRequests)
+			}
+			if r.Fires && r.HeldBy == "" && r.Rule != CauseConsecutive && gated {
 				r.HeldBy = HeldByGate
 			}
 		}
@@ -381,7 +389,15 @@ func explainRules(s *Settings, b, cb *backend, bs []*backend, recent windowStats
 	c.Detail = fmt.Sprintf("no counted request in the newest %s", recentSpan)
 	if rrOK {
 		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests in the newest %s", rr, recent.counted, recentSpan) + recentRule(s, s.ThrottleRate)
-		c.Fires = s.RecentMinRequests > 0 && r429OK && r429 < s.ThrottleRate && r429 >= s.ThrottleRate/2 &&
+		// The window's guard is at half the threshold, or the newest half
+		// of the window is (findTrips' halfOK).
+		halfOK := false
+		if r429OK && v.throttled() > 0 && s.RecentMinRequests > 0 && r429 < s.ThrottleRate/2 {
+			half := cb.win.recent(2 * recentBuckets(s))
+			h, ok := half.rate429()
+			halfOK = ok && h >= s.ThrottleRate/2
+		}
+		c.Fires = s.RecentMinRequests > 0 && r429OK && r429 < s.ThrottleRate && (r429 >= s.ThrottleRate/2 || halfOK) &&
 			rr >= s.ThrottleRate && recent.counted >= uint64(s.RecentMinRequests)
 		if c.Fires && poolHold {
 			c.HeldBy = HeldByPoolThrottle
@@ -416,7 +432,63 @@ func explainRules(s *Settings, b, cb *backend, bs []*backend, recent windowStats
 		}
 	}
 	rules = append(rules, c)
-	return rules
+	return append(rules, explainClientErrors(s, cb, bs)...)
+}
+
+// explainClientErrors is the client-error rule's two rows: the window
+// (held by recency when the newest quarter does not confirm it) and the
+// newest-quarter trip. Value is the backend's rate and Threshold
+// ClientErrorRate; the detail names the peers' median and the margin.
+func explainClientErrors(s *Settings, cb *backend, bs []*backend) []RuleCheck {
+	recentSpan := fmtDur(time.Duration(recentBuckets(s)) * s.Bucket)
+	w := RuleCheck{Rule: CauseClientError, Threshold: s.ClientErrorRate}
+	q := RuleCheck{Rule: RuleClientErrorRecent, Threshold: s.ClientErrorRate}
+	if s.ClientErrorRate <= 0 {
+		w.Detail = "off (client_error_rate < 0): client errors never count"
+		q.Detail = w.Detail
+		return []RuleCheck{w, q}
+	}
+	// Built whether or not the rule has anything to do in the pool (an
+	// operator's question is not the hot path): the row shows the peers.
+	cp := buildClientPeers(s, bs)
+	c := checkClientErrors(s, cb, &cp)
+	w.Value, w.HasValue = c.rate, c.hasRate
+	q.Value, q.HasValue = c.recent, c.hasRecent
+	opensAt := fmt.Sprintf("opens at %.2f and %.2f above the peers' median", s.ClientErrorRate, s.ClientErrorMargin)
+	switch {
+	case !c.hasRate:
+		w.Detail = "no answered request in the window"
+	case !c.hasPeers:
+		w.Detail = fmt.Sprintf("%s over %d requests; no peer with %d requests to compare with (the rule needs one)",
+			clientErrorLabel(&cb.win.statusTotal, c.rate), c.n, s.MinRequests)
+	default:
+		w.Detail = fmt.Sprintf("%s vs the peers' median %.2f over %d requests in %s (%s)",
+			clientErrorLabel(&cb.win.statusTotal, c.rate), c.peerMedian, c.n, fmtDur(s.Window), opensAt)
+		w.Fires = c.fires
+		switch {
+		case c.heldByRecency && c.hasRecent:
+			w.HeldBy = HeldByRecency
+			w.Detail += fmt.Sprintf("; the requests sent in the newest %s are at %.2f vs the peers' %.2f", recentSpan, c.recent, c.peerRecent)
+		case c.heldByRecency:
+			w.HeldBy = HeldByRecency
+			w.Detail += fmt.Sprintf("; no requests sent to it and to a peer in the newest %s to confirm it", recentSpan)
+		}
+	}
+	switch {
+	case !c.hasPeers:
+		q.Detail = fmt.Sprintf("no peer with %d requests to compare with", s.MinRequests)
+	case !c.hasRecent:
+		q.Detail = fmt.Sprintf("no request sent to it and to a peer in the same second of the newest %s", recentSpan)
+	default:
+		q.Detail = fmt.Sprintf("client-error rate %.2f vs the peers' %.2f over %d requests sent in the newest %s (second by second)", c.recent, c.peerRecent, c.recentN, recentSpan)
+		if s.RecentMinRequests <= 0 {
+			q.Detail += " (the newest-quarter trip is off: recent_min_requests < 0)"
+		} else {
+			q.Detail += fmt.Sprintf(" (%s with %d requests there and the window at half of both)", opensAt, s.RecentMinRequests)
+		}
+		q.Fires = c.recentFires
+	}
+	return []RuleCheck{w, q}
 }
 
 // recentRule says when the newest quarter trips on its own.
@@ -501,8 +573,21 @@ func (a *Analyzer) snapshotReason(p *pool, b *backend, prior float64) string {
 	if reason != "" {
 		parts = append(parts, reason)
 	}
-	if b.view.counted < uint64(s.MinRequests) {
-		parts = append(parts, fmt.Sprintf("not evaluated: %d of %d requests", b.view.counted, s.MinRequests))
+	switch v := &b.view; {
+	case v.counted >= uint64(s.MinRequests):
+	case v.answered() >= uint64(s.MinRequests) && s.ClientErrorRate > 0:
+		// Many requests, most of them 4xx: the client-error rule weighs
+		// them, so the backend is evaluated, if by that rule alone.
+		parts = append(parts, fmt.Sprintf("%d client errors of %d requests, weighed against the peers' by the client-error rule; the other rate rules wait for %d counted (%d so far)",
+			v.clientErrors(), v.answered(), s.MinRequests, v.counted))
+	case v.answered() >= uint64(s.MinRequests):
+		parts = append(parts, fmt.Sprintf("%d client errors of %d requests, weighed by no rule (client_error_rate is off); the rate rules wait for %d counted (%d so far)",
+			v.clientErrors(), v.answered(), s.MinRequests, v.counted))
+	case v.clientErrors() > 0 && s.ClientErrorRate > 0:
+		// The client-error rule's gate, the nearest to opening.
+		parts = append(parts, fmt.Sprintf("not evaluated: %d of %d requests, %d of them client errors", v.answered(), s.MinRequests, v.clientErrors()))
+	default:
+		parts = append(parts, fmt.Sprintf("not evaluated: %d of %d requests", v.counted, s.MinRequests))
 	}
 	if w := a.weightParts(p, b, prior); w.Reason != "" {
 		parts = append(parts, w.Reason)

@@ -15,7 +15,7 @@ import (
 // tripCause reports whether cause opens a closed backend.
 func tripCause(cause string) bool {
 	switch cause {
-	case CauseConsecutive, CauseFailureRate, CauseThrottled, CauseSlow:
+	case CauseConsecutive, CauseFailureRate, CauseThrottled, CauseSlow, CauseClientError:
 		return true
 	}
 	return false
@@ -49,6 +49,8 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 				MaxOpenFraction:     rapid.SampledFrom([]float64{0, 0.2, 0.5, 1}).Draw(t, "max_open_fraction"),
 				RecentMinRequests:   rapid.SampledFrom([]int{-1, 0, 3}).Draw(t, "recent_min_requests"),
 				PoolThrottleHold:    rapid.SampledFrom([]float64{-1, 0, 0.5}).Draw(t, "pool_throttle_hold"),
+				ClientErrorRate:     rapid.SampledFrom([]float64{-1, 0, 0.3}).Draw(t, "client_error_rate"),
+				ClientErrorMargin:   rapid.SampledFrom([]float64{0, 0.1}).Draw(t, "client_error_margin"),
 				Expiry:              time.Duration(rapid.SampledFrom([]int{0, 30, 45}).Draw(t, "expiry_s")) * time.Second,
 			},
 			Quarantine: rapid.Bool().Draw(t, "quarantine"),

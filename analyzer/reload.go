@@ -256,17 +256,38 @@ func (w *window) resized(size int, bucketLen time.Duration) window {
 		return nw
 	}
 	nw.advance(floorDiv(w.head*w.bucketNanos, nw.bucketNanos))
-	live := make([]*bucket, 0, len(w.buckets))
+	live := make([]int, 0, len(w.buckets))
 	for i := range w.buckets {
 		if b := &w.buckets[i]; !b.empty() && b.num > w.head-w.size() {
-			live = append(live, b)
+			live = append(live, i)
 		}
 	}
-	slices.SortFunc(live, func(x, y *bucket) int { return int(x.num - y.num) })
-	for _, b := range live {
-		nw.merge(floorDiv(b.num*w.bucketNanos, nw.bucketNanos), b)
+	slices.SortFunc(live, func(x, y int) int { return int(w.buckets[x].num - w.buckets[y].num) })
+	for _, i := range live {
+		b := &w.buckets[i]
+		num := floorDiv(b.num*w.bucketNanos, nw.bucketNanos)
+		nw.merge(num, b)
+		if w.status != nil && b.counts[fleetwatch.OutcomeClientError] > 0 {
+			nw.mergeStatus(num, &w.status[i])
+		}
 	}
 	return nw
+}
+
+// mergeStatus adds the client errors by status class of an old bucket to
+// bucket num, as merge adds its counts.
+func (w *window) mergeStatus(num int64, src *statusCounts) {
+	if num <= w.head-w.size() || num > w.head {
+		return
+	}
+	if w.status == nil {
+		w.status = make([]statusCounts, len(w.buckets))
+	}
+	dst := &w.status[w.index(num)]
+	for k, c := range src {
+		dst[k] += c
+		w.statusTotal[k] += c
+	}
 }
 
 // merge adds the counts and samples of src to bucket num, which must not
@@ -285,10 +306,12 @@ func (w *window) merge(num int64, src *bucket) {
 		w.counts[o] += uint64(c)
 	}
 	dst.maxRetryMs = max(dst.maxRetryMs, src.maxRetryMs)
+	dst.sent += src.sent
+	dst.sentClientErr += src.sentClientErr
 	for _, bin := range src.samples {
 		w.addSample(dst, bin)
 	}
-	if src.denseInUse {
+	if src.isDense() {
 		for bin, c := range src.dense.counts {
 			for range c {
 				w.addSample(dst, uint16(bin))
@@ -303,9 +326,10 @@ func (w *window) addSample(dst *bucket, bin uint16) {
 		w.ttft = new(histogram)
 	}
 	w.ttft.add(bin)
+	dense := dst.isDense()
 	dst.sampleCounts++
 	switch {
-	case dst.denseInUse:
+	case dense:
 		dst.dense.add(bin)
 	case len(dst.samples) < denseAfter:
 		dst.samples = append(dst.samples, bin)
@@ -318,7 +342,6 @@ func (w *window) addSample(dst *bucket, bin uint16) {
 		}
 		dst.dense.add(bin)
 		dst.samples = dst.samples[:0]
-		dst.denseInUse = true
 	}
 }
 

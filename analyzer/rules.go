@@ -17,10 +17,11 @@ const (
 	gateFailureRate = iota
 	gateThrottled
 	gateSlow
+	gateClientError
 	numCauses
 )
 
-var gateCauses = [numCauses]string{CauseFailureRate, CauseThrottled, CauseSlow}
+var gateCauses = [numCauses]string{CauseFailureRate, CauseThrottled, CauseSlow, CauseClientError}
 
 // trip is a closed backend that a rule wants to open.
 type trip struct {
@@ -78,8 +79,11 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 		case verdictClose:
 			reason := fmt.Sprintf("%d ok in a row while half-open", b.halfOpenOK)
 			a.transition(p, b, fleetwatch.StateClosed, now, CauseRecovered, reason, out)
-		case verdictFailure, verdictThrottled:
+		case verdictFailure, verdictThrottled, verdictClientError:
 			cause, reason, minOpen := CauseHalfOpenFailure, "failure while half-open", time.Duration(0)
+			if b.verdict == verdictClientError {
+				cause, reason = CauseHalfOpenClientErr, fmt.Sprintf("%d client errors while half-open (opened for client errors)", b.halfOpen4xx)
+			}
 			if b.verdict == verdictThrottled {
 				cause, reason = CauseHalfOpenThrottled, "429 while half-open"
 				if b.verdictWait > 0 {
@@ -89,7 +93,7 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 			}
 			if !a.canOpen(s, open, len(bs)) {
 				a.holdByCap(s, b, open, len(bs), reason)
-				b.halfOpenOK, b.verdict, b.verdictWait = 0, verdictNone, 0
+				b.halfOpenOK, b.halfOpen4xx, b.verdict, b.verdictWait = 0, 0, verdictNone, 0
 				continue
 			}
 			a.openBreaker(p, b, now, cause, reason, minOpen, out)
@@ -137,6 +141,12 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 	s := &p.settings
 	p.peers = peerEWMAs(p.peers[:0], bs)
 	peers := p.peers
+	recentLen := recentBuckets(s)
+	var clientPeers clientPeerRates
+	clientRule := clientRuleNeeded(s, bs)
+	if clientRule {
+		clientPeers = buildClientPeers(s, bs)
+	}
 	var trips []trip
 	for _, b := range bs {
 		if b.state != fleetwatch.StateClosed {
@@ -145,6 +155,9 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 		}
 		v := &b.view
 		gated := v.counted < uint64(s.MinRequests)
+		// The client-error rule's gate counts the client errors too: a
+		// backend that answers nothing but 4xx is evaluated by it.
+		gatedClient := v.answered() < uint64(s.MinRequests)
 		var want [numCauses]bool
 		var cand []trip
 
@@ -174,7 +187,6 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 		// 429s win fewer in-flight comparisons when each router has little
 		// in flight): at 16 routers that alone held the trip to 11-13 s
 		// (docs/EVALUATION.md "Detection").
-		recentLen := recentBuckets(s)
 		var recent windowStats
 		fr, frOK := v.failureRate()
 		r429, r429OK := v.rate429()
@@ -262,11 +274,23 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 			}
 		}
 
-		// The gate: rate-based causes need MinRequests counted requests.
+		if clientRule && v.clientErrors() > 0 {
+			c := checkClientErrors(s, b, &clientPeers)
+			switch {
+			case c.opens():
+				want[gateClientError] = true
+				cand = append(cand, trip{b: b, cause: CauseClientError, reason: c.reason, severity: c.severity})
+			case c.heldByRecency:
+				a.stats.HeldByRecency++
+			}
+		}
+
+		// The gate: rate-based causes need MinRequests counted requests
+		// (the client-error rule, answered requests).
 		var chosen *trip
 		for i := range cand {
 			c := &cand[i]
-			if c.cause != CauseConsecutive && gated {
+			if c.cause == CauseClientError && gatedClient || c.cause != CauseConsecutive && c.cause != CauseClientError && gated {
 				continue
 			}
 			if chosen == nil {
@@ -275,6 +299,9 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 		}
 		for c := range numCauses {
 			held := gated && want[c]
+			if c == gateClientError {
+				held = gatedClient && want[c]
+			}
 			if held && !b.gateHeld[c] {
 				a.stats.heldByGate[gateCauses[c]]++
 			}
@@ -309,6 +336,9 @@ func (a *Analyzer) holdByCap(s *Settings, b *backend, open, n int, reason string
 // and at least minOpen.
 func (a *Analyzer) openBreaker(p *pool, b *backend, now time.Time, cause, reason string, minOpen time.Duration, out *Evaluation) {
 	b.trips++
+	if cause != CauseHalfOpenFailure && cause != CauseHalfOpenThrottled && cause != CauseHalfOpenClientErr {
+		b.tripCause = cause // a reopening keeps the cause of the trip
+	}
 	d := max(openDuration(&p.settings, b.trips, a.rng), minOpen)
 	a.transition(p, b, fleetwatch.StateOpen, now, cause, reason, out)
 	b.openUntil = now.Add(d)

@@ -149,9 +149,17 @@ func TestTripRules(t *testing.T) {
 			want:   want{State: fleetwatch.StateClosed, HeldGate: map[string]uint64{}},
 		},
 		{
-			name:   "canceled and client errors never count",
-			events: concat(healthy(200, "a", "b"), alternate("p", "x", 60, t0, 10*time.Second, 0, canceled, clientErr)),
+			name:   "canceled never counts",
+			events: concat(healthy(200, "a", "b"), series("p", "x", canceled, 60, t0, 10*time.Second, 0)),
 			want:   want{State: fleetwatch.StateClosed, Reason: "not evaluated: 0 of 20 requests", HeldGate: map[string]uint64{}},
+		},
+		{
+			// Client errors count against a backend only relative to its
+			// peers (clienterr_test.go); canceled is left out of that rate.
+			name:   "client errors the peers do not see open",
+			events: concat(healthy(200, "a", "b"), alternate("p", "x", 60, t0, 10*time.Second, 0, canceled, clientErr)),
+			want: want{State: fleetwatch.StateOpen, Cause: CauseClientError, Reason: "other 4xx rate 1.00 vs pool median 0.00 over 30 requests in 30s",
+				OpenFor: 30 * time.Second, HeldGate: map[string]uint64{}},
 		},
 		{
 			name: "429 rate opens for at least the largest retry-after",

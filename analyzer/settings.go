@@ -60,6 +60,8 @@ const (
 	DefaultRecentMinRequests   = 10
 	DefaultPoolThrottleHold    = 0.25
 	DefaultLoadMaxAge          = 3 * time.Second
+	DefaultClientErrorRate     = 0.5
+	DefaultClientErrorMargin   = 0.4
 )
 
 // maxBucketsPerWindow bounds Window/Bucket so that a typo cannot allocate a
@@ -163,6 +165,22 @@ type Settings struct {
 	// queue that emptied long ago. If zero, 3s (three default heartbeats)
 	// is used.
 	LoadMaxAge time.Duration
+	// ClientErrorRate opens a breaker ("client_error_rate") when a
+	// backend's client-error rate, client_error / (counted + client_error),
+	// is at least this and at least ClientErrorMargin above the median rate
+	// of its peers (the other backends not open with MinRequests answered
+	// requests; at least one is needed), over the window and over its
+	// newest quarter (clienterr.go): a backend that answers 4xx to requests
+	// its peers serve is at fault, while a pool that answers them alike
+	// sees bad requests and opens nothing. The gate counts the client
+	// errors with the counted requests for this rule. If zero, 0.5 is
+	// used; a negative value turns the rule off (client_error then never
+	// counts, as in the base protocol).
+	ClientErrorRate float64
+	// ClientErrorMargin is how far a backend's client-error rate must be
+	// above its peers' median for ClientErrorRate to open it. If zero, 0.4
+	// is used.
+	ClientErrorMargin float64
 }
 
 // WithDefaults returns s with every zero field set to its default.
@@ -195,6 +213,8 @@ func (Settings) defaults() Settings {
 		RecentMinRequests:   DefaultRecentMinRequests,
 		PoolThrottleHold:    DefaultPoolThrottleHold,
 		LoadMaxAge:          DefaultLoadMaxAge,
+		ClientErrorRate:     DefaultClientErrorRate,
+		ClientErrorMargin:   DefaultClientErrorMargin,
 	}
 }
 
@@ -224,6 +244,8 @@ func (s Settings) Override(pool Settings) Settings {
 	pick(&s.RecentMinRequests, pool.RecentMinRequests)
 	pick(&s.PoolThrottleHold, pool.PoolThrottleHold)
 	pick(&s.LoadMaxAge, pool.LoadMaxAge)
+	pick(&s.ClientErrorRate, pool.ClientErrorRate)
+	pick(&s.ClientErrorMargin, pool.ClientErrorMargin)
 	return s
 }
 
@@ -342,6 +364,13 @@ func (s Settings) validate(prefix string) error {
 			}
 			return nil
 		},
+		func() error {
+			if math.IsNaN(s.ClientErrorRate) || s.ClientErrorRate > 1 {
+				return settingErr(prefix, "client_error_rate", fmtFloat(s.ClientErrorRate), "must be <= 1 (negative disables the rule)")
+			}
+			return nil
+		},
+		func() error { return fraction("client_error_margin", s.ClientErrorMargin, false) },
 	}
 	for _, check := range checks {
 		if err := check(); err != nil {

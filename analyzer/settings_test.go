@@ -18,6 +18,7 @@ func TestSettingsWithDefaults(t *testing.T) {
 		OpenJitter: 0.1, HalfOpenWeight: 0.05, HalfOpenSuccesses: 5, MaxOpenFraction: 0.5,
 		Heartbeat: time.Second, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,
 		RecentMinRequests: 10, PoolThrottleHold: 0.25, LoadMaxAge: 3 * time.Second,
+		ClientErrorRate: 0.5, ClientErrorMargin: 0.4,
 	}
 	if diff := cmp.Diff(want, Settings{}.WithDefaults()); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)
@@ -82,6 +83,12 @@ func TestSettingsValidate(t *testing.T) {
 		{"pool_throttle_hold above 1", Settings{PoolThrottleHold: 1.5}, "analyzer.pool_throttle_hold"},
 		{"pool_throttle_hold NaN", Settings{PoolThrottleHold: math.NaN()}, "analyzer.pool_throttle_hold"},
 		{"negative pool_throttle_hold disables the hold", Settings{PoolThrottleHold: -1}, ""},
+		{"client_error_rate above 1", Settings{ClientErrorRate: 1.2}, "analyzer.client_error_rate"},
+		{"client_error_rate NaN", Settings{ClientErrorRate: math.NaN()}, "analyzer.client_error_rate"},
+		{"negative client_error_rate turns the rule off", Settings{ClientErrorRate: -1}, ""},
+		{"client_error_rate of 1 is valid", Settings{ClientErrorRate: 1}, ""},
+		{"client_error_margin above 1", Settings{ClientErrorMargin: 1.5}, "analyzer.client_error_margin"},
+		{"negative client_error_margin", Settings{ClientErrorMargin: -0.1}, "analyzer.client_error_margin"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -25,9 +25,10 @@ type Stats struct {
 	// backend becomes held).
 	HeldByCap uint64
 	// HeldByRecency counts evaluations at which a backend's window showed
-	// a failure or 429 rate past its threshold but the newest quarter of
-	// the window did not (the backend has recovered; it is not opened on
-	// its history).
+	// a failure, 429 or client-error rate past its threshold but the
+	// newest quarter of the window did not (the backend has recovered; it
+	// is not opened on its history; for client errors, also when the
+	// requests sent in the same seconds to its peers were rejected alike).
 	HeldByRecency uint64
 	// HeldByMedian counts evaluations at which a backend's EWMA TTFT was
 	// past slow_factor x the pool median but its window median TTFT was not

@@ -29,6 +29,13 @@ type window struct {
 
 	counts [fleetwatch.NumOutcomes]uint64 // totals over the live buckets
 	ttft   *histogram                     // totals over the live buckets; nil until the first sample
+
+	// The client errors by status class (statusclass.go): per bucket,
+	// indexed like buckets, and their totals over the live buckets. status
+	// is nil until the window's first client error, so a backend that
+	// never answers 4xx pays nothing for it and the bucket stays 80 bytes.
+	status      []statusCounts
+	statusTotal statusCounts
 }
 
 // denseAfter is the number of samples of one bucket above which its samples
@@ -36,8 +43,10 @@ type window struct {
 // dense histogram's 1.5 KiB).
 const denseAfter = 512
 
-// bucket is one Bucket of time. Its fields are ordered to keep it at 80
-// bytes: 30 of them are most of a quiet backend's memory.
+// bucket is one Bucket of time. Its fields are ordered to keep it at 88
+// bytes: 30 of them are most of a quiet backend's memory. (Whether its
+// samples are in dense is derived, isDense, rather than a bool: the byte
+// would take it to 96.)
 type bucket struct {
 	num          int64      // bucket number; meaningful only while the bucket is not empty
 	samples      []uint16   // bins of the latency samples, until dense
@@ -45,11 +54,22 @@ type bucket struct {
 	counts       [fleetwatch.NumOutcomes]uint32
 	sampleCounts uint32
 	maxRetryMs   float32
-	denseInUse   bool
+	// sent and sentClientErr count the answered requests (counted and
+	// client errors) and the client errors among them by when the request
+	// was sent (ts - duration_ms), not by when it was answered: the
+	// client-error rule compares backends on the requests sent to them in
+	// the same span (clienterr.go).
+	sent          uint32
+	sentClientErr uint32
 }
 
+// isDense reports whether the bucket's samples are in dense: they were
+// folded there (samples emptied) when the list was full, so from then on
+// the bucket counts more samples than its list holds.
+func (b *bucket) isDense() bool { return b.sampleCounts > uint32(len(b.samples)) }
+
 func (b *bucket) empty() bool {
-	return b.sampleCounts == 0 && b.counts == [fleetwatch.NumOutcomes]uint32{}
+	return b.sampleCounts == 0 && b.sent == 0 && b.counts == [fleetwatch.NumOutcomes]uint32{}
 }
 
 // newWindow returns a window of size buckets of the given length.
@@ -58,8 +78,11 @@ func newWindow(size int, bucketLen time.Duration) window {
 }
 
 // bucketOf returns the bucket number of t.
-func (w *window) bucketOf(t time.Time) int64 {
-	n := t.UnixNano()
+func (w *window) bucketOf(t time.Time) int64 { return w.bucketOfNanos(t.UnixNano()) }
+
+// bucketOfNanos returns the bucket number of n nanoseconds since the Unix
+// epoch.
+func (w *window) bucketOfNanos(n int64) int64 {
 	if n < 0 {
 		return (n - w.bucketNanos + 1) / w.bucketNanos
 	}
@@ -80,41 +103,52 @@ func (w *window) advance(num int64) {
 	}
 	if num-w.head >= w.size() {
 		for i := range w.buckets {
-			w.evict(&w.buckets[i])
+			w.evict(i)
 		}
 	} else {
 		for n := w.head + 1; n <= num; n++ {
-			w.evict(w.slot(n))
+			w.evict(w.index(n))
 		}
 	}
 	w.head = num
 }
 
-func (w *window) slot(num int64) *bucket {
+func (w *window) slot(num int64) *bucket { return &w.buckets[w.index(num)] }
+
+// index is the position of bucket number num in the ring.
+func (w *window) index(num int64) int {
 	i := num % w.size()
 	if i < 0 {
 		i += w.size()
 	}
-	return &w.buckets[i]
+	return int(i)
 }
 
-// evict subtracts a bucket from the totals and empties it.
-func (w *window) evict(b *bucket) {
+// evict subtracts the bucket at index i from the totals and empties it.
+func (w *window) evict(i int) {
+	b := &w.buckets[i]
 	if b.empty() {
 		return
 	}
 	for o, c := range b.counts {
 		w.counts[o] -= uint64(c)
 	}
+	if w.status != nil && b.counts[fleetwatch.OutcomeClientError] > 0 {
+		st := &w.status[i]
+		for k, c := range st {
+			w.statusTotal[k] -= c
+		}
+		*st = statusCounts{}
+	}
 	for _, bin := range b.samples {
 		w.ttft.remove(bin)
 	}
-	if b.denseInUse {
+	if b.isDense() {
 		w.ttft.subAll(b.dense)
 		*b.dense = histogram{}
-		b.denseInUse = false
 	}
 	b.counts = [fleetwatch.NumOutcomes]uint32{}
+	b.sent, b.sentClientErr = 0, 0
 	b.samples = b.samples[:0]
 	b.maxRetryMs = 0
 	b.sampleCounts = 0
@@ -144,8 +178,9 @@ func (w *window) add(num int64, outcome fleetwatch.Outcome, latency bool, bin ui
 			w.ttft = new(histogram)
 		}
 		w.ttft.add(bin)
+		dense := b.isDense()
 		b.sampleCounts++
-		if b.denseInUse {
+		if dense {
 			b.dense.add(bin)
 		} else if len(b.samples) < denseAfter {
 			b.samples = append(b.samples, bin)
@@ -158,7 +193,6 @@ func (w *window) add(num int64, outcome fleetwatch.Outcome, latency bool, bin ui
 			}
 			b.dense.add(bin)
 			b.samples = b.samples[:0]
-			b.denseInUse = true
 		}
 	}
 	return true
@@ -167,8 +201,52 @@ func (w *window) add(num int64, outcome fleetwatch.Outcome, latency bool, bin ui
 // reset empties the window (a new breaker generation starts from nothing).
 func (w *window) reset() {
 	for i := range w.buckets {
-		w.evict(&w.buckets[i])
+		w.evict(i)
 	}
+}
+
+// addSent counts an answered request in the bucket of its sending, num,
+// which is not newer than the head (add has moved the head to the
+// answer's bucket); a request sent before the window is not counted.
+func (w *window) addSent(num int64, clientErr bool) {
+	if !w.started || num <= w.head-w.size() || num > w.head {
+		return
+	}
+	b := w.slot(num)
+	if b.empty() {
+		b.num = num
+	}
+	b.sent++
+	if clientErr {
+		b.sentClientErr++
+	}
+}
+
+// sentIn is the answered requests sent in bucket num and the client
+// errors among them (0 when num is not in the window).
+func (w *window) sentIn(num int64) (sent, clientErr uint32) {
+	if !w.started || num <= w.head-w.size() || num > w.head {
+		return 0, 0
+	}
+	b := w.slot(num)
+	if b.empty() || b.num != num {
+		return 0, 0
+	}
+	return b.sent, b.sentClientErr
+}
+
+// addClientStatus counts the status class of a client error that add has
+// just counted in bucket num.
+func (w *window) addClientStatus(num int64, status int) {
+	if num <= w.head-w.size() {
+		return
+	}
+	if w.status == nil {
+		w.status = make([]statusCounts, len(w.buckets))
+	}
+	k := classOf(status)
+	w.status[w.index(num)][k]++
+	w.statusTotal[k]++
 }
 
 // windowStats is what the rules read from a window.
@@ -177,6 +255,35 @@ type windowStats struct {
 	requests   uint64 // all outcomes
 	counted    uint64 // ok + error + timeout + stalled + throttled
 	maxRetryMs float64
+
+	// sent and sentClientErr: the answered requests sent in the span and
+	// the client errors among them (recent only; bucket.sent).
+	sent, sentClientErr uint64
+}
+
+// sentClientErrorRate is the client-error rate of the requests sent in the
+// span and answered; ok is false when none was.
+func (s *windowStats) sentClientErrorRate() (float64, bool) {
+	if s.sent == 0 {
+		return 0, false
+	}
+	return float64(s.sentClientErr) / float64(s.sent), true
+}
+
+func (s *windowStats) clientErrors() uint64 { return s.counts[fleetwatch.OutcomeClientError] }
+
+// answered is the denominator of the client-error rate and of that rule's
+// gate: the counted requests and the client errors.
+func (s *windowStats) answered() uint64 { return s.counted + s.clientErrors() }
+
+// clientErrorRate is client_error / (counted + client_error); ok is false
+// when that is 0/0.
+func (s *windowStats) clientErrorRate() (float64, bool) {
+	d := s.answered()
+	if d == 0 {
+		return 0, false
+	}
+	return float64(s.clientErrors()) / float64(d), true
 }
 
 func (s *windowStats) ok() uint64        { return s.counts[fleetwatch.OutcomeOK] }
@@ -252,6 +359,8 @@ func (w *window) recent(n int64) windowStats {
 				s.counted += uint64(c)
 			}
 		}
+		s.sent += uint64(b.sent)
+		s.sentClientErr += uint64(b.sentClientErr)
 	}
 	return s
 }

@@ -254,6 +254,8 @@ type AnalyzerConfig struct {
 	RecentMinRequests   *int      `yaml:"recent_min_requests"` // a rate rule may trip on the newest quarter of the window alone with this many requests there; default 10, negative: off
 	PoolThrottleHold    *float64  `yaml:"pool_throttle_hold"`  // hold a 429 trip while the peers' recent median 429 rate is at least this; default 0.25, negative: off
 	LoadMaxAge          *Duration `yaml:"load_max_age"`        // a backend's load report is published this long; default 3s
+	ClientErrorRate     *float64  `yaml:"client_error_rate"`   // open when the 4xx rate is at least this and client_error_margin above the peers' median; default 0.5, negative: off
+	ClientErrorMargin   *float64  `yaml:"client_error_margin"` // how far above the peers' median; default 0.4
 }
 
 // LimitsConfig bounds the pools and backends the analyzer tracks from
@@ -689,6 +691,8 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"max_weight_step", a.MaxWeightStep != nil && *a.MaxWeightStep == 0},
 		{"recent_min_requests", a.RecentMinRequests != nil && *a.RecentMinRequests == 0},
 		{"pool_throttle_hold", a.PoolThrottleHold != nil && *a.PoolThrottleHold == 0},
+		{"client_error_rate", a.ClientErrorRate != nil && *a.ClientErrorRate == 0},
+		{"client_error_margin", a.ClientErrorMargin != nil && *a.ClientErrorMargin == 0},
 	} {
 		if c.zero {
 			return fail(key+"."+c.name, "0: must be > 0")

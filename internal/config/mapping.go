@@ -54,6 +54,8 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setIf(&s.MaxWeightStep, a.MaxWeightStep)
 	setIf(&s.OpenJitter, a.OpenJitter)
 	setIf(&s.PoolThrottleHold, a.PoolThrottleHold)
+	setIf(&s.ClientErrorRate, a.ClientErrorRate)
+	setIf(&s.ClientErrorMargin, a.ClientErrorMargin)
 	if a.OpenJitter != nil && *a.OpenJitter == 0 {
 		s.OpenJitter = -1 // "open_jitter: 0" means none; the analyzer reads 0 as the default
 	}

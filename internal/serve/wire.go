@@ -115,8 +115,8 @@ type transitionKey struct {
 // added to the analyzer and missing here is still forgotten at the next
 // scrape).
 var transitionCauses = []string{
-	analyzer.CauseFailureRate, analyzer.CauseConsecutive, analyzer.CauseThrottled, analyzer.CauseSlow,
-	analyzer.CauseHalfOpenFailure, analyzer.CauseHalfOpenThrottled, analyzer.CauseOpenElapsed, analyzer.CauseRecovered,
+	analyzer.CauseFailureRate, analyzer.CauseConsecutive, analyzer.CauseThrottled, analyzer.CauseSlow, analyzer.CauseClientError,
+	analyzer.CauseHalfOpenFailure, analyzer.CauseHalfOpenThrottled, analyzer.CauseHalfOpenClientErr, analyzer.CauseOpenElapsed, analyzer.CauseRecovered,
 }
 
 // countTransition counts a breaker transition. The series is written at

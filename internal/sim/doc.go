@@ -14,7 +14,9 @@
 // occupancy. Request sizes are log-normal and heavy-tailed; arrivals are
 // Poisson or a two-state modulated Poisson process. Incidents script
 // fast failures, stalls, 429 saturation, cold starts, slow degradation,
-// speed-ups and artefact changes.
+// speed-ups, artefact changes and client errors (a backend answering a 4xx
+// to a share of requests: one wrong-model replica, or every backend at
+// once for a flood of bad requests).
 //
 // The fleetwatch policies run the real analyzer and the real feed/p2c
 // picker unchanged: every finished attempt becomes a fleetwatch.Event for

@@ -301,7 +301,7 @@ func (s *sim) admit(att *attempt) {
 			continue
 		}
 		switch in.Kind {
-		case FailFast, Throttle:
+		case FailFast, Throttle, ClientErrors:
 			if in.Count > 0 && be.counted[i] >= in.Count {
 				continue
 			}
@@ -309,10 +309,15 @@ func (s *sim) admit(att *attempt) {
 				continue
 			}
 			be.counted[i]++
-			if in.Kind == FailFast {
+			switch {
+			case in.Kind == FailFast:
 				s.answer(att, 500, 1)
-			} else {
+			case in.Kind == Throttle:
 				s.answer(att, 429, 1)
+			case in.Status != 0:
+				s.answer(att, in.Status, 1)
+			default:
+				s.answer(att, 404, 1)
 			}
 			return
 		case Stall:

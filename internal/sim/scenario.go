@@ -168,6 +168,11 @@ const (
 	// Fast multiplies the backend's times by Factor < 1 from From (a
 	// backend that becomes fast).
 	Fast
+	// ClientErrors answers Status (a 4xx; 404 if zero) at once for a share
+	// Rate of requests (1 if zero), or only Count requests: a replica
+	// serving another model, a revoked key, or, on every backend at once,
+	// a flood of bad requests.
+	ClientErrors
 )
 
 func (k IncidentKind) String() string {
@@ -184,6 +189,8 @@ func (k IncidentKind) String() string {
 		return "drift"
 	case Fast:
 		return "fast"
+	case ClientErrors:
+		return "client-errors"
 	}
 	return "unknown"
 }
@@ -198,6 +205,7 @@ type Incident struct {
 	Count    int
 	Factor   float64
 	Ramp     time.Duration
+	Status   int // the answer of ClientErrors
 }
 
 func (in *Incident) active(t time.Duration) bool {

@@ -20,6 +20,8 @@ const (
 	Degradation    = "degradation"
 	ArtefactChange = "artefact-change"
 	Overload       = "overload"
+	WrongModel     = "wrong-model"
+	BadRequests    = "bad-request-flood"
 )
 
 // chatWorkload is mixed-cost chat traffic: prompts around 500 tokens and
@@ -221,6 +223,36 @@ func Scenarios() []Scenario {
 		Workload:    chatWorkload(12),
 		Incidents:   []Incident{{Backend: "b3", Kind: Drift, From: time.Minute, To: 90 * time.Second}},
 		Watch:       "b3", WatchFrom: 90 * time.Second,
+	})
+	// The two sides of client errors (docs/DECISIONS.md "Backend faults
+	// versus request faults"): one backend answering 404 to requests its
+	// peers serve is at fault and must open; every backend answering the
+	// same share of 400s sees bad requests and must open nothing.
+	out = append(out, Scenario{
+		Name:        WrongModel,
+		Description: "wrong-model replica: b3 restarts with another model at 60 s and answers every request with an instant 404 (model not found)",
+		Duration:    4 * time.Minute,
+		Routers:     4,
+		Backends:    fleet(4),
+		Workload:    chatWorkload(12),
+		Incidents:   []Incident{{Backend: "b3", Kind: ClientErrors, Status: 404, From: time.Minute}},
+		Policies:    []string{Random, LeastConn, Fleetwatch},
+		Watch:       "b3", WatchFrom: time.Minute,
+	})
+	var flood []Incident
+	for _, b := range fleet(4) {
+		flood = append(flood, Incident{Backend: b.ID, Kind: ClientErrors, Status: 400, Rate: 0.7, From: time.Minute, To: 3 * time.Minute})
+	}
+	out = append(out, Scenario{
+		Name:        BadRequests,
+		Description: "bad-request flood: from 60 s to 180 s, 70% of requests are malformed and every backend answers them with an instant 400",
+		Duration:    4 * time.Minute,
+		Routers:     4,
+		Backends:    fleet(4),
+		Workload:    chatWorkload(12),
+		Incidents:   flood,
+		Policies:    []string{Random, LeastConn, Fleetwatch},
+		Watch:       "", WatchFrom: time.Minute, WatchTo: 3 * time.Minute,
 	})
 	return out
 }
