@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"runtime/pprof"
@@ -36,6 +37,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	memory := fs.Bool("memory", false, "only measure the memory of 10,000 backends in 100 pools")
 	noCapture := fs.Bool("no-jetstream", false, "run fleetwatch without JetStream (no FW_OUTCOMES capture, no KV), to see what capture costs")
+	ingestMode := fs.String("ingest", "capture", "how the daemon keeps what is published while it is down: capture (the default of serve), intake (ingest.durable: true) or core (ingest.durable: false)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -57,6 +59,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return m.Write(stdout)
 	}
+	var durable *bool
+	switch *ingestMode {
+	case "capture":
+	case "intake":
+		durable = new(true)
+	case "core":
+		durable = new(false)
+	default:
+		return fmt.Errorf("bench: --ingest %q: want capture, intake or core", *ingestMode)
+	}
 	nopts, err := nf.options()
 	if err != nil {
 		return err
@@ -77,6 +89,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		Trips:       *trips,
 		Rounds:      *rounds,
 		NoJetStream: *noCapture,
+		Durable:     durable,
 	})
 	if err != nil {
 		return err

@@ -56,6 +56,10 @@ type Settings struct {
 	// NoJetStream runs the daemon without JetStream (no FW_OUTCOMES
 	// capture, no KV), to see what capture costs.
 	NoJetStream bool
+	// Durable is the daemon's ingest.durable: nil the default (the
+	// capture beside the core path), true the durable intake, false the
+	// core path alone.
+	Durable *bool
 }
 
 // Result is one throughput run of a Report.
@@ -149,6 +153,7 @@ func Run(ctx context.Context, s Settings) (*Report, error) {
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.Probes.Disabled = true
 	cfg.NATS.NoJetStream = s.NoJetStream
+	cfg.Ingest.Durable = s.Durable
 	cfg.Data, _ = os.MkdirTemp("", "fleetwatch-bench-data-")
 	defer os.RemoveAll(cfg.Data)
 
