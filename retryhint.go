@@ -76,7 +76,8 @@ var (
 // name, "" when absent; body, which may be nil, returns the start of the
 // response body and is only called for a 429 or 503 that no header
 // answered (the caller bounds it; at most 64 KiB of it is scanned). now is
-// the clock of the caller, for HTTP dates and RFC 3339 reset times.
+// when the answer came, for HTTP dates and RFC 3339 reset times; the zero
+// time means unknown, and those forms then state no wait.
 //
 // Sources, first that yields a wait wins:
 //
@@ -124,6 +125,9 @@ func ParseRetryHint(status int, header func(string) string, body func() []byte, 
 			t, err := time.Parse(time.RFC3339Nano, v)
 			if err != nil {
 				return 0, false
+			}
+			if now.IsZero() {
+				return 0, true
 			}
 			return float64(t.Sub(now)) / float64(time.Millisecond), true // past: <= 0, no wait
 		}
@@ -214,6 +218,9 @@ func parseRetryAfter(v string, now time.Time) (float64, bool) {
 	}
 	for _, layout := range httpDateLayouts {
 		if t, err := time.Parse(layout, v); err == nil {
+			if now.IsZero() {
+				return 0, true
+			}
 			return float64(t.Sub(now)) / float64(time.Millisecond), true // past: no wait
 		}
 	}

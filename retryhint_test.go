@@ -152,6 +152,24 @@ func TestParseRetryHintBodyBound(t *testing.T) {
 	}
 }
 
+// Without a clock the time forms state no wait (and are not malformed);
+// the relative forms still do.
+func TestParseRetryHintUnknownNow(t *testing.T) {
+	header := http.Header{
+		"Retry-After":                      {"Wed, 02 Dec 2026 08:00:03 GMT"},
+		"Anthropic-Ratelimit-Tokens-Reset": {"2026-12-03T08:00:45Z"},
+		"X-Ratelimit-Reset-Tokens":         {"1s"},
+	}
+	got := ParseRetryHint(429, header.Get, nil, time.Time{})
+	if diff := cmp.Diff(RetryHint{Ms: 1000, Source: HintResetTokens}, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	header.Del("X-Ratelimit-Reset-Tokens")
+	if got := ParseRetryHint(429, header.Get, nil, time.Time{}); got.Ms != 0 || len(got.Malformed) != 0 {
+		t.Errorf("time forms without a clock: %+v, want no wait", got)
+	}
+}
+
 func FuzzParseRetryHint(f *testing.F) {
 	f.Add(429, "2m0s", "2026-12-03T08:00:45Z", `{"retryDelay":"30s"}`)
 	f.Add(503, "x", "", `{"error":{"message":"\"retryDelay\\\": \\\"`)
