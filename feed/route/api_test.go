@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
+	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
@@ -99,25 +100,46 @@ func TestBackendTarget(t *testing.T) {
 	}
 }
 
+// The route's side of the retry hint: headers are read in any case
+// (http.Header canonicalizes) and the body is put back after a read.
 func TestRetryAfterMs(t *testing.T) {
 	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name   string
+		status int
 		header http.Header
+		body   string
 		want   float64
 	}{
-		{"none", http.Header{}, 0},
-		{"seconds", http.Header{"Retry-After": {"2"}}, 2000},
-		{"ms wins", http.Header{"Retry-After": {"2"}, "Retry-After-Ms": {"1500"}}, 1500},
-		{"date", http.Header{"Retry-After": {now.Add(3 * time.Second).Format(http.TimeFormat)}}, 3000},
-		{"date past", http.Header{"Retry-After": {now.Add(-time.Minute).Format(http.TimeFormat)}}, 0},
-		{"garbage", http.Header{"Retry-After": {"soon"}}, 0},
-		{"capped", http.Header{"Retry-After": {"99999999"}}, fleetwatch.MaxDurationMs},
+		{"none", 429, http.Header{}, "", 0},
+		{"seconds", 503, http.Header{"Retry-After": {"2"}}, "", 2000},
+		{"ms wins", 429, http.Header{"Retry-After": {"2"}, "Retry-After-Ms": {"1500"}}, "", 1500},
+		{"date", 503, http.Header{"Retry-After": {now.Add(3 * time.Second).Format(http.TimeFormat)}}, "", 3000},
+		{"date past", 429, http.Header{"Retry-After": {now.Add(-time.Minute).Format(http.TimeFormat)}}, "", 0},
+		{"garbage", 429, http.Header{"Retry-After": {"soon"}}, "", 0},
+		{"capped at an hour", 429, http.Header{"Retry-After": {"99999999"}}, "", fleetwatch.MaxRetryHintMs},
+		{"openai", 429, http.Header{"X-Ratelimit-Reset-Requests": {"2m0s"}}, "", 120_000},
+		{"anthropic", 429, http.Header{"Anthropic-Ratelimit-Tokens-Reset": {"2026-12-02T08:00:09Z"}}, "", 9000},
+		{"body", 429, http.Header{"Content-Type": {"application/json"}}, `{"error":{"retryDelay":"7s"}}`, 7000},
+		{"stream body not read", 429, http.Header{"Content-Type": {"text/event-stream"}}, `data: {"retryDelay":"7s"}`, 0},
+	}
+	rt, err := New(Settings{Pools: []Pool{{ID: "p", Backends: []Backend{{ID: "b", URL: "http://127.0.0.1:1"}}}}})
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, tc := range tests {
-		if got := retryAfterMs(tc.header, now); got != tc.want {
+		resp := &http.Response{StatusCode: tc.status, Header: tc.header, Body: io.NopCloser(strings.NewReader(tc.body))}
+		if got := rt.retryHint("p", resp, now); got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
+		if got, _ := io.ReadAll(resp.Body); string(got) != tc.body {
+			t.Errorf("%s: body read back %q, want %q", tc.name, got, tc.body)
+		}
+	}
+	var text strings.Builder
+	rt.metrics.set.WritePrometheus(&text)
+	if want := `fleetwatch_route_retry_hint_malformed_total{pool="p",source="retry-after"} 1`; !strings.Contains(text.String(), want) {
+		t.Errorf("metrics lack %s:\n%s", want, text.String())
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -188,17 +189,26 @@ func FuzzRequestInfo(f *testing.F) {
 	})
 }
 
-// FuzzRetryAfterMs: any header values give a delay in [0, MaxDurationMs].
+// FuzzRetryAfterMs: any header values and body give a delay in
+// [0, one hour], and the body still reads back whole.
 func FuzzRetryAfterMs(f *testing.F) {
-	f.Add("2", "")
-	f.Add("Wed, 02 Dec 2026 08:00:03 GMT", "1500")
-	f.Add("-1", "NaN")
-	f.Add("1e400", "+Inf")
+	f.Add("2", "", "")
+	f.Add("Wed, 02 Dec 2026 08:00:03 GMT", "1500", `{"retryDelay":"3s"}`)
+	f.Add("-1", "NaN", `{"retryDelay":"`)
+	f.Add("1e400", "+Inf", "")
 	now := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
-	f.Fuzz(func(t *testing.T, retryAfter, retryAfterMsValue string) {
-		h := map[string][]string{"Retry-After": {retryAfter}, "Retry-After-Ms": {retryAfterMsValue}}
-		if v := retryAfterMs(h, now); !(v >= 0 && v <= fleetwatch.MaxDurationMs) {
-			t.Fatalf("retryAfterMs(%q, %q) = %v", retryAfter, retryAfterMsValue, v)
+	rt, err := New(Settings{Pools: []Pool{{ID: "p", Backends: []Backend{{ID: "b", URL: "http://127.0.0.1:1"}}}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, retryAfter, retryAfterMsValue, body string) {
+		resp := &http.Response{StatusCode: 429, Body: io.NopCloser(strings.NewReader(body)),
+			Header: http.Header{"Retry-After": {retryAfter}, "Retry-After-Ms": {retryAfterMsValue}}}
+		if v := rt.retryHint("p", resp, now); !(v >= 0 && v <= fleetwatch.MaxRetryHintMs) {
+			t.Fatalf("retryHint(%q, %q) = %v", retryAfter, retryAfterMsValue, v)
+		}
+		if got, _ := io.ReadAll(resp.Body); string(got) != body {
+			t.Fatalf("body read back %q, want %q", got, body)
 		}
 	})
 }

@@ -19,6 +19,8 @@ import (
 //	fleetwatch_route_retry_budget_exhausted_total{pool} retries refused by the retry budget
 //	fleetwatch_route_pick_duration_seconds              time spent in the picker (histogram)
 //	fleetwatch_route_load_reports_total{pool,result}    ORCA load reports read (ok) or not understood (invalid)
+//	fleetwatch_route_retry_hint_malformed_total{pool,source} retry hints of 429/5xx answers that did not parse, ignored
+//	                                                    (source: a fleetwatch.RetryHintSources value)
 //
 // and, written at scrape time from the pools' current state, so that a
 // backend a decision no longer names leaves no stale series:
@@ -45,6 +47,7 @@ type routerMetrics struct {
 type counterKey struct {
 	kind          uint8
 	pool, backend string
+	source        string // kindHintMalformed: a fleetwatch.RetryHintSources value
 	code          int
 }
 
@@ -56,6 +59,7 @@ const (
 	kindBudget
 	kindLoadOK
 	kindLoadInvalid
+	kindHintMalformed
 )
 
 func newRouterMetrics(set *metrics.Set, rt *Router) *routerMetrics {
@@ -93,6 +97,8 @@ func (m *routerMetrics) counter(k counterKey) *metrics.Counter {
 		name = fmt.Sprintf(`fleetwatch_route_load_reports_total{pool=%s,result="ok"}`, pool)
 	case kindLoadInvalid:
 		name = fmt.Sprintf(`fleetwatch_route_load_reports_total{pool=%s,result="invalid"}`, pool)
+	case kindHintMalformed:
+		name = fmt.Sprintf(`fleetwatch_route_retry_hint_malformed_total{pool=%s,source=%s}`, pool, fleetwatch.QuoteLabel(k.source))
 	}
 	c, _ := m.counters.LoadOrStore(k, m.set.GetOrCreateCounter(name))
 	return c.(*metrics.Counter)
@@ -123,6 +129,10 @@ func (m *routerMetrics) loadReport(pool string, valid bool) *metrics.Counter {
 		return m.counter(counterKey{kind: kindLoadOK, pool: pool})
 	}
 	return m.counter(counterKey{kind: kindLoadInvalid, pool: pool})
+}
+
+func (m *routerMetrics) hintMalformed(pool, source string) *metrics.Counter {
+	return m.counter(counterKey{kind: kindHintMalformed, pool: pool, source: source})
 }
 
 // writeGauges writes the per-pool and per-backend gauges from the pools'

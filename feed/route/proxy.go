@@ -283,7 +283,7 @@ func (rt *Router) classify(ctx context.Context, resp *http.Response, err error, 
 	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
 		ev.Outcome = fleetwatch.OutcomeFromStatus(resp.StatusCode)
-		ev.RetryAfterMs = retryAfterMs(resp.Header, a.headersAt)
+		ev.RetryAfterMs = rt.retryHint(a.pool.id, resp, a.headersAt)
 		ev.TTFTMs, ev.HasTTFT = ms(a.headersAt.Sub(a.sent)), true
 		return true
 	}
@@ -410,25 +410,35 @@ func ms(d time.Duration) float64 {
 	return min(max(v, 0), fleetwatch.MaxDurationMs)
 }
 
-// retryAfterMs reads Retry-After (seconds or an HTTP date) or the
-// non-standard retry-after-ms some servers send, in milliseconds.
-func retryAfterMs(h http.Header, now time.Time) float64 {
-	if v := h.Get("retry-after-ms"); v != "" {
-		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 {
-			return min(f, fleetwatch.MaxDurationMs)
-		}
+// retryHint is the wait a failed attempt's answer states, in ms (0: none),
+// read by fleetwatch.ParseRetryHint from its headers and, for a 429 or 503
+// that no header answered, from the start of its body. The body read is
+// held and put back in front of the rest, so whoever reads resp.Body next
+// (the client's copy, or the discard before a retry) sees every byte.
+// Malformed hints are counted by source.
+func (rt *Router) retryHint(pool string, resp *http.Response, now time.Time) float64 {
+	hint := fleetwatch.ParseRetryHint(resp.StatusCode, resp.Header.Get, func() []byte { return peekBody(resp) }, now)
+	for _, source := range hint.Malformed {
+		rt.metrics.hintMalformed(pool, source).Inc()
 	}
-	v := h.Get("Retry-After")
-	if v == "" {
-		return 0
+	return hint.Ms
+}
+
+// peekBody reads up to fleetwatch.MaxRetryHintBody bytes of a non-streaming
+// body and puts them back. A stream is left alone: an error answer that
+// streams has no JSON error body to read, and reading ahead would hold
+// its first events back.
+func peekBody(resp *http.Response) []byte {
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return nil
 	}
-	if secs, err := strconv.ParseFloat(v, 64); err == nil && secs >= 0 {
-		return min(secs*1000, fleetwatch.MaxDurationMs)
+	head, err := io.ReadAll(io.LimitReader(resp.Body, fleetwatch.MaxRetryHintBody))
+	rest := io.Reader(resp.Body)
+	if err != nil {
+		rest = errReader{err} // the client's copy meets the same break
 	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return ms(t.Sub(now))
-	}
-	return 0
+	resp.Body = &heldBody{r: io.MultiReader(bytes.NewReader(head), rest), body: resp.Body}
+	return head
 }
 
 func copyRequestHeaders(dst, src http.Header) {

@@ -20,7 +20,9 @@
 // mid-answer makes the router drop the client's connection too (as
 // net/http/httputil.ReverseProxy does). When every backend is open
 // (all_open=shed) the answer is 503 with Retry-After. Responses carry
-// X-Fleetwatch-Backend and X-Fleetwatch-Attempts.
+// X-Fleetwatch-Backend and X-Fleetwatch-Attempts. The wait a 429 or 5xx
+// states, in whichever provider's header or JSON error body
+// (fleetwatch.ParseRetryHint), becomes its event's retry_after_ms.
 //
 // A pool whose decisions are in shadow mode (their shadow field, see
 // shadow.go) is routed by the breakers only ("breakers") or by nothing but

@@ -187,7 +187,8 @@ func (h *HTTP) serveLiteLLM(w http.ResponseWriter, r *http.Request) {
 	skipped := 0
 	var ev fleetwatch.Event
 	splitJSONPayloads(data, func(value []byte, line int) {
-		skip, err := MapLiteLLM(value, h.s.LiteLLM, h.s.Mapping, &ev)
+		skip, malformed, err := mapLiteLLM(value, h.s.LiteLLM, h.s.Mapping, &ev)
+		h.litellm.RetryHintMalformed(malformed)
 		switch {
 		case err != nil:
 			h.litellm.ParseErrors.Inc()

@@ -94,6 +94,7 @@ type Metrics struct {
 	rejects       map[fleetwatch.Reason]*metrics.Counter // by adapter and reason
 	sharedRejects map[fleetwatch.Reason]*metrics.Counter // fleetwatch_ingest_rejects_total, shared with the collector
 	skipped       map[string]*metrics.Counter
+	hintMalformed map[string]*metrics.Counter // by fleetwatch.RetryHintSources
 }
 
 // NewMetrics registers adapter's series in set (a new set if nil). The
@@ -117,6 +118,7 @@ func NewMetrics(set *metrics.Set, adapter string) *Metrics {
 		rejects:       map[fleetwatch.Reason]*metrics.Counter{},
 		sharedRejects: map[fleetwatch.Reason]*metrics.Counter{},
 		skipped:       map[string]*metrics.Counter{},
+		hintMalformed: map[string]*metrics.Counter{},
 	}
 	for _, r := range fleetwatch.Reasons {
 		m.rejects[r] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_adapter_rejects_total{%s,reason=%q}`, label, string(r)))
@@ -125,7 +127,29 @@ func NewMetrics(set *metrics.Set, adapter string) *Metrics {
 	for _, s := range SkipReasons {
 		m.skipped[s] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_adapter_skipped_total{%s,reason=%q}`, label, s))
 	}
+	for _, s := range fleetwatch.RetryHintSources {
+		m.hintMalformed[s] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_adapter_retry_hint_malformed_total{%s,source=%q}`, label, s))
+	}
 	return m
+}
+
+// RetryHintMalformed counts retry hints that did not parse, by source (see
+// fleetwatch.ParseRetryHint).
+func (m *Metrics) RetryHintMalformed(sources []string) {
+	for _, s := range sources {
+		if c, ok := m.hintMalformed[s]; ok {
+			c.Inc()
+		}
+	}
+}
+
+// RetryHintsMalformed returns the malformed retry hints of source counted
+// so far.
+func (m *Metrics) RetryHintsMalformed(source string) uint64 {
+	if c, ok := m.hintMalformed[source]; ok {
+		return c.Get()
+	}
+	return 0
 }
 
 // Reject counts one rejected event.

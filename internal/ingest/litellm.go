@@ -33,12 +33,18 @@ type litellmPayload struct {
 	CacheHit            *bool        `json:"cache_hit"` // answered from LiteLLM's own cache: no backend
 	ErrorStr            *string      `json:"error_str"`
 	ErrorInformation    *struct {
-		ErrorCode  json.RawMessage `json:"error_code"` // "429", 429 or null
-		ErrorClass *string         `json:"error_class"`
+		ErrorCode    json.RawMessage `json:"error_code"` // "429", 429 or null
+		ErrorClass   *string         `json:"error_class"`
+		ErrorMessage *string         `json:"error_message"` // the provider's error, its JSON body often embedded
 	} `json:"error_information"`
-	HiddenParams *struct {
-		APIBase *string `json:"api_base"`
-		ModelID *string `json:"model_id"`
+	// The provider's response headers, where a LiteLLM version logs them:
+	// decoded only for a 429 or 5xx (see litellmHeaders).
+	ResponseHeaders json.RawMessage `json:"response_headers"`
+	HiddenParams    *struct {
+		APIBase           *string         `json:"api_base"`
+		ModelID           *string         `json:"model_id"`
+		AdditionalHeaders json.RawMessage `json:"additional_headers"`
+		ResponseHeaders   json.RawMessage `json:"response_headers"`
 	} `json:"hidden_params"`
 }
 
@@ -152,17 +158,33 @@ func (p *litellmPayload) field(name string) string {
 
 // MapLiteLLM turns one LiteLLM logging payload into an outcome event. It
 // returns a skip reason ("" when ev is filled) or a parse error.
+//
+// A failed call's retry_after_ms is the provider's stated wait
+// (fleetwatch.ParseRetryHint) from the response headers the payload
+// carries (response_headers, hidden_params.response_headers or
+// hidden_params.additional_headers, whose keys LiteLLM may write with
+// underscores or an "llm_provider-" prefix) and from the error message
+// (error_information.error_message, else error_str), which embeds the
+// provider's JSON error body. The end time is the clock of the
+// date and RFC 3339 forms.
 func MapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event) (skip string, err error) {
+	skip, _, err = mapLiteLLM(data, s, m, ev)
+	return skip, err
+}
+
+// mapLiteLLM is MapLiteLLM, also returning the retry hint sources that
+// were malformed.
+func mapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event) (skip string, malformed []string, err error) {
 	var p litellmPayload
 	if err := json.Unmarshal(data, &p); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	*ev = fleetwatch.Event{}
 	switch {
 	case p.CacheHit != nil && *p.CacheHit:
-		return SkipNoUpstream, nil // LiteLLM answered from its cache
+		return SkipNoUpstream, nil, nil // LiteLLM answered from its cache
 	case p.Status == nil || (*p.Status != "success" && *p.Status != "failure"):
-		return SkipEventType, nil
+		return SkipEventType, nil, nil
 	}
 	pool := ""
 	if s.PoolField != "" {
@@ -177,11 +199,11 @@ func MapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event
 		upstream = p.field(LiteLLMModelID)
 	}
 	if upstream == "" {
-		return SkipNoUpstream, nil
+		return SkipNoUpstream, nil, nil
 	}
 	var skipped string
 	if ev.Pool, ev.Backend, skipped = m.Resolve(upstream, pool, ""); skipped != "" {
-		return skipped, nil
+		return skipped, nil, nil
 	}
 	ev.HasStatus = true
 	if *p.Status == "success" {
@@ -211,7 +233,56 @@ func MapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event
 	if p.CompletionTokens != nil {
 		ev.OutputTokens = tokenCount(*p.CompletionTokens)
 	}
-	return "", nil
+	if ev.Status == 429 || ev.Status >= 500 {
+		hint := fleetwatch.ParseRetryHint(ev.Status, litellmHeaders(&p), func() []byte { return litellmErrorBody(&p) }, ev.TS)
+		ev.RetryAfterMs, malformed = hint.Ms, hint.Malformed
+	}
+	return "", malformed, nil
+}
+
+// litellmHeaders returns the header lookup of a payload's logged response
+// headers: response_headers, hidden_params.response_headers and
+// hidden_params.additional_headers merged (the first naming a header
+// wins), keys folded to lower case, "_" to "-" and "llm_provider-" dropped;
+// values strings or numbers.
+func litellmHeaders(p *litellmPayload) func(string) string {
+	raws := []json.RawMessage{p.ResponseHeaders}
+	if p.HiddenParams != nil {
+		raws = append(raws, p.HiddenParams.ResponseHeaders, p.HiddenParams.AdditionalHeaders)
+	}
+	headers := map[string]string{}
+	for _, raw := range raws {
+		var m map[string]json.RawMessage
+		if len(raw) == 0 || json.Unmarshal(raw, &m) != nil {
+			continue
+		}
+		for k, v := range m {
+			k = strings.ReplaceAll(strings.ToLower(k), "_", "-")
+			k = strings.TrimPrefix(k, "llm-provider-")
+			var str string
+			if json.Unmarshal(v, &str) != nil {
+				if v = bytes.TrimSpace(v); len(v) == 0 || (v[0] != '-' && (v[0] < '0' || v[0] > '9')) {
+					continue // null, an object: not a header value
+				}
+				str = string(v)
+			}
+			if _, dup := headers[k]; !dup {
+				headers[k] = str
+			}
+		}
+	}
+	return func(name string) string { return headers[name] }
+}
+
+// litellmErrorBody is the provider's error as the payload logs it.
+func litellmErrorBody(p *litellmPayload) []byte {
+	if ei := p.ErrorInformation; ei != nil && ei.ErrorMessage != nil && *ei.ErrorMessage != "" {
+		return []byte(*ei.ErrorMessage)
+	}
+	if p.ErrorStr != nil {
+		return []byte(*p.ErrorStr)
+	}
+	return nil
 }
 
 // litellmErrorStatus is the HTTP status of a failed call: error_code when

@@ -107,11 +107,26 @@ func isGenAI(attrs pcommon.Map) bool {
 
 // MapSpan turns one span into an outcome event; it returns a skip reason
 // ("" when ev is filled).
+//
+// A failed call's retry_after_ms is the provider's stated wait
+// (fleetwatch.ParseRetryHint) from the response headers the span records
+// as the HTTP semantic conventions name them, http.response.header.<key>
+// (a string array, the first value read; a plain string accepted), and
+// from the span's status message or exception.message, which may carry the
+// provider's JSON error body. The span's end is the clock of the date and
+// RFC 3339 forms.
 func MapSpan(span ptrace.Span, resource pcommon.Map, s OTLPSettings, m *Mapping, ev *fleetwatch.Event) (skip string) {
+	skip, _ = mapSpan(span, resource, s, m, ev)
+	return skip
+}
+
+// mapSpan is MapSpan, also returning the retry hint sources that were
+// malformed.
+func mapSpan(span ptrace.Span, resource pcommon.Map, s OTLPSettings, m *Mapping, ev *fleetwatch.Event) (skip string, malformed []string) {
 	*ev = fleetwatch.Event{}
 	attrs := span.Attributes()
 	if !isGenAI(attrs) {
-		return SkipNotLLM
+		return SkipNotLLM, nil
 	}
 	pool := ""
 	if s.PoolAttribute != "" {
@@ -130,11 +145,11 @@ func MapSpan(span ptrace.Span, resource pcommon.Map, s OTLPSettings, m *Mapping,
 		upstream = lookupString(attrs, resource, attrSystem)
 	}
 	if upstream == "" {
-		return SkipNoUpstream
+		return SkipNoUpstream, nil
 	}
 	var skipped string
 	if ev.Pool, ev.Backend, skipped = m.Resolve(upstream, pool, ""); skipped != "" {
-		return skipped
+		return skipped, nil
 	}
 	ev.HasStatus = true
 	ev.Status = spanStatus(span, attrs)
@@ -164,7 +179,48 @@ func MapSpan(span ptrace.Span, resource pcommon.Map, s OTLPSettings, m *Mapping,
 			ev.OutputTokens = tokenCount(n)
 		}
 	}
-	return ""
+	if ev.Status == 429 || ev.Status >= 500 {
+		header := func(name string) string { return spanHeader(attrs, name) }
+		hint := fleetwatch.ParseRetryHint(ev.Status, header, func() []byte { return spanErrorText(span) }, ev.TS)
+		ev.RetryAfterMs, malformed = hint.Ms, hint.Malformed
+	}
+	return "", malformed
+}
+
+// attrResponseHeader prefixes a response header's attribute (HTTP
+// semantic conventions: the lower-case header name).
+const attrResponseHeader = "http.response.header."
+
+// spanHeader reads a response header recorded on the span.
+func spanHeader(attrs pcommon.Map, name string) string {
+	v, ok := attrs.Get(attrResponseHeader + name)
+	if !ok {
+		return ""
+	}
+	if v.Type() == pcommon.ValueTypeSlice {
+		if v.Slice().Len() == 0 {
+			return ""
+		}
+		v = v.Slice().At(0)
+	}
+	return v.AsString()
+}
+
+// spanErrorText is where a span may carry the provider's error body: its
+// status message, else the first exception event's exception.message.
+func spanErrorText(span ptrace.Span) []byte {
+	if msg := span.Status().Message(); msg != "" {
+		return []byte(msg)
+	}
+	events := span.Events()
+	for i := 0; i < events.Len(); i++ {
+		if e := events.At(i); e.Name() == "exception" {
+			if v, ok := e.Attributes().Get("exception.message"); ok {
+				return []byte(v.AsString())
+			}
+		}
+	}
+	return nil
 }
 
 // spanStatus derives an HTTP status: http.response.status_code when
@@ -280,7 +336,9 @@ func (h *HTTP) serveTraces(w http.ResponseWriter, r *http.Request) {
 		for j := 0; j < sss.Len(); j++ {
 			spans := sss.At(j).Spans()
 			for k := 0; k < spans.Len(); k++ {
-				if skip := MapSpan(spans.At(k), resource, h.s.OTLP, h.s.Mapping, &ev); skip != "" {
+				skip, malformed := mapSpan(spans.At(k), resource, h.s.OTLP, h.s.Mapping, &ev)
+				h.otlp.RetryHintMalformed(malformed)
+				if skip != "" {
 					h.otlp.Skip(skip)
 					if skip != SkipNotLLM {
 						skipped[skip]++
