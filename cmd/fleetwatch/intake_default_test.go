@@ -32,6 +32,19 @@ func startServeOn(t *testing.T, natsURL, config string) *proc {
 		"--data", filepath.Join(dir, "data"), "--no-probes")
 }
 
+// startNATSWithClient starts a nats-server process (go.mod's version) and
+// connects a client to it, closed in t.Cleanup.
+func startNATSWithClient(t *testing.T) (*natsProc, *nats.Conn) {
+	t.Helper()
+	ns := startNATSProc(t, natsServerBinary(t))
+	nc, err := nats.Connect(ns.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return ns, nc
+}
+
 // TestDefaultKeepsEventsWhileServeIsDown: 30 failures of one backend
 // published while serve is stopped open its breaker once serve runs again
 // (caught up from the capture), and no period is counted lost.
@@ -82,12 +95,7 @@ func TestDefaultKeepsEventsWhileServeIsDown(t *testing.T) {
 // counted, and what it holds is decided on.
 func TestCaptureGapIsCounted(t *testing.T) {
 	t.Parallel()
-	ns := startNATSProc(t, natsServerBinary(t))
-	nc, err := nats.Connect(ns.url())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	ns, nc := startNATSWithClient(t)
 	const config = "ingest:\n  max_bytes: 4096\n"
 	first := startServeOn(t, ns.url(), config)
 	testkit.Publish(t, nc, "fw.outcomes", testkit.Event("chat", "a", 200, 80))
@@ -132,12 +140,7 @@ func TestCaptureGapIsCounted(t *testing.T) {
 // on or counted lost, exactly.
 func TestIntakeLossIsCounted(t *testing.T) {
 	t.Parallel()
-	ns := startNATSProc(t, natsServerBinary(t))
-	nc, err := nats.Connect(ns.url())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	ns, nc := startNATSWithClient(t)
 	const config = "ingest:\n  durable: true\n  max_bytes: 4096\n"
 	first := startServeOn(t, ns.url(), config)
 	if err := first.stop(); err != nil {
