@@ -91,6 +91,9 @@ func (c *Collector) Ensure(ctx context.Context) error {
 // batch of up to StreamBatchBytes of events.
 const replayFetch = 64
 
+// replayInfoTimeout bounds Replay's first request, the stream's info.
+const replayInfoTimeout = 2 * time.Second
+
 // replayNextTimeout bounds the wait for the next stored batch during Replay.
 const replayNextTimeout = 10 * time.Second
 
@@ -117,7 +120,12 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 	if c.js == nil {
 		return 0, ErrNoJetStream
 	}
-	stream, err := c.js.Stream(ctx, c.stream)
+	// Bounded: right after a cluster restart the stream may have no
+	// leader for seconds, and the caller tries again sooner than the
+	// client's default 5 s.
+	ictx, cancel := context.WithTimeout(ctx, replayInfoTimeout)
+	stream, err := c.js.Stream(ictx, c.stream)
+	cancel()
 	if err != nil {
 		return 0, fmt.Errorf("collector: replay %s: stream info: %w", c.stream, err)
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
@@ -341,4 +343,67 @@ func TestServeRecoversFromNATSRestart(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServeRecoversWhenNATSLosesItsStore restarts the server with an empty
+// store (a container without its volume): serve must create every stream
+// and bucket again, the lease bucket with its first revision above every
+// fence used before, so that routers, which drop a snapshot whose fence is
+// below the highest they have seen, follow the new snapshots; and events
+// published after the restart reach decisions again.
+func TestServeRecoversWhenNATSLosesItsStore(t *testing.T) {
+	t.Parallel()
+	ns := startNATSProc(t, natsServerBinary(t))
+	serve := startServeProcessEnv(t, "", nil, "--nats", ns.url(), "--no-probes")
+	nc, snaps := watchSnapshots(t, ns.url())
+	publishEvents(t, nc, "chat", "a", "b")
+	testkit.Eventually(t, 20*time.Second, "a first snapshot of chat", func() bool {
+		_, ok := snaps.since("chat", time.Time{})
+		return ok
+	})
+	before, _ := snaps.since("chat", time.Time{})
+
+	ns.kill(syscall.SIGKILL)
+	for i, a := range ns.args {
+		if a == "-sd" {
+			ns.args[i+1] = t.TempDir() // an empty store
+		}
+	}
+	ns.start(ns.port)
+	back := time.Now()
+	testkit.Eventually(t, 30*time.Second, "a snapshot of chat with a higher fence after the store was lost", func() bool {
+		s, ok := snaps.since("chat", back)
+		return ok && s.Fence > before.Fence
+	})
+	after, _ := snaps.since("chat", back)
+	t.Logf("fence %d -> %d, %v after the empty server accepted connections", before.Fence, after.Fence,
+		snaps.firstAfter("chat", back).Sub(back).Round(10*time.Millisecond))
+
+	// Every resource is there again.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"KV_fw_leases", "KV_fw_decisions", "KV_fw_overrides", "FW_OUTCOMES", "FW_CAPTURE", "FW_AUDIT"} {
+		testkit.Eventually(t, 20*time.Second, "stream "+name+" created again", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := js.Stream(ctx, name)
+			return err == nil
+		})
+	}
+	testkit.Eventually(t, 20*time.Second, "the decisions bucket holding chat again", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		kv, err := js.KeyValue(ctx, "fw_decisions")
+		if err != nil {
+			return false
+		}
+		e, err := kv.Get(ctx, "chat")
+		return err == nil && len(e.Value()) > 0
+	})
+	testkit.Eventually(t, 10*time.Second, "/healthz ok again", func() bool {
+		code, _ := testkit.HTTPGet(t, serve.httpURL+"/healthz")
+		return code == 200
+	})
 }

@@ -560,6 +560,9 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 		sent := time.Now()
 		c, cancel := context.WithTimeout(ctx, h.ttl/3)
 		rev, err := h.kv.Create(c, leaseKey(p), []byte(h.id))
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			rev, err = h.reclaim(c, p)
+		}
 		cancel()
 		if err != nil {
 			if !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil && !h.s.nc.IsClosed() {
@@ -594,6 +597,29 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 		_ = h.s.nc.Flush() // the subscriptions are in place before the replay
 	}
 	return got
+}
+
+// reclaim takes back a lease whose key still names this instance: one it
+// lost while its renewals got no answer (a server restarted for longer than
+// the ride), whose key the server kept. Nobody else can hold a key that
+// names this instance, so it is updated at its current revision, which
+// gives a fence above every earlier one. Any other holder: ErrKeyExists.
+func (h *ha) reclaim(ctx context.Context, p int) (uint64, error) {
+	e, err := h.kv.Get(ctx, leaseKey(p))
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return 0, jetstream.ErrKeyExists // expired meanwhile: the next tick creates it
+		}
+		return 0, err
+	}
+	if string(e.Value()) != h.id {
+		return 0, jetstream.ErrKeyExists
+	}
+	rev, err := h.kv.Update(ctx, leaseKey(p), []byte(h.id), e.Revision())
+	if err == nil {
+		h.s.logf("ha: took back partition %d, whose lease still named this instance", p)
+	}
+	return rev, err
 }
 
 // Partitions returns the partitions whose pools this instance decides now,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -16,7 +17,12 @@ import (
 // when. A value that does not decode or validate is skipped and logged.
 func (s *Server) lastSnapshots(ctx context.Context, keep func(pool string) bool) ([]fleetwatch.Snapshot, error) {
 	bucket := s.subj.BucketDecisions()
-	kv, err := s.js.KeyValue(ctx, bucket)
+	// Bounded: right after a cluster restart the bucket's stream may have
+	// no leader for seconds, and a takeover tries again sooner than the
+	// client's default 5 s.
+	bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	kv, err := s.js.KeyValue(bctx, bucket)
+	cancel()
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		return nil, nil // a first start
 	}
