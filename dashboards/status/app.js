@@ -297,6 +297,8 @@
     const ing = data.ingest || {};
     const dl = $("ingest");
     const items = [["received", ing.received], ["accepted", ing.accepted], ["rejected", ing.rejected], ["skewed", ing.skewed], ["dropped", ing.dropped]];
+    if (ing.mode === "core + capture") items.push(["caught up", ing.capture_replayed || 0], ["lost period (s)", ing.capture_uncovered_seconds || 0]);
+    if (ing.mode === "durable intake") items.push(["lost in intake", ing.intake_lost || 0]);
     const prev = state.last && state.last.ingest;
     const dt = state.last ? (nowMs - Date.parse(state.last.now)) / 1000 : 0;
     const nodes = [];
@@ -304,6 +306,11 @@
       let txt = fmtInt(v);
       if (prev && dt > 0 && k === "accepted") txt += " (" + Math.max(0, (v - prev[k]) / dt).toFixed(0) + "/s)";
       nodes.push(el("dt", "", k), el("dd", "", txt));
+    }
+    if (ing.mode) {
+      const dd = el("dd", "", ing.mode);
+      dd.title = ing.loss || "";
+      nodes.push(el("dt", "", "kept while down"), dd);
     }
     dl.replaceChildren(...nodes);
 

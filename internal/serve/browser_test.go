@@ -376,6 +376,13 @@ func TestStatusPageWithServe(t *testing.T) {
 	if !strings.Contains(summary, "bad_json") {
 		t.Errorf("ingest and reject cards lack the bad_json rejects: %s", summary)
 	}
+	// The ingest card says what is kept while serve is down (the capture,
+	// by default with JetStream) and what of it was lost.
+	for _, want := range []string{"kept while down", "core + capture", "caught up", "lost period (s)"} {
+		if !strings.Contains(summary, want) {
+			t.Errorf("ingest card lacks %q: %s", want, summary)
+		}
+	}
 	saveScreenshot(t, ctx, "status-page-serve.png")
 	for _, p := range problems.get() {
 		t.Errorf("page problem: %s", p)

@@ -34,6 +34,17 @@ type ingestCounts struct {
 	RejectsByReason map[string]int64 `json:"rejects_by_reason"`
 	Skewed          int64            `json:"skewed"`  // accepted with a clamped timestamp
 	Dropped         int64            `json:"dropped"` // lost to slow-consumer limits
+	// Mode is how what is published while no serve runs is kept: "core"
+	// (it is not), "core + capture" or "durable intake"; Loss says what
+	// is lost uncounted in that mode (health.go).
+	Mode string `json:"mode"`
+	Loss string `json:"loss"`
+	// CaptureReplayed and CaptureUncoveredSeconds (the capture), and
+	// IntakeLost (the durable intake): what was kept, and what was lost
+	// and counted (DECISIONS.md "No silent loss").
+	CaptureReplayed         int64   `json:"capture_replayed,omitempty"`
+	CaptureUncoveredSeconds float64 `json:"capture_uncovered_seconds,omitempty"`
+	IntakeLost              int64   `json:"intake_lost,omitempty"`
 }
 
 // Status page bounds.

@@ -21,7 +21,14 @@ func (s *Server) Ingest() ingestCounts {
 		RejectsByReason: map[string]int64{},
 		Skewed:          int64(st.Skewed),
 		Dropped:         int64(st.Dropped),
+		CaptureReplayed: int64(st.CaptureReplayed),
+		IntakeLost:      int64(st.IntakeLost),
+
+		CaptureUncoveredSeconds: st.CaptureUncoveredSeconds,
 	}
+	h := s.ingestHealth()
+	ic.Mode, _ = h["mode"].(string)
+	ic.Loss, _ = h["loss"].(string)
 	for reason, n := range st.Rejected {
 		if n > 0 {
 			ic.RejectsByReason[string(reason)] = int64(n)
