@@ -1,5 +1,7 @@
 package fleetwatch
 
+import "time"
+
 // State is a backend's circuit-breaker state.
 type State string
 
@@ -193,4 +195,26 @@ func (s *Snapshot) NewerThan(prev *Snapshot) bool {
 		return s.Seq > prev.Seq
 	}
 	return !s.At.Before(prev.At.Time)
+}
+
+// DefaultSnapshotTTL is how long a snapshot without ttl_ms (0) stays
+// fresh: the analyzer's default ttl (PROTOCOL.md, fleetwatch's choice for
+// a zero ttl_ms).
+const DefaultSnapshotTTL = 5 * time.Second
+
+// StaleAt is when s goes stale: at + ttl_ms, or at + DefaultSnapshotTTL
+// when ttl_ms is 0. The one staleness rule of the feed watcher, the picker
+// and fleetwatch watch.
+func (s *Snapshot) StaleAt() time.Time {
+	ttl := time.Duration(s.TTLMs) * time.Millisecond
+	if ttl <= 0 {
+		ttl = DefaultSnapshotTTL
+	}
+	return s.At.Add(ttl)
+}
+
+// Stale reports whether s is stale at now (after StaleAt). A nil snapshot
+// is stale.
+func (s *Snapshot) Stale(now time.Time) bool {
+	return s == nil || now.After(s.StaleAt())
 }

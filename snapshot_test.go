@@ -198,3 +198,29 @@ func TestTimeJSON(t *testing.T) {
 		t.Errorf("Marshal = %s, want %s", data, want)
 	}
 }
+
+// TestSnapshotStale: one staleness rule; a zero ttl_ms is the default
+// 5 s, not stale at once.
+func TestSnapshotStale(t *testing.T) {
+	at := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		ttlMs int64
+		after time.Duration
+		want  bool
+	}{
+		{5000, 4999 * time.Millisecond, false},
+		{5000, 5001 * time.Millisecond, true},
+		{1000, 1500 * time.Millisecond, true},
+		{0, 4 * time.Second, false},
+		{0, 5001 * time.Millisecond, true},
+	} {
+		s := &Snapshot{At: At(at), TTLMs: tc.ttlMs}
+		if got := s.Stale(at.Add(tc.after)); got != tc.want {
+			t.Errorf("ttl_ms %d, %v after at: stale %v, want %v", tc.ttlMs, tc.after, got, tc.want)
+		}
+	}
+	var nilSnap *Snapshot
+	if !nilSnap.Stale(at) {
+		t.Error("a nil snapshot is not stale")
+	}
+}

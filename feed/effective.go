@@ -10,14 +10,11 @@ import (
 // snapshot was stale.
 const StaleReason = "snapshot stale: fail static, equal weight"
 
-// Stale reports whether snap is stale at now: now is after at + ttl_ms
-// (PROTOCOL.md "Decision snapshot"). A nil snapshot is stale.
-func Stale(snap *fleetwatch.Snapshot, now time.Time) bool {
-	if snap == nil {
-		return true
-	}
-	return now.After(snap.At.Add(time.Duration(snap.TTLMs) * time.Millisecond))
-}
+// Stale reports whether snap is stale at now: now is after at + ttl_ms,
+// a ttl_ms of 0 meaning fleetwatch.DefaultSnapshotTTL (PROTOCOL.md
+// "Decision snapshot"; Snapshot.Stale, the rule the picker follows too). A
+// nil snapshot is stale.
+func Stale(snap *fleetwatch.Snapshot, now time.Time) bool { return snap.Stale(now) }
 
 // Effective returns the snapshot a router should apply at now. A fresh
 // snapshot is returned as it is. For a stale one it returns a copy in which

@@ -105,7 +105,7 @@ const (
 	DefaultLoadStale = 2 * time.Second
 	// DefaultTTL is the staleness horizon used when a snapshot carries no
 	// ttl_ms (DESIGN.md's analyzer.ttl default).
-	DefaultTTL = 5 * time.Second
+	DefaultTTL = fleetwatch.DefaultSnapshotTTL
 )
 
 // Rand is the source of randomness Pick uses. *math/rand/v2.Rand and

@@ -129,13 +129,9 @@ func (p *Picker) Update(snap *fleetwatch.Snapshot) {
 
 func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	n := len(snap.Backends)
-	ttl := time.Duration(snap.TTLMs) * time.Millisecond
-	if ttl <= 0 {
-		ttl = DefaultTTL
-	}
 	st := &state{
 		header:  fleetwatch.Snapshot{Epoch: snap.Epoch, Seq: snap.Seq, At: snap.At, Fence: snap.Fence},
-		staleAt: snap.At.Add(ttl).UnixNano(),
+		staleAt: snap.StaleAt().UnixNano(), // the one staleness rule (fleetwatch.Snapshot.Stale)
 		mode:    snap.Mode,
 		shed:    snap.AllOpen != fleetwatch.AllOpenSpread,
 		median:  math.NaN(),
