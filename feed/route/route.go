@@ -203,6 +203,12 @@ type Settings struct {
 	// router has set its URL, headers and API key, and may change them
 	// (add headers, rewrite the path). It must not read or replace Body.
 	Rewrite func(out *http.Request, a Attempt)
+	// SkipResponseChecks turns off the checks of 2xx answers in passing
+	// (check.go, docs/INTEGRATIONS.md "Responses checked in passing"): error
+	// events and cuts in streams (outcome error), another model than the one
+	// asked for, broken tool calls and fake streams (optional event fields).
+	// If false, the checks run.
+	SkipResponseChecks bool
 	// ErrorHandler answers a request that no backend can serve: no pool
 	// for its model (ErrUnknownModel), every backend open (p2c.ErrShed,
 	// with Retry-After already set on w), no backend (p2c.ErrNoBackends),
@@ -246,6 +252,7 @@ type Router struct {
 	stallFloor    time.Duration // <= 0: no first-token deadline
 	stallMultiple float64
 	maxBody       int64
+	checks        bool // !Settings.SkipResponseChecks
 	metrics       *routerMetrics
 	now           func() time.Time
 	logf          func(format string, args ...any)
@@ -271,6 +278,7 @@ func New(s Settings) (*Router, error) {
 		maxAttempts:  s.MaxAttempts,
 		idleGap:      s.IdleGap,
 		maxBody:      s.MaxBody,
+		checks:       !s.SkipResponseChecks,
 		now:          s.Now,
 		logf:         s.Logf,
 		rewrite:      s.Rewrite,
