@@ -643,7 +643,10 @@ func TestStreamMisbehaviours(t *testing.T) {
 			if tc.wantError {
 				want = Stats{Requests: 1, Errors: 1}
 			}
-			eventually(t, "counted", func() bool { st := srv.Stats(); return st.Errors == want.Errors && st.OK == want.OK && st.InFlight == 0 })
+			eventually(t, "counted", func() bool {
+				st := srv.Stats()
+				return st.Errors == want.Errors && st.OK == want.OK && st.InFlight == 0
+			})
 		})
 	}
 }
