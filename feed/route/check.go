@@ -299,11 +299,19 @@ func servedModel(b []byte) string {
 
 // modelMatches reports whether served is a name of what was asked for:
 // the request's model, or any model of the pool (its id and Models), as
-// is or as a dated or suffixed snapshot of it ("gpt-4o" asked,
-// "gpt-4o-2024-08-06" served, as OpenAI answers).
+// is or as a dated snapshot of it: followed by "-" and digits and dashes
+// only ("gpt-4o" asked, "gpt-4o-2024-08-06" served, as OpenAI answers;
+// "llama-3.1-8b" is not a snapshot of "llama").
 func modelMatches(served, requested string, models []string) bool {
 	match := func(m string) bool {
-		return m != "" && (served == m || strings.HasPrefix(served, m+"-"))
+		if m == "" {
+			return false
+		}
+		if served == m {
+			return true
+		}
+		suffix, ok := strings.CutPrefix(served, m+"-")
+		return ok && suffix != "" && strings.Trim(suffix, "0123456789-") == ""
 	}
 	if match(requested) {
 		return true
