@@ -43,11 +43,9 @@ const (
 const markerOverlap = 32
 
 var (
-	keyDone         = []byte("\ndata: [DONE]")
-	keyDoneCompact  = []byte("\ndata:[DONE]")
-	keyFinish       = []byte(`"finish_reason":`)
-	keyStop         = []byte(`"stop_reason":`)
-	keyMessageStop  = []byte("\nevent: message_stop")
+	keyDone         = []byte("[DONE]")
+	keyReason       = []byte(`_reason":`) // "finish_reason": (OpenAI), "stop_reason": (Anthropic)
+	keyError        = []byte("error")
 	keyErrorObject  = []byte(`{"error"`)
 	keyObjectError  = []byte(`"object":"error"`)
 	keyEventError   = []byte("\nevent: error")
@@ -90,7 +88,7 @@ func demandOf(tools, choice json.RawMessage) toolDemand {
 // streamCheck is what the stream checks learned so far.
 type streamCheck struct {
 	errorEvent  bool      // an error event passed
-	finished    bool      // a non-null finish_reason / stop_reason, or message_stop
+	finished    bool      // a non-null finish_reason (OpenAI) or stop_reason (Anthropic)
 	done        bool      // data: [DONE]
 	lastContent time.Time // the read of the last content event
 	tail        [markerOverlap]byte
@@ -128,16 +126,23 @@ func (c *streamCheck) scan(chunk []byte) {
 	}
 }
 
+// markers looks for the markers in b with one bytes.Index per kind:
+// "[DONE]", `_reason":` and "error", and only around a hit for the exact
+// marker, so that a typical chunk (`"finish_reason":null`, no error) costs
+// three passes.
 func (c *streamCheck) markers(b []byte) {
-	if !c.done && (bytes.Contains(b, keyDone) || bytes.Contains(b, keyDoneCompact)) {
-		c.done = true
+	if !c.done {
+		if i := bytes.Index(b, keyDone); i >= 0 {
+			before := b[:i]
+			c.done = bytes.HasSuffix(before, []byte("\ndata: ")) || bytes.HasSuffix(before, []byte("\ndata:"))
+		}
 	}
-	if !c.finished && (nonNull(b, keyFinish) || nonNull(b, keyStop) || bytes.Contains(b, keyMessageStop)) {
-		c.finished = true
+	if !c.finished {
+		c.finished = nonNull(b, keyReason)
 	}
-	if !c.errorEvent && (bytes.Contains(b, keyErrorObject) || bytes.Contains(b, keyObjectError) ||
-		bytes.Contains(b, keyEventError)) {
-		c.errorEvent = true
+	if !c.errorEvent && bytes.Contains(b, keyError) {
+		c.errorEvent = bytes.Contains(b, keyErrorObject) || bytes.Contains(b, keyObjectError) ||
+			bytes.Contains(b, keyEventError)
 	}
 }
 
