@@ -316,3 +316,29 @@ func TestStreamCheckSplitReads(t *testing.T) {
 		}
 	}
 }
+
+// FuzzStreamCheck: arbitrary streams never panic, and the verdict does not
+// depend on where the reads split the stream (the markers are at most 32
+// bytes, the overlap).
+func FuzzStreamCheck(f *testing.F) {
+	f.Add([]byte("data: {\"error\":{}}\n\ndata: [DONE]\n\n"), uint16(7), uint16(19))
+	f.Add([]byte(anthropicStart+"event: error\n"), uint16(100), uint16(150))
+	f.Add([]byte(`data: {"choices":[{"finish_reason": "stop"}]}`), uint16(30), uint16(31))
+	f.Fuzz(func(t *testing.T, stream []byte, i, j uint16) {
+		a, b := min(int(i), len(stream)), min(int(j), len(stream))
+		if a > b {
+			a, b = b, a
+		}
+		var whole, split streamCheck
+		whole.start(toolDemand{offered: true, required: true})
+		split.start(toolDemand{offered: true, required: true})
+		whole.scan(stream)
+		for _, part := range [][]byte{stream[:a], stream[a:b], stream[b:]} {
+			split.scan(part)
+		}
+		if whole.streamError() != split.streamError() {
+			t.Fatalf("%q: whole %q, split at %d, %d: %q", stream, whole.streamError(), a, b, split.streamError())
+		}
+		whole.calls.broken(whole.tools)
+	})
+}
