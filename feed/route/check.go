@@ -43,15 +43,17 @@ const (
 const markerOverlap = 32
 
 var (
-	keyDone         = []byte("[DONE]")
-	keyReason       = []byte(`_reason":`) // "finish_reason": (OpenAI), "stop_reason": (Anthropic)
-	keyError        = []byte("error")
-	keyErrorObject  = []byte(`{"error"`)
-	keyObjectError  = []byte(`"object":"error"`)
-	keyEventError   = []byte("\nevent: error")
-	keyModel        = []byte(`"model":"`)
-	keyToolCalls    = []byte(`"tool_calls"`)
-	keyEmptyToolArr = []byte(`[]`)
+	keyDone            = []byte("[DONE]")
+	keyDataLine        = []byte("\ndata: ")
+	keyDataLineCompact = []byte("\ndata:")
+	keyReason          = []byte(`_reason":`) // "finish_reason": (OpenAI), "stop_reason": (Anthropic)
+	keyError           = []byte("error")
+	keyErrorObject     = []byte(`{"error"`)
+	keyObjectError     = []byte(`"object":"error"`)
+	keyEventError      = []byte("\nevent: error")
+	keyModel           = []byte(`"model":"`)
+	keyToolCalls       = []byte(`"tool_calls"`)
+	keyEmptyToolArr    = []byte(`[]`)
 )
 
 // toolDemand is what a request asked of tool calls.
@@ -131,11 +133,14 @@ func (c *streamCheck) scan(chunk []byte) {
 // marker, so that a typical chunk (`"finish_reason":null`, no error) costs
 // three passes.
 func (c *streamCheck) markers(b []byte) {
-	if !c.done {
-		if i := bytes.Index(b, keyDone); i >= 0 {
-			before := b[:i]
-			c.done = bytes.HasSuffix(before, []byte("\ndata: ")) || bytes.HasSuffix(before, []byte("\ndata:"))
+	for rest := b; !c.done; {
+		i := bytes.Index(rest, keyDone)
+		if i < 0 {
+			break
 		}
+		before := rest[:i]
+		c.done = bytes.HasSuffix(before, keyDataLine) || bytes.HasSuffix(before, keyDataLineCompact)
+		rest = rest[i+len(keyDone):]
 	}
 	if !c.finished {
 		c.finished = nonNull(b, keyReason)

@@ -303,6 +303,7 @@ func TestStreamCheckSplitReads(t *testing.T) {
 		{"done only", "data: [DONE]\n\n", ""},
 		{"cut", `data: {"choices":[{"delta":{"content":"Hi"},"finish_reason":null}]}` + "\n\n", fleetwatch.StreamCut},
 		{"markers in text", `data: {"choices":[{"delta":{"content":"data: [DONE] event: error"}}]}` + "\n\n", fleetwatch.StreamCut},
+		{"done after done in text", `data: {"choices":[{"delta":{"content":"[DONE]"}}]}` + "\n\ndata: [DONE]\n\n", ""},
 	} {
 		for i := 0; i <= len(tt.stream); i++ {
 			var c streamCheck
