@@ -24,6 +24,14 @@
 // states, in whichever provider's header or JSON error body
 // (fleetwatch.ParseRetryHint), becomes its event's retry_after_ms.
 //
+// Every 2xx answer is also checked in passing (check.go): a stream that
+// carries an error event after it started, or ends with neither a finish
+// reason nor [DONE], is published as outcome error with stream_error (the
+// client still gets the backend's bytes; nothing is retried); an answer
+// from another model than the one asked for, broken tool calls and fake
+// streams set model_mismatch, tool_call_broken and fake_stream. Each is
+// counted per backend. Settings.SkipResponseChecks turns the checks off.
+//
 // A pool whose decisions are in shadow mode (their shadow field, see
 // shadow.go) is routed by the breakers only ("breakers") or by nothing but
 // an operator's overrides ("observe"), and the router counts, per pool,
