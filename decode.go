@@ -34,6 +34,10 @@ import (
 //     other invalid backend id), a pool id longer than 256 bytes
 //     ErrInvalidPool; prefix, fingerprint and source beyond their bounds are
 //     ErrTooLong. Lengths count bytes after unescaping.
+//   - stream_error (at most 64 bytes) and model_mismatch (at most 256) are
+//     free-form strings under the same rules as source: stream_error is not
+//     checked against the values this version writes, so that a newer
+//     proxy's reason is carried rather than rejected.
 //   - prefix, fingerprint and source must be valid UTF-8 (ErrBadValue); pool
 //     and backend ids follow ValidatePoolID and ValidateBackendID.
 //   - ts is truncated to the millisecond (the protocol's precision) and
@@ -61,6 +65,8 @@ const (
 	tableFingerprint
 	tableSource
 	tablePrefix
+	tableStreamError
+	tableModel
 	numTables
 )
 
@@ -133,6 +139,10 @@ const (
 	fieldRunning
 	fieldWaiting
 	fieldKVCache
+	fieldStreamError
+	fieldModelMismatch
+	fieldToolCallBroken
+	fieldFakeStream
 	numFields
 	noField = numFields
 )
@@ -145,6 +155,8 @@ var fieldNames = [numFields]string{
 	fieldRetryAfter: "retry_after_ms", fieldPrefix: "prefix",
 	fieldCacheHit: "cache_hit", fieldFingerprint: "fingerprint", fieldSource: "source",
 	fieldRunning: "running", fieldWaiting: "waiting", fieldKVCache: "kv_cache_usage",
+	fieldStreamError: "stream_error", fieldModelMismatch: "model_mismatch",
+	fieldToolCallBroken: "tool_call_broken", fieldFakeStream: "fake_stream",
 }
 
 // fieldOf returns the field named key, noField for an unknown key. It is
@@ -412,7 +424,8 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 		return failure{}, end
 	}
 	switch k {
-	case fieldPool, fieldBackend, fieldTS, fieldOutcome, fieldPrefix, fieldFingerprint, fieldSource:
+	case fieldPool, fieldBackend, fieldTS, fieldOutcome, fieldPrefix, fieldFingerprint, fieldSource,
+		fieldStreamError, fieldModelMismatch:
 		if c != '"' {
 			end, ok := skipValue(data, pos, 0)
 			if !ok {
@@ -429,7 +442,7 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 		}
 		return failure{}, end
 
-	case fieldCold, fieldCacheHit:
+	case fieldCold, fieldCacheHit, fieldToolCallBroken, fieldFakeStream:
 		var v bool
 		var end int
 		var ok bool
@@ -448,10 +461,15 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 		if !ok {
 			return syntaxError(end), end
 		}
-		if k == fieldCold {
+		switch k {
+		case fieldCold:
 			ev.Cold = v
-		} else {
+		case fieldCacheHit:
 			ev.CacheHit = v
+		case fieldToolCallBroken:
+			ev.ToolCallBroken = v
+		default:
+			ev.FakeStream = v
 		}
 		return failure{}, end
 	}
@@ -581,6 +599,18 @@ func (d *Decoder) setString(ev *Event, k field, s []byte) error {
 			return err
 		}
 		ev.Source = v
+	case fieldStreamError:
+		v, err := d.boundedString(tableStreamError, s, MaxStreamErrorLen)
+		if err != nil {
+			return err
+		}
+		ev.StreamError = v
+	case fieldModelMismatch:
+		v, err := d.boundedString(tableModel, s, MaxModelLen)
+		if err != nil {
+			return err
+		}
+		ev.ModelMismatch = v
 	}
 	return nil
 }
@@ -642,5 +672,13 @@ func clearField(ev *Event, k field) {
 		ev.Waiting, ev.HasWaiting = 0, false
 	case fieldKVCache:
 		ev.KVCacheUsage, ev.HasKVCache = 0, false
+	case fieldStreamError:
+		ev.StreamError = ""
+	case fieldModelMismatch:
+		ev.ModelMismatch = ""
+	case fieldToolCallBroken:
+		ev.ToolCallBroken = false
+	case fieldFakeStream:
+		ev.FakeStream = false
 	}
 }

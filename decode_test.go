@@ -186,6 +186,13 @@ func TestDecodeValid(t *testing.T) {
 			with(func(e *Event) { e.HasRunning, e.HasWaiting, e.HasKVCache = true, true, true })},
 		{"kv_cache_usage 1", ev(`"kv_cache_usage":1`), with(func(e *Event) { e.KVCacheUsage, e.HasKVCache = 1, true })},
 		{"load null", ev(`"running":null`, `"waiting":null`, `"kv_cache_usage":null`), base()},
+		{"checked in passing", ev(`"stream_error":"error_event"`, `"model_mismatch":"gpt-4o-mini"`, `"tool_call_broken":true`, `"fake_stream":true`),
+			with(func(e *Event) {
+				e.StreamError, e.ModelMismatch, e.ToolCallBroken, e.FakeStream = StreamErrorEvent, "gpt-4o-mini", true, true
+			})},
+		{"stream_error of a newer proxy", ev(`"stream_error":"truncated_json"`), with(func(e *Event) { e.StreamError = "truncated_json" })},
+		{"checked in passing null", ev(`"stream_error":null`, `"model_mismatch":null`, `"tool_call_broken":null`, `"fake_stream":null`), base()},
+		{"model_mismatch 256 bytes", ev(`"model_mismatch":"` + long(256) + `"`), with(func(e *Event) { e.ModelMismatch = long(256) })},
 
 		{"unknown fields skipped", `{"x":{"a":[1,-2.5e+3,{"b":null}],"c":"\"}\u1234"},"pool":"p","y":[[],{}],"backend":"b","z":true,"w":"s"}`, base()},
 		{"unknown field case differs", ev(`"Pool":7`, `"TTFT_MS":"x"`), base()},
@@ -322,6 +329,11 @@ func TestDecodeRejects(t *testing.T) {
 		{"source escaped 257 bytes", ev(`"source":"` + strings.Repeat(`\u0078`, 257) + `"`), ErrTooLong, "source"},
 		{"source invalid UTF-8", ev("\"source\":\"\x80\""), ErrBadValue, "source"},
 		{"source object", ev(`"source":{}`), ErrWrongType, "source"},
+		{"stream_error 65 bytes", ev(`"stream_error":"` + long(65) + `"`), ErrTooLong, "stream_error"},
+		{"stream_error bool", ev(`"stream_error":true`), ErrWrongType, "stream_error"},
+		{"model_mismatch 257 bytes", ev(`"model_mismatch":"` + long(257) + `"`), ErrTooLong, "model_mismatch"},
+		{"tool_call_broken string", ev(`"tool_call_broken":"yes"`), ErrWrongType, "tool_call_broken"},
+		{"fake_stream number", ev(`"fake_stream":1`), ErrWrongType, "fake_stream"},
 
 		{"duplicate key last bad", ev(`"ttft_ms":5`, `"ttft_ms":-1`), ErrOutOfRange, "ttft_ms"},
 		{"first field error by offset", ev(`"status":"x"`, `"ttft_ms":-1`), ErrWrongType, "status"},
@@ -788,6 +800,9 @@ func crossCheck(t *testing.T, data []byte, ev *Event) {
 	num := func(k string) (json.Number, bool) { n, ok := m[k].(json.Number); return n, ok }
 	want.Pool, want.Backend = str("pool"), str("backend")
 	want.Prefix, want.Fingerprint, want.Source = str("prefix"), str("fingerprint"), str("source")
+	want.StreamError, want.ModelMismatch = str("stream_error"), str("model_mismatch")
+	want.ToolCallBroken, _ = m["tool_call_broken"].(bool)
+	want.FakeStream, _ = m["fake_stream"].(bool)
 	if s := str("ts"); s != "" {
 		ts, err := time.Parse(time.RFC3339Nano, s)
 		if err != nil {

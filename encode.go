@@ -90,6 +90,20 @@ func AppendEvent(dst []byte, ev *Event) []byte {
 		dst = append(dst, `,"kv_cache_usage":`...)
 		dst = appendFloat(dst, ev.KVCacheUsage)
 	}
+	if ev.StreamError != "" {
+		dst = append(dst, `,"stream_error":`...)
+		dst = appendString(dst, ev.StreamError)
+	}
+	if ev.ModelMismatch != "" {
+		dst = append(dst, `,"model_mismatch":`...)
+		dst = appendString(dst, ev.ModelMismatch)
+	}
+	if ev.ToolCallBroken {
+		dst = append(dst, `,"tool_call_broken":true`...)
+	}
+	if ev.FakeStream {
+		dst = append(dst, `,"fake_stream":true`...)
+	}
 	return append(dst, '}')
 }
 

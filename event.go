@@ -12,6 +12,10 @@ const (
 	MaxFingerprintLen = 256
 	// MaxSourceLen bounds the source id.
 	MaxSourceLen = 256
+	// MaxStreamErrorLen bounds stream_error.
+	MaxStreamErrorLen = 64
+	// MaxModelLen bounds model_mismatch.
+	MaxModelLen = 256
 	// MaxSkew is how far ts may be from the collector's clock before it is
 	// replaced by the arrival time and counted as skewed.
 	MaxSkew = 5 * time.Minute
@@ -58,7 +62,27 @@ type Event struct {
 	HasWaiting   bool    // the event carried "waiting"
 	KVCacheUsage float64 // fraction of the backend's KV cache in use, in [0, 1]
 	HasKVCache   bool    // the event carried "kv_cache_usage"
+
+	// Responses checked in passing (an extension of the protocol,
+	// docs/PROTOCOL.md "Responses checked in passing (extension)"): what a
+	// proxy noticed in the answer's body on its way through.
+	StreamError    string // why a 2xx stream failed: StreamErrorEvent or StreamCut; "" when absent
+	ModelMismatch  string // the model the answer named, when it is not the one asked for; "" when absent
+	ToolCallBroken bool   // a required tool call is missing, or its arguments are not JSON
+	FakeStream     bool   // the stream's content arrived all at once, after the first-token wait
 }
+
+// Values of Event.StreamError. Decode accepts any other short string too
+// (a newer proxy's reason), so consumers compare against these.
+const (
+	// StreamErrorEvent: the stream carried an error event after it had
+	// started (an OpenAI-style `data: {"error": ...}` line, or Anthropic's
+	// `event: error`).
+	StreamErrorEvent = "error_event"
+	// StreamCut: the stream ended cleanly at the transport level but
+	// without a finish reason and without `data: [DONE]`.
+	StreamCut = "cut"
+)
 
 // HasLoad reports whether e carries any of the load fields.
 func (e *Event) HasLoad() bool { return e.HasRunning || e.HasWaiting || e.HasKVCache }

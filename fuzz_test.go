@@ -330,6 +330,11 @@ func eventGen() *rapid.Generator[Event] {
 		if e.HasKVCache = rapid.Bool().Draw(t, "hasKVCache"); e.HasKVCache {
 			e.KVCacheUsage = rapid.Float64Range(0, 1).Draw(t, "kvCache")
 		}
+		e.StreamError = truncateUTF8(rapid.OneOf(rapid.SampledFrom([]string{"", StreamErrorEvent, StreamCut}),
+			optGen(MaxStreamErrorLen)).Draw(t, "streamError"), MaxStreamErrorLen)
+		e.ModelMismatch = truncateUTF8(optGen(MaxModelLen).Draw(t, "modelMismatch"), MaxModelLen)
+		e.ToolCallBroken = rapid.Bool().Draw(t, "toolCallBroken")
+		e.FakeStream = rapid.Bool().Draw(t, "fakeStream")
 		e.Backend = truncateUTF8(e.Backend, MaxIDLen)
 		return e
 	})

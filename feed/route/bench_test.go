@@ -2,16 +2,19 @@ package route
 
 import (
 	"bytes"
+	"fmt"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 )
 
 // BenchmarkRouteOverhead measures the latency the router adds, wired as
@@ -110,6 +113,107 @@ func BenchmarkRouteSequential(b *testing.B) {
 			client := &http.Client{Transport: &http.Transport{}}
 			for b.Loop() {
 				resp, err := client.Post(tc.url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Fatalf("status %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+}
+
+// eventReader yields one SSE event per Read, as a backend that flushes
+// every token does.
+type eventReader struct {
+	events [][]byte
+	i      int
+}
+
+func (r *eventReader) Read(p []byte) (int, error) {
+	if r.i == len(r.events) {
+		return 0, io.EOF
+	}
+	n := copy(p, r.events[r.i])
+	r.i++
+	return n, nil
+}
+
+// discardWriter is a flushable http.ResponseWriter that keeps nothing.
+type discardWriter struct{ h http.Header }
+
+func (w *discardWriter) Header() http.Header         { return w.h }
+func (w *discardWriter) Write(b []byte) (int, error) { return len(b), nil }
+func (w *discardWriter) WriteHeader(int)             {}
+func (w *discardWriter) Flush()                      {}
+
+// BenchmarkStreamCopy is the cost of the checks in passing on the stream
+// copy itself: a 256-token chat stream, one event per read, copied with
+// the checks on and off (ns/op per stream).
+//
+//	go test -run '^$' -bench BenchmarkStreamCopy -benchmem -count=5 ./feed/route/
+func BenchmarkStreamCopy(b *testing.B) {
+	var events [][]byte
+	events = append(events, []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"llama-3.1-70b",`+
+		`"system_fingerprint":"fp_44709d6fcb","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`+"\n\n"))
+	for i := range 256 {
+		events = append(events, fmt.Appendf(nil, `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"llama-3.1-70b",`+
+			`"system_fingerprint":"fp_44709d6fcb","choices":[{"index":0,"delta":{"content":" tok%d"},"finish_reason":null}]}`+"\n\n", i))
+	}
+	events = append(events, []byte(`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"llama-3.1-70b",`+
+		`"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":256}}`+"\n\n"),
+		[]byte("data: [DONE]\n\n"))
+	for _, checks := range []bool{false, true} {
+		name := "nochecks"
+		if checks {
+			name = "checks"
+		}
+		b.Run(name, func(b *testing.B) {
+			w := &discardWriter{h: http.Header{}}
+			for b.Loop() {
+				var meta responseMeta
+				meta.checks = checks
+				if checks {
+					meta.check.start(toolDemand{})
+				}
+				if _, err := streamCopy(w, &eventReader{events: events}, &meta, time.Now); err != nil {
+					b.Fatal(err)
+				}
+				if checks && (meta.check.streamError() != "" || meta.model != "llama-3.1-70b") {
+					b.Fatalf("checks: %q, model %q", meta.check.streamError(), meta.model)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkRouteStreaming compares whole streaming requests (64 tokens)
+// through two routers on one fake backend, one with the checks in passing
+// and one without (Settings.SkipResponseChecks), alternated in one run.
+//
+//	go test -run '^$' -bench BenchmarkRouteStreaming -benchmem -count=5 ./feed/route/
+func BenchmarkRouteStreaming(b *testing.B) {
+	natsURL, _ := feedtest.NewServer(b)
+	srv, err := fakeai.Listen(fakeai.Settings{Name: "b0", Seed: 1, Behavior: fakeai.Behavior{Model: "llama-3.1-70b"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { srv.Close() })
+	pool := Pool{ID: "llama", Models: []string{"llama-3.1-70b"}, Backends: []Backend{{ID: "b0", URL: srv.URL()}}}
+	body := []byte(`{"model":"llama-3.1-70b","stream":true,"messages":[{"role":"user","content":"` +
+		strings.Repeat("word ", 70) + `"}],"max_tokens":64}`)
+	for _, tc := range []struct {
+		name string
+		skip bool
+	}{{"nochecks", true}, {"checks", false}} {
+		url := startRouter(b, natsURL, Settings{Pools: []Pool{pool}, SkipResponseChecks: tc.skip}).url
+		b.Run(tc.name, func(b *testing.B) {
+			client := &http.Client{Transport: &http.Transport{}}
+			for b.Loop() {
+				resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(body))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -33,6 +33,12 @@ type responseMeta struct {
 	completionTokens int64
 	cachedTokens     int64
 	fingerprint      string
+
+	// The checks in passing (check.go), when on.
+	checks bool
+	check  streamCheck
+	model  string // the first "model" the body named
+	kept   []byte // a non-streaming body's first maxMetaScan bytes
 }
 
 // streamCopy copies an SSE stream to w, flushing after every read, and
@@ -51,10 +57,19 @@ func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta, now f
 			if c := countContentEvents(chunk); c > 0 {
 				if meta.contentChunks == 0 {
 					meta.firstContent = now()
+					meta.check.lastContent = meta.firstContent
+				} else if meta.checks {
+					meta.check.lastContent = now()
 				}
 				meta.contentChunks += int64(c)
 			}
 			scanMeta(chunk, meta)
+			if meta.checks {
+				if meta.model == "" {
+					meta.model = servedModel(chunk)
+				}
+				meta.check.scan(chunk)
+			}
 			if _, werr := w.Write(chunk); werr != nil {
 				return werr, nil
 			}
@@ -90,6 +105,10 @@ func plainCopy(w io.Writer, body io.Reader, meta *responseMeta) (writeErr, readE
 		}
 		if err != nil {
 			scanMeta(kept.Bytes(), meta)
+			if meta.checks {
+				meta.kept = kept.Bytes()
+				meta.model = servedModel(meta.kept)
+			}
 			if errors.Is(err, io.EOF) {
 				return nil, nil
 			}

@@ -45,7 +45,7 @@ func TestScanMeta(t *testing.T) {
 	var got responseMeta
 	scanMeta([]byte(body), &got)
 	want := responseMeta{promptTokens: 1200, completionTokens: 350, cachedTokens: 1024, fingerprint: "fp_44709d6fcb"}
-	if diff := cmp.Diff(want, got, cmp.AllowUnexported(responseMeta{})); diff != "" {
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(responseMeta{}, streamCheck{}, toolCalls{}, toolDemand{})); diff != "" {
 		t.Errorf("meta (-want +got):\n%s", diff)
 	}
 }
@@ -116,7 +116,7 @@ func FuzzScanMeta(f *testing.F) {
 		if plainToken(fp) {
 			want.fingerprint = fp
 		}
-		if diff := cmp.Diff(want, got, cmp.AllowUnexported(responseMeta{})); diff != "" {
+		if diff := cmp.Diff(want, got, cmp.AllowUnexported(responseMeta{}, streamCheck{}, toolCalls{}, toolDemand{})); diff != "" {
 			t.Fatalf("scanMeta(%s) (-want +got):\n%s", body, diff)
 		}
 	})

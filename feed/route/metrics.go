@@ -21,6 +21,12 @@ import (
 //	fleetwatch_route_load_reports_total{pool,result}    ORCA load reports read (ok) or not understood (invalid)
 //	fleetwatch_route_retry_hint_malformed_total{pool,source} retry hints of 429/5xx answers that did not parse, ignored
 //	                                                    (source: a fleetwatch.RetryHintSources value)
+//	fleetwatch_route_stream_errors_total{pool,backend,reason} 2xx streams that failed on the way, published
+//	                                                    as outcome error (reason: error_event or cut; check.go)
+//	fleetwatch_route_model_mismatch_total{pool,backend} answers that named another model than the one asked for
+//	fleetwatch_route_tool_call_broken_total{pool,backend} answers whose required tool call is missing or whose
+//	                                                    arguments are not JSON
+//	fleetwatch_route_fake_stream_total{pool,backend}    streams whose content arrived at once after the wait
 //
 // and, written at scrape time from the pools' current state, so that a
 // backend a decision no longer names leaves no stale series:
@@ -47,7 +53,7 @@ type routerMetrics struct {
 type counterKey struct {
 	kind          uint8
 	pool, backend string
-	source        string // kindHintMalformed: a fleetwatch.RetryHintSources value
+	source        string // kindHintMalformed: a fleetwatch.RetryHintSources value; kindStreamError: the reason
 	code          int
 }
 
@@ -60,6 +66,10 @@ const (
 	kindLoadOK
 	kindLoadInvalid
 	kindHintMalformed
+	kindStreamError
+	kindModelMismatch
+	kindToolCallBroken
+	kindFakeStream
 )
 
 func newRouterMetrics(set *metrics.Set, rt *Router) *routerMetrics {
@@ -99,6 +109,15 @@ func (m *routerMetrics) counter(k counterKey) *metrics.Counter {
 		name = fmt.Sprintf(`fleetwatch_route_load_reports_total{pool=%s,result="invalid"}`, pool)
 	case kindHintMalformed:
 		name = fmt.Sprintf(`fleetwatch_route_retry_hint_malformed_total{pool=%s,source=%s}`, pool, fleetwatch.QuoteLabel(k.source))
+	case kindStreamError:
+		name = fmt.Sprintf(`fleetwatch_route_stream_errors_total{pool=%s,backend=%s,reason=%s}`,
+			pool, fleetwatch.QuoteLabel(k.backend), fleetwatch.QuoteLabel(k.source))
+	case kindModelMismatch:
+		name = fmt.Sprintf(`fleetwatch_route_model_mismatch_total{pool=%s,backend=%s}`, pool, fleetwatch.QuoteLabel(k.backend))
+	case kindToolCallBroken:
+		name = fmt.Sprintf(`fleetwatch_route_tool_call_broken_total{pool=%s,backend=%s}`, pool, fleetwatch.QuoteLabel(k.backend))
+	case kindFakeStream:
+		name = fmt.Sprintf(`fleetwatch_route_fake_stream_total{pool=%s,backend=%s}`, pool, fleetwatch.QuoteLabel(k.backend))
 	}
 	c, _ := m.counters.LoadOrStore(k, m.set.GetOrCreateCounter(name))
 	return c.(*metrics.Counter)
@@ -133,6 +152,22 @@ func (m *routerMetrics) loadReport(pool string, valid bool) *metrics.Counter {
 
 func (m *routerMetrics) hintMalformed(pool, source string) *metrics.Counter {
 	return m.counter(counterKey{kind: kindHintMalformed, pool: pool, source: source})
+}
+
+func (m *routerMetrics) streamError(pool, backend, reason string) *metrics.Counter {
+	return m.counter(counterKey{kind: kindStreamError, pool: pool, backend: backend, source: reason})
+}
+
+func (m *routerMetrics) modelMismatch(pool, backend string) *metrics.Counter {
+	return m.counter(counterKey{kind: kindModelMismatch, pool: pool, backend: backend})
+}
+
+func (m *routerMetrics) toolCallBroken(pool, backend string) *metrics.Counter {
+	return m.counter(counterKey{kind: kindToolCallBroken, pool: pool, backend: backend})
+}
+
+func (m *routerMetrics) fakeStream(pool, backend string) *metrics.Counter {
+	return m.counter(counterKey{kind: kindFakeStream, pool: pool, backend: backend})
 }
 
 // writeGauges writes the per-pool and per-backend gauges from the pools'

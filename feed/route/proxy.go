@@ -26,9 +26,11 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 
 // requestInfo is what the router reads from a request body.
 type requestInfo struct {
-	Model    string `json:"model"`
-	Stream   bool   `json:"stream"`
-	Messages []struct {
+	Model      string          `json:"model"`
+	Stream     bool            `json:"stream"`
+	Tools      json.RawMessage `json:"tools"`
+	ToolChoice json.RawMessage `json:"tool_choice"`
+	Messages   []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
@@ -68,8 +70,10 @@ type attempt struct {
 	cold       bool
 	n          int // 0 for the first attempt
 	sent       time.Time
-	headersAt  time.Time // when the response headers (or the error) came
-	firstToken time.Time // when a stream's first content event came, if read ahead (deadline.go)
+	headersAt  time.Time  // when the response headers (or the error) came
+	firstToken time.Time  // when a stream's first content event came, if read ahead (deadline.go)
+	model      string     // the request's model
+	tools      toolDemand // what the request asked of tool calls
 }
 
 func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
@@ -113,12 +117,14 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var tried []string
+	tools := demandOf(info.Tools, info.ToolChoice)
 	for n := 0; ; n++ {
 		be := pool.backends[choice.Backend]
 		if n > 0 {
 			rt.metrics.retry(pool.id).Inc()
 		}
-		a := &attempt{pool: pool, backend: be, choice: choice, cold: be.markUsed(rt.now(), rt.idleGap), n: n}
+		a := &attempt{pool: pool, backend: be, choice: choice, cold: be.markUsed(rt.now(), rt.idleGap), n: n,
+			model: info.Model, tools: tools}
 		stall := rt.watchStall(ctx, pool)
 		resp, err := rt.send(stall.ctx, r, body, a)
 		if err == nil {
@@ -344,6 +350,10 @@ func (rt *Router) deliver(ctx context.Context, w http.ResponseWriter, resp *http
 	rt.metrics.clientCode(a.pool.id, resp.StatusCode).Inc()
 
 	var meta responseMeta
+	meta.checks = rt.checks && resp.StatusCode >= 200 && resp.StatusCode <= 299
+	if meta.checks {
+		meta.check.start(a.tools)
+	}
 	var copyErr, readErr error
 	if streaming {
 		copyErr, readErr = streamCopy(w, resp.Body, &meta, rt.now)
@@ -361,6 +371,8 @@ func (rt *Router) deliver(ctx context.Context, w http.ResponseWriter, resp *http
 		ev.Outcome = fleetwatch.OutcomeCanceled // the client left; says nothing of the backend
 	case readErr != nil && ev.Outcome == fleetwatch.OutcomeOK:
 		ev.Outcome = fleetwatch.OutcomeError // the backend broke the body off
+	case meta.checks && rt.checkPassing(a, &meta, streaming, ev):
+		ev.Outcome = fleetwatch.OutcomeError // a 200 stream that failed on the way (check.go)
 	}
 	switch {
 	case !meta.firstContent.IsZero():

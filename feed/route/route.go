@@ -24,6 +24,14 @@
 // states, in whichever provider's header or JSON error body
 // (fleetwatch.ParseRetryHint), becomes its event's retry_after_ms.
 //
+// Every 2xx answer is also checked in passing (check.go): a stream that
+// carries an error event after it started, or ends with neither a finish
+// reason nor [DONE], is published as outcome error with stream_error (the
+// client still gets the backend's bytes; nothing is retried); an answer
+// from another model than the one asked for, broken tool calls and fake
+// streams set model_mismatch, tool_call_broken and fake_stream. Each is
+// counted per backend. Settings.SkipResponseChecks turns the checks off.
+//
 // A pool whose decisions are in shadow mode (their shadow field, see
 // shadow.go) is routed by the breakers only ("breakers") or by nothing but
 // an operator's overrides ("observe"), and the router counts, per pool,
@@ -203,6 +211,12 @@ type Settings struct {
 	// router has set its URL, headers and API key, and may change them
 	// (add headers, rewrite the path). It must not read or replace Body.
 	Rewrite func(out *http.Request, a Attempt)
+	// SkipResponseChecks turns off the checks of 2xx answers in passing
+	// (check.go, docs/INTEGRATIONS.md "Responses checked in passing"): error
+	// events and cuts in streams (outcome error), another model than the one
+	// asked for, broken tool calls and fake streams (optional event fields).
+	// If false, the checks run.
+	SkipResponseChecks bool
 	// ErrorHandler answers a request that no backend can serve: no pool
 	// for its model (ErrUnknownModel), every backend open (p2c.ErrShed,
 	// with Retry-After already set on w), no backend (p2c.ErrNoBackends),
@@ -246,6 +260,7 @@ type Router struct {
 	stallFloor    time.Duration // <= 0: no first-token deadline
 	stallMultiple float64
 	maxBody       int64
+	checks        bool // !Settings.SkipResponseChecks
 	metrics       *routerMetrics
 	now           func() time.Time
 	logf          func(format string, args ...any)
@@ -271,6 +286,7 @@ func New(s Settings) (*Router, error) {
 		maxAttempts:  s.MaxAttempts,
 		idleGap:      s.IdleGap,
 		maxBody:      s.MaxBody,
+		checks:       !s.SkipResponseChecks,
 		now:          s.Now,
 		logf:         s.Logf,
 		rewrite:      s.Rewrite,

@@ -46,6 +46,22 @@ type Behavior struct {
 	// (non-streaming): a backend dying mid-answer. Counted as an error.
 	BreakAfterTokens int
 
+	// StreamErrorAfterTokens, when > 0, ends a stream after that many
+	// tokens with an OpenAI-style error event (`data: {"error": {...}}`)
+	// and then `data: [DONE]`, with no finish chunk: a backend failing
+	// mid-stream behind a 200 (vLLM and OpenAI do this). Counted as an
+	// error. Non-streaming answers are not affected.
+	StreamErrorAfterTokens int
+	// StreamCutAfterTokens, when > 0, ends a stream after that many tokens
+	// cleanly at the HTTP level but with no finish chunk and no
+	// `data: [DONE]`: a stream cut short by something in between. Counted
+	// as an error. Non-streaming answers are not affected.
+	StreamCutAfterTokens int
+	// BufferStream holds a stream's chunks back and flushes them all at
+	// once with the last one, like a buffering proxy in front of the
+	// backend: a stream in form only ("fake streaming").
+	BufferStream bool
+
 	// Refuse stops accepting connections: the listener is closed and open
 	// connections are dropped, so clients see "connection refused". Setting
 	// it back to false listens again on the same address. It only has an
@@ -120,6 +136,9 @@ type BehaviorPatch struct {
 	RetryAfterMs         *float64 `json:"retry_after_ms,omitempty"`
 	Hang                 *bool    `json:"hang,omitempty"`
 	BreakAfterTokens     *int     `json:"break_after_tokens,omitempty"`
+	StreamErrorAfter     *int     `json:"stream_error_after_tokens,omitempty"`
+	StreamCutAfter       *int     `json:"stream_cut_after_tokens,omitempty"`
+	BufferStream         *bool    `json:"buffer_stream,omitempty"`
 	Refuse               *bool    `json:"refuse,omitempty"`
 	ColdStartMs          *float64 `json:"cold_start_ms,omitempty"`
 	IdleGapMs            *float64 `json:"idle_gap_ms,omitempty"`
@@ -183,6 +202,23 @@ func (p BehaviorPatch) Apply(b Behavior) (Behavior, error) {
 		}
 		b.BreakAfterTokens = *p.BreakAfterTokens
 	}
+	for _, n := range []struct {
+		name string
+		v    *int
+		dst  *int
+	}{
+		{"stream_error_after_tokens", p.StreamErrorAfter, &b.StreamErrorAfterTokens},
+		{"stream_cut_after_tokens", p.StreamCutAfter, &b.StreamCutAfterTokens},
+	} {
+		if n.v == nil {
+			continue
+		}
+		if *n.v < 0 {
+			return b, fmt.Errorf("%w: %s = %d: must be >= 0", ErrBadBehavior, n.name, *n.v)
+		}
+		*n.dst = *n.v
+	}
+	flag(p.BufferStream, &b.BufferStream)
 	flag(p.InstantError, &b.InstantError)
 	flag(p.Hang, &b.Hang)
 	flag(p.Refuse, &b.Refuse)
@@ -203,11 +239,13 @@ func PatchOf(b Behavior) BehaviorPatch {
 	f := func(v float64) *float64 { return &v }
 	t := func(v bool) *bool { return &v }
 	mc, model, fp, brk := b.MaxConcurrent, b.Model, b.Fingerprint, b.BreakAfterTokens
+	serr, cut := b.StreamErrorAfterTokens, b.StreamCutAfterTokens
 	return BehaviorPatch{
 		TTFTMs: ms(b.TTFT), TTFTPerPromptTokenMs: ms(b.TTFTPerPromptToken), TokenTimeMs: ms(b.TokenTime),
 		ErrorRate: f(b.ErrorRate), InstantError: t(b.InstantError),
 		ThrottleRate: f(b.ThrottleRate), RetryAfterMs: ms(b.RetryAfter),
 		Hang: t(b.Hang), Refuse: t(b.Refuse), BreakAfterTokens: &brk,
+		StreamErrorAfter: &serr, StreamCutAfter: &cut, BufferStream: t(b.BufferStream),
 		ColdStartMs: ms(b.ColdStart), IdleGapMs: ms(b.IdleGap),
 		MaxConcurrent: &mc, RejectOverLimit: t(b.RejectOverLimit),
 		Model: &model, Fingerprint: &fp,

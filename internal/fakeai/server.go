@@ -10,7 +10,8 @@
 // when asked for it (metrics.go).
 //
 // Its Behavior (latency, 500s, instant 500s, 429s with Retry-After, hangs,
-// refused connections, cold starts, a concurrency limit, model id and
+// refused connections, cold starts, a concurrency limit, streams that end
+// in an error event, are cut or arrive all at once, model id and
 // fingerprint) can be changed while it runs, from Go or through
 // POST /admin/behavior, so that tests and the demo can script incidents.
 // Content comes from a pluggable Completer (default Echo). Every request is
@@ -18,10 +19,12 @@
 package fakeai
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -459,8 +462,14 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	var done bool
 	if raw.Stream {
-		done = s.stream(ctx, w, base, c, u, a.b, ttft, chat, logprobs,
-			raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage)
+		switch s.stream(ctx, w, base, c, u, a.b, ttft, chat, logprobs,
+			raw.StreamOptions != nil && raw.StreamOptions.IncludeUsage) {
+		case streamDone:
+			done = true
+		case streamFailed:
+			s.errs.Add(1)
+			return
+		}
 	} else {
 		done = sleep(ctx, ttft+time.Duration(max(len(c.Tokens)-1, 0))*a.b.TokenTime)
 		if done {
@@ -523,19 +532,25 @@ func idPrefix(chat bool) string {
 
 // stream writes the SSE response: a role chunk at once (chat), the first
 // token after ttft, one chunk per token every TokenTime, a finish chunk, an
-// optional usage chunk and [DONE]. It reports false when the client left.
+// optional usage chunk and [DONE], and reports how it ended.
 func (s *Server) stream(ctx context.Context, w http.ResponseWriter, base response, c Completion, u *usage,
-	b Behavior, ttft time.Duration, chat, logprobs, includeUsage bool) bool {
+	b Behavior, ttft time.Duration, chat, logprobs, includeUsage bool) streamEnd {
 	flusher, _ := w.(http.Flusher)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
+	out := io.Writer(w)
+	if b.BufferStream {
+		var held bytes.Buffer
+		out, flusher = &held, nil
+		defer func() { w.Write(held.Bytes()) }() // all at once, as the handler returns
+	}
 	send := func(v response) bool {
 		b, err := jsonMarshal(v)
 		if err != nil {
 			return false
 		}
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+		if _, err := fmt.Fprintf(out, "data: %s\n\n", b); err != nil {
 			return false
 		}
 		if flusher != nil {
@@ -549,18 +564,18 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, base respons
 		role := base
 		role.Choices = []chatChoice{{Delta: &chatDelta{Role: "assistant", Content: &empty}}}
 		if !send(role) {
-			return false
+			return streamLeft
 		}
 	} else {
 		base.Object = "text_completion"
 	}
 	if !sleep(ctx, ttft) {
-		return false
+		return streamLeft
 	}
 	offset := 0
 	for i, t := range c.Tokens {
 		if i > 0 && !sleep(ctx, b.TokenTime) {
-			return false
+			return streamLeft
 		}
 		chunk := base
 		if chat {
@@ -579,11 +594,19 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, base respons
 		}
 		offset += len(t.Token)
 		if !send(chunk) {
-			return false
+			return streamLeft
 		}
 		if i+1 == b.BreakAfterTokens {
 			s.errs.Add(1)
 			panic(http.ErrAbortHandler) // net/http drops the connection
+		}
+		if i+1 == b.StreamErrorAfterTokens {
+			fmt.Fprint(out, `data: {"error":{"message":"fakeai: generation failed mid-stream","type":"server_error","code":500}}`+
+				"\n\ndata: [DONE]\n\n")
+			return streamFailed
+		}
+		if i+1 == b.StreamCutAfterTokens {
+			return streamFailed
 		}
 	}
 	finish := c.FinishReason
@@ -594,24 +617,36 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, base respons
 		last.Choices = []completionChoice{{FinishReason: &finish}}
 	}
 	if !send(last) {
-		return false
+		return streamLeft
 	}
 	if includeUsage {
 		tail := base
 		tail.Choices = []struct{}{}
 		tail.Usage = u
 		if !send(tail) {
-			return false
+			return streamLeft
 		}
 	}
-	if _, err := fmt.Fprint(w, "data: [DONE]\n\n"); err != nil {
-		return false
+	if _, err := fmt.Fprint(out, "data: [DONE]\n\n"); err != nil {
+		return streamLeft
 	}
 	if flusher != nil {
 		flusher.Flush()
 	}
-	return ctx.Err() == nil
+	if ctx.Err() != nil {
+		return streamLeft
+	}
+	return streamDone
 }
+
+// streamEnd is how a stream ended.
+type streamEnd uint8
+
+const (
+	streamDone   streamEnd = iota // sent in full
+	streamLeft                    // the client left
+	streamFailed                  // ended early on purpose (StreamErrorAfterTokens, StreamCutAfterTokens)
+)
 
 func (s *Server) embeddings(w http.ResponseWriter, r *http.Request) {
 	s.begin()

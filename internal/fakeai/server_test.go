@@ -594,3 +594,59 @@ func TestBreakAfterTokens(t *testing.T) {
 		t.Errorf("stats %+v: a broken answer counted ok", st)
 	}
 }
+
+// TestStreamMisbehaviours: a stream ended by an error event then [DONE],
+// one cut after its tokens without a finish or [DONE], and a buffered one
+// that arrives in one read; the first two count as errors.
+func TestStreamMisbehaviours(t *testing.T) {
+	ctx := testCtx(t)
+	for _, tc := range []struct {
+		name      string
+		b         Behavior
+		wantLast  string // the last data line
+		wantError bool
+	}{
+		{"error event", Behavior{StreamErrorAfterTokens: 2}, "[DONE]", true},
+		{"cut", Behavior{StreamCutAfterTokens: 2}, "", true},
+		{"buffered", Behavior{BufferStream: true}, "[DONE]", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := start(t, Settings{Behavior: tc.b})
+			b, _ := json.Marshal(map[string]any{"model": "m", "messages": []any{map[string]any{"role": "user", "content": "a b c d e f"}},
+				"max_tokens": 8, "stream": true})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL()+"/v1/chat/completions", bytes.NewReader(b))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatalf("read: %v, want a clean end", err)
+			}
+			events := readSSE(t, bytes.NewReader(body))
+			if last := events[len(events)-1]; tc.wantLast != "" && last != tc.wantLast {
+				t.Errorf("last event %q, want %q", last, tc.wantLast)
+			}
+			s := string(body)
+			switch tc.name {
+			case "error event":
+				if !strings.Contains(s, `data: {"error":`) || strings.Contains(s, `"finish_reason":"`) {
+					t.Errorf("stream %q: want an error event and no finish reason", s)
+				}
+			case "cut":
+				if strings.Contains(s, "[DONE]") || strings.Contains(s, `"finish_reason":"`) || len(events) != 3 {
+					t.Errorf("stream %q: want the role chunk, 2 tokens, no finish and no [DONE]", s)
+				}
+			}
+			want := Stats{Requests: 1, OK: 1}
+			if tc.wantError {
+				want = Stats{Requests: 1, Errors: 1}
+			}
+			eventually(t, "counted", func() bool {
+				st := srv.Stats()
+				return st.Errors == want.Errors && st.OK == want.OK && st.InFlight == 0
+			})
+		})
+	}
+}
