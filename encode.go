@@ -29,7 +29,7 @@ func AppendEvent(dst []byte, ev *Event) []byte {
 		dst = appendTime(dst, ev.TS)
 		dst = append(dst, '"')
 	}
-	if ev.HasStatus {
+	if ev.StatusKnown() {
 		dst = append(dst, `,"status":`...)
 		dst = strconv.AppendInt(dst, int64(ev.Status), 10)
 	}
@@ -40,11 +40,11 @@ func AppendEvent(dst []byte, ev *Event) []byte {
 	dst = append(dst, `,"outcome":"`...)
 	dst = append(dst, outcome...)
 	dst = append(dst, '"')
-	if ev.HasTTFT {
+	if ev.TTFTKnown() {
 		dst = append(dst, `,"ttft_ms":`...)
 		dst = appendFloat(dst, ev.TTFTMs)
 	}
-	if ev.HasDuration {
+	if ev.DurationKnown() {
 		dst = append(dst, `,"duration_ms":`...)
 		dst = appendFloat(dst, ev.DurationMs)
 	}
@@ -78,15 +78,15 @@ func AppendEvent(dst []byte, ev *Event) []byte {
 		dst = append(dst, `,"source":`...)
 		dst = appendString(dst, ev.Source)
 	}
-	if ev.HasRunning {
+	if ev.RunningKnown() {
 		dst = append(dst, `,"running":`...)
 		dst = strconv.AppendInt(dst, ev.Running, 10)
 	}
-	if ev.HasWaiting {
+	if ev.WaitingKnown() {
 		dst = append(dst, `,"waiting":`...)
 		dst = strconv.AppendInt(dst, ev.Waiting, 10)
 	}
-	if ev.HasKVCache {
+	if ev.KVCacheKnown() {
 		dst = append(dst, `,"kv_cache_usage":`...)
 		dst = appendFloat(dst, ev.KVCacheUsage)
 	}

@@ -232,3 +232,30 @@ func TestAppendTimeMatchesAppendTime(t *testing.T) {
 		}
 	})
 }
+
+// TestEncodeCarriesNonZeroWithoutFlag: an Event built without its Has
+// flags still carries every non-zero field (Event{TTFTMs: 120} used to
+// lose its TTFT silently), and a zero with its flag is still sent.
+func TestEncodeCarriesNonZeroWithoutFlag(t *testing.T) {
+	ev := Event{Pool: "chat", Backend: "a", Status: 200, Outcome: OutcomeOK, TTFTMs: 120, DurationMs: 900, Running: 3, KVCacheUsage: 0.5}
+	if !ev.Latency() {
+		t.Error("an ok event with TTFTMs 120 is not a latency sample")
+	}
+	var dec Decoder
+	var got Event
+	if err := dec.Decode(AppendEvent(nil, &ev), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !got.HasTTFT || got.TTFTMs != 120 || !got.HasDuration || got.DurationMs != 900 || !got.HasStatus || got.Status != 200 ||
+		!got.HasRunning || got.Running != 3 || !got.HasKVCache || got.KVCacheUsage != 0.5 {
+		t.Errorf("decoded %+v, want status 200, ttft 120, duration 900, running 3, kv 0.5, each present", got)
+	}
+	zero := Event{Pool: "chat", Backend: "a", Status: 200, HasTTFT: true}
+	got = Event{}
+	if err := dec.Decode(AppendEvent(nil, &zero), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !got.HasTTFT || got.TTFTMs != 0 {
+		t.Errorf("decoded %+v, want a present ttft_ms of 0", got)
+	}
+}

@@ -24,7 +24,10 @@ const (
 // Event is one outcome event: how one request to one backend ended.
 //
 // Optional numeric fields that may legitimately be zero carry a Has flag, so
-// that "absent" and "0" stay distinct through decode and encode.
+// that "absent" and "0" stay distinct through decode and encode. A non-zero
+// value is present whatever its flag says (Event{TTFTMs: 120} carries its
+// TTFT): the flag only tells a zero that was sent from one that was not.
+// Read presence with the Known methods.
 type Event struct {
 	Pool    string // required; a valid pool id
 	Backend string // required; a valid backend id
@@ -85,9 +88,19 @@ const (
 )
 
 // HasLoad reports whether e carries any of the load fields.
-func (e *Event) HasLoad() bool { return e.HasRunning || e.HasWaiting || e.HasKVCache }
+func (e *Event) HasLoad() bool { return e.RunningKnown() || e.WaitingKnown() || e.KVCacheKnown() }
+
+// StatusKnown, TTFTKnown, DurationKnown, RunningKnown, WaitingKnown and
+// KVCacheKnown report whether the field is present: its flag is set or its
+// value is not zero.
+func (e *Event) StatusKnown() bool   { return e.HasStatus || e.Status != 0 }
+func (e *Event) TTFTKnown() bool     { return e.HasTTFT || e.TTFTMs != 0 }
+func (e *Event) DurationKnown() bool { return e.HasDuration || e.DurationMs != 0 }
+func (e *Event) RunningKnown() bool  { return e.HasRunning || e.Running != 0 }
+func (e *Event) WaitingKnown() bool  { return e.HasWaiting || e.Waiting != 0 }
+func (e *Event) KVCacheKnown() bool  { return e.HasKVCache || e.KVCacheUsage != 0 }
 
 // Latency reports whether e may contribute a latency sample by its own
 // fields: an ok outcome with a TTFT that is not marked cold. The analyzer
 // additionally discounts the first event of a new or idle backend.
-func (e *Event) Latency() bool { return e.Outcome == OutcomeOK && e.HasTTFT && !e.Cold }
+func (e *Event) Latency() bool { return e.Outcome == OutcomeOK && e.TTFTKnown() && !e.Cold }

@@ -210,16 +210,17 @@ func readBack(in Event) (Event, bool) {
 	if in.Outcome.String() == "" {
 		want.Outcome = OutcomeFromStatus(in.Status)
 	}
-	if !in.HasStatus {
-		want.Status = 0
-	}
+	// A non-zero value is present whatever its flag (Event's doc).
+	want.HasStatus = in.HasStatus || in.Status != 0
 	valid = valid && want.Status >= 0 && want.Status <= 999
 	inRange := func(v float64) bool { return v >= 0 && v <= MaxDurationMs }
 	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
-	if !in.HasTTFT || !finite(in.TTFTMs) {
+	want.HasTTFT = in.HasTTFT || in.TTFTMs != 0
+	if !want.HasTTFT || !finite(in.TTFTMs) {
 		want.TTFTMs, want.HasTTFT = 0, false
 	}
-	if !in.HasDuration || !finite(in.DurationMs) {
+	want.HasDuration = in.HasDuration || in.DurationMs != 0
+	if !want.HasDuration || !finite(in.DurationMs) {
 		want.DurationMs, want.HasDuration = 0, false
 	}
 	if !finite(in.RetryAfterMs) {

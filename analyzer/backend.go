@@ -103,7 +103,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		return false
 	}
 	tsNs := ts.UnixNano()
-	if ev.HasRunning || ev.HasWaiting || ev.HasKVCache {
+	if ev.HasLoad() {
 		b.observeEventLoad(ev, tsNs)
 	}
 	p.routers.observe(ev.Source, tsNs, int64(s.Window))
@@ -123,7 +123,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 
 	// An ok TTFT outside the protocol's bounds (NaN, negative, beyond an
 	// hour) is no sample: one would poison the EWMA for good.
-	sample := outcome == fleetwatch.OutcomeOK && ev.HasTTFT &&
+	sample := outcome == fleetwatch.OutcomeOK && ev.TTFTKnown() &&
 		ev.TTFTMs >= 0 && ev.TTFTMs <= fleetwatch.MaxDurationMs
 	latency := sample && !ev.Cold
 	switch {
@@ -151,7 +151,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 	}
 	if outcome.Counted() || outcome == fleetwatch.OutcomeClientError {
 		sent := num
-		if ev.HasDuration && ev.DurationMs > 0 && ev.DurationMs <= fleetwatch.MaxDurationMs {
+		if ev.DurationMs > 0 && ev.DurationMs <= fleetwatch.MaxDurationMs {
 			sent = b.win.bucketOfNanos(tsNs - int64(ev.DurationMs*float64(time.Millisecond)))
 		}
 		b.win.addSent(sent, outcome == fleetwatch.OutcomeClientError)

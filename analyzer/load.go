@@ -90,10 +90,10 @@ func (l *loadState) update(at int64, src loadSource, running float64, hasRunning
 // runs on the hot path: no allocation, a few stores.
 func (b *backend) observeEventLoad(ev *fleetwatch.Event, tsNs int64) {
 	kv := ev.KVCacheUsage
-	hasKV := ev.HasKVCache && kv >= 0 && kv <= 1 // NaN fails both
+	hasKV := ev.KVCacheKnown() && kv >= 0 && kv <= 1 // NaN fails both
 	b.load.update(tsNs, sourceEvent,
-		float64(ev.Running), ev.HasRunning && ev.Running >= 0,
-		float64(ev.Waiting), ev.HasWaiting && ev.Waiting >= 0,
+		float64(ev.Running), ev.RunningKnown() && ev.Running >= 0,
+		float64(ev.Waiting), ev.WaitingKnown() && ev.Waiting >= 0,
 		kv, hasKV)
 }
 

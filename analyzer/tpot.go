@@ -27,7 +27,7 @@ import (
 // tpotSample returns ev's time per output token in ms; ok is false when ev
 // is no TPOT sample.
 func tpotSample(ev *fleetwatch.Event, outcome fleetwatch.Outcome) (ms float64, ok bool) {
-	if outcome != fleetwatch.OutcomeOK || ev.Cold || !ev.HasTTFT || !ev.HasDuration || ev.OutputTokens < 2 {
+	if outcome != fleetwatch.OutcomeOK || ev.Cold || !ev.TTFTKnown() || !ev.DurationKnown() || ev.OutputTokens < 2 {
 		return 0, false
 	}
 	// Both times in the protocol's bounds and the duration not below the
