@@ -45,6 +45,11 @@ func writeToolSuite(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// The data directory may not exist yet (--data of a new directory):
+	// the embedded server creates its store in it later.
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("demo: data directory: %w", err)
+	}
 	path := filepath.Join(dir, "tools-v1-demo.json")
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		return "", err
