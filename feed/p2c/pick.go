@@ -448,12 +448,13 @@ func (p *Picker) best(st *state, cands []int, stale bool, now int64) int {
 		fill = 1
 	}
 	best, bestScore := -1, 0.0
+	decay := math.NaN() // the candidates' shared decay since the snapshot (see loadDecayed)
 	for k, i := range cands {
 		e := ewmas[k]
 		if math.IsNaN(e) {
 			e = fill
 		}
-		sc := p.scoreOf(st, i, e, stale, now)
+		sc := p.scoreOf(st, i, e, stale, now, &decay)
 		if best < 0 || sc < bestScore {
 			best, bestScore = i, sc
 		}
@@ -461,10 +462,11 @@ func (p *Picker) best(st *state, cands []int, stale bool, now int64) int {
 	return best
 }
 
-// scoreOf is entry i's score with TTFT estimate ewma.
-func (p *Picker) scoreOf(st *state, i int, ewma float64, stale bool, now int64) float64 {
+// scoreOf is entry i's score with TTFT estimate ewma; decay is the pick's
+// cache for loadDecayed.
+func (p *Picker) scoreOf(st *state, i int, ewma float64, stale bool, now int64, decay *float64) float64 {
 	e := &st.entries[i]
-	sc := p.score.Rank(p.loadOf(st, e, stale, now), ewma, e.cost, p.costWeight) * p.slowPenalty(st, ewma)
+	sc := p.score.Rank(p.loadDecayed(st, e, stale, now, decay), ewma, e.cost, p.costWeight) * p.slowPenalty(st, ewma)
 	if p.score.Weighted && !stale && e.weight > 0 && e.weight < 1 {
 		sc /= e.weight
 	}
@@ -476,6 +478,14 @@ func (p *Picker) scoreOf(st *state, i int, ewma float64, stale bool, now int64) 
 // router's change since the snapshot (never below 0), R x its own count
 // when the published load is missing or stale.
 func (p *Picker) loadOf(st *state, e *entry, stale bool, now int64) float64 {
+	decay := math.NaN()
+	return p.loadDecayed(st, e, stale, now, &decay)
+}
+
+// loadDecayed is loadOf with the cache of one pick: decay is NaN, or the
+// factor exp(-(now - at) / LoadStale) that every candidate's decay shares,
+// computed by the first candidate that needs it.
+func (p *Picker) loadDecayed(st *state, e *entry, stale bool, now int64, decay *float64) float64 {
 	own := e.local.inFlight.Load()
 	if !p.score.FleetLoad {
 		return float64(own)
@@ -492,9 +502,18 @@ func (p *Picker) loadOf(st *state, e *entry, stale bool, now int64) float64 {
 	// the snapshot plus the time since), with LoadStale as time constant:
 	// the fleet's changes between the report and the snapshot are not in
 	// it, and R x the router's own count is the other estimate of the
-	// same load.
-	age := float64(now - e.loadAt)
-	w := math.Exp(-max(age, 0) / float64(p.loadStale))
+	// same load. exp(-age/LoadStale) is the entry's decay at the snapshot
+	// (state build) times the decay since, which is the same for every
+	// candidate: one exp per pick rather than one per candidate.
+	var w float64
+	if since := now - st.at; since >= 0 {
+		if math.IsNaN(*decay) {
+			*decay = math.Exp(-float64(since) / float64(p.loadStale))
+		}
+		w = *decay * e.loadDecay
+	} else { // a snapshot from the future (clock skew): the exact age
+		w = math.Exp(-max(float64(now-e.loadAt), 0) / float64(p.loadStale))
+	}
 	return w*est + (1-w)*local
 }
 
