@@ -560,30 +560,14 @@ func (t *table) sample(u uint64, s1, s2 int) int {
 }
 
 // sampleSkip is sample with any number of skipped entries (-1 entries and
-// repeats are ignored); skip is sorted in place.
+// repeats are ignored); skip may be reordered in place (its set of entries
+// is kept).
 func (t *table) sampleSkip(u uint64, skip []int) int {
-	// Sort, drop -1 and repeats (the list is at most maxChoices+1 long).
-	ns := 0
-	for _, v := range skip {
-		if v < 0 {
-			continue
-		}
-		j := ns
-		for j > 0 && skip[j-1] > v {
-			j--
-		}
-		if j > 0 && skip[j-1] == v {
-			continue
-		}
-		copy(skip[j+1:ns+1], skip[j:ns])
-		skip[j] = v
-		ns++
-	}
-	skip = skip[:ns]
 	if t.alias != nil {
 		// O(1) draws from the alias table, rejecting the skipped entries;
 		// a few rejections in a row (one entry holds most of the weight)
-		// fall back to the exact search below.
+		// fall back to the exact search below. A membership test needs
+		// no sorted list: the sort waits for the fallback.
 		for range 4 {
 			i := int(uniformInt(u, len(t.prob)))
 			if float64(uint32(u))*0x1p-32 >= t.prob[i] {
@@ -595,6 +579,7 @@ func (t *table) sampleSkip(u uint64, skip []int) int {
 			u = mix64(u + 0x9e3779b97f4a7c15)
 		}
 	}
+	skip = sortSkip(skip)
 	n := len(t.cum)
 	left := t.positive
 	skippedWeight := 0.0
@@ -634,7 +619,29 @@ func (t *table) sampleSkip(u uint64, skip []int) int {
 	return lo
 }
 
-// skipped reports whether i is in skip.
+// sortSkip sorts skip in place, dropping -1 entries and repeats, and
+// returns the sorted prefix (the list is at most maxChoices+1 long).
+func sortSkip(skip []int) []int {
+	ns := 0
+	for _, v := range skip {
+		if v < 0 {
+			continue
+		}
+		j := ns
+		for j > 0 && skip[j-1] > v {
+			j--
+		}
+		if j > 0 && skip[j-1] == v {
+			continue
+		}
+		copy(skip[j+1:ns+1], skip[j:ns])
+		skip[j] = v
+		ns++
+	}
+	return skip[:ns]
+}
+
+// skipped reports whether i is in skip (-1 entries never match).
 func skipped(skip []int, i int) bool {
 	for _, v := range skip {
 		if v == i {
