@@ -252,3 +252,89 @@ func BenchmarkPickInFlight2(b *testing.B) {
 		})
 	}
 }
+
+// benchDefaultPicker is a picker with the default score and choices (the
+// load score over 3 choices) reading time.Now, over the snapshot of
+// benchLoadPicker (published loads, 8 routers). The retry budget is off, as
+// in the other pick benchmarks (BenchmarkPickBudgeted100 measures it).
+func benchDefaultPicker(b *testing.B, n int) (*Picker, *fleetwatch.Snapshot) {
+	b.Helper()
+	p := New(Settings{RetryRatio: -1})
+	bs := ids(n)
+	for i := range bs {
+		bs[i].EWMATTFTMs = floatPtr(100 + float64(i%7)*30)
+		bs[i].Weight = 0.5 + float64(i%3)/4
+		bs[i].Load = &fleetwatch.Load{Running: float64(i % 11), Waiting: float64(i % 3), AgeMs: 200, Source: "event"}
+	}
+	snap := pool(1, bs...)
+	snap.At.Time = time.Now()
+	snap.TTLMs = int64(time.Hour / time.Millisecond)
+	snap.Routers = 8
+	p.Update(snap)
+	return p, snap
+}
+
+// benchPickDefault picks on benchDefaultPicker. The published loads would
+// go stale (Settings.LoadStale, 2s) during a long run and the score would
+// fall back to the cheaper local count, so the snapshot is re-applied with
+// the clock's time every 4,096 picks, outside the timer.
+func benchPickDefault(b *testing.B, n int) {
+	p, snap := benchDefaultPicker(b, n)
+	r := rand.New(rand.NewPCG(1, 2))
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if i++; i%4096 == 0 {
+			b.StopTimer()
+			snap.Seq++
+			snap.At.Time = time.Now()
+			p.Update(snap)
+			b.StartTimer()
+		}
+		c, err := p.Pick(r, Request{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sink = c
+		c.Done(fleetwatch.OutcomeOK, 100, false)
+	}
+}
+
+// BenchmarkPickDefault is the default pick (load score, 3 choices, time.Now
+// per pick) over 8, 100 and 1,000 backends with published loads;
+// BenchmarkPickLoad is the same with a fixed clock. BenchmarkLeastConnScan
+// is their same-run baseline.
+func BenchmarkPickDefault8(b *testing.B)    { benchPickDefault(b, 8) }
+func BenchmarkPickDefault100(b *testing.B)  { benchPickDefault(b, 100) }
+func BenchmarkPickDefault1000(b *testing.B) { benchPickDefault(b, 1000) }
+
+// benchLeastConnScan is a plain least-connections balancer over the state
+// of benchDefaultPicker: it scans every backend that is not open for the
+// lowest in-flight count (the first on a tie), and counts the request in
+// flight there until it is done, as the picker does. No clock, no
+// randomness, no weights.
+func benchLeastConnScan(b *testing.B, n int) {
+	p, _ := benchDefaultPicker(b, n)
+	st := p.state.Load()
+	b.ReportAllocs()
+	for b.Loop() {
+		best, bestLoad := -1, int64(0)
+		for i := range st.entries {
+			e := &st.entries[i]
+			if e.state == fleetwatch.StateOpen {
+				continue
+			}
+			if l := e.local.inFlight.Load(); best < 0 || l < bestLoad {
+				best, bestLoad = i, l
+			}
+		}
+		l := st.entries[best].local
+		l.inFlight.Add(1)
+		sink = Choice{Backend: st.entries[best].id, Index: best}
+		l.inFlight.Add(-1)
+	}
+}
+
+func BenchmarkLeastConnScan8(b *testing.B)    { benchLeastConnScan(b, 8) }
+func BenchmarkLeastConnScan100(b *testing.B)  { benchLeastConnScan(b, 100) }
+func BenchmarkLeastConnScan1000(b *testing.B) { benchLeastConnScan(b, 1000) }

@@ -268,3 +268,24 @@ func TestLoadPickAllocs(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot whose at is after the router's clock (skew) decays a published
+// load by its exact age, the report's age minus the skew, never below 0:
+// the decay computed at the snapshot does not apply before it.
+func TestLoadDecayBeforeSnapshot(t *testing.T) {
+	c := &clock{now: t0.Add(-300 * time.Millisecond)}
+	p := newPicker(c, Settings{Score: LoadScore})
+	snap := pool(1, withLoad(backend("a", 200), 10, 1000), withLoad(backend("b", 200), 6, 100))
+	snap.Routers = 4
+	p.Update(snap)
+	busy(t, p, "a")
+	st := p.state.Load()
+	// a: 10 + 4 x 1 = 14 against 4 x 1, its report 0.7 s old; b: age
+	// -0.2 s counts as 0, so its published 6 in full.
+	wa := math.Exp(-0.35)
+	for id, want := range map[string]float64{"a": wa*14 + (1-wa)*4, "b": 6} {
+		if got := p.loadOf(st, &st.entries[st.byID[id]], false, c.now.UnixNano()); math.Abs(got-want) > 1e-9 {
+			t.Errorf("load of %s = %v, want %v", id, got, want)
+		}
+	}
+}

@@ -448,12 +448,13 @@ func (p *Picker) best(st *state, cands []int, stale bool, now int64) int {
 		fill = 1
 	}
 	best, bestScore := -1, 0.0
+	decay := math.NaN() // the candidates' shared decay since the snapshot (see loadDecayed)
 	for k, i := range cands {
 		e := ewmas[k]
 		if math.IsNaN(e) {
 			e = fill
 		}
-		sc := p.scoreOf(st, i, e, stale, now)
+		sc := p.scoreOf(st, i, e, stale, now, &decay)
 		if best < 0 || sc < bestScore {
 			best, bestScore = i, sc
 		}
@@ -461,10 +462,11 @@ func (p *Picker) best(st *state, cands []int, stale bool, now int64) int {
 	return best
 }
 
-// scoreOf is entry i's score with TTFT estimate ewma.
-func (p *Picker) scoreOf(st *state, i int, ewma float64, stale bool, now int64) float64 {
+// scoreOf is entry i's score with TTFT estimate ewma; decay is the pick's
+// cache for loadDecayed.
+func (p *Picker) scoreOf(st *state, i int, ewma float64, stale bool, now int64, decay *float64) float64 {
 	e := &st.entries[i]
-	sc := p.score.Rank(p.loadOf(st, e, stale, now), ewma, e.cost, p.costWeight) * p.slowPenalty(st, ewma)
+	sc := p.score.Rank(p.loadDecayed(st, e, stale, now, decay), ewma, e.cost, p.costWeight) * p.slowPenalty(st, ewma)
 	if p.score.Weighted && !stale && e.weight > 0 && e.weight < 1 {
 		sc /= e.weight
 	}
@@ -476,6 +478,14 @@ func (p *Picker) scoreOf(st *state, i int, ewma float64, stale bool, now int64) 
 // router's change since the snapshot (never below 0), R x its own count
 // when the published load is missing or stale.
 func (p *Picker) loadOf(st *state, e *entry, stale bool, now int64) float64 {
+	decay := math.NaN()
+	return p.loadDecayed(st, e, stale, now, &decay)
+}
+
+// loadDecayed is loadOf with the cache of one pick: decay is NaN, or the
+// factor exp(-(now - at) / LoadStale) that every candidate's decay shares,
+// computed by the first candidate that needs it.
+func (p *Picker) loadDecayed(st *state, e *entry, stale bool, now int64, decay *float64) float64 {
 	own := e.local.inFlight.Load()
 	if !p.score.FleetLoad {
 		return float64(own)
@@ -492,9 +502,18 @@ func (p *Picker) loadOf(st *state, e *entry, stale bool, now int64) float64 {
 	// the snapshot plus the time since), with LoadStale as time constant:
 	// the fleet's changes between the report and the snapshot are not in
 	// it, and R x the router's own count is the other estimate of the
-	// same load.
-	age := float64(now - e.loadAt)
-	w := math.Exp(-max(age, 0) / float64(p.loadStale))
+	// same load. exp(-age/LoadStale) is the entry's decay at the snapshot
+	// (state build) times the decay since, which is the same for every
+	// candidate: one exp per pick rather than one per candidate.
+	var w float64
+	if since := now - st.at; since >= 0 {
+		if math.IsNaN(*decay) {
+			*decay = math.Exp(-float64(since) / float64(p.loadStale))
+		}
+		w = *decay * e.loadDecay
+	} else { // a snapshot from the future (clock skew): the exact age
+		w = math.Exp(-max(float64(now-e.loadAt), 0) / float64(p.loadStale))
+	}
 	return w*est + (1-w)*local
 }
 
@@ -541,30 +560,14 @@ func (t *table) sample(u uint64, s1, s2 int) int {
 }
 
 // sampleSkip is sample with any number of skipped entries (-1 entries and
-// repeats are ignored); skip is sorted in place.
+// repeats are ignored); skip may be reordered in place (its set of entries
+// is kept).
 func (t *table) sampleSkip(u uint64, skip []int) int {
-	// Sort, drop -1 and repeats (the list is at most maxChoices+1 long).
-	ns := 0
-	for _, v := range skip {
-		if v < 0 {
-			continue
-		}
-		j := ns
-		for j > 0 && skip[j-1] > v {
-			j--
-		}
-		if j > 0 && skip[j-1] == v {
-			continue
-		}
-		copy(skip[j+1:ns+1], skip[j:ns])
-		skip[j] = v
-		ns++
-	}
-	skip = skip[:ns]
 	if t.alias != nil {
 		// O(1) draws from the alias table, rejecting the skipped entries;
 		// a few rejections in a row (one entry holds most of the weight)
-		// fall back to the exact search below.
+		// fall back to the exact search below. A membership test needs
+		// no sorted list: the sort waits for the fallback.
 		for range 4 {
 			i := int(uniformInt(u, len(t.prob)))
 			if float64(uint32(u))*0x1p-32 >= t.prob[i] {
@@ -576,6 +579,7 @@ func (t *table) sampleSkip(u uint64, skip []int) int {
 			u = mix64(u + 0x9e3779b97f4a7c15)
 		}
 	}
+	skip = sortSkip(skip)
 	n := len(t.cum)
 	left := t.positive
 	skippedWeight := 0.0
@@ -615,7 +619,29 @@ func (t *table) sampleSkip(u uint64, skip []int) int {
 	return lo
 }
 
-// skipped reports whether i is in skip.
+// sortSkip sorts skip in place, dropping -1 entries and repeats, and
+// returns the sorted prefix (the list is at most maxChoices+1 long).
+func sortSkip(skip []int) []int {
+	ns := 0
+	for _, v := range skip {
+		if v < 0 {
+			continue
+		}
+		j := ns
+		for j > 0 && skip[j-1] > v {
+			j--
+		}
+		if j > 0 && skip[j-1] == v {
+			continue
+		}
+		copy(skip[j+1:ns+1], skip[j:ns])
+		skip[j] = v
+		ns++
+	}
+	return skip[:ns]
+}
+
+// skipped reports whether i is in skip (-1 entries never match).
 func skipped(skip []int, i int) bool {
 	for _, v := range skip {
 		if v == i {

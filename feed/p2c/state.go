@@ -27,6 +27,9 @@ type entry struct {
 	loadAt      int64 // unix ns of the report: the snapshot's at - age_ms
 	loadStaleAt int64
 	atSnap      int64
+	// loadDecay is exp(-(at - loadAt) / LoadStale), the published load's
+	// decay at the snapshot (see Picker.loadDecayed); 1 when LoadStale < 0.
+	loadDecay float64
 }
 
 // table is a cumulative weight table over all entries, for weighted sampling
@@ -57,6 +60,7 @@ func (t *table) weight(i int) float64 {
 type state struct {
 	header    fleetwatch.Snapshot // epoch, seq, at and fence of the applied snapshot
 	staleAt   int64               // unix ns after which the snapshot is stale
+	at        int64               // unix ns of the snapshot's at
 	mode      fleetwatch.Mode
 	shed      bool    // all_open is shed
 	median    float64 // pool median EWMA TTFT; NaN when unknown
@@ -132,6 +136,7 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	st := &state{
 		header:  fleetwatch.Snapshot{Epoch: snap.Epoch, Seq: snap.Seq, At: snap.At, Fence: snap.Fence},
 		staleAt: snap.StaleAt().UnixNano(), // the one staleness rule (fleetwatch.Snapshot.Stale)
+		at:      snap.At.UnixNano(),
 		mode:    snap.Mode,
 		shed:    snap.AllOpen != fleetwatch.AllOpenSpread,
 		median:  math.NaN(),
@@ -173,8 +178,10 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 				e.pubLoad = t
 				e.loadAt = snap.At.Add(-time.Duration(l.AgeMs) * time.Millisecond).UnixNano()
 				e.loadStaleAt = math.MaxInt64
+				e.loadDecay = 1
 				if p.loadStale >= 0 {
 					e.loadStaleAt = e.loadAt + int64(p.loadStale)
+					e.loadDecay = math.Exp(-max(float64(st.at-e.loadAt), 0) / float64(p.loadStale))
 				}
 			}
 		}
