@@ -42,7 +42,7 @@ import (
 var (
 	// ErrClosed is returned by Run after Close.
 	ErrClosed = errors.New("collector: closed")
-	// ErrRunning is returned by a second concurrent Run.
+	// ErrRunning is returned by Run while another Run runs.
 	ErrRunning = errors.New("collector: already running")
 	// ErrNoJetStream is returned by Replay when the collector runs without
 	// JetStream.
@@ -394,8 +394,9 @@ func (c *Collector) JetStream() bool { return c.js != nil }
 // called. It then drains its subscriptions (the messages already delivered
 // to it are processed), hands the last batches to the sink, republishes the
 // last accepted events, and returns nil. It returns an error when it cannot
-// subscribe, ErrRunning when another Run is active, and ErrClosed after
-// Close.
+// subscribe, ErrRunning while another Run runs, and ErrClosed after Close.
+// Run may be called again after a Run returned (until Close); the lifecycle
+// is the one of docs/DECISIONS.md "Lifecycles".
 func (c *Collector) Run(ctx context.Context) error {
 	c.mu.Lock()
 	select {
@@ -594,9 +595,10 @@ waitPullers:
 	}
 }
 
-// Close stops a running Run and waits for it to return. It is safe to call
-// more than once and from any goroutine except the sink's Observe and
-// OnUrgent (Run waits for those to return).
+// Close stops a running Run and waits for it to return; every later Run
+// returns ErrClosed. It is idempotent and safe concurrently with Run, from
+// any goroutine except the sink's Observe and OnUrgent (Run waits for those
+// to return).
 func (c *Collector) Close() {
 	c.once.Do(func() { close(c.closed) })
 	c.mu.Lock()

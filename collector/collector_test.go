@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // recordingSink keeps a copy of every event it observes.
@@ -485,18 +486,17 @@ func TestSlowSinkDropsAreCounted(t *testing.T) {
 	t.Logf("published %d, received %d, dropped %d", n, st.Messages, st.Dropped)
 }
 
-func TestRunTwiceAndClose(t *testing.T) {
+func TestLifecycle(t *testing.T) {
 	url, _ := feedtest.NewServer(t, feedtest.WithoutJetStream())
 	nc := feedtest.Connect(t, url)
-	c, _ := startCollector(t, nc, &recordingSink{}, Settings{})
-	if err := c.Run(t.Context()); !errors.Is(err, ErrRunning) {
-		t.Errorf("second Run: %v, want ErrRunning", err)
-	}
-	c.Close()
-	c.Close()
-	if err := c.Run(t.Context()); !errors.Is(err, ErrClosed) {
-		t.Errorf("Run after Close: %v, want ErrClosed", err)
-	}
+	testkit.CheckLifecycle(t, func(t *testing.T) testkit.Lifecycle {
+		c, err := New(nc, &recordingSink{}, Settings{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return testkit.Lifecycle{Run: c.Run, Close: func() error { c.Close(); return nil }, Ready: c.Ready()}
+	}, ErrRunning, ErrClosed)
 }
 
 // storedEvents counts the events in FW_OUTCOMES by reading every stored

@@ -22,10 +22,18 @@ var (
 	// ErrMalformed is wrapped by the error describing a snapshot the
 	// watcher ignored.
 	ErrMalformed = errors.New("feed: malformed snapshot")
-	// ErrWatcherClosed is returned by Run after Close.
-	ErrWatcherClosed = errors.New("feed: watcher closed")
-	// ErrWatcherRunning is returned by a second concurrent Run.
-	ErrWatcherRunning = errors.New("feed: watcher already running")
+	// ErrRunning is returned by Watcher.Run while another Run runs.
+	ErrRunning = errors.New("feed: watcher already running")
+	// ErrClosed is returned by Watcher.Run after Close.
+	ErrClosed = errors.New("feed: watcher closed")
+	// ErrWatcherRunning is ErrRunning.
+	//
+	// Deprecated: use ErrRunning.
+	ErrWatcherRunning = ErrRunning
+	// ErrWatcherClosed is ErrClosed.
+	//
+	// Deprecated: use ErrClosed.
+	ErrWatcherClosed = ErrClosed
 )
 
 // WatcherSettings configures a Watcher. The zero value follows every pool
@@ -202,19 +210,20 @@ func (w *Watcher) Synced() <-chan struct{} { return w.synced }
 
 // Run follows the snapshots until ctx is done or Close is called, and then
 // unsubscribes and returns nil. It returns an error when it cannot
-// subscribe, ErrWatcherRunning when another Run is active, and
-// ErrWatcherClosed after Close.
+// subscribe, ErrRunning while another Run runs, and ErrClosed after Close.
+// Run may be called again after a Run returned (until Close); the lifecycle
+// is the one of docs/DECISIONS.md "Lifecycles".
 func (w *Watcher) Run(ctx context.Context) error {
 	w.mu.Lock()
 	select {
 	case <-w.closed:
 		w.mu.Unlock()
-		return ErrWatcherClosed
+		return ErrClosed
 	default:
 	}
 	if w.running {
 		w.mu.Unlock()
-		return ErrWatcherRunning
+		return ErrRunning
 	}
 	w.running = true
 	done := make(chan struct{})
@@ -399,8 +408,9 @@ func decodeSnapshot(data []byte, pool string) (*fleetwatch.Snapshot, error) {
 	return &snap, nil
 }
 
-// Close stops a running Run and waits for it to return. It is safe to call
-// more than once, from any goroutine but OnUpdate's (Run calls it).
+// Close stops a running Run and waits for it to return; every later Run
+// returns ErrClosed. It is idempotent and safe concurrently with Run, from
+// any goroutine but OnUpdate's (Run calls it).
 func (w *Watcher) Close() {
 	w.once.Do(func() { close(w.closed) })
 	w.mu.Lock()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // startWatcher runs a watcher until the test ends and waits until it has
@@ -291,17 +292,17 @@ func TestWatcherSurvivesServerRestart(t *testing.T) {
 	waitFor(t, "seq 3 on the re-established subscription", func() bool { _, seq := seqOf(w, "p"); return seq == 3 })
 }
 
-func TestWatcherRunTwiceAndClose(t *testing.T) {
+func TestWatcherLifecycle(t *testing.T) {
 	url, _ := feedtest.NewServer(t, feedtest.WithoutJetStream())
-	w := startWatcher(t, feedtest.Connect(t, url), WatcherSettings{})
-	if err := w.Run(t.Context()); !errors.Is(err, ErrWatcherRunning) {
-		t.Errorf("second Run: %v, want ErrWatcherRunning", err)
-	}
-	w.Close()
-	w.Close()
-	if err := w.Run(t.Context()); !errors.Is(err, ErrWatcherClosed) {
-		t.Errorf("Run after Close: %v, want ErrWatcherClosed", err)
-	}
+	nc := feedtest.Connect(t, url)
+	testkit.CheckLifecycle(t, func(t *testing.T) testkit.Lifecycle {
+		w, err := NewWatcher(nc, WatcherSettings{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(w.Close)
+		return testkit.Lifecycle{Run: w.Run, Close: func() error { w.Close(); return nil }, Ready: w.Synced()}
+	}, ErrRunning, ErrClosed)
 }
 
 func TestNewWatcherRejectsBadPool(t *testing.T) {

@@ -36,8 +36,15 @@ type Sink interface {
 // ErrUnknownBackend is returned for a pool/backend pair that is not a target.
 var ErrUnknownBackend = errors.New("probes: unknown backend")
 
-// ErrClosed is returned by Run after Close.
-var ErrClosed = errors.New("probes: prober closed")
+// Lifecycle errors of the Prober and the Reviewer (docs/DECISIONS.md
+// "Lifecycles").
+var (
+	// ErrRunning is returned by Run while another Run of the same value
+	// runs.
+	ErrRunning = errors.New("probes: already running")
+	// ErrClosed is returned by Run after Close.
+	ErrClosed = errors.New("probes: closed")
+)
 
 // Settings configure a Prober. The zero value works (and probes nothing).
 type Settings struct {
@@ -139,17 +146,24 @@ type backendState struct {
 // Prober runs drift probes against its targets on a cron schedule. Use
 // ProbeBackend to run one backend's cycle directly (the cron job body), Run
 // to schedule, Close to stop.
+//
+// Lifecycle (docs/DECISIONS.md "Lifecycles"): a Run while another runs
+// returns ErrRunning; a Run after Close returns ErrClosed; Close is
+// idempotent and safe concurrently with Run. Run may be called again after
+// a Run returned: that is how a reload works (stop Run, Update, Run), and
+// Update also reopens a closed Prober.
 type Prober struct {
 	s       Settings
 	suite   *Suite
 	sched   cron.Schedule
 	metrics *proberMetrics
 
-	mu       sync.Mutex // guards the mutable fields of backendState marked so, and closed/cancel
+	mu       sync.Mutex // guards the mutable fields of backendState marked so, and closed/running/cancel
 	backends map[backendKey]*backendState
 	order    []backendKey
 	closed   bool
-	cancel   context.CancelFunc
+	running  bool               // a Run runs
+	cancel   context.CancelFunc // the running Run's; nil when none runs
 
 	// urgent queues cycles to run at once (fingerprint events), one per
 	// backend at most; Run drains it.
@@ -757,7 +771,8 @@ func (p *Prober) loadAll(ctx context.Context, pools map[string]bool, reload bool
 // Run schedules every target's cycles with robfig/cron (Recover and
 // SkipIfStillRunning set explicitly, so a panicking or slow cycle neither
 // kills the scheduler nor piles up) until ctx is done or Close is called,
-// then waits for running cycles to finish.
+// then waits for running cycles to finish and returns nil. It returns
+// ErrRunning while another Run runs and ErrClosed after Close.
 func (p *Prober) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -766,8 +781,17 @@ func (p *Prober) Run(ctx context.Context) error {
 		p.mu.Unlock()
 		return ErrClosed
 	}
-	p.cancel = cancel
+	if p.running {
+		p.mu.Unlock()
+		return ErrRunning
+	}
+	p.running, p.cancel = true, cancel
 	p.mu.Unlock()
+	defer func() { // registered first: runs after the cycles finished
+		p.mu.Lock()
+		p.running, p.cancel = false, nil
+		p.mu.Unlock()
+	}()
 	p.LoadBaselines(ctx)
 	var checks sync.WaitGroup // the identity checks at start
 	defer checks.Wait()
@@ -881,7 +905,9 @@ func (p *Prober) checkIdentity(ctx context.Context, st *backendState) {
 	_ = p.ProbeBackend(ctx, st.t.Pool, st.t.Backend) // reported to the Sink
 }
 
-// Close stops Run. It is idempotent.
+// Close stops a running Run (without waiting for it) and makes every later
+// Run return ErrClosed until Update reopens the Prober. It is idempotent,
+// safe concurrently with Run, and returns nil.
 func (p *Prober) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -7,8 +7,8 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 )
 
-// ErrRunning is returned by Update while Run runs.
-var ErrRunning = errors.New("probes: Update while Run runs")
+// ErrUpdateWhileRunning is returned by Update while Run runs.
+var ErrUpdateWhileRunning = errors.New("probes: Update while Run runs")
 
 // Update replaces the Prober's settings (a configuration reload): targets
 // added or removed, a new schedule, timeout, suite or enrolment. A target
@@ -23,9 +23,10 @@ var ErrRunning = errors.New("probes: Update while Run runs")
 // in-memory baselines survive), HTTPClient, Metrics. Metrics keeps
 // counting in the Prober's set whatever s says.
 //
-// Update must not be called while Run runs: call it after Run returned (or
-// before the first Run), then Run again. It validates s as New does and
-// changes nothing when s is invalid.
+// Update must not be called while Run runs (it returns
+// ErrUpdateWhileRunning): call it after Run returned (or before the first
+// Run), then Run again. It reopens a closed Prober: Run works again after
+// it. It validates s as New does and changes nothing when s is invalid.
 func (p *Prober) Update(s Settings) error {
 	p.mu.Lock()
 	old := p.s
@@ -51,10 +52,10 @@ func (p *Prober) Update(s Settings) error {
 		!reflect.DeepEqual(q.s.Params, old.Params)
 
 	p.mu.Lock()
-	running := p.cancel != nil && !p.closed
+	running := p.running
 	p.mu.Unlock()
 	if running {
-		return ErrRunning
+		return ErrUpdateWhileRunning
 	}
 	for _, k := range q.order {
 		st := p.backends[k]

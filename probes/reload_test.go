@@ -58,8 +58,8 @@ func TestUpdateKeepsWhatStays(t *testing.T) {
 	stop := run()
 	waitFor("two enrolment cycles of a", func() bool { st, _ := status("a"); return st.EnrolCycles >= 2 })
 	s.Targets = append(s.Targets, probes.Target{Pool: "p", Backend: "b", URL: srvB.URL})
-	if err := p.Update(s); !errors.Is(err, probes.ErrRunning) {
-		t.Errorf("Update while Run runs: %v, want ErrRunning", err)
+	if err := p.Update(s); !errors.Is(err, probes.ErrUpdateWhileRunning) {
+		t.Errorf("Update while Run runs: %v, want ErrUpdateWhileRunning", err)
 	}
 	stop()
 	before, _ := status("a")

@@ -260,14 +260,20 @@ type ReviewSettings struct {
 }
 
 // Reviewer runs the scheduled drift review.
+//
+// Lifecycle (docs/DECISIONS.md "Lifecycles"): a Run while another runs
+// returns ErrRunning; a Run after Close returns ErrClosed; Close is
+// idempotent and safe concurrently with Run. Run may be called again after
+// a Run returned.
 type Reviewer struct {
 	s     ReviewSettings
 	sched cron.Schedule
 
-	mu     sync.Mutex // guards last, closed, cancel
-	last   time.Time
-	closed bool
-	cancel context.CancelFunc
+	mu      sync.Mutex // guards last, closed, running, cancel
+	last    time.Time
+	closed  bool
+	running bool               // a Run runs
+	cancel  context.CancelFunc // the running Run's; nil when none runs
 }
 
 // NewReviewer validates s and returns a Reviewer.
@@ -345,7 +351,9 @@ func (r *Reviewer) Review(ctx context.Context) (fleetwatch.DriftReview, string, 
 }
 
 // Run runs Review on the schedule (cron.Recover and SkipIfStillRunning set
-// explicitly) until ctx is done or Close is called.
+// explicitly) until ctx is done or Close is called, waits for a running
+// review and returns nil. It returns ErrRunning while another Run runs and
+// ErrClosed after Close.
 func (r *Reviewer) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -354,8 +362,17 @@ func (r *Reviewer) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		return ErrClosed
 	}
-	r.cancel = cancel
+	if r.running {
+		r.mu.Unlock()
+		return ErrRunning
+	}
+	r.running, r.cancel = true, cancel
 	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.running, r.cancel = false, nil
+		r.mu.Unlock()
+	}()
 	logger := cronLogger{r.s.Logf}
 	c := cron.New(cron.WithChain(cron.Recover(logger), cron.SkipIfStillRunning(logger)), cron.WithLogger(logger))
 	c.Schedule(r.sched, cron.FuncJob(func() {
@@ -371,7 +388,9 @@ func (r *Reviewer) Run(ctx context.Context) error {
 	return nil
 }
 
-// Close stops Run. It is idempotent.
+// Close stops a running Run (without waiting for it) and makes every later
+// Run return ErrClosed. It is idempotent, safe concurrently with Run, and
+// returns nil.
 func (r *Reviewer) Close() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -38,7 +38,10 @@ type OutcomePublisher struct {
 
 	closeOnce sync.Once
 	closed    chan struct{} // closed by Close
-	done      chan struct{} // closed when Run returns
+
+	mu      sync.Mutex    // guards running and done
+	running bool          // a Run runs
+	done    chan struct{} // closed when the current (or last) Run returns; nil before Run
 }
 
 // PublisherSettings configure an OutcomePublisher.
@@ -76,7 +79,6 @@ func NewOutcomePublisher(s PublisherSettings) (*OutcomePublisher, error) {
 		interval: s.Interval,
 		maxBatch: s.MaxBatch,
 		closed:   make(chan struct{}),
-		done:     make(chan struct{}),
 	}
 	if p.interval <= 0 {
 		p.interval = 10 * time.Millisecond
@@ -120,10 +122,32 @@ func (p *OutcomePublisher) Publish(ev fleetwatch.Event) {
 }
 
 // Run batches and publishes queued events until ctx is done or Close is
-// called, then publishes what is still queued and returns nil. Call it
-// once.
+// called, then publishes what is still queued and returns nil. It returns
+// ErrRunning while another Run runs and ErrClosed after Close; after a Run
+// returned it may be called again (until Close). The lifecycle is the one
+// of docs/DECISIONS.md "Lifecycles".
 func (p *OutcomePublisher) Run(ctx context.Context) error {
-	defer close(p.done)
+	p.mu.Lock()
+	select {
+	case <-p.closed:
+		p.mu.Unlock()
+		return ErrClosed
+	default:
+	}
+	if p.running {
+		p.mu.Unlock()
+		return ErrRunning
+	}
+	p.running = true
+	done := make(chan struct{})
+	p.done = done
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.running = false
+		p.mu.Unlock()
+		close(done)
+	}()
 	ticker := time.NewTicker(p.interval)
 	defer ticker.Stop()
 	var buf []byte
@@ -179,15 +203,25 @@ func (p *OutcomePublisher) drain(add func(*fleetwatch.Event)) {
 }
 
 // Close makes Run flush what is queued and return, and drops every event
-// published afterwards. It does not wait for Run. It is idempotent and
-// returns nil.
+// published afterwards; every later Run returns ErrClosed. Unlike the
+// other Close methods it does not wait for Run (Wait does): a router's
+// shutdown closes it before the NATS flush that hands the last batch over.
+// It is idempotent, safe concurrently with Run, and returns nil.
 func (p *OutcomePublisher) Close() error {
 	p.closeOnce.Do(func() { close(p.closed) })
 	return nil
 }
 
-// Wait waits for Run to return. Call it only once Run has been started.
-func (p *OutcomePublisher) Wait() { <-p.done }
+// Wait waits for the current (or last) Run to return; it returns at once
+// when Run was never called.
+func (p *OutcomePublisher) Wait() {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
 
 // SubjectToken makes s usable as one NATS subject token (the source token
 // of an outcome subject): '.', '*', '>' and white space become '_'.

@@ -187,3 +187,15 @@ func TestOutcomePublisherOverNATS(t *testing.T) {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
+
+func TestOutcomePublisherLifecycle(t *testing.T) {
+	testkit.CheckLifecycle(t, func(t *testing.T) testkit.Lifecycle {
+		var sink batchSink
+		p := mustPublisher(t, PublisherSettings{Subject: "s", Publish: sink.publish})
+		return testkit.Lifecycle{Run: p.Run, Close: func() error {
+			err := p.Close()
+			p.Wait() // the contract's Close returns once Run did
+			return err
+		}}
+	}, ErrRunning, ErrClosed)
+}

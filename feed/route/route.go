@@ -75,8 +75,12 @@ var (
 	// ErrUnknownModel: no pool serves the request's model (and there is
 	// more than one pool).
 	ErrUnknownModel = errors.New("route: the model is not served by any pool")
-	// ErrClosed: the Router was closed.
-	ErrClosed = errors.New("route: the router is closed")
+	// ErrClosed: the Router was closed, or OutcomePublisher.Run was called
+	// after Close.
+	ErrClosed = errors.New("route: closed")
+	// ErrRunning is returned by OutcomePublisher.Run while another Run
+	// runs.
+	ErrRunning = errors.New("route: already running")
 	// ErrConfig: New was given Settings it cannot use.
 	ErrConfig = errors.New("route: invalid settings")
 )

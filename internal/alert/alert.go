@@ -249,13 +249,19 @@ type Notification struct {
 // Notifier turns transitions, pool states and drift alerts into
 // notifications and delivers them. Its hooks are safe for concurrent use
 // and never block.
+//
+// Lifecycle (docs/DECISIONS.md "Lifecycles"): Run may be called once. A
+// Run while it runs returns ErrRunning; a Run after Close, or after the
+// first Run returned, returns ErrClosed. Close is idempotent and safe
+// concurrently with Run.
 type Notifier struct {
 	s         Settings
 	receivers []*receiver
 
-	mu       sync.Mutex               // guards episodes, ran, closed
+	mu       sync.Mutex               // guards episodes, ran, running, closed
 	episodes map[string]*Notification // active episodes by key (their firing notification)
-	ran      bool
+	ran      bool                     // Run was called (and took the notifier)
+	running  bool                     // that Run has not returned yet
 	closed   bool
 
 	deduplicated *metrics.Counter

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -354,10 +355,13 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-func TestRunTwice(t *testing.T) {
-	n := start(t, Settings{})
-	waitFor(t, "Run started", func() bool { n.mu.Lock(); defer n.mu.Unlock(); return n.ran })
-	if err := n.Run(context.Background()); !errors.Is(err, ErrRunTwice) {
-		t.Errorf("second Run: %v", err)
-	}
+func TestLifecycle(t *testing.T) {
+	testkit.CheckLifecycle(t, func(t *testing.T) testkit.Lifecycle {
+		n, err := New(Settings{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return testkit.Lifecycle{Run: n.Run, Close: n.Close, Once: true}
+	}, ErrRunning, ErrClosed)
 }

@@ -18,8 +18,14 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 )
 
-// ErrRunTwice is returned by a second call of Run.
-var ErrRunTwice = errors.New("alert: Run called twice")
+// Lifecycle errors of the Notifier (docs/DECISIONS.md "Lifecycles").
+var (
+	// ErrRunning is returned by Run while the first Run runs.
+	ErrRunning = errors.New("alert: already running")
+	// ErrClosed is returned by Run after Close, or after the first Run
+	// returned (Run may be called once).
+	ErrClosed = errors.New("alert: closed")
+)
 
 // errPermanent marks an answer that a retry cannot change (a 4xx other than
 // 408 and 429: the payload or the URL is wrong).
@@ -76,15 +82,26 @@ func (rc *receiver) offer(note Notification) {
 
 // Run delivers the queued notifications until ctx ends, and re-sends the
 // firing episodes to Alertmanager receivers every ResendInterval. What is
-// still queued when ctx ends is not sent. Run may be called once.
+// still queued when ctx ends is not sent. It returns nil then. Run may be
+// called once: it returns ErrRunning while that Run runs, and ErrClosed
+// after it returned or after Close.
 func (n *Notifier) Run(ctx context.Context) error {
 	n.mu.Lock()
-	if n.ran || n.closed {
+	switch {
+	case n.closed || (n.ran && !n.running):
 		n.mu.Unlock()
-		return ErrRunTwice
+		return ErrClosed
+	case n.running:
+		n.mu.Unlock()
+		return ErrRunning
 	}
-	n.ran = true
+	n.ran, n.running = true, true
 	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		n.running = false
+		n.mu.Unlock()
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -105,7 +122,9 @@ func (n *Notifier) Run(ctx context.Context) error {
 	return nil
 }
 
-// Close stops Run. It is idempotent.
+// Close stops a running Run (without waiting for it) and makes every later
+// Run return ErrClosed. It is idempotent, safe concurrently with Run, and
+// returns nil.
 func (n *Notifier) Close() error {
 	n.closeOnce.Do(func() {
 		n.mu.Lock()

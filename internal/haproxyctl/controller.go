@@ -2,6 +2,7 @@ package haproxyctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -30,14 +31,34 @@ type ControllerSettings struct {
 	Logf func(format string, args ...any)
 }
 
+// Lifecycle errors of the Controller (docs/DECISIONS.md "Lifecycles").
+var (
+	// ErrRunning is returned by Run while another Run runs.
+	ErrRunning = errors.New("haproxyctl: already running")
+	// ErrClosed is returned by Run after Close.
+	ErrClosed = errors.New("haproxyctl: closed")
+)
+
 // Controller follows the decision snapshots and reconciles HAProxy with
 // them: at start, on every new snapshot, and every Interval (which also
 // repairs what a HAProxy restart or reload undid). A stale snapshot is
 // not applied: HAProxy keeps the last state it was given (fail static).
+//
+// Lifecycle (docs/DECISIONS.md "Lifecycles"): a Run while another runs
+// returns ErrRunning; a Run after Close returns ErrClosed; Close is
+// idempotent, safe concurrently with Run, and waits for it. Run may be
+// called again after a Run returned.
 type Controller struct {
 	s       ControllerSettings
 	watcher *feed.Watcher
 	wake    chan struct{}
+
+	// life guards running and done.
+	life      sync.Mutex
+	running   bool
+	done      chan struct{} // closed when the current (or last) Run returns; nil before Run
+	closed    chan struct{} // closed by Close
+	closeOnce sync.Once
 
 	passes    *metrics.Counter
 	commands  *metrics.Counter
@@ -60,7 +81,7 @@ func NewController(nc *nats.Conn, s ControllerSettings) (*Controller, error) {
 	if s.Logf == nil {
 		s.Logf = func(string, ...any) {}
 	}
-	c := &Controller{s: s, wake: make(chan struct{}, 1)}
+	c := &Controller{s: s, wake: make(chan struct{}, 1), closed: make(chan struct{})}
 	var err error
 	c.watcher, err = feed.NewWatcher(nc, feed.WatcherSettings{
 		Prefix: s.Prefix, Pools: s.Pools, Metrics: s.Metrics, Logf: s.Logf,
@@ -82,11 +103,45 @@ func NewController(nc *nats.Conn, s ControllerSettings) (*Controller, error) {
 	return c, nil
 }
 
-// Run follows the decisions and reconciles until ctx ends; it returns nil
-// then, or the watcher's error.
+// Run follows the decisions and reconciles until ctx ends or Close is
+// called; it returns nil then, or the watcher's error. It returns
+// ErrRunning while another Run runs and ErrClosed after Close.
 func (c *Controller) Run(ctx context.Context) error {
+	c.life.Lock()
+	select {
+	case <-c.closed:
+		c.life.Unlock()
+		return ErrClosed
+	default:
+	}
+	if c.running {
+		c.life.Unlock()
+		return ErrRunning
+	}
+	c.running = true
+	done := make(chan struct{})
+	c.done = done
+	c.life.Unlock()
+	defer func() {
+		c.life.Lock()
+		c.running = false
+		c.life.Unlock()
+		close(done)
+	}()
+
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	var closer sync.WaitGroup
+	defer closer.Wait()
+	stopped := make(chan struct{})
+	defer close(stopped)
+	closer.Go(func() { // Close ends Run as ctx does
+		select {
+		case <-c.closed:
+			cancel()
+		case <-stopped:
+		}
+	})
 	werr := make(chan error, 1)
 	go func() { werr <- c.watcher.Run(ctx) }()
 	select {
@@ -106,6 +161,20 @@ func (c *Controller) Run(ctx context.Context) error {
 		case <-c.wake:
 		}
 	}
+}
+
+// Close stops a running Run and waits for it to return; every later Run
+// returns ErrClosed. It is idempotent, safe concurrently with Run, and
+// returns nil.
+func (c *Controller) Close() error {
+	c.closeOnce.Do(func() { close(c.closed) })
+	c.life.Lock()
+	done := c.done
+	c.life.Unlock()
+	if done != nil {
+		<-done
+	}
+	return nil
 }
 
 // Reconcile runs one pass over every pool with a fresh snapshot and

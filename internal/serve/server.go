@@ -68,6 +68,12 @@ type Options struct {
 }
 
 // Server is one fleetwatch daemon.
+//
+// Lifecycle (docs/DECISIONS.md "Lifecycles"): Run may be called once. A
+// Run while it runs returns ErrRunning; a Run after Close, or after the
+// first Run returned, returns ErrClosed. Close is idempotent and safe
+// concurrently with Run: it stops Run as the end of its ctx does (the
+// drain), waits for it, and releases what New acquired.
 type Server struct {
 	cfg  *config.Config
 	opts Options
@@ -115,22 +121,32 @@ type Server struct {
 	lastPub      map[string]time.Time // when each pool's last snapshot was published (health.go)
 	evalDuration *metrics.Histogram
 
-	mu          sync.Mutex   // guards urgentAt, alerts, transitions, ran, closed, drift
+	mu          sync.Mutex   // guards urgentAt, alerts, transitions, ran, running, runDone, closed, drift
 	drift       *driftProbes // the running drift probes (RestoreDrift); nil until Run starts them
 	urgentAt    time.Time    // when the oldest unhandled urgent signal arrived
 	alerts      []fleetwatch.DriftAlert
 	transitions map[transitionKey]uint64
-	ran         bool
+	ran         bool          // Run was called (and took the server)
+	running     bool          // that Run has not returned yet
+	runDone     chan struct{} // closed when Run returns; nil before Run
 	closed      bool
 
 	// rl is the state of configuration reloads (reload.go).
 	rl reloadState
 
-	closeOnce sync.Once
+	stop        chan struct{} // closed by Close: ends Run
+	stopOnce    sync.Once
+	releaseOnce sync.Once
 }
 
-// ErrRunTwice is returned by a second call of Run.
-var ErrRunTwice = errors.New("serve: Run called twice")
+// Lifecycle errors of the Server.
+var (
+	// ErrRunning is returned by Run while the first Run runs.
+	ErrRunning = errors.New("serve: already running")
+	// ErrClosed is returned by Run after Close, or after the first Run
+	// returned (Run may be called once).
+	ErrClosed = errors.New("serve: closed")
+)
 
 // New connects to NATS (starting the embedded server when the
 // configuration has no URL) and builds every component. It starts no
@@ -150,6 +166,7 @@ func New(cfg *config.Config, opts Options) (_ *Server, err error) {
 		urgent:  make(chan struct{}, 1),
 		ensure:  make(chan struct{}, 1),
 		hist:    newHistory(defaultHistoryPoints),
+		stop:    make(chan struct{}),
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
@@ -357,16 +374,43 @@ func (s *Server) IngestStats() collector.Stats { return s.col.Stats() }
 // outcome stream through the analyzer (see restore), then runs the collector, the evaluation loop, the drift probes and the
 // HTTP server until ctx ends or one of them fails. Then it drains: the
 // collector stops, a final snapshot of every pool goes out, and HTTP and
-// NATS stop. Run returns nil when ctx ended it. It may be called once.
+// NATS stop. Run returns nil when ctx (or Close) ended it. It may be
+// called once: it returns ErrRunning while that Run runs, and ErrClosed
+// after it returned or after Close.
 func (s *Server) Run(ctx context.Context) error {
 	s.mu.Lock()
-	if s.ran || s.closed {
+	switch {
+	case s.closed || (s.ran && !s.running):
 		s.mu.Unlock()
-		return ErrRunTwice
+		return ErrClosed
+	case s.running:
+		s.mu.Unlock()
+		return ErrRunning
 	}
-	s.ran = true
+	s.ran, s.running = true, true
+	runDone := make(chan struct{})
+	s.runDone = runDone
 	s.mu.Unlock()
-	defer s.Close()
+	defer func() { // registered first: runs last, after the drain
+		s.release()
+		s.mu.Lock()
+		s.running = false
+		s.mu.Unlock()
+		close(runDone)
+	}()
+	ctx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	var closer sync.WaitGroup
+	defer closer.Wait()
+	stopped := make(chan struct{})
+	defer close(stopped)
+	closer.Go(func() { // Close ends Run as ctx does
+		select {
+		case <-s.stop:
+			cancelRun()
+		case <-stopped:
+		}
+	})
 
 	presence, err := s.answerPresence()
 	if err != nil {
@@ -447,14 +491,28 @@ func (s *Server) Run(ctx context.Context) error {
 	return first
 }
 
-// Close releases what New acquired: the listener, the NATS connection
-// (drained when connected) and the embedded server. Run calls it on its way
-// out; call it yourself when Run is never called. It is idempotent.
+// Close stops a running Run (as the end of its ctx does) and waits for it,
+// then releases what New acquired: the listener, the NATS connection
+// (drained when connected) and the embedded server. Run releases them on
+// its way out; call Close yourself when Run is never called. Every later
+// Run returns ErrClosed. It is idempotent, safe concurrently with Run, and
+// returns nil; do not call it from a handler Run waits for.
 func (s *Server) Close() error {
-	s.closeOnce.Do(func() {
-		s.mu.Lock()
-		s.closed = true
-		s.mu.Unlock()
+	s.stopOnce.Do(func() { close(s.stop) })
+	s.mu.Lock()
+	s.closed = true
+	done := s.runDone
+	s.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+	s.release()
+	return nil
+}
+
+// release releases what New acquired, once.
+func (s *Server) release() {
+	s.releaseOnce.Do(func() {
 		if s.ln != nil {
 			s.ln.Close()
 		}
@@ -463,7 +521,6 @@ func (s *Server) Close() error {
 			s.embedded.Shutdown()
 		}
 	})
-	return nil
 }
 
 // closeNATS drains the connection (what was published is delivered) and
