@@ -177,6 +177,7 @@ func (n *natsProc) kill(sig syscall.Signal) {
 // snapshotTimes records when each pool's snapshots arrive on a connection
 // of the test's own (which reconnects by itself too).
 type snapshotTimes struct {
+	nc    *nats.Conn // the recording connection
 	mu    sync.Mutex
 	last  map[string]time.Time
 	snap  map[string]fleetwatch.Snapshot
@@ -190,7 +191,7 @@ func watchSnapshots(t testing.TB, url string) (*nats.Conn, *snapshotTimes) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	st := &snapshotTimes{last: map[string]time.Time{}, snap: map[string]fleetwatch.Snapshot{}, times: map[string][]time.Time{}}
+	st := &snapshotTimes{nc: nc, last: map[string]time.Time{}, snap: map[string]fleetwatch.Snapshot{}, times: map[string][]time.Time{}}
 	if _, err := nc.Subscribe("fw.decisions.>", func(m *nats.Msg) {
 		var s fleetwatch.Snapshot
 		if json.Unmarshal(m.Data, &s) != nil {
@@ -267,6 +268,22 @@ func publishEvents(t testing.TB, nc *nats.Conn, pool string, backends ...string)
 	}()
 }
 
+// serveWithTraffic starts serve with the defaults on ns, ok traffic for
+// backends a and b of pool chat, and waits for chat's first snapshot,
+// which it returns with the recorder.
+func serveWithTraffic(t *testing.T, ns *natsProc) (*serveProcess, *snapshotTimes, fleetwatch.Snapshot) {
+	t.Helper()
+	serve := startServeProcessEnv(t, "", nil, "--nats", ns.url(), "--no-probes")
+	nc, snaps := watchSnapshots(t, ns.url())
+	publishEvents(t, nc, "chat", "a", "b")
+	testkit.Eventually(t, 20*time.Second, "a first snapshot of chat", func() bool {
+		_, ok := snaps.since("chat", time.Time{})
+		return ok
+	})
+	before, _ := snaps.since("chat", time.Time{})
+	return serve, snaps, before
+}
+
 // TestServeRecoversFromNATSRestart stops the NATS server under a running
 // serve for longer than the lease TTL (so that every lease expires),
 // starts it again on the same port and store, and checks that serve
@@ -291,14 +308,7 @@ func TestServeRecoversFromNATSRestart(t *testing.T) {
 				t.Skip("Debian's nats-server is not installed")
 			}
 			ns := startNATSProc(t, bin)
-			serve := startServeProcessEnv(t, "", nil, "--nats", ns.url(), "--no-probes")
-			nc, snaps := watchSnapshots(t, ns.url())
-			publishEvents(t, nc, "chat", "a", "b")
-			testkit.Eventually(t, 20*time.Second, "a first snapshot of chat", func() bool {
-				_, ok := snaps.since("chat", time.Time{})
-				return ok
-			})
-			before, _ := snaps.since("chat", time.Time{})
+			serve, snaps, before := serveWithTraffic(t, ns)
 
 			ns.kill(tc.sig)
 			testkit.Eventually(t, 20*time.Second, "/healthz to say NATS is down", func() bool {
@@ -354,14 +364,8 @@ func TestServeRecoversFromNATSRestart(t *testing.T) {
 func TestServeRecoversWhenNATSLosesItsStore(t *testing.T) {
 	t.Parallel()
 	ns := startNATSProc(t, natsServerBinary(t))
-	serve := startServeProcessEnv(t, "", nil, "--nats", ns.url(), "--no-probes")
-	nc, snaps := watchSnapshots(t, ns.url())
-	publishEvents(t, nc, "chat", "a", "b")
-	testkit.Eventually(t, 20*time.Second, "a first snapshot of chat", func() bool {
-		_, ok := snaps.since("chat", time.Time{})
-		return ok
-	})
-	before, _ := snaps.since("chat", time.Time{})
+	serve, snaps, before := serveWithTraffic(t, ns)
+	nc := snaps.nc
 
 	ns.kill(syscall.SIGKILL)
 	for i, a := range ns.args {
