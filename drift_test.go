@@ -42,7 +42,7 @@ func TestDriftAlertProtocolExample(t *testing.T) {
 		V: 1, Pool: "llama-3.1-70b", Backend: "vllm-b", At: At(time.Date(2026, 12, 2, 8, 5, 0, 0, time.UTC)),
 		Status: DriftDrifted, Previous: DriftOK, Score: 7.3, Threshold: 3, Against: AgainstBaseline, Suite: "default-v1",
 		Evidence: DriftEvidence{
-			Prompts: 16, ExactMatchRate: Float(0.44), MeanAbsLogprobDelta: Float(0.31),
+			Prompts: 16, ExactMatchRate: new(float64(0.44)), MeanAbsLogprobDelta: new(float64(0.31)),
 			FingerprintBefore: strPtr("fp_44709d6fcb"), FingerprintAfter: strPtr("fp_9a1f03c2aa"),
 			ModelIDs: []string{"llama-3.1-70b"},
 		},
@@ -61,8 +61,8 @@ func TestDriftEvidenceExtraRoundTrip(t *testing.T) {
 	}{
 		{
 			"no extra",
-			DriftEvidence{Prompts: 16, ExactMatchRate: Float(1), ModelIDs: []string{"m"}},
-			DriftEvidence{Prompts: 16, ExactMatchRate: Float(1), ModelIDs: []string{"m"}},
+			DriftEvidence{Prompts: 16, ExactMatchRate: new(float64(1)), ModelIDs: []string{"m"}},
+			DriftEvidence{Prompts: 16, ExactMatchRate: new(float64(1)), ModelIDs: []string{"m"}},
 		},
 		{
 			"extra fields kept",

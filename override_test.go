@@ -25,8 +25,8 @@ func TestOverrideValidate(t *testing.T) {
 		{"drain", func(*Override) {}, true},
 		{"force_open", func(o *Override) { o.Kind = OverrideForceOpen }, true},
 		{"force_closed", func(o *Override) { o.Kind = OverrideForceClosed }, true},
-		{"weight", func(o *Override) { o.Kind, o.Weight = OverrideWeight, Float(0.25) }, true},
-		{"weight 0", func(o *Override) { o.Kind, o.Weight = OverrideWeight, Float(0) }, true},
+		{"weight", func(o *Override) { o.Kind, o.Weight = OverrideWeight, new(float64(0.25)) }, true},
+		{"weight 0", func(o *Override) { o.Kind, o.Weight = OverrideWeight, new(float64(0)) }, true},
 		{"no who", func(o *Override) { o.Who = "" }, true},
 		{"unknown kind", func(o *Override) { o.Kind = "pause" }, false},
 		{"no kind", func(o *Override) { o.Kind = "" }, false},
@@ -34,9 +34,9 @@ func TestOverrideValidate(t *testing.T) {
 		{"no until", func(o *Override) { o.Until = Time{} }, false},
 		{"until after 9999", func(o *Override) { o.Until = far }, false},
 		{"weight without a weight", func(o *Override) { o.Kind = OverrideWeight }, false},
-		{"weight above 1", func(o *Override) { o.Kind, o.Weight = OverrideWeight, Float(1.5) }, false},
-		{"NaN weight", func(o *Override) { o.Kind, o.Weight = OverrideWeight, Float(math.NaN()) }, false},
-		{"weight on a drain", func(o *Override) { o.Weight = Float(0.5) }, false},
+		{"weight above 1", func(o *Override) { o.Kind, o.Weight = OverrideWeight, new(float64(1.5)) }, false},
+		{"NaN weight", func(o *Override) { o.Kind, o.Weight = OverrideWeight, new(float64(math.NaN())) }, false},
+		{"weight on a drain", func(o *Override) { o.Weight = new(float64(0.5)) }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -87,7 +87,7 @@ func TestOverrideRoundTrip(t *testing.T) {
 		t.Errorf("override present without one: %s", data)
 	}
 	s.Backends[1].Override = &Override{Kind: OverrideWeight, Reason: "canary", Who: "bob",
-		Until: At(time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)), Weight: Float(0.1)}
+		Until: At(time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)), Weight: new(float64(0.1))}
 	data, err = json.Marshal(s)
 	if err != nil {
 		t.Fatal(err)

@@ -49,12 +49,12 @@ func TestSnapshotProtocolExample(t *testing.T) {
 	want := Snapshot{
 		V: 1, Pool: "llama-3.1-70b", Epoch: "01JB4X…", Seq: 1234,
 		At: At(time.Date(2026, 12, 2, 7, 50, 1, 0, time.UTC)), TTLMs: 5000,
-		Mode: ModeBalance, AllOpen: AllOpenShed, MedianEWMATTFTMs: Float(210), AffinityTolerance: 2.5,
+		Mode: ModeBalance, AllOpen: AllOpenShed, MedianEWMATTFTMs: new(float64(210)), AffinityTolerance: 2.5,
 		Backends: []Backend{{
 			Backend: "vllm-a", State: StateClosed, Weight: 1, Priority: 0,
-			EWMATTFTMs: Float(200.1), P50TTFTMs: Float(180), P95TTFTMs: Float(540),
-			SuccessRate: Float(0.995), Rate429: Float(0), Requests: 420, WindowMs: 30000,
-			Drift: DriftOK, CostPerMTok: Float(0.6),
+			EWMATTFTMs: new(float64(200.1)), P50TTFTMs: new(float64(180)), P95TTFTMs: new(float64(540)),
+			SuccessRate: new(float64(0.995)), Rate429: new(float64(0)), Requests: 420, WindowMs: 30000,
+			Drift: DriftOK, CostPerMTok: new(float64(0.6)),
 		}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -71,14 +71,14 @@ func TestSnapshotJSONRoundTrip(t *testing.T) {
 		{"empty pool", Snapshot{V: 1, Pool: "p", Epoch: "e", At: At(at), Mode: ModeFailover, AllOpen: AllOpenSpread, Backends: []Backend{}}},
 		{"open and half-open backends", Snapshot{
 			V: 1, Pool: "meta-llama/Llama-3.1-70B-Instruct", Epoch: "01JB4X", Seq: 7, At: At(at), TTLMs: 5000,
-			Mode: ModeBalance, AllOpen: AllOpenShed, MedianEWMATTFTMs: Float(210), AffinityTolerance: DefaultAffinityTolerance,
+			Mode: ModeBalance, AllOpen: AllOpenShed, MedianEWMATTFTMs: new(float64(210)), AffinityTolerance: DefaultAffinityTolerance,
 			Backends: []Backend{
-				{Backend: "a", State: StateOpen, OpenUntil: TimePtr(at.Add(30 * time.Second)),
+				{Backend: "a", State: StateOpen, OpenUntil: new(At(at.Add(30 * time.Second))),
 					Reason: "error rate 0.42 >= 0.25 over 120 requests in 30s", Drift: DriftUnknown,
-					Since: TimePtr(at.Add(-time.Second)), Requests: 120, WindowMs: 30000},
-				{Backend: "b", State: StateHalfOpen, Weight: 0.1, Priority: 1, EWMATTFTMs: Float(200.125),
-					P50TTFTMs: Float(180), P95TTFTMs: Float(540), SuccessRate: Float(1), Rate429: Float(0.5),
-					Drift: DriftSuspect, CostPerMTok: Float(0.6)},
+					Since: new(At(at.Add(-time.Second))), Requests: 120, WindowMs: 30000},
+				{Backend: "b", State: StateHalfOpen, Weight: 0.1, Priority: 1, EWMATTFTMs: new(float64(200.125)),
+					P50TTFTMs: new(float64(180)), P95TTFTMs: new(float64(540)), SuccessRate: new(float64(1)), Rate429: new(float64(0.5)),
+					Drift: DriftSuspect, CostPerMTok: new(float64(0.6))},
 			},
 		}},
 	}

@@ -20,19 +20,19 @@ func validSnapshot() *Snapshot {
 	at := time.Date(2026, 12, 2, 7, 50, 1, 250e6, time.UTC)
 	return &Snapshot{
 		V: 1, Pool: "meta-llama/Llama-3.1-70B-Instruct", Epoch: "01JB4X", Seq: 7, At: At(at), TTLMs: 5000,
-		Mode: ModeBalance, AllOpen: AllOpenShed, MedianEWMATTFTMs: Float(210), AffinityTolerance: DefaultAffinityTolerance,
+		Mode: ModeBalance, AllOpen: AllOpenShed, MedianEWMATTFTMs: new(float64(210)), AffinityTolerance: DefaultAffinityTolerance,
 		Backends: []Backend{
-			{Backend: "http://vllm-a:8000", State: StateOpen, OpenUntil: TimePtr(at.Add(30 * time.Second)),
+			{Backend: "http://vllm-a:8000", State: StateOpen, OpenUntil: new(At(at.Add(30 * time.Second))),
 				Reason: "error rate 0.42 >= 0.25 over 120 requests in 30s", Drift: DriftUnknown,
-				Since: TimePtr(at.Add(-time.Second)), Requests: 120, WindowMs: 30000},
-			{Backend: "vllm-b", State: StateHalfOpen, Weight: 0.1, Priority: 1, EWMATTFTMs: Float(200.125),
-				P50TTFTMs: Float(180), P95TTFTMs: Float(540), SuccessRate: Float(1), Rate429: Float(0.5),
-				Requests: 3, WindowMs: 30000, Drift: DriftSuspect, CostPerMTok: Float(0.6),
-				P50TPOTMs: Float(18.5), P95TPOTMs: Float(31)},
-			{Backend: "vllm-c", State: StateClosed, Weight: 1, Priority: -1, EWMATTFTMs: Float(0),
-				P50TTFTMs: Float(0), P95TTFTMs: Float(0), SuccessRate: Float(0), Rate429: Float(1),
-				Requests: 0, WindowMs: 0, Drift: DriftDrifted, CostPerMTok: Float(0),
-				P50TPOTMs: Float(0), P95TPOTMs: Float(0)},
+				Since: new(At(at.Add(-time.Second))), Requests: 120, WindowMs: 30000},
+			{Backend: "vllm-b", State: StateHalfOpen, Weight: 0.1, Priority: 1, EWMATTFTMs: new(float64(200.125)),
+				P50TTFTMs: new(float64(180)), P95TTFTMs: new(float64(540)), SuccessRate: new(float64(1)), Rate429: new(float64(0.5)),
+				Requests: 3, WindowMs: 30000, Drift: DriftSuspect, CostPerMTok: new(float64(0.6)),
+				P50TPOTMs: new(float64(18.5)), P95TPOTMs: new(float64(31))},
+			{Backend: "vllm-c", State: StateClosed, Weight: 1, Priority: -1, EWMATTFTMs: new(float64(0)),
+				P50TTFTMs: new(float64(0)), P95TTFTMs: new(float64(0)), SuccessRate: new(float64(0)), Rate429: new(float64(1)),
+				Requests: 0, WindowMs: 0, Drift: DriftDrifted, CostPerMTok: new(float64(0)),
+				P50TPOTMs: new(float64(0)), P95TPOTMs: new(float64(0))},
 			{Backend: "vllm-d", State: StateClosed, Weight: 0, Drift: DriftOK},
 		},
 	}
@@ -82,7 +82,7 @@ func TestSnapshotValidateAccepts(t *testing.T) {
 }
 
 func TestSnapshotValidateRejects(t *testing.T) {
-	far := TimePtr(time.Date(9999, 12, 31, 23, 0, 0, 0, time.UTC))
+	far := new(At(time.Date(9999, 12, 31, 23, 0, 0, 0, time.UTC)))
 	far.Time = far.Add(2 * time.Hour) // year 10000
 	tests := []struct {
 		name   string
@@ -102,8 +102,8 @@ func TestSnapshotValidateRejects(t *testing.T) {
 		{"unknown mode", func(s *Snapshot) { s.Mode = "random" }, ErrBadValue},
 		{"unknown all_open", func(s *Snapshot) { s.AllOpen = "panic" }, ErrBadValue},
 		{"unknown shadow", func(s *Snapshot) { s.Shadow = "advisory" }, ErrBadValue},
-		{"negative median", func(s *Snapshot) { s.MedianEWMATTFTMs = Float(-1) }, ErrOutOfRange},
-		{"NaN median", func(s *Snapshot) { s.MedianEWMATTFTMs = Float(math.NaN()) }, ErrOutOfRange},
+		{"negative median", func(s *Snapshot) { s.MedianEWMATTFTMs = new(float64(-1)) }, ErrOutOfRange},
+		{"NaN median", func(s *Snapshot) { s.MedianEWMATTFTMs = new(float64(math.NaN())) }, ErrOutOfRange},
 		{"infinite affinity_tolerance", func(s *Snapshot) { s.AffinityTolerance = math.Inf(1) }, ErrOutOfRange},
 		{"negative affinity_tolerance", func(s *Snapshot) { s.AffinityTolerance = -2.5 }, ErrOutOfRange},
 		{"backends not sorted", func(s *Snapshot) { s.Backends[1], s.Backends[2] = s.Backends[2], s.Backends[1] }, ErrBadValue},
@@ -117,16 +117,16 @@ func TestSnapshotValidateRejects(t *testing.T) {
 		{"weight above 1", func(s *Snapshot) { s.Backends[2].Weight = 1.5 }, ErrOutOfRange},
 		{"negative weight", func(s *Snapshot) { s.Backends[2].Weight = -0.1 }, ErrOutOfRange},
 		{"NaN weight", func(s *Snapshot) { s.Backends[2].Weight = math.NaN() }, ErrOutOfRange},
-		{"infinite ewma", func(s *Snapshot) { s.Backends[1].EWMATTFTMs = Float(math.Inf(1)) }, ErrOutOfRange},
-		{"negative p50", func(s *Snapshot) { s.Backends[1].P50TTFTMs = Float(-1) }, ErrOutOfRange},
-		{"NaN p95", func(s *Snapshot) { s.Backends[1].P95TTFTMs = Float(math.NaN()) }, ErrOutOfRange},
-		{"success_rate above 1", func(s *Snapshot) { s.Backends[1].SuccessRate = Float(1.01) }, ErrOutOfRange},
-		{"negative rate_429", func(s *Snapshot) { s.Backends[1].Rate429 = Float(-0.5) }, ErrOutOfRange},
-		{"negative cost", func(s *Snapshot) { s.Backends[1].CostPerMTok = Float(-1) }, ErrOutOfRange},
+		{"infinite ewma", func(s *Snapshot) { s.Backends[1].EWMATTFTMs = new(float64(math.Inf(1))) }, ErrOutOfRange},
+		{"negative p50", func(s *Snapshot) { s.Backends[1].P50TTFTMs = new(float64(-1)) }, ErrOutOfRange},
+		{"NaN p95", func(s *Snapshot) { s.Backends[1].P95TTFTMs = new(float64(math.NaN())) }, ErrOutOfRange},
+		{"success_rate above 1", func(s *Snapshot) { s.Backends[1].SuccessRate = new(float64(1.01)) }, ErrOutOfRange},
+		{"negative rate_429", func(s *Snapshot) { s.Backends[1].Rate429 = new(float64(-0.5)) }, ErrOutOfRange},
+		{"negative cost", func(s *Snapshot) { s.Backends[1].CostPerMTok = new(float64(-1)) }, ErrOutOfRange},
 		{"negative requests", func(s *Snapshot) { s.Backends[1].Requests = -1 }, ErrOutOfRange},
 		{"negative window_ms", func(s *Snapshot) { s.Backends[1].WindowMs = -30000 }, ErrOutOfRange},
-		{"open_until on a closed backend", func(s *Snapshot) { s.Backends[2].OpenUntil = TimePtr(s.At.Time) }, ErrBadValue},
-		{"open_until on a half-open backend", func(s *Snapshot) { s.Backends[1].OpenUntil = TimePtr(s.At.Time) }, ErrBadValue},
+		{"open_until on a closed backend", func(s *Snapshot) { s.Backends[2].OpenUntil = new(At(s.At.Time)) }, ErrBadValue},
+		{"open_until on a half-open backend", func(s *Snapshot) { s.Backends[1].OpenUntil = new(At(s.At.Time)) }, ErrBadValue},
 		{"open_until after 9999", func(s *Snapshot) { s.Backends[0].OpenUntil = far }, ErrOutOfRange},
 		{"no drift", func(s *Snapshot) { s.Backends[3].Drift = "" }, ErrBadValue},
 		{"unknown drift", func(s *Snapshot) { s.Backends[3].Drift = "fine" }, ErrBadValue},
@@ -134,13 +134,13 @@ func TestSnapshotValidateRejects(t *testing.T) {
 		{"negative routers", func(s *Snapshot) { s.Routers = -1 }, ErrOutOfRange},
 		{"negative load.running", func(s *Snapshot) { s.Backends[1].Load = &Load{Running: -1} }, ErrOutOfRange},
 		{"NaN load.waiting", func(s *Snapshot) { s.Backends[1].Load = &Load{Waiting: math.NaN()} }, ErrOutOfRange},
-		{"load.kv_cache_usage above 1", func(s *Snapshot) { s.Backends[1].Load = &Load{KVCacheUsage: Float(1.2)} }, ErrOutOfRange},
+		{"load.kv_cache_usage above 1", func(s *Snapshot) { s.Backends[1].Load = &Load{KVCacheUsage: new(float64(1.2))} }, ErrOutOfRange},
 		{"negative load.age_ms", func(s *Snapshot) { s.Backends[1].Load = &Load{AgeMs: -5} }, ErrOutOfRange},
-		{"negative p50_tpot_ms", func(s *Snapshot) { s.Backends[1].P50TPOTMs = Float(-1) }, ErrOutOfRange},
-		{"NaN p95_tpot_ms", func(s *Snapshot) { s.Backends[1].P95TPOTMs = Float(math.NaN()) }, ErrOutOfRange},
-		{"infinite p50_tpot_ms", func(s *Snapshot) { s.Backends[2].P50TPOTMs = Float(math.Inf(1)) }, ErrOutOfRange},
+		{"negative p50_tpot_ms", func(s *Snapshot) { s.Backends[1].P50TPOTMs = new(float64(-1)) }, ErrOutOfRange},
+		{"NaN p95_tpot_ms", func(s *Snapshot) { s.Backends[1].P95TPOTMs = new(float64(math.NaN())) }, ErrOutOfRange},
+		{"infinite p50_tpot_ms", func(s *Snapshot) { s.Backends[2].P50TPOTMs = new(float64(math.Inf(1))) }, ErrOutOfRange},
 		{"p50_tpot_ms above p95_tpot_ms", func(s *Snapshot) {
-			s.Backends[1].P50TPOTMs, s.Backends[1].P95TPOTMs = Float(40), Float(30)
+			s.Backends[1].P50TPOTMs, s.Backends[1].P95TPOTMs = new(float64(40)), new(float64(30))
 		}, ErrBadValue},
 	}
 	kinds := []error{ErrBadVersion, ErrInvalidPool, ErrInvalidBackend, ErrMissingField, ErrOutOfRange, ErrBadValue}
@@ -276,7 +276,7 @@ func atWirePrecision(s *Snapshot) *Snapshot {
 		if p == nil {
 			return nil
 		}
-		return TimePtr(p.Time)
+		return new(At(p.Time))
 	}
 	if s.Backends != nil {
 		c.Backends = make([]Backend, len(s.Backends))
@@ -298,7 +298,7 @@ func genSnapshot(t *rapid.T) *Snapshot {
 		if rapid.Bool().Draw(t, label+" null") {
 			return nil
 		}
-		return Float(rapid.Float64Range(0, hi).Draw(t, label))
+		return new(float64(rapid.Float64Range(0, hi).Draw(t, label)))
 	}
 	ids := rapid.SliceOfDistinct(rapid.StringMatching(`[ -~é€😀]{1,20}`), func(s string) string { return s }).Draw(t, "backends")
 	slices.Sort(ids)

@@ -41,12 +41,3 @@ func (t *Time) UnmarshalJSON(b []byte) error {
 	t.Time = v.UTC()
 	return nil
 }
-
-// TimePtr returns a pointer to At(t), for nullable time fields.
-func TimePtr(t time.Time) *Time {
-	v := At(t)
-	return &v
-}
-
-// Float returns a pointer to v, for nullable number fields.
-func Float(v float64) *float64 { return &v }

@@ -127,7 +127,7 @@ func New(cfg Config) (*Analyzer, error) {
 			b.configured = true
 			b.priority = bc.Priority
 			if bc.CostPerMTok != nil {
-				b.cost = fleetwatch.Float(*bc.CostPerMTok)
+				b.cost = new(float64(*bc.CostPerMTok))
 			}
 		}
 	}

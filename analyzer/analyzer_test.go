@@ -32,7 +32,7 @@ func TestSnapshotFields(t *testing.T) {
 	want := fleetwatch.Snapshot{
 		V: 1, Pool: "llama", Epoch: "test-epoch", Seq: 1, At: fleetwatch.At(now), TTLMs: 5000,
 		Mode: fleetwatch.ModeFailover, AllOpen: fleetwatch.AllOpenSpread, AffinityTolerance: 3,
-		MedianEWMATTFTMs: fleetwatch.Float(100),
+		MedianEWMATTFTMs: new(float64(100)),
 		Backends: []fleetwatch.Backend{
 			{
 				Backend: "a", State: fleetwatch.StateClosed, Priority: 1,
@@ -40,14 +40,14 @@ func TestSnapshotFields(t *testing.T) {
 				Weight: 0.8889,
 				Reason: "not evaluated: 14 of 20 requests, 1 of them client errors; weight 0.89: 429 pressure (rate_429 0.08 of throttle_rate 0.50 gives 0.85), " +
 					"shrinkage toward the pool's 1.00 over 13 requests (k 5) gives 0.89",
-				EWMATTFTMs: fleetwatch.Float(100), P50TTFTMs: fleetwatch.Float(p100), P95TTFTMs: fleetwatch.Float(p100),
-				SuccessRate: fleetwatch.Float(10.0 / 12), Rate429: fleetwatch.Float(1.0 / 13),
-				Requests: 15, WindowMs: 30000, Drift: fleetwatch.DriftUnknown, CostPerMTok: fleetwatch.Float(0.6),
-				Since: fleetwatch.TimePtr(now),
+				EWMATTFTMs: new(float64(100)), P50TTFTMs: new(float64(p100)), P95TTFTMs: new(float64(p100)),
+				SuccessRate: new(float64(10.0 / 12)), Rate429: new(float64(1.0 / 13)),
+				Requests: 15, WindowMs: 30000, Drift: fleetwatch.DriftUnknown, CostPerMTok: new(float64(0.6)),
+				Since: new(fleetwatch.At(now)),
 			},
 			{
 				Backend: "b", State: fleetwatch.StateClosed, Weight: 1, WindowMs: 30000, Reason: "not evaluated: 0 of 20 requests",
-				Drift: fleetwatch.DriftUnknown, Since: fleetwatch.TimePtr(now),
+				Drift: fleetwatch.DriftUnknown, Since: new(fleetwatch.At(now)),
 			},
 		},
 	}

@@ -124,7 +124,7 @@ func (a *Analyzer) Reconfigure(cfg Config) (Reconfigured, error) {
 			b.priority = bc.Priority
 			b.cost = nil
 			if bc.CostPerMTok != nil {
-				b.cost = fleetwatch.Float(*bc.CostPerMTok)
+				b.cost = new(float64(*bc.CostPerMTok))
 			}
 		}
 		for bid, b := range p.backends {
@@ -186,7 +186,7 @@ func (a *Analyzer) conform(p *pool) {
 		}
 		b.configured, b.priority, b.cost = true, bc.Priority, nil
 		if bc.CostPerMTok != nil {
-			b.cost = fleetwatch.Float(*bc.CostPerMTok)
+			b.cost = new(float64(*bc.CostPerMTok))
 		}
 	}
 }

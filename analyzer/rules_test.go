@@ -321,19 +321,19 @@ func TestEWMA(t *testing.T) {
 		samples  int64 // p50 present?
 	}{
 		{"the first event of a new backend gives no sample", []fleetwatch.Event{okAt(0, 100)}, nil, Discounts{First: 1}, 0},
-		{"the first sample sets the EWMA", []fleetwatch.Event{okAt(0, 100), okAt(1, 200)}, fleetwatch.Float(200), Discounts{First: 1}, 1},
-		{"alpha 0.2", []fleetwatch.Event{okAt(0, 100), okAt(1, 200), okAt(2, 300)}, fleetwatch.Float(220), Discounts{First: 1}, 1},
-		{"a first event that is an error is not discounted", []fleetwatch.Event{errWithTTFT(0), okAt(1, 200)}, fleetwatch.Float(200), Discounts{}, 1},
-		{"cold samples are ignored", []fleetwatch.Event{okAt(0, 100), okAt(1, 200), cold(2, 5000)}, fleetwatch.Float(200), Discounts{First: 1, Cold: 1}, 1},
+		{"the first sample sets the EWMA", []fleetwatch.Event{okAt(0, 100), okAt(1, 200)}, new(float64(200)), Discounts{First: 1}, 1},
+		{"alpha 0.2", []fleetwatch.Event{okAt(0, 100), okAt(1, 200), okAt(2, 300)}, new(float64(220)), Discounts{First: 1}, 1},
+		{"a first event that is an error is not discounted", []fleetwatch.Event{errWithTTFT(0), okAt(1, 200)}, new(float64(200)), Discounts{}, 1},
+		{"cold samples are ignored", []fleetwatch.Event{okAt(0, 100), okAt(1, 200), cold(2, 5000)}, new(float64(200)), Discounts{First: 1, Cold: 1}, 1},
 		{"the first sample after the idle gap is ignored",
-			[]fleetwatch.Event{okAt(0, 100), okAt(1, 200), okAt(362, 900), okAt(363, 300)}, fleetwatch.Float(220), Discounts{First: 1, Idle: 1}, 1},
+			[]fleetwatch.Event{okAt(0, 100), okAt(1, 200), okAt(362, 900), okAt(363, 300)}, new(float64(220)), Discounts{First: 1, Idle: 1}, 1},
 		{"a gap shorter than idle_gap is not idle",
-			[]fleetwatch.Event{okAt(0, 100), okAt(1, 200), okAt(240, 300)}, fleetwatch.Float(220), Discounts{First: 1}, 1},
+			[]fleetwatch.Event{okAt(0, 100), okAt(1, 200), okAt(240, 300)}, new(float64(220)), Discounts{First: 1}, 1},
 		{"instant 500s never lower the EWMA",
-			[]fleetwatch.Event{okAt(0, 100), okAt(1, 1000), errWithTTFT(2), errWithTTFT(3), errWithTTFT(4)}, fleetwatch.Float(1000), Discounts{First: 1}, 1},
+			[]fleetwatch.Event{okAt(0, 100), okAt(1, 1000), errWithTTFT(2), errWithTTFT(3), errWithTTFT(4)}, new(float64(1000)), Discounts{First: 1}, 1},
 		{"throttled TTFTs are not samples", []fleetwatch.Event{okAt(0, 100), okAt(1, 500),
-			{Pool: "p", Backend: "x", TS: at(2 * time.Second), Outcome: throttled, TTFTMs: 1, HasTTFT: true}}, fleetwatch.Float(500), Discounts{First: 1}, 1},
-		{"an ok without TTFT is no sample", []fleetwatch.Event{okAt(0, 100), okAt(1, 500), noTTFT(2)}, fleetwatch.Float(500), Discounts{First: 1}, 1},
+			{Pool: "p", Backend: "x", TS: at(2 * time.Second), Outcome: throttled, TTFTMs: 1, HasTTFT: true}}, new(float64(500)), Discounts{First: 1}, 1},
+		{"an ok without TTFT is no sample", []fleetwatch.Event{okAt(0, 100), okAt(1, 500), noTTFT(2)}, new(float64(500)), Discounts{First: 1}, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

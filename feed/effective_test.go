@@ -13,7 +13,7 @@ import (
 func TestEffective(t *testing.T) {
 	halfOpen := fleetwatch.Backend{Backend: "h", State: fleetwatch.StateHalfOpen, Weight: 0.05, Reason: "probing", Drift: fleetwatch.DriftOK}
 	throttled := fleetwatch.Backend{Backend: "t", State: fleetwatch.StateClosed, Weight: 0.4, Reason: "429 rate 0.3", Drift: fleetwatch.DriftOK,
-		EWMATTFTMs: fleetwatch.Float(300)}
+		EWMATTFTMs: new(float64(300))}
 	openLong := feedtest.Open("o1", t0.Add(time.Minute), "error rate 0.5")
 	openShort := feedtest.Open("o2", t0.Add(6*time.Second), "error rate 0.9")
 	openNoUntil := fleetwatch.Backend{Backend: "o3", State: fleetwatch.StateOpen, Reason: "drift quarantine"}

@@ -264,7 +264,7 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 	b := m.baseline
 	ev := fleetwatch.DriftEvidence{
 		Prompts:        len(m.suite.Prompts),
-		ExactMatchRate: fleetwatch.Float(r.Stats.ExactMatch),
+		ExactMatchRate: new(float64(r.Stats.ExactMatch)),
 		ModelIDs:       c.Identity.ModelIDs,
 		Extra: map[string]any{
 			"greedy_mismatch_stable": r.Stats.S1,
@@ -284,7 +284,7 @@ func (m *Monitor) alert(c *Cycle, r Result, tr Transition) fleetwatch.DriftAlert
 	}
 	ev.Extra["changed_prompts"] = changed
 	if !math.IsNaN(r.Stats.S2) {
-		ev.MeanAbsLogprobDelta = fleetwatch.Float(r.Stats.S2)
+		ev.MeanAbsLogprobDelta = new(float64(r.Stats.S2))
 		ev.Extra["s2_baseline_mu"] = b.Null.S2.Mu
 		ev.Extra["s2_baseline_sigma"] = b.Null.S2.Sigma
 		ev.Extra["s2_z"] = b.Null.S2.Z(r.Stats.S2)

@@ -566,7 +566,7 @@ func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 		if _, has := baselines[st.t.Backend]; !has && want == fleetwatch.DriftOK {
 			continue
 		}
-		ev := fleetwatch.DriftEvidence{Prompts: len(p.suite.Prompts), MeanAbsLogprobDelta: fleetwatch.Float(score),
+		ev := fleetwatch.DriftEvidence{Prompts: len(p.suite.Prompts), MeanAbsLogprobDelta: new(float64(score)),
 			ModelIDs: []string{}, Extra: map[string]any{"peer_distances": v.Distances, "peers": len(baselines)}}
 		if b := baselines[st.t.Backend]; b != nil {
 			ev.ModelIDs = b.Identity.ModelIDs

@@ -154,6 +154,6 @@ func Closed(id string) fleetwatch.Backend {
 func Open(id string, until time.Time, reason string) fleetwatch.Backend {
 	return fleetwatch.Backend{
 		Backend: id, State: fleetwatch.StateOpen, Weight: 0,
-		OpenUntil: fleetwatch.TimePtr(until), Reason: reason, Drift: fleetwatch.DriftUnknown,
+		OpenUntil: new(fleetwatch.At(until)), Reason: reason, Drift: fleetwatch.DriftUnknown,
 	}
 }

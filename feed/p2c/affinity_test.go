@@ -50,10 +50,10 @@ func TestAffinityMoves(t *testing.T) {
 		wantSticky bool
 		wantHome   bool
 	}{
-		{"somewhat slower stays", func(b *fleetwatch.Backend) { b.EWMATTFTMs = fleetwatch.Float(2.4 * 200) }, true, true},
-		{"beyond tolerance leaves", func(b *fleetwatch.Backend) { b.EWMATTFTMs = fleetwatch.Float(2.6 * 200) }, false, false},
+		{"somewhat slower stays", func(b *fleetwatch.Backend) { b.EWMATTFTMs = new(float64(2.4 * 200)) }, true, true},
+		{"beyond tolerance leaves", func(b *fleetwatch.Backend) { b.EWMATTFTMs = new(float64(2.6 * 200)) }, false, false},
 		{"open leaves for another sticky backend", func(b *fleetwatch.Backend) {
-			b.State, b.Weight, b.OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+			b.State, b.Weight, b.OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
 		}, true, false},
 	}
 	for i, tt := range tests {
@@ -147,7 +147,7 @@ func TestAffinityTolerance(t *testing.T) {
 			snap.AffinityTolerance = tt.snapshot
 			p.Update(snap)
 			home := stickyFor(t, p, 7)
-			bs[home.Index].EWMATTFTMs = fleetwatch.Float(tt.ewma)
+			bs[home.Index].EWMATTFTMs = new(float64(tt.ewma))
 			snap = pool(2, bs...)
 			snap.AffinityTolerance = tt.snapshot
 			p.Update(snap)

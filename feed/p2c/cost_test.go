@@ -23,9 +23,9 @@ func TestCostExchangeRateShiftsTraffic(t *testing.T) {
 		p := newPicker(&clock{now: t0}, s)
 		bs := []fleetwatch.Backend{backend("cheap1", 100), backend("cheap2", 100), backend("dear1", 100), backend("dear2", 100)}
 		for i := range bs {
-			bs[i].CostPerMTok = fleetwatch.Float(0.2)
+			bs[i].CostPerMTok = new(float64(0.2))
 			if i >= 2 {
-				bs[i].CostPerMTok = fleetwatch.Float(2)
+				bs[i].CostPerMTok = new(float64(2))
 			}
 		}
 		p.Update(pool(1, bs...))

@@ -18,11 +18,11 @@ func Example() {
 		V: 1, Pool: "llama-3.1-70b", Epoch: "e1", Seq: 1,
 		At: fleetwatch.At(now), TTLMs: 5000,
 		Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed,
-		MedianEWMATTFTMs: fleetwatch.Float(200),
+		MedianEWMATTFTMs: new(float64(200)),
 		Backends: []fleetwatch.Backend{
-			{Backend: "vllm-a", State: fleetwatch.StateClosed, Weight: 1, EWMATTFTMs: fleetwatch.Float(200)},
-			{Backend: "vllm-b", State: fleetwatch.StateOpen, Weight: 0, OpenUntil: fleetwatch.TimePtr(now.Add(30 * time.Second))},
-			{Backend: "vllm-c", State: fleetwatch.StateClosed, Weight: 1, EWMATTFTMs: fleetwatch.Float(210)},
+			{Backend: "vllm-a", State: fleetwatch.StateClosed, Weight: 1, EWMATTFTMs: new(float64(200))},
+			{Backend: "vllm-b", State: fleetwatch.StateOpen, Weight: 0, OpenUntil: new(fleetwatch.At(now.Add(30 * time.Second)))},
+			{Backend: "vllm-c", State: fleetwatch.StateClosed, Weight: 1, EWMATTFTMs: new(float64(210))},
 		},
 	})
 	r := rand.New(rand.NewPCG(1, 2))

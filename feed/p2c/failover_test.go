@@ -143,7 +143,7 @@ func TestFailoverAllOpenSheds(t *testing.T) {
 	a, b := backend("a", 100), backend("b", 100)
 	b.Priority = 1
 	for _, x := range []*fleetwatch.Backend{&a, &b} {
-		x.State, x.Weight, x.OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+		x.State, x.Weight, x.OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
 	}
 	snap := pool(1, a, b)
 	snap.Mode = fleetwatch.ModeFailover

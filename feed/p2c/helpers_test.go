@@ -40,7 +40,7 @@ func seeded(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, seed^0x9
 func backend(id string, ewma float64) fleetwatch.Backend {
 	b := fleetwatch.Backend{Backend: id, State: fleetwatch.StateClosed, Weight: 1, Drift: fleetwatch.DriftOK}
 	if ewma > 0 {
-		b.EWMATTFTMs = fleetwatch.Float(ewma)
+		b.EWMATTFTMs = new(float64(ewma))
 	}
 	return b
 }
@@ -60,7 +60,7 @@ func pool(seq uint64, bs ...fleetwatch.Backend) *fleetwatch.Snapshot {
 		}
 	}
 	if len(ewmas) > 0 {
-		s.MedianEWMATTFTMs = fleetwatch.Float(median(ewmas))
+		s.MedianEWMATTFTMs = new(float64(median(ewmas)))
 	}
 	return s
 }

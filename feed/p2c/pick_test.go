@@ -187,7 +187,7 @@ func TestHalfOpenInPoolOfTwo(t *testing.T) {
 
 func TestOpenNeverChosen(t *testing.T) {
 	bs := ids(5)
-	bs[1].State, bs[1].Weight, bs[1].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(30*time.Second))
+	bs[1].State, bs[1].Weight, bs[1].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(30*time.Second)))
 	bs[2].State, bs[2].Weight = fleetwatch.StateOpen, 1 // a weight on an open backend is ignored
 	c := &clock{now: t0}
 	p := newPicker(c, Settings{})
@@ -327,7 +327,7 @@ func TestLocalsCarryOver(t *testing.T) {
 
 func TestFailover(t *testing.T) {
 	open := func(b fleetwatch.Backend) fleetwatch.Backend {
-		b.State, b.Weight, b.OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+		b.State, b.Weight, b.OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
 		return b
 	}
 	prio := func(b fleetwatch.Backend, p int) fleetwatch.Backend { b.Priority = p; return b }
@@ -366,7 +366,7 @@ func TestFailover(t *testing.T) {
 func TestAllOpen(t *testing.T) {
 	bs := ids(3)
 	for i := range bs {
-		bs[i].State, bs[i].Weight, bs[i].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+		bs[i].State, bs[i].Weight, bs[i].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
 	}
 	t.Run("shed", func(t *testing.T) {
 		c := &clock{now: t0}
@@ -393,8 +393,8 @@ func TestAllOpen(t *testing.T) {
 // future and otherwise spreads with equal weights.
 func TestStaleSnapshot(t *testing.T) {
 	bs := []fleetwatch.Backend{backend("long", 100), backend("short", 100), backend("light", 100), backend("full", 100)}
-	bs[0].State, bs[0].Weight, bs[0].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
-	bs[1].State, bs[1].Weight, bs[1].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(8*time.Second))
+	bs[0].State, bs[0].Weight, bs[0].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
+	bs[1].State, bs[1].Weight, bs[1].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(8*time.Second)))
 	bs[2].Weight = 0.01
 
 	tests := []struct {
@@ -449,7 +449,7 @@ func TestStaleUsesLocalEWMA(t *testing.T) {
 func TestStaleAllOpen(t *testing.T) {
 	bs := ids(2)
 	for i := range bs {
-		bs[i].State, bs[i].Weight, bs[i].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+		bs[i].State, bs[i].Weight, bs[i].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
 	}
 	c := &clock{now: t0.Add(10 * time.Second)}
 	p := newPicker(c, Settings{})
@@ -465,7 +465,7 @@ func TestStaleAllOpen(t *testing.T) {
 
 func TestStaleFailover(t *testing.T) {
 	bs := []fleetwatch.Backend{backend("a", 100), backend("b", 100), backend("c", 100)}
-	bs[0].State, bs[0].Weight, bs[0].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+	bs[0].State, bs[0].Weight, bs[0].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
 	bs[1].Priority, bs[2].Priority = 1, 1
 	snap := pool(1, bs...)
 	snap.Mode = fleetwatch.ModeFailover

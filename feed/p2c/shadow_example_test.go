@@ -22,7 +22,7 @@ func ExamplePicker_ShadowStats() {
 		Shadow: fleetwatch.ShadowObserve,
 		Backends: []fleetwatch.Backend{
 			{Backend: "vllm-a", State: fleetwatch.StateClosed, Weight: 1},
-			{Backend: "vllm-b", State: fleetwatch.StateOpen, Weight: 0, OpenUntil: fleetwatch.TimePtr(now.Add(30 * time.Second))},
+			{Backend: "vllm-b", State: fleetwatch.StateOpen, Weight: 0, OpenUntil: new(fleetwatch.At(now.Add(30 * time.Second)))},
 		},
 	})
 	r := rand.New(rand.NewPCG(1, 2))

@@ -26,7 +26,7 @@ func shadowFleet(mode fleetwatch.Shadow) *fleetwatch.Snapshot {
 	bs[0].Weight, bs[0].Override = 0, &fleetwatch.Override{Kind: fleetwatch.OverrideDrain, Reason: "maintenance", Who: "ops", Until: until}
 	bs[1].State, bs[1].Weight = fleetwatch.StateHalfOpen, 0.05
 	bs[2].Weight = 0.25
-	bs[4].State, bs[4].Weight, bs[4].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(30*time.Second))
+	bs[4].State, bs[4].Weight, bs[4].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(30*time.Second)))
 	bs[5].Weight, bs[5].Drift = 0, fleetwatch.DriftDrifted
 	s := pool(1, bs...)
 	s.Shadow = mode
@@ -79,7 +79,7 @@ func TestShadowView(t *testing.T) {
 	bs[0].Weight, bs[0].Override = 0.3, &fleetwatch.Override{Kind: fleetwatch.OverrideForceClosed, Reason: "r", Until: until}
 	bs[1].State, bs[1].Weight, bs[1].OpenUntil = fleetwatch.StateOpen, 0, &until
 	bs[1].Override = &fleetwatch.Override{Kind: fleetwatch.OverrideForceOpen, Reason: "r", Until: until}
-	bs[2].Weight, bs[2].Override = 0.2, &fleetwatch.Override{Kind: fleetwatch.OverrideWeight, Reason: "r", Until: until, Weight: fleetwatch.Float(0.2)}
+	bs[2].Weight, bs[2].Override = 0.2, &fleetwatch.Override{Kind: fleetwatch.OverrideWeight, Reason: "r", Until: until, Weight: new(float64(0.2))}
 	for _, mode := range []fleetwatch.Shadow{fleetwatch.ShadowBreakers, fleetwatch.ShadowObserve} {
 		s := pool(1, bs...)
 		s.Shadow = mode
@@ -179,7 +179,7 @@ func TestShadowAgreesWithItself(t *testing.T) {
 			p := newPicker(c, Settings{})
 			bs := ids(40)
 			for i := range bs {
-				bs[i].EWMATTFTMs = fleetwatch.Float(100 + float64(i%7)*40)
+				bs[i].EWMATTFTMs = new(float64(100 + float64(i%7)*40))
 				bs[i].Priority = i % 3
 			}
 			snap := pool(1, bs...)
@@ -229,7 +229,7 @@ func TestShadowAllOpen(t *testing.T) {
 	for _, mode := range []fleetwatch.Shadow{fleetwatch.ShadowBreakers, fleetwatch.ShadowObserve} {
 		bs := []fleetwatch.Backend{backend("a", 100), backend("b", 100)}
 		for i := range bs {
-			bs[i].State, bs[i].Weight, bs[i].OpenUntil = fleetwatch.StateOpen, 0, fleetwatch.TimePtr(t0.Add(time.Minute))
+			bs[i].State, bs[i].Weight, bs[i].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
 		}
 		snap := pool(1, bs...)
 		snap.Shadow = mode

@@ -36,7 +36,7 @@ func TestRouteCostExchangeRate(t *testing.T) {
 		rt, url := serveRouter(t, Settings{Pools: []Pool{pool}, Seed: 3, PrefixFrom: PrefixNone})
 		snap := &fleetwatch.Snapshot{
 			V: 1, Pool: "llama", Epoch: "e1", Seq: 1, At: fleetwatch.At(time.Now()), TTLMs: 3_600_000,
-			Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed, MedianEWMATTFTMs: fleetwatch.Float(100),
+			Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed, MedianEWMATTFTMs: new(float64(100)),
 		}
 		for _, b := range bs {
 			cost := 0.2
@@ -44,7 +44,7 @@ func TestRouteCostExchangeRate(t *testing.T) {
 				cost = 2
 			}
 			snap.Backends = append(snap.Backends, fleetwatch.Backend{Backend: b.id, State: fleetwatch.StateClosed,
-				Weight: 1, Drift: fleetwatch.DriftOK, EWMATTFTMs: fleetwatch.Float(100), CostPerMTok: fleetwatch.Float(cost)})
+				Weight: 1, Drift: fleetwatch.DriftOK, EWMATTFTMs: new(float64(100)), CostPerMTok: new(float64(cost))})
 		}
 		rt.Apply(snap)
 		c := testkit.NewChatClient(url)

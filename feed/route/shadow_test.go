@@ -22,7 +22,7 @@ func shadowDecision(mode fleetwatch.Shadow, now time.Time) *fleetwatch.Snapshot 
 		V: 1, Pool: "llama", Epoch: "e", Seq: 1, At: fleetwatch.At(now), TTLMs: 3600_000,
 		Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed, Shadow: mode,
 		Backends: []fleetwatch.Backend{
-			{Backend: "b0", State: fleetwatch.StateOpen, OpenUntil: fleetwatch.TimePtr(now.Add(time.Hour)), Drift: fleetwatch.DriftOK},
+			{Backend: "b0", State: fleetwatch.StateOpen, OpenUntil: new(fleetwatch.At(now.Add(time.Hour))), Drift: fleetwatch.DriftOK},
 			{Backend: "b1", State: fleetwatch.StateClosed, Weight: 1, Drift: fleetwatch.DriftOK},
 			{Backend: "b2", State: fleetwatch.StateClosed, Weight: 0.2, Drift: fleetwatch.DriftOK},
 		},

@@ -169,7 +169,7 @@ func (f *fleetFixture) beat(now time.Time) {
 	f.seq++
 	small := []fleetwatch.Backend{testBackend("vllm-a", 180), testBackend("vllm-b", 210), testBackend("vllm-c", 250), testBackend(xssBackend, 300)}
 	small[2].Drift = fleetwatch.DriftDrifted
-	small[0].P95TPOTMs = fleetwatch.Float(23.5)
+	small[0].P95TPOTMs = new(float64(23.5))
 	small[3].State, small[3].Weight, small[3].Reason = fleetwatch.StateHalfOpen, 0.05, "open time 30s elapsed"
 	// Operator overrides: vllm-c drained by alice; vllm-a forced closed
 	// with a hostile reason, which must stay text.

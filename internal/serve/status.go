@@ -454,7 +454,7 @@ func statusRoutes(mux *http.ServeMux, src statusSource, h *history) {
 			resp.DriftAlerts = []fleetwatch.DriftAlert{}
 		}
 		if next := src.NextReview(); !next.IsZero() {
-			resp.NextReview = fleetwatch.TimePtr(next)
+			resp.NextReview = new(fleetwatch.At(next))
 		}
 		if resp.Transitions == nil {
 			resp.Transitions = []stateTransition{}

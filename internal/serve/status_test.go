@@ -61,8 +61,8 @@ var statusT0 = time.Date(2026, 12, 2, 7, 50, 0, 0, time.UTC)
 func testBackend(id string, ewma float64) fleetwatch.Backend {
 	return fleetwatch.Backend{
 		Backend: id, State: fleetwatch.StateClosed, Weight: 1,
-		EWMATTFTMs: fleetwatch.Float(ewma), P50TTFTMs: fleetwatch.Float(ewma * 0.9), P95TTFTMs: fleetwatch.Float(ewma * 2),
-		SuccessRate: fleetwatch.Float(0.99), Rate429: fleetwatch.Float(0), Requests: 120, WindowMs: 30000,
+		EWMATTFTMs: new(float64(ewma)), P50TTFTMs: new(float64(ewma * 0.9)), P95TTFTMs: new(float64(ewma * 2)),
+		SuccessRate: new(float64(0.99)), Rate429: new(float64(0)), Requests: 120, WindowMs: 30000,
 		Drift: fleetwatch.DriftOK,
 	}
 }
@@ -71,15 +71,15 @@ func testSnapshot(pool string, seq uint64, at time.Time, backends ...fleetwatch.
 	return fleetwatch.Snapshot{
 		V: 1, Pool: pool, Epoch: "test", Seq: seq, At: fleetwatch.At(at), TTLMs: 5000,
 		Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed, AffinityTolerance: 2.5,
-		MedianEWMATTFTMs: fleetwatch.Float(200), Backends: backends,
+		MedianEWMATTFTMs: new(float64(200)), Backends: backends,
 	}
 }
 
 func openBackend(b fleetwatch.Backend, at time.Time, reason string) fleetwatch.Backend {
 	b.State, b.Weight, b.Reason = fleetwatch.StateOpen, 0, reason
-	b.OpenUntil = fleetwatch.TimePtr(at.Add(30 * time.Second))
-	b.Since = fleetwatch.TimePtr(at)
-	b.SuccessRate = fleetwatch.Float(0.2)
+	b.OpenUntil = new(fleetwatch.At(at.Add(30 * time.Second)))
+	b.Since = new(fleetwatch.At(at))
+	b.SuccessRate = new(float64(0.2))
 	return b
 }
 
@@ -90,7 +90,7 @@ func TestHistoryRecord(t *testing.T) {
 	b.EWMATTFTMs = nil // no sample yet: a null point
 	for i := range 5 {
 		at := statusT0.Add(time.Duration(i) * time.Second)
-		a.EWMATTFTMs = fleetwatch.Float(100 + float64(i))
+		a.EWMATTFTMs = new(float64(100 + float64(i)))
 		cur := a
 		if i == 3 {
 			cur = openBackend(a, at, "error rate 0.80 >= 0.50 over 40 requests in 30s")
