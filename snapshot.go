@@ -83,7 +83,7 @@ type Snapshot struct {
 	Routers int `json:"routers,omitempty"`
 
 	// RetryBudget is the pool's fleet-wide retry budget (an extension,
-	// omitted when nil; see RetryBudget and ComputeRetryBudget).
+	// omitted when nil; see RetryBudget and analyzer.ComputeRetryBudget).
 	RetryBudget *RetryBudget `json:"retry_budget,omitempty"`
 
 	// Fence is the revision of the lease under which the publishing

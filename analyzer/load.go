@@ -247,7 +247,7 @@ func retryBudget(backends []fleetwatch.Backend, window time.Duration) *fleetwatc
 	for i := range backends {
 		requests += backends[i].Requests
 	}
-	b := fleetwatch.ComputeRetryBudget(backends, nil, float64(requests)/window.Seconds(), fleetwatch.RetryBudgetSettings{})
+	b := ComputeRetryBudget(backends, nil, float64(requests)/window.Seconds(), RetryBudgetSettings{})
 	if b.Spare == nil {
 		return nil
 	}

@@ -302,7 +302,7 @@ func TestRetryBudgetFollowsLoad(t *testing.T) {
 	}
 	a.ObserveLoad("p", "a", LoadReport{KVCacheUsage: 0.7, HasKVCache: true, Waiting: 4, HasWaiting: true}, at(4*time.Second))
 	s, _ = a.Snapshot("p", at(4*time.Second))
-	if s.RetryBudget == nil || s.RetryBudget.Free || !(s.RetryBudget.PerSec > fleetwatch.DefaultRetryBudgetFloor) {
+	if s.RetryBudget == nil || s.RetryBudget.Free || !(s.RetryBudget.PerSec > DefaultRetryBudgetFloor) {
 		t.Fatalf("retry_budget = %+v with requests waiting, want budgeted above the floor (30 attempts in the window)", s.RetryBudget)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // pool) and the pool's attempt rate, and the simulator lays these over
 // every snapshot the real analyzer returns (sim.withFleetLoad): each
 // backend's Load with its age, the snapshot's Routers, and the retry
-// budget fleetwatch.ComputeRetryBudget makes of them.
+// budget analyzer.ComputeRetryBudget makes of them.
 type fleetFeed struct {
 	windowMs float64 // how long a source counts as a router after its last event
 

@@ -91,7 +91,7 @@ func TestPoolThrottleHoldOverload(t *testing.T) {
 	}
 }
 
-// The retry budget the snapshots carry (fleetwatch.ComputeRetryBudget,
+// The retry budget the snapshots carry (analyzer.ComputeRetryBudget,
 // followed by feed/p2c): free while half the pool's capacity is idle, else
 // one fleet-wide budget. It keeps retry-storm's client errors at 1.5% or
 // less (the per-router budget of fw-v1: 4-11%) and the overload's

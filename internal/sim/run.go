@@ -562,8 +562,8 @@ func (s *sim) withFleetLoad(in *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 	out.Routers = s.feed.pub.routers
 	out.RetryBudget = nil
 	if !pp.localBudget {
-		out.RetryBudget = fleetwatch.ComputeRetryBudget(out.Backends, s.capacity, s.feed.pub.ratePerSec,
-			fleetwatch.RetryBudgetSettings{SpareFree: pp.spareFree})
+		out.RetryBudget = analyzer.ComputeRetryBudget(out.Backends, s.capacity, s.feed.pub.ratePerSec,
+			analyzer.RetryBudgetSettings{SpareFree: pp.spareFree})
 	}
 	return &out
 }
