@@ -123,20 +123,21 @@ func (p *OutcomePublisher) Publish(ev fleetwatch.Event) {
 
 // Run batches and publishes queued events until ctx is done or Close is
 // called, then publishes what is still queued and returns nil. It returns
-// ErrRunning while another Run runs and ErrClosed after Close; after a Run
-// returned it may be called again (until Close). The lifecycle is the one
+// ErrRunning while another Run runs, and ErrClosed after Close, once it has
+// published what was queued before Close; after a Run returned it may be
+// called again (until Close). The lifecycle is the one
 // of docs/DECISIONS.md "Lifecycles".
 func (p *OutcomePublisher) Run(ctx context.Context) error {
 	p.mu.Lock()
-	select {
-	case <-p.closed:
-		p.mu.Unlock()
-		return ErrClosed
-	default:
-	}
 	if p.running {
 		p.mu.Unlock()
 		return ErrRunning
+	}
+	closed := false
+	select {
+	case <-p.closed:
+		closed = true
+	default:
 	}
 	p.running = true
 	done := make(chan struct{})
@@ -171,6 +172,14 @@ func (p *OutcomePublisher) Run(ctx context.Context) error {
 		if len(buf) >= p.maxBatch {
 			flush()
 		}
+	}
+	if closed {
+		// Closed before this Run: what was queued before Close is still
+		// published (a Close that raced the start of Run loses nothing),
+		// and nothing else runs.
+		p.drain(add)
+		flush()
+		return ErrClosed
 	}
 	for {
 		select {
