@@ -130,18 +130,16 @@ func (c *Controller) Run(ctx context.Context) error {
 	}()
 
 	ctx, cancel := context.WithCancel(ctx)
+	// The deferred cancel also ends the goroutine below.
 	defer cancel()
-	var closer sync.WaitGroup
-	defer closer.Wait()
-	stopped := make(chan struct{})
-	defer close(stopped)
-	closer.Go(func() { // Close ends Run as ctx does
+	// Close ends Run as ctx does.
+	go func() {
 		select {
 		case <-c.closed:
 			cancel()
-		case <-stopped:
+		case <-ctx.Done():
 		}
-	})
+	}()
 	werr := make(chan error, 1)
 	go func() { werr <- c.watcher.Run(ctx) }()
 	select {

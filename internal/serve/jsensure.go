@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -51,13 +50,6 @@ func leaseRefused(err error) bool {
 			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 	}
 	return false
-}
-
-// streamGone reports whether err says the server has no such stream (or
-// could not say: no response from it), the cue to ensure it again.
-func streamGone(err error) bool {
-	return errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound) ||
-		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders)
 }
 
 // leaseStreamConfig is the stream behind the lease bucket, laid out as

@@ -399,18 +399,16 @@ func (s *Server) Run(ctx context.Context) error {
 		close(runDone)
 	}()
 	ctx, cancelRun := context.WithCancel(ctx)
+	// The deferred cancel also ends the goroutine below.
 	defer cancelRun()
-	var closer sync.WaitGroup
-	defer closer.Wait()
-	stopped := make(chan struct{})
-	defer close(stopped)
-	closer.Go(func() { // Close ends Run as ctx does
+	// Close ends Run as ctx does.
+	go func() {
 		select {
 		case <-s.stop:
 			cancelRun()
-		case <-stopped:
+		case <-ctx.Done():
 		}
-	})
+	}()
 
 	presence, err := s.answerPresence()
 	if err != nil {
