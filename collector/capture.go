@@ -41,6 +41,7 @@ func (c *Collector) ensureCapture(ctx context.Context, js jetstream.JetStream) e
 		MaxBytes:    c.settings.IntakeMaxBytes,
 		Replicas:    c.settings.StreamReplicas,
 	}
+	cfg.PersistMode = persistMode(ctx, js, name, cfg.Replicas)
 	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 		if _, bindErr := js.Stream(ctx, name); bindErr != nil {
 			return fmt.Errorf("collector: capture stream %s: %w", name, err)
@@ -48,6 +49,28 @@ func (c *Collector) ensureCapture(ctx context.Context, js jetstream.JetStream) e
 		c.settings.Logf("collector: using stream %s as configured (update refused: %v)", name, err)
 	}
 	return nil
+}
+
+// persistMode is the persist mode for the stream name: the one it has
+// when it exists (the server refuses to change it), otherwise async for a
+// single replica. Async persistence writes the stream's file from a flush
+// loop (every 16 KiB or 8 ms) instead of once per message: the pwrite per
+// message is what the server's stream loop spent most of its time on in
+// `fleetwatch bench` (BENCHMARKS.md "Ingest with the capture"). What it
+// gives up is at most those 8 ms of writes when the nats-server process is
+// killed (a clean stop flushes them); the file is not synced in either
+// mode (nats-server's sync_interval, 2 minutes by default), so a machine
+// crash loses the same. Replicated streams flush asynchronously anyway,
+// backed by their raft log, and refuse the setting; servers before 2.12
+// ignore it.
+func persistMode(ctx context.Context, js jetstream.JetStream, name string, replicas int) jetstream.PersistModeType {
+	if s, err := js.Stream(ctx, name); err == nil {
+		return s.CachedInfo().Config.PersistMode
+	}
+	if replicas > 1 {
+		return jetstream.DefaultPersistMode
+	}
+	return jetstream.AsyncPersistMode
 }
 
 // catchUp replays, through w, the messages FW_CAPTURE stored after
