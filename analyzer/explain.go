@@ -123,6 +123,10 @@ type RuleCheck struct {
 	HeldBy string `json:"held_by,omitempty"`
 	// Detail is a sentence with the numbers.
 	Detail string `json:"detail"`
+	// TripReason is the reason the rule opens the backend with when it
+	// fires and nothing holds it (the transition's reason, word for word;
+	// "" when the rule does not open it).
+	TripReason string `json:"trip_reason,omitempty"`
 }
 
 // WeightParts are the parts of a backend's weight.
@@ -278,7 +282,7 @@ func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explana
 		for j := range e.Rules {
 			r := &e.Rules[j]
 			if !closedAtTrips[i] {
-				r.Fires, r.HeldBy = false, ""
+				r.Fires, r.HeldBy, r.TripReason = false, "", ""
 				continue
 			}
 			gated := copies[i].view.counted < uint64(s.MinRequests)
@@ -287,16 +291,19 @@ func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explana
 				gated = copies[i].view.answered() < uint64(s.MinRequests)
 			}
 			if r.Fires && r.HeldBy == "" && r.Rule != CauseConsecutive && gated {
-				r.HeldBy = HeldByGate
+				r.HeldBy, r.TripReason = HeldByGate, ""
 			}
 		}
-		// The cap holds the first rule that would open the backend.
+		// The cap holds the first rule that would open the backend, and
+		// with it the backend: no rule opens it.
 		if e.CapHeld != "" {
+			held := false
 			for j := range e.Rules {
-				if r := &e.Rules[j]; r.Fires && r.HeldBy == "" {
-					r.HeldBy = HeldByCap
-					break
+				r := &e.Rules[j]
+				if r.Fires && r.HeldBy == "" && !held {
+					r.HeldBy, held = HeldByCap, true
 				}
+				r.TripReason = ""
 			}
 		}
 	}
@@ -331,127 +338,30 @@ func (a *Analyzer) dryRun(p *pool, now time.Time) (*pool, Evaluation) {
 	return &cp, out
 }
 
-// explainRules computes every trip rule's numbers for b (the real backend,
-// for the consecutive run) and cb (its copy after the run, for the window).
+// explainRules is every trip rule's row for b (the real backend, for the
+// consecutive run) and cb (its copy after the run, for the window): the
+// rules findTrips applies, given rows to fill (checks.go).
 func explainRules(s *Settings, b, cb *backend, bs []*backend, recent windowStats) []RuleCheck {
-	v := &cb.view
-	recentSpan := fmtDur(time.Duration(recentBuckets(s)) * s.Bucket)
-	var rules []RuleCheck
-
-	run := max(b.run, b.runLatched)
-	rules = append(rules, RuleCheck{Rule: CauseConsecutive, Value: float64(run), Threshold: float64(s.ConsecutiveFailures),
-		HasValue: true, Fires: b.runLatched > 0,
-		Detail: fmt.Sprintf("%d failures in a row (opens at %d)", run, s.ConsecutiveFailures)})
-
-	fr, frOK := v.failureRate()
-	rf, rfOK := recent.failureRate()
-	c := RuleCheck{Rule: CauseFailureRate, Value: fr, Threshold: s.FailureRate, HasValue: frOK}
-	c.Detail = "no ok, error or timeout in the window"
-	if frOK {
-		c.Fires = fr >= s.FailureRate
-		c.Detail = fmt.Sprintf("error rate %.2f over %d requests in %s (opens at %.2f)", fr, v.ok()+v.failures(), fmtDur(s.Window), s.FailureRate)
-		if c.Fires && rfOK && rf < s.FailureRate {
-			c.HeldBy = HeldByRecency
-			c.Detail += fmt.Sprintf("; the newest %s is at %.2f", recentSpan, rf)
-		}
-	}
-	rules = append(rules, c)
-	c = RuleCheck{Rule: RuleFailureRateRecent, Value: rf, Threshold: s.FailureRate, HasValue: rfOK}
-	c.Detail = fmt.Sprintf("no ok, error or timeout in the newest %s", recentSpan)
-	if rfOK {
-		n := recent.ok() + recent.failures()
-		c.Detail = fmt.Sprintf("error rate %.2f over %d requests in the newest %s", rf, n, recentSpan) + recentRule(s, s.FailureRate)
-		c.Fires = s.RecentMinRequests > 0 && frOK && fr < s.FailureRate && fr >= s.FailureRate/2 &&
-			rf >= s.FailureRate && n >= uint64(s.RecentMinRequests)
-	}
-	rules = append(rules, c)
-
-	r429, r429OK := v.rate429()
-	rr, rrOK := recent.rate429()
-	peer429, peerOK := peerRecent429(cb, bs, recentBuckets(s))
-	poolHold := s.PoolThrottleHold > 0 && peerOK && peer429 >= s.PoolThrottleHold
-	c = RuleCheck{Rule: CauseThrottled, Value: r429, Threshold: s.ThrottleRate, HasValue: r429OK}
-	c.Detail = "no counted request in the window"
-	if r429OK {
-		c.Fires = r429 >= s.ThrottleRate
-		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests (opens at %.2f)", r429, v.counted, s.ThrottleRate)
-		switch {
-		case c.Fires && rrOK && rr < s.ThrottleRate:
-			c.HeldBy = HeldByRecency
-			c.Detail += fmt.Sprintf("; the newest %s is at %.2f", recentSpan, rr)
-		case c.Fires && poolHold:
-			c.HeldBy = HeldByPoolThrottle
-			c.Detail += fmt.Sprintf("; the peers' median 429 rate is %.2f (pool_throttle_hold %.2f)", peer429, s.PoolThrottleHold)
-		}
-	}
-	rules = append(rules, c)
-	c = RuleCheck{Rule: RuleThrottledRecent, Value: rr, Threshold: s.ThrottleRate, HasValue: rrOK}
-	c.Detail = fmt.Sprintf("no counted request in the newest %s", recentSpan)
-	if rrOK {
-		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests in the newest %s", rr, recent.counted, recentSpan) + recentRule(s, s.ThrottleRate)
-		// The window's guard is at half the threshold, or the newest half
-		// of the window is (findTrips' halfOK).
-		halfOK := false
-		if r429OK && v.throttled() > 0 && s.RecentMinRequests > 0 && r429 < s.ThrottleRate/2 {
-			half := cb.win.recent(2 * recentBuckets(s))
-			h, ok := half.rate429()
-			halfOK = ok && h >= s.ThrottleRate/2
-		}
-		c.Fires = s.RecentMinRequests > 0 && r429OK && r429 < s.ThrottleRate && (r429 >= s.ThrottleRate/2 || halfOK) &&
-			rr >= s.ThrottleRate && recent.counted >= uint64(s.RecentMinRequests)
-		if c.Fires && poolHold {
-			c.HeldBy = HeldByPoolThrottle
-			c.Detail += fmt.Sprintf("; the peers' median 429 rate is %.2f (pool_throttle_hold %.2f)", peer429, s.PoolThrottleHold)
-		}
-	}
-	rules = append(rules, c)
-
-	c = RuleCheck{Rule: CauseSlow, Threshold: s.SlowFactor}
-	c.Detail = "no TTFT sample yet"
-	if cb.hasEWMA {
-		if median, ok := peerEWMAs(nil, bs).medianWithout(cb.ewma); ok {
-			c.HasValue = true
-			c.Value = cb.ewma / median
-			c.Fires = cb.ewma > s.SlowFactor*median
-			c.Detail = fmt.Sprintf("ewma ttft %.0fms is %.1f x the peers' median %.0fms (opens above %.1f x)", cb.ewma, c.Value, median, s.SlowFactor)
-			if c.Fires {
-				own, peerMedian, confirmed := (*Analyzer)(nil).slowConfirmed(cb, bs, s.SlowFactor)
-				switch {
-				case !confirmed && peerMedian > 0:
-					c.HeldBy = HeldByMedian
-					c.Detail += fmt.Sprintf("; the window median %.0fms is not above %.1f x the peers' %.0fms", own, s.SlowFactor, peerMedian)
-				case !confirmed:
-					c.HeldBy = HeldByMedian
-					c.Detail += "; no window median to confirm it"
-				default:
-					c.Detail += fmt.Sprintf("; confirmed by the window median %.0fms against the peers' %.0fms", own, peerMedian)
-				}
-			}
-		} else {
-			c.Detail = fmt.Sprintf("ewma ttft %.0fms; no peer with a TTFT to compare with", cb.ewma)
-		}
-	}
-	rules = append(rules, c)
-	return append(rules, explainClientErrors(s, cb, bs)...)
+	in := ruleInput{s: s, latch: b, b: cb, bs: bs, peers: peerEWMAs(nil, bs), recentLen: recentBuckets(s),
+		recent: recent, hasRecent: true}
+	rows := make([]RuleCheck, 0, 9)
+	in.apply(&rows)
+	return rows
 }
 
 // explainClientErrors is the client-error rule's two rows: the window
 // (held by recency when the newest quarter does not confirm it) and the
 // newest-quarter trip. Value is the backend's rate and Threshold
 // ClientErrorRate; the detail names the peers' median and the margin.
-func explainClientErrors(s *Settings, cb *backend, bs []*backend) []RuleCheck {
+func explainClientErrors(s *Settings, cb *backend, c *clientErrorCheck) (w, q RuleCheck) {
 	recentSpan := fmtDur(time.Duration(recentBuckets(s)) * s.Bucket)
-	w := RuleCheck{Rule: CauseClientError, Threshold: s.ClientErrorRate}
-	q := RuleCheck{Rule: RuleClientErrorRecent, Threshold: s.ClientErrorRate}
+	w = RuleCheck{Rule: CauseClientError, Threshold: s.ClientErrorRate}
+	q = RuleCheck{Rule: RuleClientErrorRecent, Threshold: s.ClientErrorRate}
 	if s.ClientErrorRate <= 0 {
 		w.Detail = "off (client_error_rate < 0): client errors never count"
 		q.Detail = w.Detail
-		return []RuleCheck{w, q}
+		return w, q
 	}
-	// Built whether or not the rule has anything to do in the pool (an
-	// operator's question is not the hot path): the row shows the peers.
-	cp := buildClientPeers(s, bs)
-	c := checkClientErrors(s, cb, &cp)
 	w.Value, w.HasValue = c.rate, c.hasRate
 	q.Value, q.HasValue = c.recent, c.hasRecent
 	opensAt := fmt.Sprintf("opens at %.2f and %.2f above the peers' median", s.ClientErrorRate, s.ClientErrorMargin)
@@ -488,7 +398,7 @@ func explainClientErrors(s *Settings, cb *backend, bs []*backend) []RuleCheck {
 		}
 		q.Fires = c.recentFires
 	}
-	return []RuleCheck{w, q}
+	return w, q
 }
 
 // recentRule says when the newest quarter trips on its own.

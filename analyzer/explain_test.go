@@ -32,6 +32,21 @@ func ruleOpens(e Explanation, cause string) bool {
 	return false
 }
 
+// firstTrip is the first row of e's table that opens the backend (fires,
+// nothing holds it, it has the reason it opens with): the rule findTrips
+// chooses.
+func firstTrip(e Explanation) (RuleCheck, bool) {
+	for _, r := range e.Rules {
+		if r.TripReason != "" {
+			if !r.Fires || r.HeldBy != "" {
+				return r, false
+			}
+			return r, true
+		}
+	}
+	return RuleCheck{}, false
+}
+
 // TestPropertyExplainIsTheDecision: for any sequence of events, drift
 // changes and evaluations, Explain at now says what Evaluate at now then
 // does to every backend (its state, its weight, the cause of its
@@ -124,9 +139,9 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 				}
 				continue
 			}
-			causes := map[string]string{}
+			causes, reasons := map[string]string{}, map[string]string{}
 			for _, tr := range ev.Transitions {
-				causes[tr.Backend] = tr.Cause
+				causes[tr.Backend], reasons[tr.Backend] = tr.Cause, tr.Reason
 			}
 			for id, e := range before {
 				d := snap.Find(id)
@@ -140,8 +155,19 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 					t.Fatalf("step %d: %s: explain said %s weight %v cause %q; evaluate made it %s weight %v cause %q",
 						step, id, e.Verdict, e.VerdictWeight, e.VerdictCause, d.State, d.Weight, causes[id])
 				}
-				if e.State == fleetwatch.StateClosed && tripCause(e.VerdictCause) && !ruleOpens(e, e.VerdictCause) {
-					t.Fatalf("step %d: %s opened by %s, but its rule does not fire unheld: %+v", step, id, e.VerdictCause, e.Rules)
+				if tripCause(e.VerdictCause) { // closed when the rules ran (a half-open one may close first)
+					if !ruleOpens(e, e.VerdictCause) {
+						t.Fatalf("step %d: %s opened by %s, but its rule does not fire unheld: %+v", step, id, e.VerdictCause, e.Rules)
+					}
+					// The table states the reason the backend opened with,
+					// word for word, on the rule that opened it.
+					r, ok := firstTrip(e)
+					if !ok || r.TripReason != reasons[id] || strings.TrimSuffix(r.Rule, "_recent") != causes[id] {
+						t.Fatalf("step %d: %s opened by %s (%q), but the table's first trip is %+v (ok %v)", step, id, causes[id], reasons[id], r, ok)
+					}
+				}
+				if r, ok := firstTrip(e); ok && r.TripReason != e.VerdictReason {
+					t.Fatalf("step %d: %s (%s) has a trip row %+v, but the verdict is %s (%q): %+v", step, id, e.State, r, e.VerdictCause, e.VerdictReason, e)
 				}
 				if e.State == fleetwatch.StateClosed && e.CapHeld == "" && e.Verdict == fleetwatch.StateClosed {
 					for _, r := range e.Rules {
@@ -221,6 +247,21 @@ func TestExplainScenarios(t *testing.T) {
 				Held: map[string]string{CauseFailureRate: HeldByCap}},
 		},
 		{
+			name: "two stalls open it, and the consecutive row counts stalls",
+			events: concat(healthy(200, "a", "b"), series("p", "x", ok, 30, at(-15*time.Second), 10*time.Second, 200),
+				series("p", "x", stalled, 2, at(5*time.Second), time.Second, 0)),
+			want: want{Verdict: fleetwatch.StateOpen, Cause: CauseConsecutive, Evaluated: true,
+				Held: map[string]string{CauseConsecutive: ""}, Fixed: "open"},
+		},
+		{
+			name: "the newest half of the window stands in for it on the 429 rule",
+			events: concat(healthy(200, "a", "b"), series("p", "x", ok, 100, at(-20*time.Second), 14*time.Second, 200),
+				series("p", "x", ok, 4, at(-4*time.Second), 6*time.Second, 200),
+				alternate("p", "x", 12, at(3500*time.Millisecond), 6*time.Second, 200, throttled, throttled, ok)),
+			want: want{Verdict: fleetwatch.StateOpen, Cause: CauseThrottled, Evaluated: true,
+				Held: map[string]string{RuleThrottledRecent: ""}, Fixed: "open"},
+		},
+		{
 			name:   "quarantine fixes the weight at 0",
 			cfg:    Config{Quarantine: true},
 			events: healthy(200, "a", "b", "x"),
@@ -249,6 +290,17 @@ func TestExplainScenarios(t *testing.T) {
 			}
 			if diff := cmp.Diff(tt.want, got); diff != "" {
 				t.Errorf("(-want +got):\n%s\nrules: %+v", diff, e.Rules)
+			}
+			if r, ok := firstTrip(e); tripCause(e.VerdictCause) && (!ok || r.TripReason != e.VerdictReason) {
+				t.Errorf("opened with %q; the table's first trip is %+v", e.VerdictReason, r)
+			}
+			if e.VerdictCause == CauseConsecutive && strings.Contains(e.VerdictReason, "stalls") {
+				if r := e.Rules[0]; r.Threshold != float64(DefaultConsecutiveStalls) || !strings.Contains(r.Detail, "stalls") {
+					t.Errorf("stalls opened it; the consecutive row says %+v", r)
+				}
+			}
+			if strings.Contains(tt.name, "newest half") && !strings.Contains(e.Rules[4].Detail, "stands in") {
+				t.Errorf("the throttled_recent row does not name the newest half: %+v", e.Rules[4])
 			}
 			ev := a.Evaluate(now)
 			d := backendOf(t, a, "p", "x", now)

@@ -158,132 +158,14 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 		// The client-error rule's gate counts the client errors too: a
 		// backend that answers nothing but 4xx is evaluated by it.
 		gatedClient := v.answered() < uint64(s.MinRequests)
-		var want [numCauses]bool
-		var cand []trip
-
-		switch {
-		case b.stallLatch > 0:
-			cand = append(cand, trip{b: b, cause: CauseConsecutive,
-				reason:   fmt.Sprintf("%d stalls in a run of %d failures (no first token within the router's deadline)", b.stallLatch, b.runLatched),
-				severity: float64(b.stallLatch) / float64(s.ConsecutiveStalls)})
-		case b.runLatched > 0:
-			cand = append(cand, trip{b: b, cause: CauseConsecutive,
-				reason:   fmt.Sprintf("%d consecutive failures", b.runLatched),
-				severity: float64(b.runLatched) / float64(s.ConsecutiveFailures)})
+		in := ruleInput{s: s, latch: b, b: b, bs: bs, peers: peers, recentLen: recentLen}
+		if clientRule {
+			in.client = &clientPeers
 		}
-		// A rate trip must still be true of the recent part of the window
-		// (its newest quarter) when that part has requests: a backend that
-		// has recovered is not opened on its history, which the window
-		// keeps for up to a whole window length after the recovery.
-		//
-		// The newest quarter may also trip on its own (RecentMinRequests):
-		// when it holds enough counted requests, its rate is past the
-		// threshold and the whole window's is at least half of it, the
-		// backend opens without waiting for the window to fill with the
-		// incident. For the 429 rule the newest half of the window stands
-		// in for the whole: how long a window of earlier ok answers takes
-		// to dilute depends on how much traffic the throttling backend
-		// still draws, which falls with the number of routers (its instant
-		// 429s win fewer in-flight comparisons when each router has little
-		// in flight): at 16 routers that alone held the trip to 11-13 s
-		// (docs/EVALUATION.md "Detection").
-		var recent windowStats
-		fr, frOK := v.failureRate()
-		r429, r429OK := v.rate429()
-		var half429 float64
-		halfOK := false
-		if r429OK && v.throttled() > 0 && s.RecentMinRequests > 0 && r429 < s.ThrottleRate/2 {
-			half := b.win.recent(2 * recentLen)
-			half429, halfOK = half.rate429()
-			halfOK = halfOK && half429 >= s.ThrottleRate/2
-		}
-		if (frOK && fr >= s.FailureRate/2) || (r429OK && r429 >= s.ThrottleRate/2) || halfOK {
-			recent = b.win.recent(recentLen)
-		}
-		if frOK && fr >= s.FailureRate {
-			if rf, ok := recent.failureRate(); !ok || rf >= s.FailureRate {
-				want[gateFailureRate] = true
-				n := v.ok() + v.failures()
-				cand = append(cand, trip{b: b, cause: CauseFailureRate,
-					reason:   fmt.Sprintf("error rate %.2f >= %.2f over %d requests in %s", fr, s.FailureRate, n, fmtDur(s.Window)),
-					severity: fr / s.FailureRate})
-			} else {
-				a.stats.HeldByRecency++
-			}
-		} else if frOK && fr >= s.FailureRate/2 && s.RecentMinRequests > 0 {
-			if rf, rok := recent.failureRate(); rok && rf >= s.FailureRate && recent.ok()+recent.failures() >= uint64(s.RecentMinRequests) {
-				want[gateFailureRate] = true
-				cand = append(cand, trip{b: b, cause: CauseFailureRate,
-					reason: fmt.Sprintf("error rate %.2f >= %.2f over the newest %s (%d requests; %.2f over %s)",
-						rf, s.FailureRate, fmtDur(time.Duration(recentLen)*s.Bucket), recent.ok()+recent.failures(), fr, fmtDur(s.Window)),
-					severity: rf / s.FailureRate})
-			}
-		}
-		if r := r429; r429OK && (r >= s.ThrottleRate/2 || halfOK) {
-			rr, rok := recent.rate429()
-			var reason string
-			switch {
-			case r >= s.ThrottleRate && (!rok || rr >= s.ThrottleRate):
-				reason = fmt.Sprintf("429 rate %.2f >= %.2f over %d requests", r, s.ThrottleRate, v.counted)
-			case r >= s.ThrottleRate:
-				a.stats.HeldByRecency++
-			case s.RecentMinRequests > 0 && rok && rr >= s.ThrottleRate && recent.counted >= uint64(s.RecentMinRequests):
-				reason = fmt.Sprintf("429 rate %.2f >= %.2f over the newest %s (%d requests; %.2f over %s)",
-					rr, s.ThrottleRate, fmtDur(time.Duration(recentLen)*s.Bucket), recent.counted, r, fmtDur(s.Window))
-				if halfOK {
-					reason = fmt.Sprintf("429 rate %.2f >= %.2f over the newest %s (%d requests; %.2f over the newest %s)",
-						rr, s.ThrottleRate, fmtDur(time.Duration(recentLen)*s.Bucket), recent.counted, half429,
-						fmtDur(time.Duration(2*recentLen)*s.Bucket))
-				}
-				r = rr
-			}
-			if reason != "" && s.PoolThrottleHold > 0 {
-				// Every backend answering 429 is a saturated pool, not a
-				// broken backend: opening one moves its load onto the
-				// others, which then 429 more.
-				if pm, ok := peerRecent429(b, bs, recentLen); ok && pm >= s.PoolThrottleHold {
-					reason = ""
-				}
-			}
-			if reason != "" {
-				want[gateThrottled] = true
-				wait := msDuration(v.maxRetryMs)
-				if wait > 0 {
-					reason += "; retry-after " + fmtDur(wait)
-				}
-				cand = append(cand, trip{b: b, cause: CauseThrottled, reason: reason, minOpen: wait, severity: r / s.ThrottleRate})
-			}
-		}
-		if b.hasEWMA {
-			// The EWMA screens (it is cheap and already known); the
-			// window's median TTFT against the peers' medians confirms.
-			// TTFT is heavy-tailed (a long prompt or a queue behind a long
-			// generation): one slow sample moves an EWMA with alpha 0.2 by
-			// a fifth of its size and would open healthy backends, while
-			// the median moves only when most requests are slow.
-			if median, ok := peers.medianWithout(b.ewma); ok && b.ewma > s.SlowFactor*median {
-				if own, peerMedian, ok := a.slowConfirmed(b, bs, s.SlowFactor); ok {
-					want[gateSlow] = true
-					cand = append(cand, trip{b: b, cause: CauseSlow,
-						reason: fmt.Sprintf("median ttft %.0fms > %.1f x pool median %.0fms (ewma %.0fms) over %d requests",
-							own, s.SlowFactor, peerMedian, b.ewma, v.counted),
-						severity: own / (s.SlowFactor * peerMedian)})
-				} else {
-					a.stats.HeldByMedian++
-				}
-			}
-		}
-
-		if clientRule && v.clientErrors() > 0 {
-			c := checkClientErrors(s, b, &clientPeers)
-			switch {
-			case c.opens():
-				want[gateClientError] = true
-				cand = append(cand, trip{b: b, cause: CauseClientError, reason: c.reason, severity: c.severity})
-			case c.heldByRecency:
-				a.stats.HeldByRecency++
-			}
-		}
+		res := in.apply(nil)
+		a.stats.HeldByRecency += res.heldByRecency
+		a.stats.HeldByMedian += res.heldByMedian
+		want, cand := res.want, res.trips()
 
 		// The gate: rate-based causes need MinRequests counted requests
 		// (the client-error rule, answered requests).
@@ -427,7 +309,7 @@ func peerRecent429(b *backend, bs []*backend, n int64) (float64, bool) {
 // slowConfirmed compares b's window median TTFT with the median of the
 // other non-open backends' window medians, and reports whether it is more
 // than factor times that.
-func (a *Analyzer) slowConfirmed(b *backend, bs []*backend, factor float64) (own, peerMedian float64, ok bool) {
+func slowConfirmed(b *backend, bs []*backend, factor float64) (own, peerMedian float64, ok bool) {
 	own, _, ok = b.win.ttftQuantiles()
 	if !ok {
 		return 0, 0, false
