@@ -68,6 +68,23 @@ func (s Subjects) Outcomes() string { return s.prefix() + ".outcomes" }
 // OutcomesWildcard matches the per-publisher outcome subjects ("fw.outcomes.>").
 func (s Subjects) OutcomesWildcard() string { return s.prefix() + ".outcomes.>" }
 
+// OutcomesFrom is the per-publisher outcome subject of the publisher named
+// source ("fw.outcomes.<source>"), which OutcomesWildcard matches: the
+// characters a subject token cannot hold ('.', '*', '>' and white space)
+// become '_', and an empty source is "_", so any name makes one token.
+func (s Subjects) OutcomesFrom(source string) string {
+	if source == "" {
+		source = "_"
+	}
+	return s.Outcomes() + "." + strings.Map(func(r rune) rune {
+		switch r {
+		case '.', '*', '>', ' ', '\t', '\r', '\n':
+			return '_'
+		}
+		return r
+	}, source)
+}
+
 // Accepted is the subject the collector republishes validated events on, as
 // per-pool NDJSON batches, for the FW_OUTCOMES stream to capture
 // ("fw.accepted.<pool>"). It is outside fw.outcomes.> so collectors never

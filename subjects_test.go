@@ -158,3 +158,24 @@ func TestValidateBackendID(t *testing.T) {
 		}
 	}
 }
+
+func TestSubjectsOutcomesFrom(t *testing.T) {
+	for _, tc := range []struct {
+		s      Subjects
+		source string
+		want   string
+	}{
+		{Subjects{}, "edge-1", "fw.outcomes.edge-1"},
+		{Subjects{}, "edge 1.eu>*\t", "fw.outcomes.edge_1_eu___"},
+		{Subjects{}, "", "fw.outcomes._"},
+		{Subjects{Prefix: "acme.fw"}, "r/1", "acme.fw.outcomes.r/1"},
+	} {
+		got := tc.s.OutcomesFrom(tc.source)
+		if got != tc.want {
+			t.Errorf("%+v.OutcomesFrom(%q) = %q, want %q", tc.s, tc.source, got, tc.want)
+		}
+		if strings.Count(got, ".") != strings.Count(tc.s.Outcomes(), ".")+1 {
+			t.Errorf("%q is not one token below %s", got, tc.s.Outcomes())
+		}
+	}
+}

@@ -109,7 +109,7 @@ func (o *OutcomeTraffic) Start(t testing.TB, natsURL string) {
 		defer close(stopped)
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
-		subject := fleetwatch.Subjects{}.Outcomes() + ".test-proxy"
+		subject := fleetwatch.Subjects{}.OutcomesFrom("test-proxy")
 		for n := 0; ; n++ {
 			select {
 			case <-ctx.Done():
