@@ -275,19 +275,8 @@ func (d *driftProbes) Restore(ctx context.Context, pools []string) error {
 // loaded and its status handed to setDrift, so that the first snapshot
 // after a restart already carries them (a drifted backend stays
 // quarantined).
-func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
-	if d.logf == nil {
-		d.logf = func(string, ...any) {}
-	}
-	if d.getenv == nil {
-		d.getenv = os.Getenv
-	}
-	if d.now == nil {
-		d.now = time.Now
-	}
-	if d.metrics == nil {
-		d.metrics = metrics.NewSet()
-	}
+func startProbes(ctx context.Context, d probeDeps) (*driftProbes, error) {
+	d.defaults()
 	cfg := d.cfg
 	subj := fleetwatch.Subjects{Prefix: d.prefix}
 	suite, err := probes.LoadSuite(cfg.Probes.Suite)
@@ -295,30 +284,14 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 		return nil, err
 	}
 	sink := &wireSink{d: d, subj: subj}
-	var store probes.BaselineStore
-	var states probes.StateStore
-	var stream jetstream.Stream
-	if d.js != nil {
-		kv, err := OpenBaselines(ctx, d.js, subj)
-		if err != nil {
-			return nil, fmt.Errorf("baselines bucket: %w", err)
-		}
-		store = KVBaselines{kv}
-		skv, err := OpenDriftStates(ctx, d.js, subj)
-		if err != nil {
-			return nil, fmt.Errorf("drift state bucket: %w", err)
-		}
-		states = KVStates{skv}
-		if stream, err = EnsureDriftStream(ctx, d.js, subj); err != nil {
-			return nil, fmt.Errorf("drift stream: %w", err)
-		}
-	} else {
-		d.logf("drift: no JetStream: baselines and drift states live in memory and alerts are not kept for review")
+	st, err := openDriftStores(ctx, d, subj)
+	if err != nil {
+		return nil, err
 	}
 	ps := cfg.ProbeSettings(d.getenv)
 	ps.Suite = suite
-	ps.Store = store
-	ps.States = states
+	ps.Store = st.baselines
+	ps.States = st.states
 	ps.Sink = sink
 	ps.Metrics = d.metrics
 	ps.Now = d.now
@@ -333,13 +306,111 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 	if err != nil {
 		return nil, err
 	}
-	rs := cfg.ReviewSettings()
-	reviewDir := rs.Dir
+	reviewer, err := newReviewer(d, subj, prober, sink, st.stream != nil)
+	if err != nil {
+		return nil, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	subs, err := answerDriftControl(runCtx, d, subj, prober)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+
+	// Before the first snapshot: every stored baseline and drift state,
+	// handed to setDrift (Run finds them loaded).
+	prober.LoadBaselines(runCtx)
+	if d.fingerprints != nil {
+		h := prober.Fingerprint
+		d.fingerprints.handler.Store(&h)
+	}
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := prober.Run(runCtx); err != nil {
+			d.logf("drift probes: %v", err)
+		}
+	})
+	wg.Go(func() {
+		if err := reviewer.Run(runCtx); err != nil {
+			d.logf("drift review: %v", err)
+		}
+	})
+	d.logf("drift: probing %d backend(s) on %q with suite %s (%s); review %q into %s",
+		len(ps.Targets), cfg.Probes.Schedule, suite.Name, suite.Hash, cfg.Review.Schedule, cfg.ReviewSettings().Dir)
+	var once sync.Once
+	return &driftProbes{prober: prober, stop: func() {
+		once.Do(func() {
+			if d.fingerprints != nil {
+				d.fingerprints.handler.Store(nil)
+			}
+			for _, s := range subs {
+				s.Unsubscribe()
+			}
+			cancel()
+			prober.Close()
+			reviewer.Close()
+			wg.Wait()
+		})
+	}}, nil
+}
+
+// defaults fills what the caller left unset.
+func (d *probeDeps) defaults() {
+	if d.logf == nil {
+		d.logf = func(string, ...any) {}
+	}
+	if d.getenv == nil {
+		d.getenv = os.Getenv
+	}
+	if d.now == nil {
+		d.now = time.Now
+	}
+	if d.metrics == nil {
+		d.metrics = metrics.NewSet()
+	}
+}
+
+// driftStores are the probes' JetStream stores (all nil without
+// JetStream: baselines and states in memory, no alerts kept).
+type driftStores struct {
+	baselines probes.BaselineStore
+	states    probes.StateStore
+	stream    jetstream.Stream
+}
+
+func openDriftStores(ctx context.Context, d probeDeps, subj fleetwatch.Subjects) (driftStores, error) {
+	var st driftStores
+	if d.js == nil {
+		d.logf("drift: no JetStream: baselines and drift states live in memory and alerts are not kept for review")
+		return st, nil
+	}
+	kv, err := OpenBaselines(ctx, d.js, subj)
+	if err != nil {
+		return st, fmt.Errorf("baselines bucket: %w", err)
+	}
+	st.baselines = KVBaselines{kv}
+	skv, err := OpenDriftStates(ctx, d.js, subj)
+	if err != nil {
+		return st, fmt.Errorf("drift state bucket: %w", err)
+	}
+	st.states = KVStates{skv}
+	if st.stream, err = EnsureDriftStream(ctx, d.js, subj); err != nil {
+		return st, fmt.Errorf("drift stream: %w", err)
+	}
+	return st, nil
+}
+
+// newReviewer builds the review digest's scheduler: alerts read back from
+// FW_DRIFT (kept is false without it: from the sink's memory), the digest
+// published by the leader alone.
+func newReviewer(d probeDeps, subj fleetwatch.Subjects, prober *probes.Prober, sink *wireSink, kept bool) (*probes.Reviewer, error) {
+	rs := d.cfg.ReviewSettings()
 	rs.Statuses = prober.Statuses
 	rs.Now = d.now
 	rs.Logf = d.logf
 	rs.Alerts = func(ctx context.Context, since time.Time) ([]fleetwatch.DriftAlert, error) {
-		if stream == nil {
+		if !kept {
 			return sink.alertsSince(since), nil
 		}
 		alerts, _, err := ReadDrift(ctx, d.js, subj, since)
@@ -365,31 +436,25 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 	if d.js != nil {
 		rs.LastReview = func(ctx context.Context) (time.Time, bool, error) { return LastReview(ctx, d.js, subj) }
 	}
-	reviewer, err := probes.NewReviewer(rs)
-	if err != nil {
-		return nil, err
-	}
+	return probes.NewReviewer(rs)
+}
 
-	var subs []*nats.Subscription
-	unsubscribe := func() {
-		for _, s := range subs {
-			s.Unsubscribe()
-		}
-	}
+// answerDriftControl subscribes the drift control verbs (re-baseline,
+// drift status); the subscriptions are the caller's to end.
+func answerDriftControl(ctx context.Context, d probeDeps, subj fleetwatch.Subjects, prober *probes.Prober) ([]*nats.Subscription, error) {
 	respond := func(m *nats.Msg, r ControlReply) {
 		data, _ := json.Marshal(r)
 		if err := m.Respond(data); err != nil {
 			d.logf("drift: control reply: %v", err)
 		}
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	sub, err := d.nc.Subscribe(subj.Control(ControlRebaseline), func(m *nats.Msg) {
+	rebaseline, err := d.nc.Subscribe(subj.Control(ControlRebaseline), func(m *nats.Msg) {
 		var req RebaselineRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			respond(m, ControlReply{Error: "bad request: " + err.Error()})
 			return
 		}
-		a, err := prober.Rebaseline(runCtx, req.Pool, req.Backend, req.By)
+		a, err := prober.Rebaseline(ctx, req.Pool, req.Backend, req.By)
 		if err != nil {
 			respond(m, ControlReply{Error: err.Error()})
 			return
@@ -397,54 +462,16 @@ func startProbes(ctx context.Context, d probeDeps) (_ *driftProbes, err error) {
 		respond(m, ControlReply{OK: true, Alert: &a})
 	})
 	if err != nil {
-		cancel()
 		return nil, err
 	}
-	subs = append(subs, sub)
-	sub, err = d.nc.Subscribe(subj.Control(ControlDriftStatus), func(m *nats.Msg) {
+	status, err := d.nc.Subscribe(subj.Control(ControlDriftStatus), func(m *nats.Msg) {
 		respond(m, ControlReply{OK: true, Statuses: prober.Statuses()})
 	})
 	if err != nil {
-		cancel()
-		unsubscribe()
+		rebaseline.Unsubscribe()
 		return nil, err
 	}
-	subs = append(subs, sub)
-
-	// Before the first snapshot: every stored baseline and drift state,
-	// handed to setDrift (Run finds them loaded).
-	prober.LoadBaselines(runCtx)
-	if d.fingerprints != nil {
-		h := prober.Fingerprint
-		d.fingerprints.handler.Store(&h)
-	}
-
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := prober.Run(runCtx); err != nil {
-			d.logf("drift probes: %v", err)
-		}
-	})
-	wg.Go(func() {
-		if err := reviewer.Run(runCtx); err != nil {
-			d.logf("drift review: %v", err)
-		}
-	})
-	d.logf("drift: probing %d backend(s) on %q with suite %s (%s); review %q into %s",
-		len(ps.Targets), cfg.Probes.Schedule, suite.Name, suite.Hash, cfg.Review.Schedule, reviewDir)
-	var once sync.Once
-	return &driftProbes{prober: prober, stop: func() {
-		once.Do(func() {
-			if d.fingerprints != nil {
-				d.fingerprints.handler.Store(nil)
-			}
-			unsubscribe()
-			cancel()
-			prober.Close()
-			reviewer.Close()
-			wg.Wait()
-		})
-	}}, nil
+	return []*nats.Subscription{rebaseline, status}, nil
 }
 
 // ErrNoDriftProbes is returned by RestoreDrift when the probes do not run
