@@ -92,26 +92,61 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	start := time.Now()
 	s := h.s
 	mine := make(map[int]bool, len(got))
-	subjects := make([]string, 0, len(got)+1)
 	for _, p := range got {
 		mine[p] = true
+	}
+	inGot := func(pool string) bool { return mine[fleetwatch.PartitionOf(pool, h.n)] }
+	scratch, snaps, n, ok := h.rebuild(ctx, got, first, start, inGot)
+	if !ok {
+		return
+	}
+	r := scratch.Restore(snaps, time.Now())
+	held, adopted, pending := h.goLive(got, mine, scratch)
+	// The pools' drift states as their previous owner last stored them
+	// (the restored snapshots carry the statuses already; this brings the
+	// CUSUM, cooldown and quarantine, which the probes of this instance
+	// did not follow while another owned the pools).
+	if !first && len(adopted) > 0 {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		if err := s.RestoreDrift(rctx, adopted); err != nil && !errors.Is(err, ErrNoDriftProbes) {
+			s.logf("ha: restoring the drift states of %v: %v", adopted, err)
+		}
+		cancel()
+	}
+	d := time.Since(start)
+	h.takeover.Update(d.Seconds())
+	h.mu.Lock()
+	h.rebuilt = d
+	h.mu.Unlock()
+	s.logf("ha: took over partitions %v in %v: replayed %d events, restored %d snapshots (%d breakers open, %d half-open, %d weights), %d pools, %d batches buffered",
+		sortedKeys(held), d.Round(time.Millisecond), n, len(snaps), r.Open, r.HalfOpen, r.Weights, len(adopted), pending)
+	s.signalUrgent()
+}
+
+// rebuild is a takeover's reading: the partitions' last snapshots and
+// their events replayed from one window before the oldest of them, into a
+// scratch analyzer. A later takeover (not the first) abandons the
+// partitions when either read fails (ok false); the first starts from
+// what it could read.
+func (h *ha) rebuild(ctx context.Context, got []int, first bool, start time.Time, inGot func(string) bool) (_ *analyzer.Analyzer, _ []fleetwatch.Snapshot, replayed int, ok bool) {
+	s := h.s
+	subjects := make([]string, 0, len(got)+1)
+	for _, p := range got {
 		subjects = append(subjects, s.subj.Partition(p))
 	}
 	if first {
 		subjects = append(subjects, s.subj.AcceptedWildcard())
 	}
-	inGot := func(pool string) bool { return mine[fleetwatch.PartitionOf(pool, h.n)] }
-
 	scratch, err := analyzer.New(s.config().AnalyzerSettings(s.seed))
 	if err != nil { // the configuration was validated: cannot happen
 		s.logf("ha: takeover of %v: %v", got, err)
-		return
+		return nil, nil, 0, false
 	}
 	snaps, err := s.lastSnapshots(ctx, inGot)
 	if err != nil {
 		if !first {
 			h.abandon(ctx, got, fmt.Sprintf("reading %s: %v", s.subj.BucketDecisions(), err))
-			return
+			return nil, nil, 0, false
 		}
 		s.logf("restore: %v (starting from the outcome stream alone)", err)
 	}
@@ -138,23 +173,29 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	if err != nil {
 		if !first {
 			h.abandon(ctx, got, fmt.Sprintf("replaying %s: %v", s.subj.StreamOutcomes(), err))
-			return
+			return nil, nil, 0, false
 		}
 		s.logf("replay: %v (starting with what was replayed, if anything)", err)
 	}
-	r := scratch.Restore(snaps, time.Now())
+	return scratch, snaps, n, true
+}
 
-	// Adopt the pools of the partitions still held, then go live and
-	// apply what arrived meanwhile.
+// goLive adopts the pools of the partitions still held from scratch, turns
+// them live and applies the batches buffered meanwhile; the pools adopted
+// for a partition lost during the rebuild are forgotten. It returns the
+// partitions that went live, the pools adopted, and how many batches were
+// buffered.
+func (h *ha) goLive(got []int, mine map[int]bool, scratch *analyzer.Analyzer) (held map[int]bool, adopted []string, buffered int) {
+	s := h.s
 	h.mu.Lock()
-	held := map[int]bool{}
+	held = map[int]bool{}
 	for _, p := range got {
 		if l := h.leases[p]; l != nil && l.state == stateRestoring {
 			held[p] = true
 		}
 	}
 	h.mu.Unlock()
-	adopted := s.an.Adopt(scratch, func(pool string) bool { return held[fleetwatch.PartitionOf(pool, h.n)] })
+	adopted = s.an.Adopt(scratch, func(pool string) bool { return held[fleetwatch.PartitionOf(pool, h.n)] })
 	var pending [][]byte
 	h.mu.Lock()
 	for p := range held {
@@ -171,7 +212,6 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	}
 	h.publishViewLocked()
 	h.mu.Unlock()
-	// A partition lost during the rebuild: forget what was adopted for it.
 	s.an.Forget(func(pool string) bool {
 		p := fleetwatch.PartitionOf(pool, h.n)
 		return mine[p] && !held[p]
@@ -179,25 +219,7 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	for _, data := range pending {
 		h.observeBatch(data)
 	}
-	// The pools' drift states as their previous owner last stored them
-	// (the restored snapshots carry the statuses already; this brings the
-	// CUSUM, cooldown and quarantine, which the probes of this instance
-	// did not follow while another owned the pools).
-	if !first && len(adopted) > 0 {
-		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if err := s.RestoreDrift(rctx, adopted); err != nil && !errors.Is(err, ErrNoDriftProbes) {
-			s.logf("ha: restoring the drift states of %v: %v", adopted, err)
-		}
-		cancel()
-	}
-	d := time.Since(start)
-	h.takeover.Update(d.Seconds())
-	h.mu.Lock()
-	h.rebuilt = d
-	h.mu.Unlock()
-	s.logf("ha: took over partitions %v in %v: replayed %d events, restored %d snapshots (%d breakers open, %d half-open, %d weights), %d pools, %d batches buffered",
-		sortedKeys(held), d.Round(time.Millisecond), n, len(snaps), r.Open, r.HalfOpen, r.Weights, len(adopted), len(pending))
-	s.signalUrgent()
+	return held, adopted, len(pending)
 }
 
 // abandon gives up partitions whose rebuild failed (the decisions bucket or
