@@ -248,35 +248,52 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	if rows == nil {
 		return
 	}
-	held := fmt.Sprintf("; the peers' median 429 rate is %.2f (pool_throttle_hold %.2f)", peer429, s.PoolThrottleHold)
-	c := RuleCheck{Rule: CauseThrottled, Value: r429, Threshold: s.ThrottleRate, HasValue: r429OK, Fires: windowFires}
-	c.Detail = "no counted request in the window"
-	if r429OK {
-		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests (opens at %.2f)", r429, v.counted, s.ThrottleRate)
-		switch {
-		case windowFires && rrOK && rr < s.ThrottleRate:
-			c.HeldBy = HeldByRecency
-			c.Detail += fmt.Sprintf("; the newest %s is at %.2f", fmtDur(span), rr)
-		case windowFires && poolHold:
-			c.HeldBy = HeldByPoolThrottle
-			c.Detail += held
-		}
-	}
 	var tw, tq *trip
 	if windowFires {
 		tw = t
 	} else {
 		tq = t
 	}
-	row(rows, c, tw)
-	c = RuleCheck{Rule: RuleThrottledRecent, Value: rr, Threshold: s.ThrottleRate, HasValue: rrOK, Fires: recentFires}
-	c.Detail = fmt.Sprintf("no counted request in the newest %s", fmtDur(span))
-	if rrOK {
-		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests in the newest %s", rr, rn, fmtDur(span)) + recentRule(s, s.ThrottleRate)
-		if halfOK {
-			c.Detail += fmt.Sprintf("; the window is at %.2f, its newest %s at %.2f, which stands in for it", r429, fmtDur(2*span), half429)
+	in.throttledRows(rows, throttledView{r429: r429, ok: r429OK, rr: rr, rrOK: rrOK, rn: rn, half429: half429, halfOK: halfOK,
+		windowFires: windowFires, recentFires: recentFires, peer429: peer429, poolHold: poolHold}, tw, tq)
+}
+
+// throttledView is what the 429 rule computed, for its rows.
+type throttledView struct {
+	r429, rr, half429, peer429         float64
+	ok, rrOK, halfOK                   bool
+	rn                                 uint64
+	windowFires, recentFires, poolHold bool
+}
+
+// throttledRows are the 429 rule's two rows: the window, and the newest
+// quarter (with the newest half when it stands in for the window).
+func (in *ruleInput) throttledRows(rows *[]RuleCheck, x throttledView, tw, tq *trip) {
+	s, v := in.s, &in.b.view
+	span := in.recentSpan()
+	held := fmt.Sprintf("; the peers' median 429 rate is %.2f (pool_throttle_hold %.2f)", x.peer429, s.PoolThrottleHold)
+	c := RuleCheck{Rule: CauseThrottled, Value: x.r429, Threshold: s.ThrottleRate, HasValue: x.ok, Fires: x.windowFires}
+	c.Detail = "no counted request in the window"
+	if x.ok {
+		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests (opens at %.2f)", x.r429, v.counted, s.ThrottleRate)
+		switch {
+		case x.windowFires && x.rrOK && x.rr < s.ThrottleRate:
+			c.HeldBy = HeldByRecency
+			c.Detail += fmt.Sprintf("; the newest %s is at %.2f", fmtDur(span), x.rr)
+		case x.windowFires && x.poolHold:
+			c.HeldBy = HeldByPoolThrottle
+			c.Detail += held
 		}
-		if recentFires && poolHold {
+	}
+	row(rows, c, tw)
+	c = RuleCheck{Rule: RuleThrottledRecent, Value: x.rr, Threshold: s.ThrottleRate, HasValue: x.rrOK, Fires: x.recentFires}
+	c.Detail = fmt.Sprintf("no counted request in the newest %s", fmtDur(span))
+	if x.rrOK {
+		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests in the newest %s", x.rr, x.rn, fmtDur(span)) + recentRule(s, s.ThrottleRate)
+		if x.halfOK {
+			c.Detail += fmt.Sprintf("; the window is at %.2f, its newest %s at %.2f, which stands in for it", x.r429, fmtDur(2*span), x.half429)
+		}
+		if x.recentFires && x.poolHold {
 			c.HeldBy = HeldByPoolThrottle
 			c.Detail += held
 		}

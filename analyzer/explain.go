@@ -214,61 +214,10 @@ func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explana
 			cb = &nb
 		}
 		copies[i] = cb
-		e := Explanation{
-			Pool: p.id, Backend: b.id, At: fleetwatch.At(now),
-			State: b.state, Weight: b.weight, Trips: b.trips,
-			Reason:  a.snapshotReason(p, b, prior),
-			Verdict: cb.state, VerdictWeight: cb.weight,
-			WindowMs: s.Window.Milliseconds(), Counts: map[string]uint64{},
-			MinRequests: s.MinRequests,
-		}
-		if !b.weightSet {
-			e.Weight = 1
-		}
-		if o, ok := a.overrideOf(p.id, b.id, now); ok {
-			e.Override = &o
-		}
-		e.Shadow = p.shadow
-		if !cb.weightSet {
-			e.VerdictWeight = 1
-		}
-		if expired {
-			e.Verdict = "" // the evaluation drops the backend (see VerdictCause)
-		}
-		if !b.since.IsZero() {
-			e.Since = fleetwatch.At(b.since)
-		}
-		if b.state == fleetwatch.StateOpen {
-			e.OpenUntil = fleetwatch.At(b.openUntil)
-		}
-		if b.state == fleetwatch.StateHalfOpen {
-			e.HalfOpenOK, e.HalfOpenSuccesses = b.halfOpenOK, s.HalfOpenSuccesses
-		}
-		for _, t := range out.Transitions {
-			if t.Backend == b.id {
-				e.VerdictCause, e.VerdictReason = t.Cause, t.Reason
-			}
-		}
-		// The window as the rules saw it in the run (a backend that
-		// became half-open starts from an empty one).
-		v := &cb.view
-		for o, n := range v.counts {
-			if n > 0 {
-				e.Counts[fleetwatch.Outcome(o).String()] = n
-			}
-		}
-		e.Requests, e.Counted = v.requests, v.counted
-		recent := cb.win.recent(recentLen)
-		e.Recent = RecentWindow{SpanMs: (time.Duration(recentLen) * s.Bucket).Milliseconds(), Requests: recent.requests, Counted: recent.counted}
-		e.Evaluated = v.counted >= uint64(s.MinRequests) || s.ClientErrorRate > 0 && v.answered() >= uint64(s.MinRequests)
-		e.WeightParts = a.weightParts(cp, cb, cprior)
-		if cb.holdReason != "" { // a trip, or a half-open verdict, the cap holds
-			e.CapHeld = cb.holdReason
-		}
+		es[i] = a.explainState(p, cp, b, cb, expired, out, now, prior, cprior)
 		// The rules ran on the backends closed when the trips were looked
 		// for: the closed ones after the run and those a trip opened in it.
 		closedAtTrips[i] = !expired && (cb.state == fleetwatch.StateClosed || openedByTrip[cb])
-		es[i] = e
 	}
 
 	// The copy is put back in the state the trip rules saw (it is thrown
@@ -308,6 +257,65 @@ func (a *Analyzer) explain(p *pool, targets []*backend, now time.Time) []Explana
 		}
 	}
 	return es
+}
+
+// explainState is b's explanation but for its rules: its state and the
+// verdict of the dry run out on cp (cb, b's copy there), the window, the
+// gate and the weight's parts.
+func (a *Analyzer) explainState(p, cp *pool, b, cb *backend, expired bool, out Evaluation, now time.Time, prior, cprior float64) Explanation {
+	s := &p.settings
+	e := Explanation{
+		Pool: p.id, Backend: b.id, At: fleetwatch.At(now),
+		State: b.state, Weight: b.weight, Trips: b.trips,
+		Reason:  a.snapshotReason(p, b, prior),
+		Verdict: cb.state, VerdictWeight: cb.weight,
+		WindowMs: s.Window.Milliseconds(), Counts: map[string]uint64{},
+		MinRequests: s.MinRequests,
+	}
+	if !b.weightSet {
+		e.Weight = 1
+	}
+	if o, ok := a.overrideOf(p.id, b.id, now); ok {
+		e.Override = &o
+	}
+	e.Shadow = p.shadow
+	if !cb.weightSet {
+		e.VerdictWeight = 1
+	}
+	if expired {
+		e.Verdict = "" // the evaluation drops the backend (see VerdictCause)
+	}
+	if !b.since.IsZero() {
+		e.Since = fleetwatch.At(b.since)
+	}
+	if b.state == fleetwatch.StateOpen {
+		e.OpenUntil = fleetwatch.At(b.openUntil)
+	}
+	if b.state == fleetwatch.StateHalfOpen {
+		e.HalfOpenOK, e.HalfOpenSuccesses = b.halfOpenOK, s.HalfOpenSuccesses
+	}
+	for _, t := range out.Transitions {
+		if t.Backend == b.id {
+			e.VerdictCause, e.VerdictReason = t.Cause, t.Reason
+		}
+	}
+	// The window as the rules saw it in the run (a backend that
+	// became half-open starts from an empty one).
+	v := &cb.view
+	for o, n := range v.counts {
+		if n > 0 {
+			e.Counts[fleetwatch.Outcome(o).String()] = n
+		}
+	}
+	e.Requests, e.Counted = v.requests, v.counted
+	recent := cb.win.recent(recentBuckets(s))
+	e.Recent = RecentWindow{SpanMs: (time.Duration(recentBuckets(s)) * s.Bucket).Milliseconds(), Requests: recent.requests, Counted: recent.counted}
+	e.Evaluated = v.counted >= uint64(s.MinRequests) || s.ClientErrorRate > 0 && v.answered() >= uint64(s.MinRequests)
+	e.WeightParts = a.weightParts(cp, cb, cprior)
+	if cb.holdReason != "" { // a trip, or a half-open verdict, the cap holds
+		e.CapHeld = cb.holdReason
+	}
+	return e
 }
 
 // dryRun evaluates a copy of p at now with a scratch analyzer and returns
