@@ -160,6 +160,13 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 		b.observeTPOT(num, ms)
 	}
 
+	return b.step(s, outcome, ev.RetryAfterMs)
+}
+
+// step is the breaker's reaction to one outcome: the consecutive run of a
+// closed backend, the verdict of a half-open one. urgent reports a run
+// just latched or a verdict reached: the pool should be evaluated now.
+func (b *backend) step(s *Settings, outcome fleetwatch.Outcome, retryAfterMs float64) (urgent bool) {
 	switch b.state {
 	case fleetwatch.StateClosed:
 		switch {
@@ -191,7 +198,7 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 			b.verdict = verdictFailure
 			return true
 		case outcome == fleetwatch.OutcomeThrottled:
-			b.verdict, b.verdictWait = verdictThrottled, ev.RetryAfterMs
+			b.verdict, b.verdictWait = verdictThrottled, retryAfterMs
 			return true
 		case outcome == fleetwatch.OutcomeClientError && b.tripCause == CauseClientError:
 			// Opened for answering 4xx that its peers did not: its probe
