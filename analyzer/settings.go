@@ -279,40 +279,20 @@ func (s Settings) validate(prefix string) error {
 		}
 		return nil
 	}
+	atLeastOne := func(key string, n int) error {
+		if n < 1 {
+			return settingErr(prefix, key, fmt.Sprint(n), "must be >= 1")
+		}
+		return nil
+	}
 	checks := []func() error{
 		func() error { return durPositive("window", s.Window) },
 		func() error { return durPositive("bucket", s.Bucket) },
-		func() error {
-			if s.Bucket > s.Window {
-				return settingErr(prefix, "bucket", s.Bucket.String(), "must be <= window ("+s.Window.String()+")")
-			}
-			if s.Window%s.Bucket != 0 {
-				return settingErr(prefix, "window", s.Window.String(), "must be a multiple of bucket ("+s.Bucket.String()+")")
-			}
-			if s.Window/s.Bucket > maxBucketsPerWindow {
-				return settingErr(prefix, "window", s.Window.String(), fmt.Sprintf("must be at most %d buckets of %s", maxBucketsPerWindow, s.Bucket))
-			}
-			return nil
-		},
-		func() error {
-			if s.MinRequests < 1 {
-				return settingErr(prefix, "min_requests", fmt.Sprint(s.MinRequests), "must be >= 1")
-			}
-			return nil
-		},
+		func() error { return s.validateBuckets(prefix) },
+		func() error { return atLeastOne("min_requests", s.MinRequests) },
 		func() error { return fraction("failure_rate", s.FailureRate, false) },
-		func() error {
-			if s.ConsecutiveFailures < 1 {
-				return settingErr(prefix, "consecutive_failures", fmt.Sprint(s.ConsecutiveFailures), "must be >= 1")
-			}
-			return nil
-		},
-		func() error {
-			if s.ConsecutiveStalls < 1 {
-				return settingErr(prefix, "consecutive_stalls", fmt.Sprint(s.ConsecutiveStalls), "must be >= 1")
-			}
-			return nil
-		},
+		func() error { return atLeastOne("consecutive_failures", s.ConsecutiveFailures) },
+		func() error { return atLeastOne("consecutive_stalls", s.ConsecutiveStalls) },
 		func() error { return fraction("throttle_rate", s.ThrottleRate, false) },
 		func() error {
 			if !(s.SlowFactor > 1) || math.IsInf(s.SlowFactor, 0) {
@@ -336,12 +316,7 @@ func (s Settings) validate(prefix string) error {
 			return nil
 		},
 		func() error { return fraction("half_open_weight", s.HalfOpenWeight, false) },
-		func() error {
-			if s.HalfOpenSuccesses < 1 {
-				return settingErr(prefix, "half_open_successes", fmt.Sprint(s.HalfOpenSuccesses), "must be >= 1")
-			}
-			return nil
-		},
+		func() error { return atLeastOne("half_open_successes", s.HalfOpenSuccesses) },
 		func() error { return fraction("max_open_fraction", s.MaxOpenFraction, false) },
 		func() error { return durPositive("heartbeat", s.Heartbeat) },
 		func() error {
@@ -376,6 +351,21 @@ func (s Settings) validate(prefix string) error {
 		if err := check(); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// validateBuckets checks that the window is a whole number of buckets,
+// at most maxBucketsPerWindow.
+func (s Settings) validateBuckets(prefix string) error {
+	if s.Bucket > s.Window {
+		return settingErr(prefix, "bucket", s.Bucket.String(), "must be <= window ("+s.Window.String()+")")
+	}
+	if s.Window%s.Bucket != 0 {
+		return settingErr(prefix, "window", s.Window.String(), "must be a multiple of bucket ("+s.Bucket.String()+")")
+	}
+	if s.Window/s.Bucket > maxBucketsPerWindow {
+		return settingErr(prefix, "window", s.Window.String(), fmt.Sprintf("must be at most %d buckets of %s", maxBucketsPerWindow, s.Bucket))
 	}
 	return nil
 }
