@@ -133,29 +133,7 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 	if stream.CachedInfo().State.Msgs == 0 {
 		return 0, nil
 	}
-	start := since
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: subjects,
-		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   &start,
-	})
-	// A server before 2.10 takes one filter subject: the whole stream is
-	// read then, and the subjects are matched here.
-	var match func(subject string) bool
-	if errors.Is(err, jetstream.ErrConsumerMultipleFilterSubjectsNotSupported) {
-		match = func(subject string) bool {
-			for _, s := range subjects {
-				if subjectMatches(s, subject) {
-					return true
-				}
-			}
-			return false
-		}
-		cons, err = stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-			DeliverPolicy: jetstream.DeliverByStartTimePolicy,
-			OptStartTime:  &start,
-		})
-	}
+	cons, match, err := replayConsumer(ctx, stream, since, subjects)
 	if err != nil {
 		return 0, fmt.Errorf("collector: replay %s: create consumer: %w", c.stream, err)
 	}
@@ -224,6 +202,34 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 		c.settings.Logf("collector: replay skipped %d lines of %s that are not valid outcome events", skipped, c.stream)
 	}
 	return events, nil
+}
+
+// replayConsumer is an ordered consumer of stream from since, filtered on
+// subjects. A server before 2.10 takes one filter subject: the whole stream
+// is read then, and match (nil otherwise) matches the subjects here.
+func replayConsumer(ctx context.Context, stream jetstream.Stream, since time.Time, subjects []string) (jetstream.Consumer, func(subject string) bool, error) {
+	start := since
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: subjects,
+		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
+		OptStartTime:   &start,
+	})
+	if !errors.Is(err, jetstream.ErrConsumerMultipleFilterSubjectsNotSupported) {
+		return cons, nil, err
+	}
+	match := func(subject string) bool {
+		for _, s := range subjects {
+			if subjectMatches(s, subject) {
+				return true
+			}
+		}
+		return false
+	}
+	cons, err = stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy,
+		OptStartTime:  &start,
+	})
+	return cons, match, err
 }
 
 // subjectMatches reports whether subject matches the NATS subject pattern
