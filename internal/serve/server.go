@@ -378,19 +378,10 @@ func (s *Server) IngestStats() collector.Stats { return s.col.Stats() }
 // called once: it returns ErrRunning while that Run runs, and ErrClosed
 // after it returned or after Close.
 func (s *Server) Run(ctx context.Context) error {
-	s.mu.Lock()
-	switch {
-	case s.closed || (s.ran && !s.running):
-		s.mu.Unlock()
-		return ErrClosed
-	case s.running:
-		s.mu.Unlock()
-		return ErrRunning
+	runDone, err := s.begin()
+	if err != nil {
+		return err
 	}
-	s.ran, s.running = true, true
-	runDone := make(chan struct{})
-	s.runDone = runDone
-	s.mu.Unlock()
 	defer func() { // registered first: runs last, after the drain
 		s.release()
 		s.mu.Lock()
@@ -470,9 +461,35 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	cancel()
 	work.Wait()
+	return s.drain(first, errs, httpDone)
+}
+
+// begin marks Run as running (the lifecycle contract: ErrRunning while
+// another Run runs, ErrClosed after Close or a finished Run) and returns
+// the channel Run closes when it is done.
+func (s *Server) begin() (chan struct{}, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed || (s.ran && !s.running):
+		return nil, ErrClosed
+	case s.running:
+		return nil, ErrRunning
+	}
+	s.ran, s.running = true, true
+	runDone := make(chan struct{})
+	s.runDone = runDone
+	return runDone, nil
+}
+
+// drain is the end of Run once its work has stopped: the probes stopped,
+// a last snapshot, the leases released (a successor takes over at once,
+// not after the TTL), the HTTP server shut down; it returns the first
+// error that is not the end of the run itself.
+func (s *Server) drain(first error, errs chan error, httpDone chan error) error {
 	s.stopDrift()
 	s.finalSnapshot()
-	s.ha.releaseAll() // a successor takes over at once, not after the TTL
+	s.ha.releaseAll()
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	s.httpSrv.Shutdown(sctx)
 	scancel()
