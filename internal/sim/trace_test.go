@@ -1,0 +1,185 @@
+package sim
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func readInline(t *testing.T, format, data string) *Trace {
+	t.Helper()
+	tr, err := ReadTrace(strings.NewReader(data), "inline", format)
+	if err != nil {
+		t.Fatalf("ReadTrace(%s): %v", format, err)
+	}
+	return tr
+}
+
+func wantSkipped(t *testing.T, tr *Trace, want map[string]int) {
+	t.Helper()
+	if len(tr.Skipped) != len(want) {
+		t.Errorf("skipped %v, want %v", tr.Skipped, want)
+	}
+	for r, n := range want {
+		if tr.Skipped[r] != n {
+			t.Errorf("skipped[%q] = %d, want %d (all: %v)", r, tr.Skipped[r], n, tr.Skipped)
+		}
+	}
+}
+
+// Columns are found by the header's names, in any order; rows come out by
+// time; bad rows are counted by reason.
+func TestReadTraceAzureCSV(t *testing.T) {
+	data := "GeneratedTokens,TIMESTAMP,ContextTokens\r\n" +
+		"50,2023-11-16 18:17:04.4799600,300\r\n" +
+		"10,2023-11-16 18:17:03.9799600,1000\r\n" +
+		"10,not a time,1000\r\n" +
+		"ten,2023-11-16 18:17:05.0000000,1000\r\n" +
+		"10,2023-11-16 18:17:05.0000000\r\n" +
+		"7,2023-11-16 18:17:06.9799600,20"
+	tr := readInline(t, "", data)
+	if tr.Format != FormatAzure || len(tr.Requests) != 3 {
+		t.Fatalf("format %s, %d requests, want azure-csv and 3", tr.Format, len(tr.Requests))
+	}
+	first, second := tr.Requests[0], tr.Requests[1]
+	if first.At != 0 || first.PromptTokens != 1000 || first.OutputTokens != 10 || first.Blocks != nil {
+		t.Errorf("first request %+v", first)
+	}
+	if second.At != 500*time.Millisecond || second.PromptTokens != 300 || second.OutputTokens != 50 {
+		t.Errorf("second request %+v", second)
+	}
+	if tr.Span != 3*time.Second {
+		t.Errorf("span %v, want 3s", tr.Span)
+	}
+	wantSkipped(t, tr, map[string]int{"bad timestamp": 1, "bad token count": 1, "wrong number of fields": 1})
+	if _, err := ReadTrace(strings.NewReader("time,prompt\n1,2\n"), "x.csv", FormatAzure); err == nil || !strings.Contains(err.Error(), "x.csv") {
+		t.Errorf("a header without token columns: err = %v, want one naming x.csv", err)
+	}
+}
+
+func TestReadTraceMooncake(t *testing.T) {
+	data := `{"timestamp": 3000, "input_length": 1100, "output_length": 20, "hash_ids": [0, 1, 2]}
+{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}
+{"timestamp": 0, "input_length": 600
+{"input_length": 600, "output_length": 5}
+{"timestamp": 6000, "input_length": 700, "output_length": 5, "hash_ids": [0, 9]}
+`
+	tr := readInline(t, "", data)
+	if tr.Format != FormatMooncake || len(tr.Requests) != 3 {
+		t.Fatalf("format %s, %d requests", tr.Format, len(tr.Requests))
+	}
+	a, b, c := tr.Requests[0], tr.Requests[1], tr.Requests[2]
+	if a.At != 0 || b.At != 3*time.Second || len(a.Blocks) != 2 || len(b.Blocks) != 3 {
+		t.Fatalf("requests %+v %+v", a, b)
+	}
+	// Equal leading ids give equal prefix keys; a different block 1 after
+	// the same block 0 differs from there on.
+	if a.Blocks[0] != b.Blocks[0] || a.Blocks[1] != b.Blocks[1] || c.Blocks[0] != a.Blocks[0] || c.Blocks[1] == a.Blocks[1] {
+		t.Errorf("prefix keys: %x %x %x", a.Blocks, b.Blocks, c.Blocks)
+	}
+	wantSkipped(t, tr, map[string]int{"bad json": 1, "missing or bad timestamp": 1})
+}
+
+func TestReadTraceOutcomes(t *testing.T) {
+	data := `{"pool":"p","backend":"b1","ts":"2026-12-03T06:00:02.000Z","status":200,"duration_ms":1500,"ttft_ms":100,"input_tokens":800,"output_tokens":80,"prefix":"sys-a"}
+{"pool":"p","backend":"b2","ts":"2026-12-03T06:00:01.000Z","status":200,"duration_ms":600,"ttft_ms":100}
+{"pool":"p","ts":"2026-12-03T06:00:01.000Z","status":200}
+{"pool":"p","backend":"b2","status":500}
+not json
+`
+	tr := readInline(t, "", data)
+	if tr.Format != FormatOutcomes || len(tr.Requests) != 2 {
+		t.Fatalf("format %s, %d requests (skipped %v)", tr.Format, len(tr.Requests), tr.Skipped)
+	}
+	// Arrival is ts minus the duration: 06:00:00.400 then 06:00:00.500.
+	defaulted, full := tr.Requests[0], tr.Requests[1]
+	if full.At != 100*time.Millisecond || full.PromptTokens != 800 || full.OutputTokens != 80 || len(full.Blocks) != 1 {
+		t.Errorf("event with tokens and prefix: %+v", full)
+	}
+	if defaulted.PromptTokens != tracePromptDefault || defaulted.OutputTokens != 100 || tr.Defaulted != 1 {
+		t.Errorf("event without tokens: %+v (defaulted %d); want %d prompt tokens and 500 ms / 5 ms = 100 output", defaulted, tr.Defaulted, tracePromptDefault)
+	}
+	if tr.SkippedTotal() != 3 || tr.Skipped["no ts"] != 1 {
+		t.Errorf("skipped %v, want 3 lines of which one without ts", tr.Skipped)
+	}
+}
+
+func TestReadTraceNginx(t *testing.T) {
+	data := `{"msec":"1764741601.500","status":"200","upstream_name":"llama","upstream_addr":"10.0.0.1:8000","upstream_status":"200","upstream_header_time":"0.150","upstream_response_time":"1.150"}
+<190>Dec  3 06:00:00 web nginx: {"msec":"1764741600.900","status":"200","upstream_addr":"10.0.0.1:8000, 10.0.0.2:8000","upstream_status":"502, 200","upstream_header_time":"-, 0.100","upstream_response_time":"0.100, 0.700"}
+{"msec":"1764741600.900","status":"502","upstream_name":"llama","upstream_addr":"llama","upstream_status":"-"}
+garbage
+`
+	tr := readInline(t, FormatNginx, data)
+	if len(tr.Requests) != 2 || tr.Defaulted != 2 {
+		t.Fatalf("%d requests, %d defaulted (skipped %v)", len(tr.Requests), tr.Defaulted, tr.Skipped)
+	}
+	// The retried line arrived at 600.900 - 0.1 - 0.7 = 600.100; the other
+	// at 601.500 - 1.150 = 600.350.
+	if tr.Requests[1].At != 250*time.Millisecond || tr.Requests[0].OutputTokens != 120 || tr.Requests[1].OutputTokens != 200 {
+		t.Errorf("requests %+v", tr.Requests)
+	}
+	wantSkipped(t, tr, map[string]int{"no upstream": 1, "not an nginx JSON line": 1})
+	if f, err := detectFormat([]byte(`<190>Dec  3 web nginx: {"msec":"1","upstream_addr":"a"}`)); err != nil || f != FormatNginx {
+		t.Errorf("detect syslog nginx: %s, %v", f, err)
+	}
+}
+
+// A file with no usable request is an error naming it.
+func TestReadTraceEmptyOrUnusable(t *testing.T) {
+	dir := t.TempDir()
+	for name, data := range map[string]string{
+		"empty.jsonl":   "",
+		"blank.csv":     "\n\r\n  \n",
+		"header.csv":    "TIMESTAMP,ContextTokens,GeneratedTokens\n",
+		"allbad.jsonl":  `{"timestamp": "x", "input_length": 1}` + "\n",
+		"unknown.jsonl": `{"hello": 1}` + "\n",
+	} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadTraceFile(path, ""); err == nil || !strings.Contains(err.Error(), path) {
+			t.Errorf("%s: err = %v, want an error naming the file", name, err)
+		}
+	}
+	if _, err := ReadTrace(strings.NewReader("a,b\n"), "f", "nope"); err == nil {
+		t.Error("unknown format: no error")
+	}
+}
+
+// A hit is the run of leading blocks cached; the least recently used block
+// goes first at capacity.
+func TestBlockCache(t *testing.T) {
+	c := newBlockCache(4)
+	a := chainBlocks([]uint64{1, 2, 3})
+	if hit := c.use(a); hit != 0 {
+		t.Fatalf("cold cache hit %d blocks", hit)
+	}
+	if hit := c.use(a); hit != 3 {
+		t.Errorf("same prompt again: %d blocks, want 3", hit)
+	}
+	// Same first block, other second: only the first is reused, even though
+	// the third id is the same.
+	b := chainBlocks([]uint64{1, 9, 3})
+	if got := c.leading(b); got != 1 {
+		t.Errorf("diverging prompt: %d leading blocks, want 1", got)
+	}
+	c.use(b) // inserts 2 blocks: 5 > 4, evicts the LRU block (a's 2nd... a's blocks were used before b's)
+	if c.size() != 4 {
+		t.Errorf("size %d, want the capacity 4", c.size())
+	}
+	// LRU order before b: a0, a1, a2 (a2 most recent). b touched a0 (b0)
+	// and inserted b1, b2: a1 was the least recent and went.
+	if got := c.leading(a); got != 1 {
+		t.Errorf("after eviction a hits %d leading blocks, want 1 (its second block evicted)", got)
+	}
+	if _, ok := c.index[a[2]]; !ok {
+		t.Error("a's third block was evicted before the least recent one")
+	}
+	if got := c.leading(b); got != 3 {
+		t.Errorf("b hits %d, want 3", got)
+	}
+}
