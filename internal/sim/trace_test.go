@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -181,5 +182,104 @@ func TestBlockCache(t *testing.T) {
 	}
 	if got := c.leading(b); got != 3 {
 		t.Errorf("b hits %d, want 3", got)
+	}
+}
+
+func TestPrecisePrefixChoice(t *testing.T) {
+	blocks := chainBlocks([]uint64{1, 2, 3, 4})
+	mk := func(busy, waiting int, cached []uint64) *backend {
+		be := &backend{busy: busy, waiting: waiting, kv: newBlockCache(100)}
+		be.kv.use(cached)
+		return be
+	}
+	p := newPrefixRouter(PrecisePrefix, env{ids: []string{"a", "b"}, rng: rand.New(rand.NewPCG(1, 2)),
+		backends: []*backend{mk(8, 4, blocks), mk(0, 0, nil)}}).(*precisePrefix)
+	req := &request{blocks: blocks, promptTokens: 2000}
+	// All four blocks on the busier backend: 3 x 1 + 0 beats 0 + 2 x 1.
+	if b, _ := p.pick(req, -1); b != 0 {
+		t.Errorf("full hit on the loaded backend: picked %d, want 0", b)
+	}
+	// One block in four: 3 x 0.25 < 2, the idle backend wins.
+	p.backends[0] = mk(8, 4, blocks[:1])
+	if b, _ := p.pick(req, -1); b != 1 {
+		t.Errorf("quarter hit on the loaded backend: picked %d, want 1", b)
+	}
+	// Excluding the idle one leaves the other.
+	if b, _ := p.pick(req, 1); b != 0 {
+		t.Errorf("exclude 1: picked %d", b)
+	}
+}
+
+func TestSGLangCacheChoice(t *testing.T) {
+	e := env{ids: []string{"a", "b", "c"}, rng: rand.New(rand.NewPCG(1, 2)),
+		backends: []*backend{{spec: BackendSpec{KVBlocks: 100}}, {spec: BackendSpec{KVBlocks: 100}}, {spec: BackendSpec{KVBlocks: 100}}}}
+	p := newPrefixRouter(SGLangCache, e).(*sglangCache)
+	conv := chainBlocks([]uint64{1, 2, 3, 4})
+	p.trees[1].use(conv[:3]) // b sent this conversation's first turn
+	p.trees[0].use(chainBlocks([]uint64{7, 8}))
+	req := &request{blocks: conv}
+	// Balanced: the longest match (3 of 4 > 0.3) wins.
+	if b, _ := p.pick(req, -1); b != 1 {
+		t.Errorf("balanced, match on b: picked %d, want 1", b)
+	}
+	if p.trees[1].leading(conv) != 4 {
+		t.Error("the chosen backend's tree did not get the request's blocks")
+	}
+	// No match above the threshold: the smallest tree (c, empty).
+	if b, _ := p.pick(&request{blocks: chainBlocks([]uint64{5, 6, 7, 8})}, -1); b != 2 {
+		t.Errorf("no match: picked %d, want 2 (smallest tree)", b)
+	}
+	// Imbalanced (b has 10 more in flight than a, and > 1.5x): least loaded.
+	p.inFlight = []int{1, 11, 3}
+	if b, _ := p.pick(req, -1); b != 0 {
+		t.Errorf("imbalanced: picked %d, want 0 (least loaded)", b)
+	}
+	// Within the absolute threshold it stays on the match.
+	p.inFlight = []int{1, 9, 3}
+	if b, _ := p.pick(req, -1); b != 1 {
+		t.Errorf("difference 8: picked %d, want 1", b)
+	}
+}
+
+// sharedTraces is ../shared/traces beside the module root (where CI clones
+// it); tests that need it skip without it.
+func sharedTraces(t *testing.T, name string) string {
+	t.Helper()
+	path := filepath.Join("..", "..", "..", "shared", "traces", name)
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("the shared trace %s is not beside the module root (../shared/traces): %v", name, err)
+	}
+	return path
+}
+
+// A seeded replay of the Mooncake trace's first 20 minutes: exact cache
+// knowledge must reuse more of the prompts than round-robin, and
+// fleetwatch's affinity must too.
+func TestReplayMooncakeSlice(t *testing.T) {
+	tr, err := ReadTraceFile(sharedTraces(t, "mooncake_conversation.jsonl"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for n < len(tr.Requests) && tr.Requests[n].At < 20*time.Minute {
+		n++
+	}
+	tr.Requests = tr.Requests[:n]
+	tr.Span = tr.Requests[n-1].At
+	sc := TraceScenario(tr, TraceOptions{Speed: 2, Routers: 4, Policies: []string{RoundRobin, Fleetwatch, PrecisePrefix}})
+	hit := map[string]float64{}
+	for _, p := range sc.Policies {
+		r, err := Run(sc, p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Requests != n {
+			t.Errorf("%s: %d requests, want the slice's %d", p, r.Requests, n)
+		}
+		hit[p] = r.TokenHitRate
+	}
+	t.Logf("%d requests, token hit rates %v", n, hit)
+	if hit[PrecisePrefix] <= hit[RoundRobin] || hit[Fleetwatch] <= hit[RoundRobin] {
+		t.Errorf("token hit rates %v: precise-prefix and fleetwatch should beat round-robin", hit)
 	}
 }
