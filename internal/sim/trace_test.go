@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -282,4 +283,30 @@ func TestReplayMooncakeSlice(t *testing.T) {
 	if hit[PrecisePrefix] <= hit[RoundRobin] || hit[Fleetwatch] <= hit[RoundRobin] {
 		t.Errorf("token hit rates %v: precise-prefix and fleetwatch should beat round-robin", hit)
 	}
+}
+
+// Arbitrary bytes in any format never panic; a trace that reads has its
+// requests in arrival order from 0.
+func FuzzReadTrace(f *testing.F) {
+	f.Add("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,10,2\n", "")
+	f.Add(`{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}`, "")
+	f.Add(`{"pool":"p","backend":"b","ts":"2026-12-03T06:00:02.000Z","duration_ms":1}`, FormatOutcomes)
+	f.Add(`{"msec":"1764741601.500","upstream_addr":"10.0.0.1:8000","upstream_status":"200"}`, FormatNginx)
+	f.Fuzz(func(t *testing.T, data, format string) {
+		if !slices.Contains(TraceFormats, format) {
+			format = ""
+		}
+		tr, err := ReadTrace(strings.NewReader(data), "fuzz", format)
+		if err != nil {
+			return
+		}
+		if len(tr.Requests) == 0 || tr.Requests[0].At != 0 {
+			t.Fatalf("a trace read without error: %d requests, first at %v", len(tr.Requests), tr.Requests[0].At)
+		}
+		for i := 1; i < len(tr.Requests); i++ {
+			if tr.Requests[i].At < tr.Requests[i-1].At {
+				t.Fatalf("request %d at %v before %v", i, tr.Requests[i].At, tr.Requests[i-1].At)
+			}
+		}
+	})
 }
