@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -41,8 +43,16 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	stallFloor := fs.Duration("stall-floor", 0, "the feed-following routers' first-token deadline floor (route's stall_floor); 0 keeps 10s, negative turns the deadline off")
 	detection := fs.Bool("detection", false, "also print breaker openings and the time to open the watched backend, per seed")
 	variants := fs.Bool("variants", false, "also run the picker's score variants and the default-analyzer variant: "+strings.Join(simVariants, ", "))
+	trace := fs.String("trace", "", "replay this per-request trace through the policies instead of the scenarios (formats: "+strings.Join(sim.TraceFormats, ", ")+")")
+	format := fs.String("format", "", "the --trace file's format; detected from its first line when empty")
+	speed := fs.Float64("speed", 1, "with --trace: compress the trace's time by this factor (2: twice the rate)")
+	backends := fs.Int("backends", 4, "with --trace: identical backends in the fleet")
+	slots := fs.Int("slots", 8, "with --trace: concurrent sequences per backend (the queue is 4x)")
+	kvBlocks := fs.Int("kv-blocks", sim.DefaultKVBlocks, "with --trace: KV prefix cache per backend in 512-token blocks (0: none)")
+	decodeMs := fs.Float64("decode-ms", 5, "with --trace: decode time per output token at an empty batch, ms")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--variants]")
+		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N] [--slots N] [--kv-blocks N] [--policies P,...]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -59,6 +69,20 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *seeds < 1 {
 		fmt.Fprintln(stderr, "fleetwatch sim: --seeds must be >= 1")
 		return errUsage
+	}
+	if *trace != "" {
+		if *speed <= 0 || *backends < 1 || *slots < 1 || *kvBlocks < 0 || *decodeMs <= 0 {
+			fmt.Fprintln(stderr, "fleetwatch sim: --speed, --backends, --slots and --decode-ms must be > 0, --kv-blocks >= 0")
+			return errUsage
+		}
+		o := sim.TraceOptions{Speed: *speed, Routers: *routers, Backends: *backends, Slots: *slots, KVBlocks: *kvBlocks, DecodeMs: *decodeMs}
+		if *kvBlocks == 0 {
+			o.KVBlocks = -1
+		}
+		if *policies != "" {
+			o.Policies = strings.Split(*policies, ",")
+		}
+		return runSimTrace(ctx, *trace, *format, o, *feedPeriod, *seed, *seeds, *out, stdout, stderr)
 	}
 	all := sim.Scenarios()
 	if *scenario == "list" {
@@ -139,5 +163,65 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 		fmt.Fprintf(stderr, "fleetwatch sim: wrote %s\n", *out)
 	}
+	return nil
+}
+
+// runSimTrace replays a trace file through the policies and prints one
+// table (medians over seeds: the seed draws each request's router and the
+// policies' randomness); with out it also writes results.csv and tables.md.
+func runSimTrace(ctx context.Context, path, format string, o sim.TraceOptions, feedPeriod time.Duration, seed uint64, seeds int, out string, stdout, stderr io.Writer) error {
+	tr, err := sim.ReadTraceFile(path, format)
+	if err != nil {
+		return err
+	}
+	sc := sim.TraceScenario(tr, o)
+	sc.FeedPeriod = feedPeriod
+	start := time.Now()
+	results, err := sim.RunScenarios(ctx, []sim.Scenario{sc}, seed, seeds)
+	if err != nil {
+		return err
+	}
+	elapsed := time.Since(start)
+	var medians []*sim.Result
+	requests := 0
+	for _, runs := range results[0] {
+		medians = append(medians, sim.Median(runs))
+		for _, r := range runs {
+			requests += r.Requests
+		}
+	}
+	var tables strings.Builder
+	if seeds > 1 {
+		fmt.Fprintf(&tables, "Medians over seeds %d to %d.\n\n", seed, seed+uint64(seeds)-1)
+	}
+	if err := sim.WriteTraceTable(&tables, sc, medians); err != nil {
+		return err
+	}
+	if _, err := io.WriteString(stdout, tables.String()); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "fleetwatch sim: %d runs, %d replayed requests in %.2fs (%.0f requests per wall second)\n",
+		sim.CountRuns(results), requests, elapsed.Seconds(), float64(requests)/elapsed.Seconds())
+	if out == "" {
+		return nil
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return err
+	}
+	var flat []*sim.Result
+	for _, runs := range results[0] {
+		flat = append(flat, runs...)
+	}
+	var csv strings.Builder
+	if err := sim.WriteCSV(&csv, flat, true); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, "results.csv"), []byte(csv.String()), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(out, "tables.md"), []byte(tables.String()), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "fleetwatch sim: wrote %s\n", out)
 	return nil
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -115,5 +117,55 @@ func TestSimFlags(t *testing.T) {
 	out, _, err := runSimArgs(t, "--scenario", "list")
 	if err != nil || !strings.Contains(out, "shared-prompt") {
 		t.Errorf("--scenario list: %v\n%s", err, out)
+	}
+}
+
+// --trace replays a file through the trace policies; bad lines are counted
+// in the report, and a file without a usable request is an error naming it.
+func TestSimTrace(t *testing.T) {
+	dir := t.TempDir()
+	var b strings.Builder
+	for i := range 200 {
+		// Ten conversations of growing turns, one line that is not JSON.
+		conv := i % 10
+		turn := i / 10
+		ids := []string{"0", strconv.Itoa(100 + conv)}
+		for k := range turn % 4 {
+			ids = append(ids, strconv.Itoa(1000*conv+k))
+		}
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": %d, "output_length": 50, "hash_ids": [%s]}`+"\n", i*300, 512*len(ids), strings.Join(ids, ","))
+	}
+	b.WriteString("{broken\n")
+	path := filepath.Join(dir, "conv.jsonl")
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--trace", path, "--routers", "4", "--speed", "2", "--seeds", "2", "--out", filepath.Join(dir, "out")}
+	out, stderr, err := runSimArgs(t, args...)
+	if err != nil {
+		t.Fatalf("runSim: %v\n%s", err, stderr)
+	}
+	for _, want := range []string{"mooncake-jsonl", "200 requests", "x2", "4 routers", "Lines skipped: 1 (bad json: 1)",
+		"| round-robin", "| least-conn", "| fleetwatch", "| precise-prefix", "| sglang-cache", "token hit rate", "Medians over seeds 1 to 2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	again, _, err := runSimArgs(t, args...)
+	if err != nil || again != out {
+		t.Errorf("a second run printed other tables (err %v):\n%s\n---\n%s", err, out, again)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "out", "results.csv")); err != nil {
+		t.Error(err)
+	}
+	empty := filepath.Join(dir, "empty.csv")
+	if err := os.WriteFile(empty, []byte("TIMESTAMP,ContextTokens,GeneratedTokens\r\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runSimArgs(t, "--trace", empty); err == nil || !strings.Contains(err.Error(), empty) {
+		t.Errorf("empty trace: err = %v, want one naming %s", err, empty)
+	}
+	if _, _, err := runSimArgs(t, "--trace", path, "--speed", "0"); !errors.Is(err, errUsage) {
+		t.Errorf("--speed 0: err = %v, want usage", err)
 	}
 }

@@ -35,4 +35,12 @@
 // yet, so the simulator computes them from the same outcome events the
 // analyzer sees (fleetfeed.go) and lays them over its snapshots; see
 // docs/EVALUATION.md, "Fleet-wide load (experiment)".
+//
+// A Scenario with a Trace replays recorded requests instead of the
+// generated workload (trace.go reads Azure CSV, Mooncake JSONL, outcome
+// events and nginx JSON logs): each backend then has a KV cache of
+// 512-token blocks (kvcache.go, LRU) and a request pays prefill only after
+// its leading cached blocks; the prefix policies (policy_prefix.go) are a
+// perfect-knowledge precise-prefix scorer and an SGLang-style approximate
+// cache-aware router. See docs/EVALUATION.md, "Real traces".
 package sim

@@ -91,6 +91,7 @@ type request struct {
 	outputTokens int
 	prefix       uint64
 	hasPrefix    bool
+	blocks       []uint64 // the prompt's KV blocks as prefix keys (a trace's), nil for none
 	attempts     int
 	finished     bool
 }
@@ -119,6 +120,7 @@ type backend struct {
 	queueHead   int
 	waiting     int // queued attempts still waiting
 	cache       lru
+	kv          *blockCache // nil without KVBlocks
 	lastServed  float64
 	served      bool
 	fingerprint string

@@ -38,6 +38,10 @@ type Result struct {
 	// CacheHitRate is the share of started prefixed attempts that hit the
 	// backend's prefix cache; NaN without prefixes.
 	CacheHitRate float64
+	// TokenHitRate is the share of the started attempts' prompt tokens
+	// served from a prefix cache (the prompt-token cache hit rate); NaN
+	// when no attempt started.
+	TokenHitRate float64
 	// RetriesPerRequest and AttemptsPerRequest measure retry load.
 	RetriesPerRequest, AttemptsPerRequest float64
 	// WindowAttemptsPerRequest is attempts sent during the watch window
@@ -89,6 +93,8 @@ type metrics struct {
 	maxMin       []float64
 	prefixStarts int
 	cacheHits    int
+	promptTokens int64 // of started attempts
+	cachedTokens int64 // of those, served from a prefix cache
 	opened       []int
 	watchOpenMs  float64 // -1 until the watched backend opens in the window
 	quietIdx     int
@@ -190,6 +196,10 @@ func (s *sim) result(seed uint64) *Result {
 	r.ImbalanceP95 = quantile(m.imbalance, 0.95)
 	slices.Sort(m.maxMin)
 	r.MaxMinP95 = quantile(m.maxMin, 0.95)
+	r.TokenHitRate = math.NaN()
+	if m.promptTokens > 0 {
+		r.TokenHitRate = float64(m.cachedTokens) / float64(m.promptTokens)
+	}
 	if m.prefixStarts > 0 {
 		r.CacheHitRate = float64(m.cacheHits) / float64(m.prefixStarts)
 	}

@@ -134,6 +134,9 @@ type env struct {
 	global   *globalLatency
 	usesFeed bool
 	feed     *fleetFeed // the published fleet loads (fleet-load policies)
+	// backends are the simulated servers themselves, for the
+	// perfect-knowledge precise-prefix policy only.
+	backends []*backend
 }
 
 func newRouter(name string, e env) (router, error) {
@@ -153,6 +156,9 @@ func newRouter(name string, e env) (router, error) {
 		return newLiteLLM(n, e), nil
 	case AlwaysSticky:
 		return newSticky(e), nil
+	}
+	if rt := newPrefixRouter(name, e); rt != nil {
+		return rt, nil
 	}
 	if pp, ok := pickerPolicies[name]; ok {
 		s := pp.settings

@@ -77,7 +77,14 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 	if len(sc.Backends) == 0 {
 		return nil, errors.New("sim: scenario has no backends")
 	}
-	if sc.Workload.RatePerSec <= 0 {
+	if sc.Trace != nil {
+		if len(sc.Trace.Requests) == 0 {
+			return nil, errors.New("sim: trace has no requests")
+		}
+		if sc.TraceSpeed < 0 {
+			return nil, errors.New("sim: trace speed must be > 0")
+		}
+	} else if sc.Workload.RatePerSec <= 0 {
 		return nil, errors.New("sim: workload rate must be > 0")
 	}
 	if sc.Routers == 0 {
@@ -108,6 +115,9 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 		}
 		s.ids = append(s.ids, spec.ID)
 		be := &backend{spec: spec, cache: lru{size: spec.CacheSize}, fingerprint: "fp_a"}
+		if spec.KVBlocks > 0 {
+			be.kv = newBlockCache(spec.KVBlocks)
+		}
 		for j := range sc.Incidents {
 			if sc.Incidents[j].Backend == spec.ID {
 				be.incidents = append(be.incidents, &sc.Incidents[j])
@@ -151,12 +161,13 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 	}
 	for r := range sc.Routers {
 		rt, err := newRouter(policy, env{
-			ids:    s.ids,
-			rng:    rand.New(rand.NewPCG(seed, uint64(r+1)<<32|0x70)),
-			now:    func() float64 { return s.now },
-			wall:   func() time.Time { return s.wall() },
-			global: s.global,
-			feed:   s.feed,
+			ids:      s.ids,
+			rng:      rand.New(rand.NewPCG(seed, uint64(r+1)<<32|0x70)),
+			now:      func() float64 { return s.now },
+			wall:     func() time.Time { return s.wall() },
+			global:   s.global,
+			feed:     s.feed,
+			backends: s.backends,
 		})
 		if err != nil {
 			return nil, err
@@ -179,7 +190,7 @@ func (s *sim) schedule(e event) {
 func (s *sim) run() {
 	s.schedule(event{at: 0, kind: evHeartbeat})
 	s.schedule(event{at: 0, kind: evSample})
-	s.schedule(event{at: s.interArrival(), kind: evArrival})
+	s.schedule(event{at: s.nextArrival(), kind: evArrival})
 	for i := range s.sc.Incidents {
 		if in := &s.sc.Incidents[i]; in.Kind == Drift && in.To > 0 {
 			s.schedule(event{at: ms(in.To), kind: evDrift, b: slices.Index(s.ids, in.Backend)})
@@ -248,7 +259,57 @@ func (s *sim) interArrival() float64 {
 	return s.now + s.workload.ExpFloat64()/rate*1000
 }
 
+// nextArrival is the time of the next arrival: the trace's next request,
+// or a draw from the workload.
+func (s *sim) nextArrival() float64 {
+	if tr := s.sc.Trace; tr != nil {
+		if s.nextID >= len(tr.Requests) {
+			return math.Inf(1)
+		}
+		return ms(tr.Requests[s.nextID].At) / s.traceSpeed()
+	}
+	return s.interArrival()
+}
+
+func (s *sim) traceSpeed() float64 {
+	if s.sc.TraceSpeed > 0 {
+		return s.sc.TraceSpeed
+	}
+	return 1
+}
+
+// affinityBlocks is how many leading KV blocks make a trace request's
+// prefix key for the policies with prefix affinity (fleetwatch,
+// always-sticky): the hash of its first 1,024 tokens, what a proxy can
+// compute from a request's body.
+const affinityBlocks = 2
+
+func (s *sim) arriveTrace() {
+	tr := s.sc.Trace.Requests[s.nextID]
+	req := &request{
+		id:           s.nextID,
+		router:       s.workload.IntN(len(s.routers)),
+		arrival:      s.now,
+		promptTokens: tr.PromptTokens,
+		outputTokens: tr.OutputTokens,
+		blocks:       tr.Blocks,
+	}
+	if n := len(tr.Blocks); n > 0 {
+		req.prefix, req.hasPrefix = tr.Blocks[min(n, affinityBlocks)-1], true
+	}
+	s.nextID++
+	if at := s.nextArrival(); !math.IsInf(at, 1) {
+		s.schedule(event{at: at, kind: evArrival})
+	}
+	s.m.requests++
+	s.send(req, -1)
+}
+
 func (s *sim) arrive() {
+	if s.sc.Trace != nil {
+		s.arriveTrace()
+		return
+	}
 	w := &s.sc.Workload
 	req := &request{
 		id:           s.nextID,
@@ -364,13 +425,26 @@ func (s *sim) startService(be *backend, att *attempt) {
 	be.busy++
 	att.inSlot = true
 	req := att.req
-	if req.hasPrefix {
+	cached := 0
+	switch {
+	case len(req.blocks) > 0 && be.kv != nil:
+		// A hit is the run of leading blocks cached; the last block may be
+		// partial.
+		cached = min(be.kv.use(req.blocks)*BlockTokens, req.promptTokens)
+		att.cacheHit = cached > 0
+		s.m.prefixStarts++
+	case req.hasPrefix && len(req.blocks) == 0:
 		att.cacheHit = be.cache.touch(req.prefix)
 		s.m.prefixStarts++
 		if att.cacheHit {
-			s.m.cacheHits++
+			cached = s.sc.Workload.PrefixTokens
 		}
 	}
+	if att.cacheHit {
+		s.m.cacheHits++
+	}
+	s.m.promptTokens += int64(req.promptTokens)
+	s.m.cachedTokens += int64(cached)
 	if att.stalled {
 		return // the timeout ends it
 	}
@@ -380,10 +454,7 @@ func (s *sim) startService(be *backend, att *attempt) {
 		extra = spec.ColdMs
 	}
 	be.served, be.lastServed = true, s.now
-	uncached := req.promptTokens
-	if att.cacheHit {
-		uncached -= s.sc.Workload.PrefixTokens
-	}
+	uncached := req.promptTokens - cached
 	speed := s.speed(be)
 	prefill := (spec.PrefillBaseMs + spec.PrefillPerTokenMs*float64(uncached)) * speed
 	decode := float64(req.outputTokens) * spec.DecodePerTokenMs * speed *

@@ -25,6 +25,12 @@ type Scenario struct {
 	FeedPeriod time.Duration
 	Backends   []BackendSpec
 	Workload   Workload
+	// Trace, when set, replaces Workload: its requests arrive at their
+	// times divided by TraceSpeed (1 if zero), each at a router drawn
+	// uniformly, with its prompt's KV blocks when the trace has them
+	// (trace.go, fleetwatch sim --trace).
+	Trace      *Trace
+	TraceSpeed float64
 	// Incidents change backends' behaviour over time.
 	Incidents []Incident
 	// Retries is how many times a client retries a failed attempt on
@@ -84,6 +90,11 @@ type BackendSpec struct {
 	// CacheSize is the number of prefixes the prefix cache (LRU) holds. If
 	// zero, 16 is used.
 	CacheSize int
+	// KVBlocks is the capacity, in blocks of BlockTokens tokens, of the
+	// backend's KV prefix cache (kvcache.go), used for requests that carry
+	// their prompt's blocks (a trace's); 0 for none. See
+	// docs/EVALUATION.md, "Real traces", for the sizing.
+	KVBlocks int
 	// ColdMs is the extra time of the first request after ColdIdle without
 	// requests (scale to zero), and of the very first one when StartsCold.
 	ColdMs     float64
