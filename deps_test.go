@@ -30,6 +30,8 @@ var allowed = map[string][]string{
 	"dashboards":    {},
 	// The one mapping from the YAML file to every component's Settings.
 	"internal/config": {".", "analyzer", "collector", "feed", "feed/p2c", "feed/route", "probes"},
+	// `fleetwatch route` as a value: the one assembly of the router.
+	"internal/router": {".", "feed", "feed/p2c", "feed/route", "internal/config"},
 	// Helpers shared by tests; imported only from _test.go files.
 	"internal/testkit": {".", "internal/fakeai"},
 }

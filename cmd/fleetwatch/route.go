@@ -6,18 +6,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
 	"github.com/nats-io/nats.go"
 
-	"github.com/fleetwatch/fleetwatch"
-	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/feed/route"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/router"
 )
 
 func init() {
@@ -38,11 +35,13 @@ type routeOptions struct {
 	headerTimeout time.Duration
 }
 
-// runRoute is `fleetwatch route`: the feed/route router (see its package
-// documentation for the routing, retries and shedding) over the pools of
-// --config, following the decisions through a feed watcher and publishing
-// one outcome event per attempt on <prefix>.outcomes.<source>. It also
-// serves /metrics (Prometheus text) and /healthz.
+// runRoute is `fleetwatch route`: internal/router (the feed/route router,
+// see its package documentation for the routing, retries and shedding)
+// over the pools and the route block of --config, following the decisions
+// through a feed watcher and publishing one outcome event per attempt on
+// <prefix>.outcomes.<source>. It also serves /metrics (Prometheus text)
+// and /healthz. The router's knobs are keys of the route block; a flag
+// given on the command line overrides its key.
 //
 // Outcome events are queued and published in NDJSON batches (every 10ms or
 // 64 KiB) by one goroutine: a slow or absent NATS never delays a request;
@@ -55,12 +54,12 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	host, _ := os.Hostname()
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:8090", "address the proxy listens on")
 	fs.StringVar(&o.source, "source", host, "this proxy's id: the source field of its events and the last token of its outcome subject")
-	fs.StringVar(&o.prefixFrom, "prefix-from", "system", "what the affinity prefix hash is computed from: system (the first system message) or none")
-	fs.IntVar(&o.maxAttempts, "max-attempts", 3, "attempts per request, first included (retries also need the retry budget)")
-	fs.DurationVar(&o.idleGap, "idle-gap", 5*time.Minute, "silence after which this router marks its next request to a backend cold")
-	fs.Float64Var(&o.retryRatio, "retry-ratio", p2c.DefaultRetryRatio, "retries allowed per first attempt (the retry budget)")
-	fs.Int64Var(&o.maxBody, "max-body", 32<<20, "largest request body accepted, in bytes")
-	fs.DurationVar(&o.headerTimeout, "header-timeout", 0, "give up on a backend that sends no response headers within this time (a timeout outcome, retried); 0: wait as long as the client does")
+	fs.StringVar(&o.prefixFrom, "prefix-from", route.PrefixSystem, "what the affinity prefix hash is computed from: system (the first system message) or none (overrides route.prefix_from)")
+	fs.IntVar(&o.maxAttempts, "max-attempts", route.DefaultMaxAttempts, "attempts per request, first included (retries also need the retry budget; overrides route.max_attempts)")
+	fs.DurationVar(&o.idleGap, "idle-gap", route.DefaultIdleGap, "silence after which this router marks its next request to a backend cold (overrides route.idle_gap)")
+	fs.Float64Var(&o.retryRatio, "retry-ratio", p2c.DefaultRetryRatio, "retries allowed per first attempt (the retry budget; overrides route.retry_ratio)")
+	fs.Int64Var(&o.maxBody, "max-body", route.DefaultMaxBody, "largest request body accepted, in bytes (overrides route.max_body_bytes)")
+	fs.DurationVar(&o.headerTimeout, "header-timeout", 0, "give up on a backend that sends no response headers within this time (a timeout outcome, retried); 0: wait as long as the client does (overrides route.header_timeout)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -73,7 +72,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errUsage
 	}
 	if o.source == "" {
-		o.source = "route"
+		o.source = route.DefaultSource
 	}
 	cfg, err := nf.loadConfig()
 	if err != nil {
@@ -82,111 +81,48 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(cfg.Pools) == 0 {
 		return errors.New("the configuration has no pools: route needs --config with pools and backend urls")
 	}
-	pools := cfg.RoutePools(os.Getenv, p2c.Settings{RetryRatio: o.retryRatio})
-	subjects := fleetwatch.Subjects{Prefix: cfg.Prefix}
+	o.override(fs, &cfg.Route)
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "route: "+format+"\n", args...) }
 
-	// One metrics set for the router, its publisher and its watcher, served
-	// on /metrics. The router is built before NATS is dialled, so that a
-	// configuration error is reported as such; the publisher's Run, the one
-	// caller of Publish, starts once nc is set.
-	set := metrics.NewSet()
-	var nc *nats.Conn
-	events, err := route.NewOutcomePublisher(route.PublisherSettings{
-		Subject: subjects.Outcomes() + "." + route.SubjectToken(o.source),
-		Publish: func(subject string, data []byte) error { return nc.Publish(subject, data) },
-		Metrics: set,
+	// The router is built before NATS is dialled, so that a configuration
+	// error is reported as such; its Run dials.
+	var rt *router.Router
+	rt, err = router.New(cfg, router.Options{
+		Listen: o.listen,
+		Source: o.source,
+		Dial: func() (*nats.Conn, error) {
+			return nf.connectURL("fleetwatch-route-"+o.source, cfg.NATS.URL, logf)
+		},
+		Logf: logf,
+		OnListen: func(url string) {
+			fmt.Fprintf(stdout, "route: listening on %s (%d pools, events on %s)\n", url, len(cfg.Pools), rt.Subject())
+		},
 	})
-	if err != nil {
-		return err
-	}
-	rt, err := route.New(cfg.RouteSettings(route.Settings{
-		Pools:         pools,
-		HeaderTimeout: o.headerTimeout,
-		MaxAttempts:   o.maxAttempts,
-		Source:        o.source,
-		PrefixFrom:    o.prefixFrom,
-		IdleGap:       o.idleGap,
-		MaxBody:       o.maxBody,
-		Publisher:     events,
-		Metrics:       set,
-		Logf:          logf,
-	}))
 	if err != nil {
 		return fmt.Errorf("config: %w", err)
 	}
 	defer rt.Close()
-
-	nc, err = nf.connectURL("fleetwatch-route-"+o.source, cfg.NATS.URL, logf)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	pubDone := make(chan error, 1)
-	go func() { pubDone <- events.Run(context.WithoutCancel(ctx)) }() // exits on Close
-	defer func() {
-		events.Close()
-		<-pubDone
-		if nc.IsConnected() { // hand the last batch over; never wait for a server that is gone
-			nc.FlushTimeout(2 * time.Second)
-		}
-	}()
-
-	// The feed watcher applies every newer snapshot of a configured pool to
-	// its picker (live from the decisions subjects, and at start and after
-	// a reconnect from the KV bucket).
-	watcher, err := feed.NewWatcher(nc, feed.WatcherSettings{
-		Prefix:   cfg.Prefix,
-		Pools:    rt.Pools(),
-		OnUpdate: rt.Apply,
-		Metrics:  set,
-		Logf:     logf,
-	})
-	if err != nil {
-		return err
-	}
-	watchDone := make(chan error, 1)
-	go func() { watchDone <- watcher.Run(ctx) }() // exits on ctx or Close
-	defer func() {
-		watcher.Close()
-		<-watchDone
-	}()
-
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	srv := &http.Server{Handler: routeHandler(rt, set), ReadHeaderTimeout: 30 * time.Second}
-	fmt.Fprintf(stdout, "route: listening on http://%s (%d pools, events on %s)\n",
-		ln.Addr(), len(pools), events.Subject())
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }() // exits when srv shuts down
-	select {
-	case err := <-serveErr:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
-	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(shutdownCtx); err != nil {
-		srv.Close()
-	}
-	<-serveErr
-	return nil
+	return rt.Run(ctx)
 }
 
-// routeHandler serves the router's API, plus /metrics (Prometheus text) and
-// /healthz.
-func routeHandler(rt *route.Router, set *metrics.Set) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.Method == http.MethodGet && r.URL.Path == "/metrics":
-			w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-			set.WritePrometheus(w)
-		case r.Method == http.MethodGet && (r.URL.Path == "/healthz" || r.URL.Path == "/health"):
-			w.WriteHeader(http.StatusOK)
-		default:
-			rt.ServeHTTP(w, r)
+// override sets the keys of the route block whose flags were given on the
+// command line: a flag wins over the file, a flag left out leaves the
+// file's value (or route's default).
+func (o *routeOptions) override(fs *flag.FlagSet, rc *config.RouteConfig) {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "prefix-from":
+			rc.PrefixFrom = o.prefixFrom
+		case "max-attempts":
+			rc.MaxAttempts = &o.maxAttempts
+		case "idle-gap":
+			rc.IdleGap = &config.Duration{Duration: o.idleGap}
+		case "retry-ratio":
+			rc.RetryRatio = &o.retryRatio
+		case "max-body":
+			rc.MaxBodyBytes = &o.maxBody
+		case "header-timeout":
+			rc.HeaderTimeout = &config.Duration{Duration: o.headerTimeout}
 		}
 	})
 }

@@ -170,3 +170,49 @@ func TestRouteFlagsAndConfigErrors(t *testing.T) {
 		t.Errorf("backend without url: %v", err)
 	}
 }
+
+// The route block's keys reach `fleetwatch route`, and a flag given on the
+// command line wins over its key, even when it states the default: the
+// file's max_attempts 1 and max_body_bytes 4096 hold without flags;
+// --max-attempts 3 and --max-body override them.
+func TestRouteFlagsOverrideConfigKeys(t *testing.T) {
+	natsURL, _ := feedtest.NewServer(t)
+	backends := testkit.StartFakeBackends(t, 3)
+	for _, b := range backends {
+		b.SetBehavior(fakeai.Behavior{InstantError: true})
+	}
+	path := routeConfig(t, natsURL, backends, "")
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(f, "route:\n  max_attempts: 1\n  max_body_bytes: 4096\n")
+	f.Close()
+	for _, tc := range []struct {
+		name         string
+		args         []string
+		wantAttempts string
+		wantBigBody  func(status int) bool
+	}{
+		{"file", nil, "1", func(s int) bool { return s == http.StatusRequestEntityTooLarge }},
+		{"flags", []string{"--max-attempts", "3", "--max-body", "65536"}, "3", func(s int) bool { return s != http.StatusRequestEntityTooLarge }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := testkit.NewChatClient(startRouteCmd(t, path, tc.args...))
+			r, err := c.Post("/v1/completions", map[string]any{"model": "llama", "prompt": "x"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := r.Header.Get("X-Fleetwatch-Attempts"); r.Status < 500 || got != tc.wantAttempts {
+				t.Errorf("failing backends: status %d after %s attempts, want 5xx after %s", r.Status, got, tc.wantAttempts)
+			}
+			big, err := c.Post("/v1/completions", map[string]any{"model": "llama", "prompt": strings.Repeat("x", 5000)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.wantBigBody(big.Status) {
+				t.Errorf("a 5000-byte body: status %d", big.Status)
+			}
+		})
+	}
+}

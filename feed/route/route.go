@@ -85,6 +85,15 @@ var (
 	ErrConfig = errors.New("route: invalid settings")
 )
 
+// Defaults of Settings.MaxAttempts, IdleGap, MaxBody and Source, for
+// callers that state them (flags, the config file's route block).
+const (
+	DefaultMaxAttempts = 3
+	DefaultIdleGap     = 5 * time.Minute
+	DefaultMaxBody     = 32 << 20
+	DefaultSource      = "route"
+)
+
 // PrefixFrom values.
 const (
 	// PrefixSystem hashes the first system (or developer) message's
@@ -180,20 +189,20 @@ type Settings struct {
 	StallFloor    time.Duration
 	StallMultiple float64
 	// MaxAttempts is the number of attempts per request, the first
-	// included (retries also need the pool's retry budget). If zero, 3;
-	// 1 disables retries.
+	// included (retries also need the pool's retry budget). If zero,
+	// DefaultMaxAttempts (3); 1 disables retries.
 	MaxAttempts int
 	// Source is this router's id: the source field of its events. If
-	// empty, "route".
+	// empty, DefaultSource ("route").
 	Source string
 	// PrefixFrom is what the affinity prefix hash is computed from:
 	// PrefixSystem or PrefixNone. If empty, PrefixSystem.
 	PrefixFrom string
 	// IdleGap is the silence after which this router marks its next
-	// request to a backend cold. If zero, 5 minutes.
+	// request to a backend cold. If zero, DefaultIdleGap (5 minutes).
 	IdleGap time.Duration
 	// MaxBody is the largest request body accepted, in bytes. If zero,
-	// 32 MiB.
+	// DefaultMaxBody (32 MiB).
 	MaxBody int64
 	// Publisher receives one outcome event per attempt. If nil, events are
 	// not published.
@@ -304,13 +313,13 @@ func New(s Settings) (*Router, error) {
 		return nil, fmt.Errorf("%w: PrefixFrom = %q: want %q or %q", ErrConfig, s.PrefixFrom, PrefixSystem, PrefixNone)
 	}
 	if rt.maxAttempts == 0 {
-		rt.maxAttempts = 3
+		rt.maxAttempts = DefaultMaxAttempts
 	}
 	if rt.maxAttempts < 0 {
 		return nil, fmt.Errorf("%w: MaxAttempts = %d: must be >= 1", ErrConfig, s.MaxAttempts)
 	}
 	if rt.source == "" {
-		rt.source = "route"
+		rt.source = DefaultSource
 	}
 	switch {
 	case s.StallFloor == 0:
@@ -327,10 +336,10 @@ func New(s Settings) (*Router, error) {
 		return nil, fmt.Errorf("%w: StallMultiple = %v: must be > 0 and finite", ErrConfig, s.StallMultiple)
 	}
 	if rt.idleGap <= 0 {
-		rt.idleGap = 5 * time.Minute
+		rt.idleGap = DefaultIdleGap
 	}
 	if rt.maxBody <= 0 {
-		rt.maxBody = 32 << 20
+		rt.maxBody = DefaultMaxBody
 	}
 	if rt.now == nil {
 		rt.now = time.Now

@@ -18,12 +18,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/fleetwatch/fleetwatch"
-	"github.com/fleetwatch/fleetwatch/feed"
-	"github.com/fleetwatch/fleetwatch/feed/p2c"
-	"github.com/fleetwatch/fleetwatch/feed/route"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/router"
 	"github.com/fleetwatch/fleetwatch/internal/serve"
 )
 
@@ -253,8 +250,8 @@ func (p *peerRun) startBackends() error {
 }
 
 // startFleetwatch runs serve (embedded NATS, analyzer with its defaults,
-// probes off) and the router library wired as `fleetwatch route` wires it:
-// following the decisions, publishing one outcome event per attempt.
+// probes off) and `fleetwatch route` (internal/router): following the
+// decisions, publishing one outcome event per attempt.
 func (p *peerRun) startFleetwatch(ctx context.Context) (string, error) {
 	cfg := config.Default()
 	cfg.NATS.Listen = "127.0.0.1:-1"
@@ -277,47 +274,26 @@ func (p *peerRun) startFleetwatch(ctx context.Context) (string, error) {
 	go func() { srvDone <- srv.Run(srvCtx) }() // ends at stopServe
 	p.stops = append(p.stops, func() { stopServe(); <-srvDone; srv.Close() })
 
-	nc, err := nats.Connect(srv.NATSURL(), nats.Name("fleetwatch bench peers router"), nats.MaxReconnects(-1))
-	if err != nil {
-		return "", fmt.Errorf("bench peers: router: nats: %w", err)
-	}
-	subj := fleetwatch.Subjects{Prefix: cfg.Prefix}
-	events, err := route.NewOutcomePublisher(route.PublisherSettings{Subject: subj.Outcomes() + ".bench", Publish: nc.Publish})
-	if err != nil {
-		nc.Close()
-		return "", err
-	}
-	rt, err := route.New(cfg.RouteSettings(route.Settings{
-		Pools: cfg.RoutePools(os.Getenv, p2c.Settings{}), Source: "bench", Publisher: events, Logf: p.s.Logf,
-	}))
-	if err != nil {
-		nc.Close()
-		return "", err
-	}
-	watcher, err := feed.NewWatcher(nc, feed.WatcherSettings{Prefix: cfg.Prefix, Pools: rt.Pools(), OnUpdate: rt.Apply, Logf: p.s.Logf})
-	if err != nil {
-		nc.Close()
-		return "", err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		nc.Close()
-		return "", err
-	}
-	hs := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second}
-	rctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { events.Run(rctx) })  // ends at cancel
-	wg.Go(func() { watcher.Run(rctx) }) // ends at cancel
-	wg.Go(func() { hs.Serve(ln) })      // ends at Close
-	p.stops = append(p.stops, func() {
-		hs.Close()
-		rt.Close()
-		cancel()
-		wg.Wait()
-		nc.Drain()
+	rt, err := router.New(cfg, router.Options{
+		Source: "bench",
+		Dial: func() (*nats.Conn, error) {
+			nc, err := nats.Connect(srv.NATSURL(), nats.Name("fleetwatch bench peers router"), nats.MaxReconnects(-1))
+			if err != nil {
+				return nil, fmt.Errorf("bench peers: router: nats: %w", err)
+			}
+			return nc, nil
+		},
+		Logf: p.s.Logf,
 	})
-	return "http://" + ln.Addr().String(), nil
+	if err != nil {
+		return "", err
+	}
+	if err := rt.Start(context.WithoutCancel(ctx)); err != nil { // ends at Close
+		rt.Close()
+		return "", err
+	}
+	p.stops = append(p.stops, func() { rt.Close() })
+	return rt.URL(), nil
 }
 
 // freePort returns a loopback port that was free a moment ago.

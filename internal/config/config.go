@@ -337,9 +337,18 @@ type ReviewConfig struct {
 
 // RouteConfig is the `route` block: what `fleetwatch route` (feed/route)
 // takes from the file besides the pools.
+// Every key has a flag of the same name (--max-attempts for max_attempts,
+// --max-body for max_body_bytes) that wins when given; a key left out is
+// route's default (route.Default*, p2c.DefaultRetryRatio).
 type RouteConfig struct {
 	StallFloor    *Duration `yaml:"stall_floor"`    // first-token deadline floor; default 10s, negative: no deadline
-	StallMultiple *float64  `yaml:"stall_multiple"` // deadline = max(floor, this x the pool's p95 TTFT); default 4
+	StallMultiple *float64  `yaml:"stall_multiple"` // deadline = max(floor, this x the pool's p95 TTFT); default 8
+	MaxAttempts   *int      `yaml:"max_attempts"`   // attempts per request, the first included; default 3, 1: no retries
+	IdleGap       *Duration `yaml:"idle_gap"`       // silence after which the next request to a backend is marked cold; default 5m
+	MaxBodyBytes  *int64    `yaml:"max_body_bytes"` // largest request body accepted; default 32 MiB
+	HeaderTimeout *Duration `yaml:"header_timeout"` // wait for a backend's response headers (a timeout outcome, retried); default 0: as long as the client
+	RetryRatio    *float64  `yaml:"retry_ratio"`    // retries allowed per first attempt (the retry budget); default 0.2, negative: no budget
+	PrefixFrom    string    `yaml:"prefix_from"`    // what the affinity prefix hash is computed from: system (default) or none
 }
 
 // Duration is a time.Duration written as a Go duration string in YAML.
@@ -610,11 +619,8 @@ func (c *Config) validate(lines map[string]int, file string) error {
 	if c.Ingest.Durable != nil && *c.Ingest.Durable && c.NATS.NoJetStream {
 		return fail("ingest.durable", "true: the durable intake needs JetStream (nats.no_jetstream is true)")
 	}
-	if v := c.Route.StallFloor; v != nil && v.Duration == 0 {
-		return fail("route.stall_floor", "0s: must be > 0 (negative turns the first-token deadline off)")
-	}
-	if v := c.Route.StallMultiple; v != nil && (!(*v > 0) || math.IsInf(*v, 0)) {
-		return fail("route.stall_multiple", "%v: must be a finite number > 0", *v)
+	if err := c.Route.validate(fail); err != nil {
+		return err
 	}
 	if c.Probes.Timeout != nil && c.Probes.Timeout.Duration <= 0 {
 		return fail("probes.timeout", "%v: must be > 0", c.Probes.Timeout.Duration)

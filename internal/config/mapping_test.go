@@ -27,7 +27,7 @@ type mapped struct {
 	Route     []route.Pool
 	Scrape    ScrapeSettings
 	Upstreams []UpstreamConfig // the ingest adapters' mapping
-	RouteSet  route.Settings   // the route block (first-token deadline)
+	RouteSet  route.Settings   // the route block (the router's knobs)
 	Direct    map[string]any
 }
 
@@ -311,6 +311,16 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		t.Fatalf("scrape targets = %+v", m.Scrape.Targets)
 	}
 	reached("config.ScrapeTarget", reflect.ValueOf(m.Scrape.Targets[0]))
+	if len(m.Route) != 1 {
+		t.Fatalf("route pools = %+v", m.Route)
+	}
+	reached("p2c.Settings.RetryRatio", reflect.ValueOf(struct{ RetryRatio float64 }{m.Route[0].Picker.RetryRatio}))
+	// The router's settings the file does not set: the pools (above),
+	// the caller's identity and wiring.
+	for _, f := range []string{"Pools", "Transport", "Source", "Publisher", "Metrics", "Now", "Seed", "Logf", "Rewrite", "SkipResponseChecks", "ErrorHandler"} {
+		wiring["route.Settings."+f] = true
+	}
+	reached("route.Settings", reflect.ValueOf(m.RouteSet))
 	for _, f := range unreached {
 		t.Errorf("setting %s is reached by no key of the file", f)
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"math"
 	"strings"
 
 	"github.com/fleetwatch/fleetwatch"
@@ -13,7 +14,8 @@ import (
 // getenv from the variable the file names), priority and cost, and the
 // picker settings ps for every pool, with the pool's ms_per_cost_unit as
 // the score's exchange rate (p2c.Settings.CostWeightPerMs, its inverse)
-// and its score, choices and load_stale when the file sets them. route.New checks them and names the
+// and its score, choices and load_stale when the file sets them, and the
+// route block's retry_ratio when set. route.New checks them and names the
 // pool, backend or URL at fault (a backend without a URL, for one).
 func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route.Pool {
 	pools := make([]route.Pool, 0, len(c.Pools))
@@ -44,6 +46,9 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 		if pc.LoadStale != nil {
 			p.Picker.LoadStale = pc.LoadStale.Duration
 		}
+		if v := c.Route.RetryRatio; v != nil {
+			p.Picker.RetryRatio = *v
+		}
 		for _, bc := range pc.Backends {
 			b := route.Backend{ID: bc.ID, URL: bc.URL, Priority: bc.Priority, CostPerMTok: bc.CostPerMTok}
 			if bc.APIKeyEnv != "" {
@@ -66,14 +71,61 @@ func scoreNames() string {
 }
 
 // RouteSettings returns s with what the file's route block sets: the
-// first-token deadline (StallFloor, StallMultiple). Keys the file leaves
-// out keep s's values (zero: route's defaults).
+// first-token deadline (StallFloor, StallMultiple), MaxAttempts, IdleGap,
+// MaxBody, HeaderTimeout and PrefixFrom (retry_ratio goes to the pools'
+// pickers, RoutePools). Keys the file leaves out keep s's values (zero:
+// route's defaults).
 func (c *Config) RouteSettings(s route.Settings) route.Settings {
-	if v := c.Route.StallFloor; v != nil {
+	r := c.Route
+	if v := r.StallFloor; v != nil {
 		s.StallFloor = v.Duration
 	}
-	if v := c.Route.StallMultiple; v != nil {
+	if v := r.StallMultiple; v != nil {
 		s.StallMultiple = *v
 	}
+	if v := r.MaxAttempts; v != nil {
+		s.MaxAttempts = *v
+	}
+	if v := r.IdleGap; v != nil {
+		s.IdleGap = v.Duration
+	}
+	if v := r.MaxBodyBytes; v != nil {
+		s.MaxBody = *v
+	}
+	if v := r.HeaderTimeout; v != nil {
+		s.HeaderTimeout = v.Duration
+	}
+	if r.PrefixFrom != "" {
+		s.PrefixFrom = r.PrefixFrom
+	}
 	return s
+}
+
+// validate checks the route block; fail names the key and its line.
+func (r *RouteConfig) validate(fail func(key, format string, args ...any) error) error {
+	if v := r.StallFloor; v != nil && v.Duration == 0 {
+		return fail("route.stall_floor", "0s: must be > 0 (negative turns the first-token deadline off)")
+	}
+	if v := r.StallMultiple; v != nil && (!(*v > 0) || math.IsInf(*v, 0)) {
+		return fail("route.stall_multiple", "%v: must be a finite number > 0", *v)
+	}
+	if v := r.MaxAttempts; v != nil && *v < 1 {
+		return fail("route.max_attempts", "%d: must be >= 1", *v)
+	}
+	if v := r.IdleGap; v != nil && v.Duration <= 0 {
+		return fail("route.idle_gap", "%v: must be > 0", v.Duration)
+	}
+	if v := r.MaxBodyBytes; v != nil && *v <= 0 {
+		return fail("route.max_body_bytes", "%d: must be > 0", *v)
+	}
+	if v := r.HeaderTimeout; v != nil && v.Duration < 0 {
+		return fail("route.header_timeout", "%v: must be >= 0 (0: wait as long as the client does)", v.Duration)
+	}
+	if v := r.RetryRatio; v != nil && (math.IsNaN(*v) || math.IsInf(*v, 0)) {
+		return fail("route.retry_ratio", "%v: must be a finite number (negative: no retry budget)", *v)
+	}
+	if p := r.PrefixFrom; p != "" && p != route.PrefixSystem && p != route.PrefixNone {
+		return fail("route.prefix_from", "%q: want %s or %s", p, route.PrefixSystem, route.PrefixNone)
+	}
+	return nil
 }

@@ -66,8 +66,8 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
 	}
 }
 
-// The route block's deadline keys reach route.Settings; absent, the
-// caller's values stay (zero: route's defaults).
+// The route block's keys reach route.Settings; absent, the caller's values
+// stay (zero: route's defaults).
 func TestRouteSettingsStallDeadline(t *testing.T) {
 	tests := []struct {
 		name, yaml string
@@ -77,6 +77,9 @@ func TestRouteSettingsStallDeadline(t *testing.T) {
 		{"both", "route:\n  stall_floor: 3s\n  stall_multiple: 6\n",
 			route.Settings{MaxAttempts: 2, StallFloor: 3 * time.Second, StallMultiple: 6}},
 		{"off", "route:\n  stall_floor: -1s\n", route.Settings{MaxAttempts: 2, StallFloor: -time.Second}},
+		{"knobs", "route:\n  max_attempts: 5\n  idle_gap: 1m\n  max_body_bytes: 1024\n  header_timeout: 2s\n  prefix_from: none\n",
+			route.Settings{MaxAttempts: 5, IdleGap: time.Minute, MaxBody: 1024, HeaderTimeout: 2 * time.Second, PrefixFrom: route.PrefixNone}},
+		{"one attempt", "route:\n  max_attempts: 1\n", route.Settings{MaxAttempts: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -89,5 +92,27 @@ func TestRouteSettingsStallDeadline(t *testing.T) {
 				t.Errorf("settings (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// route.retry_ratio reaches every pool's picker, over the caller's.
+func TestRoutePoolsRetryRatio(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want float64
+	}{
+		{"", 0.5},
+		{"route: {retry_ratio: 0.1}\n", 0.1},
+		{"route: {retry_ratio: -1}\n", -1},
+	} {
+		c, err := Parse([]byte(tc.yaml+"pools:\n  - id: a\n  - id: b\n"), "fw.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range c.RoutePools(func(string) string { return "" }, p2c.Settings{RetryRatio: 0.5}) {
+			if p.Picker.RetryRatio != tc.want {
+				t.Errorf("%q: pool %s retry ratio %v, want %v", tc.yaml, p.ID, p.Picker.RetryRatio, tc.want)
+			}
+		}
 	}
 }

@@ -1,6 +1,6 @@
 // Package demo is `fleetwatch demo`: the daemon (internal/serve), four
 // fake OpenAI-compatible backends (internal/fakeai) behind the router
-// library (feed/route), and client traffic through the router, all in one
+// (internal/router, as `fleetwatch route` runs it), and client traffic through the router, all in one
 // process, while a script breaks the backends (fast failures, 429
 // saturation, scale to zero, a cold start, an artefact change, broken tool
 // calls) and the narration says what fleetwatch decided and why.
@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -27,11 +26,9 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
-	"github.com/fleetwatch/fleetwatch/feed"
-	"github.com/fleetwatch/fleetwatch/feed/p2c"
-	"github.com/fleetwatch/fleetwatch/feed/route"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/router"
 	"github.com/fleetwatch/fleetwatch/internal/serve"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 )
@@ -400,55 +397,28 @@ func (d *demoRun) config(s Settings) (*config.Config, error) {
 	return cfg, nil
 }
 
-// startRouter runs the router library in front of the fake backends: it
-// follows the decisions over its own NATS connection, publishes its outcome
-// events there, and serves on a free loopback port. stop drains it.
+// startRouter runs `fleetwatch route` (internal/router) in front of the
+// fake backends: it follows the decisions over its own NATS connection,
+// publishes its outcome events there as source "demo", and serves on a
+// free loopback port. stop drains it.
 func startRouter(cfg *config.Config, natsURL string, s Settings) (base string, stop func(), err error) {
-	nc, err := nats.Connect(natsURL, append([]nats.Option{nats.Name("fleetwatch demo router"), nats.MaxReconnects(-1)}, s.NATSOptions...)...)
-	if err != nil {
-		return "", nil, fmt.Errorf("demo router: nats: %w", err)
-	}
-	subj := fleetwatch.Subjects{Prefix: cfg.Prefix}
-	events, err := route.NewOutcomePublisher(route.PublisherSettings{
-		Subject: subj.Outcomes() + ".demo",
-		Publish: nc.Publish,
+	rt, err := router.New(cfg, router.Options{
+		Source: "demo",
+		Dial: func() (*nats.Conn, error) {
+			nc, err := nats.Connect(natsURL, append([]nats.Option{nats.Name("fleetwatch demo router"), nats.MaxReconnects(-1)}, s.NATSOptions...)...)
+			if err != nil {
+				return nil, fmt.Errorf("demo router: nats: %w", err)
+			}
+			return nc, nil
+		},
+		Logf: s.Logf,
 	})
 	if err != nil {
-		nc.Close()
 		return "", nil, err
 	}
-	rt, err := route.New(route.Settings{Pools: cfg.RoutePools(os.Getenv, p2c.Settings{}), Source: "demo", Publisher: events, Logf: s.Logf})
-	if err != nil {
-		nc.Close()
-		return "", nil, err
-	}
-	watcher, err := feed.NewWatcher(nc, feed.WatcherSettings{Prefix: cfg.Prefix, Pools: rt.Pools(), OnUpdate: rt.Apply, Logf: s.Logf})
-	if err != nil {
+	if err := rt.Start(context.Background()); err != nil { // ends at Close
 		rt.Close()
-		nc.Close()
 		return "", nil, err
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		rt.Close()
-		nc.Close()
-		return "", nil, err
-	}
-	hs := &http.Server{Handler: rt, ReadHeaderTimeout: 10 * time.Second}
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithCancel(context.Background())
-	wg.Go(func() { events.Run(ctx) })
-	wg.Go(func() { watcher.Run(ctx) })
-	wg.Go(func() { hs.Serve(ln) })
-	return "http://" + ln.Addr().String(), func() {
-		sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-		hs.Shutdown(sctx)
-		scancel()
-		rt.Close()
-		watcher.Close()
-		events.Close()
-		cancel()
-		wg.Wait()
-		nc.Drain()
-	}, nil
+	return rt.URL(), func() { rt.Close() }, nil
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -16,9 +15,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
-	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
-	"github.com/fleetwatch/fleetwatch/feed/route"
+	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/router"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
@@ -69,6 +69,30 @@ func (l *appliedLog) backend(id string) fleetwatch.Backend {
 	return l.last[id]
 }
 
+// startRouter runs `fleetwatch route` (internal/router) as source edge-1
+// over pool p of backends (b0, b1, ... by their names), following the
+// decisions on natsURL and recording what it applied in applied. It stops
+// in t.Cleanup.
+func startRouter(t *testing.T, natsURL string, backends []*fakeai.Server, applied *appliedLog) *router.Router {
+	t.Helper()
+	cfg := config.Default()
+	cfg.NATS.URL = natsURL
+	pool := config.PoolConfig{ID: "p"}
+	for _, b := range backends {
+		pool.Backends = append(pool.Backends, config.BackendConfig{ID: b.Name(), URL: b.URL() + "/v1"})
+	}
+	cfg.Pools = []config.PoolConfig{pool}
+	rt, err := router.New(cfg, router.Options{Source: "edge-1", OnApply: applied.record, Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	if err := rt.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	return rt
+}
+
 // TestOverridesEndToEnd drives overrides through a real serve, NATS,
 // router and fake backends: a drain over HTTP reaches the snapshot and the
 // router sends the backend nothing; a force_open over NATS expires on its
@@ -90,40 +114,9 @@ func TestOverridesEndToEnd(t *testing.T) {
 	// A real router over two fake backends, reporting outcomes and
 	// following the decisions.
 	backends := testkit.StartFakeBackends(t, 2)
-	ctx, cancel := context.WithCancel(context.Background())
-	var bg sync.WaitGroup
-	defer func() { cancel(); bg.Wait() }()
-	events, err := route.NewOutcomePublisher(route.PublisherSettings{Subject: "fw.outcomes.edge-1", Publish: nc.Publish})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bg.Go(func() { events.Run(ctx) })
-	rt, err := route.New(route.Settings{
-		Pools: []route.Pool{{ID: "p", Backends: []route.Backend{
-			{ID: "b0", URL: backends[0].URL() + "/v1"}, {ID: "b1", URL: backends[1].URL() + "/v1"}}}},
-		Source: "edge-1", Publisher: events,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rt.Close()
 	var applied appliedLog
-	w, err := feed.NewWatcher(nc, feed.WatcherSettings{Pools: rt.Pools(), OnUpdate: func(s *fleetwatch.Snapshot) {
-		rt.Apply(s)
-		applied.record(s)
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bg.Go(func() { w.Run(ctx) })
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: rt}
-	bg.Go(func() { hs.Serve(ln) })
-	defer hs.Close()
-	chat := testkit.NewChatClient("http://" + ln.Addr().String())
+	rt := startRouter(t, url, backends, &applied)
+	chat := testkit.NewChatClient(rt.URL())
 	send := func(n int) map[string]int {
 		got := map[string]int{}
 		for i := range n {

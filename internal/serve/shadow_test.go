@@ -5,24 +5,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/VictoriaMetrics/metrics"
 	"github.com/chromedp/chromedp"
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
-	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
-	"github.com/fleetwatch/fleetwatch/feed/route"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/router"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
@@ -32,9 +27,8 @@ import (
 type shadowRig struct {
 	srv      *running
 	snaps    *testkit.SnapshotLog
-	rt       *route.Router
-	set      *metrics.Set // the router's metrics
-	applied  appliedLog   // what the router applied
+	rt       *router.Router
+	applied  appliedLog // what the router applied
 	backends []*fakeai.Server
 	chat     *testkit.ChatClient
 }
@@ -53,7 +47,7 @@ pools:
     shadow: %s
     backends: [{id: b0}, {id: b1}, {id: b2}]
 `, url, mode)
-	r := &shadowRig{srv: startServer(t, yaml, Options{}), set: metrics.NewSet()}
+	r := &shadowRig{srv: startServer(t, yaml, Options{})}
 	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
@@ -61,42 +55,8 @@ pools:
 	t.Cleanup(nc.Close)
 	r.snaps = testkit.SubscribeSnapshots(t, nc)
 	r.backends = testkit.StartFakeBackends(t, 3)
-	ctx, cancel := context.WithCancel(context.Background())
-	var bg sync.WaitGroup
-	events, err := route.NewOutcomePublisher(route.PublisherSettings{Subject: "fw.outcomes.edge-1", Publish: nc.Publish})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bg.Go(func() { events.Run(ctx) }) // exits on cancel
-	pool := route.Pool{ID: "p"}
-	for _, b := range r.backends {
-		pool.Backends = append(pool.Backends, route.Backend{ID: b.Name(), URL: b.URL() + "/v1"})
-	}
-	r.rt, err = route.New(route.Settings{Pools: []route.Pool{pool}, Source: "edge-1", Publisher: events, Metrics: r.set})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := feed.NewWatcher(nc, feed.WatcherSettings{Pools: r.rt.Pools(), OnUpdate: func(s *fleetwatch.Snapshot) {
-		r.rt.Apply(s)
-		r.applied.record(s)
-	}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	bg.Go(func() { w.Run(ctx) }) // exits on cancel
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := &http.Server{Handler: r.rt}
-	bg.Go(func() { hs.Serve(ln) }) // exits on Close
-	t.Cleanup(func() {
-		hs.Close()
-		r.rt.Close()
-		cancel()
-		bg.Wait()
-	})
-	r.chat = testkit.NewChatClient("http://" + ln.Addr().String())
+	r.rt = startRouter(t, url, r.backends, &r.applied)
+	r.chat = testkit.NewChatClient(r.rt.URL())
 	return r
 }
 
@@ -146,10 +106,10 @@ func TestShadowEndToEnd(t *testing.T) {
 		if err := snap.Validate(); err != nil {
 			t.Errorf("snapshot: %v", err)
 		}
-		before, _ := r.rt.ShadowStats("p")
+		before, _ := r.rt.Route().ShadowStats("p")
 		r.resetBackendStats()
 		r.send(t, 60)
-		after, _ := r.rt.ShadowStats("p")
+		after, _ := r.rt.Route().ShadowStats("p")
 		if got := r.backends[0].Stats().Requests; got == 0 {
 			t.Errorf("the open b0 got no request in observe mode")
 		}
@@ -217,11 +177,11 @@ func TestShadowEndToEnd(t *testing.T) {
 		if snap := r.stats(); snap.Shadow != fleetwatch.ShadowBreakers {
 			t.Errorf("snapshot shadow = %q, want breakers", snap.Shadow)
 		}
-		before, _ := r.rt.ShadowStats("p")
+		before, _ := r.rt.Route().ShadowStats("p")
 		r.resetBackendStats()
 		const n = 300
 		r.send(t, n)
-		after, _ := r.rt.ShadowStats("p")
+		after, _ := r.rt.Route().ShadowStats("p")
 		if got := r.backends[0].Stats().Requests; got != 0 {
 			t.Errorf("the open b0 got %d requests in breakers mode, want 0", got)
 		}
@@ -247,9 +207,9 @@ func TestShadowEndToEnd(t *testing.T) {
 func checkShadowMetrics(t *testing.T, r *shadowRig, mode string) {
 	t.Helper()
 	var b bytes.Buffer
-	r.set.WritePrometheus(&b)
+	r.rt.Metrics().WritePrometheus(&b)
 	text := b.String()
-	st, _ := r.rt.ShadowStats("p")
+	st, _ := r.rt.Route().ShadowStats("p")
 	for _, line := range []string{
 		fmt.Sprintf(`fleetwatch_route_shadow_mode{pool="p",mode=%q} 1`, mode),
 		fmt.Sprintf(`fleetwatch_route_shadow_picks_total{pool="p"} %d`, st.Picks),
