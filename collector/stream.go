@@ -129,24 +129,46 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 	if err != nil {
 		return 0, fmt.Errorf("collector: replay %s: stream info: %w", c.stream, err)
 	}
+	return replayStream(ctx, stream, since, subjects, c.settings.Logf, fn, c.m.replayedEvents.Add)
+}
+
+// ReadOutcomes reads the accepted events the stream FW_OUTCOMES of subj
+// stored from since up to its last batch at the call, as Replay does, from
+// a stream that exists (it creates nothing): for tools that export what a
+// deployment decided on. An event without a ts has the time its batch was
+// stored.
+func ReadOutcomes(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects, since time.Time, fn func(batch []fleetwatch.Event)) (events int, err error) {
+	stream, err := js.Stream(ctx, subj.StreamOutcomes())
+	if err != nil {
+		return 0, fmt.Errorf("collector: %s: %w", subj.StreamOutcomes(), err)
+	}
+	return replayStream(ctx, stream, since, []string{subj.AcceptedWildcard(), subj.PartitionWildcard()}, func(string, ...any) {}, fn, nil)
+}
+
+// replayStream reads the batches stream stored from since on the subjects
+// up to its last one at the call, handing each batch's valid events to fn;
+// counted, when not nil, is told how many each batch had.
+func replayStream(ctx context.Context, stream jetstream.Stream, since time.Time, subjects []string, logf func(string, ...any),
+	fn func(batch []fleetwatch.Event), counted func(int)) (events int, err error) {
+	name := stream.CachedInfo().Config.Name
 	last := stream.CachedInfo().State.LastSeq
 	if stream.CachedInfo().State.Msgs == 0 {
 		return 0, nil
 	}
 	cons, match, err := replayConsumer(ctx, stream, since, subjects)
 	if err != nil {
-		return 0, fmt.Errorf("collector: replay %s: create consumer: %w", c.stream, err)
+		return 0, fmt.Errorf("collector: replay %s: create consumer: %w", name, err)
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(replayFetch))
 	if err != nil {
-		return 0, fmt.Errorf("collector: replay %s: fetch: %w", c.stream, err)
+		return 0, fmt.Errorf("collector: replay %s: fetch: %w", name, err)
 	}
 	defer it.Stop()
 	// The consumer exists now; its pending count says whether anything was
 	// stored at or after since (Next would otherwise wait for new events).
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("collector: replay %s: consumer info: %w", c.stream, err)
+		return 0, fmt.Errorf("collector: replay %s: consumer info: %w", name, err)
 	}
 	if info.NumPending == 0 {
 		return 0, nil
@@ -173,16 +195,16 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 		msg, err := it.Next(jetstream.NextContext(next))
 		cancel()
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			c.settings.Logf("collector: replay of %s ended early after %d events: no stored batch within %v",
-				c.stream, events, replayNextTimeout)
+			logf("collector: replay of %s ended early after %d events: no stored batch within %v",
+				name, events, replayNextTimeout)
 			return events, fmt.Errorf("%w: after %d events, no stored batch within %v", ErrReplayEndedEarly, events, replayNextTimeout)
 		}
 		if err != nil {
-			return events, fmt.Errorf("collector: replay %s: next batch after %d events: %w", c.stream, events, err)
+			return events, fmt.Errorf("collector: replay %s: next batch after %d events: %w", name, events, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return events, fmt.Errorf("collector: replay %s: metadata of %s: %w", c.stream, msg.Subject(), err)
+			return events, fmt.Errorf("collector: replay %s: metadata of %s: %w", name, msg.Subject(), err)
 		}
 		stored = meta.Timestamp
 		batch = batch[:0]
@@ -192,14 +214,16 @@ func (c *Collector) ReplaySubjects(ctx context.Context, since time.Time, subject
 		if len(batch) > 0 {
 			fn(batch)
 			events += len(batch)
-			c.m.replayedEvents.Add(len(batch))
+			if counted != nil {
+				counted(len(batch))
+			}
 		}
 		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
 			break
 		}
 	}
 	if skipped > 0 {
-		c.settings.Logf("collector: replay skipped %d lines of %s that are not valid outcome events", skipped, c.stream)
+		logf("collector: replay skipped %d lines of %s that are not valid outcome events", skipped, name)
 	}
 	return events, nil
 }
