@@ -24,6 +24,7 @@ func runBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.Float64Var(&s.Rate, "rate", 20, "requests per second sent to each balancer")
 	fs.DurationVar(&s.FirstByte, "first-byte", 10*time.Second, "every balancer's budget for a backend's first byte (route's stall_floor, HAProxy's timeout server, nginx's proxy_read_timeout)")
 	fs.DurationVar(&s.ClientTimeout, "client-timeout", 30*time.Second, "the load generator's timeout per request")
+	fs.IntVar(&s.Routers, "routers", 1, "instances of each balancer (N nginx, N HAProxy of each kind, N fleetwatch routers sharing one serve); the requests are spread over them in turn")
 	out := fs.String("out", "", "also write the table to this file")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -32,6 +33,9 @@ func runBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "fleetwatch bench peers: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
+	}
+	if s.Routers < 1 || s.Routers > 64 {
+		return fmt.Errorf("bench peers: --routers %d: must be 1 to 64", s.Routers)
 	}
 	if *verbose {
 		s.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }

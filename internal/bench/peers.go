@@ -80,6 +80,11 @@ type PeersSettings struct {
 	// ClientTimeout is the load generator's timeout per request. If zero,
 	// 30s.
 	ClientTimeout time.Duration
+	// Routers is the number of instances of each balancer (the fleet
+	// scale): N nginx and N HAProxy processes that each learn alone, N
+	// fleetwatch routers sharing one serve; the load generator spreads each
+	// balancer's requests over its N instances in turn. If zero, 1.
+	Routers int
 	// Logf receives progress messages. If nil, nothing is logged.
 	Logf func(format string, args ...any)
 }
@@ -105,6 +110,9 @@ func (s PeersSettings) withDefaults() PeersSettings {
 	}
 	if s.Logf == nil {
 		s.Logf = func(string, ...any) {}
+	}
+	if s.Routers <= 0 {
+		s.Routers = 1
 	}
 	return s
 }
@@ -205,22 +213,15 @@ func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 	if err := p.startBackends(); err != nil {
 		return nil, err
 	}
-	urls := make([]string, len(peerNames))
-	if urls[0], err = p.startFleetwatch(ctx); err != nil {
+	urls, err := p.startBalancers(ctx)
+	if err != nil {
 		return nil, err
 	}
-	if urls[1], err = p.startHAProxy(ctx, false); err != nil {
-		return nil, err
-	}
-	if urls[2], err = p.startHAProxy(ctx, true); err != nil {
-		return nil, err
-	}
-	if urls[3], err = p.startNginx(ctx); err != nil {
-		return nil, err
-	}
-	for i, u := range urls {
-		if err := waitListening(ctx, u, 10*time.Second); err != nil {
-			return nil, fmt.Errorf("bench peers: %s: %w", peerNames[i], err)
+	for i, us := range urls {
+		for _, u := range us {
+			if err := waitListening(ctx, u, 10*time.Second); err != nil {
+				return nil, fmt.Errorf("bench peers: %s: %w", peerNames[i], err)
+			}
 		}
 	}
 	results := p.drive(ctx, urls)
@@ -228,6 +229,33 @@ func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 		return nil, err
 	}
 	return p.report(results), nil
+}
+
+// startBalancers starts Routers instances of each balancer and returns
+// their base URLs by balancer, in peerNames' order.
+func (p *peerRun) startBalancers(ctx context.Context) ([][]string, error) {
+	urls := make([][]string, len(peerNames))
+	var err error
+	if urls[0], err = p.startFleetwatch(ctx); err != nil {
+		return nil, err
+	}
+	for i := range p.s.Routers {
+		for b, start := range []func(context.Context, int) (string, error){
+			1: func(ctx context.Context, i int) (string, error) { return p.startHAProxy(ctx, false, i) },
+			2: func(ctx context.Context, i int) (string, error) { return p.startHAProxy(ctx, true, i) },
+			3: p.startNginx,
+		} {
+			if start == nil {
+				continue
+			}
+			u, err := start(ctx, i)
+			if err != nil {
+				return nil, err
+			}
+			urls[b] = append(urls[b], u)
+		}
+	}
+	return urls, nil
 }
 
 // startBackends starts the fake backends, each behind a counting handler
@@ -250,9 +278,10 @@ func (p *peerRun) startBackends() error {
 }
 
 // startFleetwatch runs serve (embedded NATS, analyzer with its defaults,
-// probes off) and `fleetwatch route` (internal/router): following the
-// decisions, publishing one outcome event per attempt.
-func (p *peerRun) startFleetwatch(ctx context.Context) (string, error) {
+// probes off) and Routers instances of `fleetwatch route`
+// (internal/router), each following the decisions and publishing one
+// outcome event per attempt under its own source.
+func (p *peerRun) startFleetwatch(ctx context.Context) ([]string, error) {
 	cfg := config.Default()
 	cfg.NATS.Listen = "127.0.0.1:-1"
 	cfg.HTTP.Listen = "127.0.0.1:0"
@@ -267,33 +296,41 @@ func (p *peerRun) startFleetwatch(ctx context.Context) (string, error) {
 	cfg.Pools = []config.PoolConfig{pool}
 	srv, err := serve.New(cfg, serve.Options{Logf: p.s.Logf})
 	if err != nil {
-		return "", fmt.Errorf("bench peers: serve: %w", err)
+		return nil, fmt.Errorf("bench peers: serve: %w", err)
 	}
 	srvCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Run(srvCtx) }() // ends at stopServe
 	p.stops = append(p.stops, func() { stopServe(); <-srvDone; srv.Close() })
 
-	rt, err := router.New(cfg, router.Options{
-		Source: "bench",
-		Dial: func() (*nats.Conn, error) {
-			nc, err := nats.Connect(srv.NATSURL(), nats.Name("fleetwatch bench peers router"), nats.MaxReconnects(-1))
-			if err != nil {
-				return nil, fmt.Errorf("bench peers: router: nats: %w", err)
-			}
-			return nc, nil
-		},
-		Logf: p.s.Logf,
-	})
-	if err != nil {
-		return "", err
+	var urls []string
+	for i := range p.s.Routers {
+		source := "bench"
+		if p.s.Routers > 1 {
+			source = fmt.Sprintf("bench-%d", i)
+		}
+		rt, err := router.New(cfg, router.Options{
+			Source: source,
+			Dial: func() (*nats.Conn, error) {
+				nc, err := nats.Connect(srv.NATSURL(), nats.Name("fleetwatch bench peers router "+source), nats.MaxReconnects(-1))
+				if err != nil {
+					return nil, fmt.Errorf("bench peers: router: nats: %w", err)
+				}
+				return nc, nil
+			},
+			Logf: p.s.Logf,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if err := rt.Start(context.WithoutCancel(ctx)); err != nil { // ends at Close
+			rt.Close()
+			return nil, err
+		}
+		p.stops = append(p.stops, func() { rt.Close() })
+		urls = append(urls, rt.URL())
 	}
-	if err := rt.Start(context.WithoutCancel(ctx)); err != nil { // ends at Close
-		rt.Close()
-		return "", err
-	}
-	p.stops = append(p.stops, func() { rt.Close() })
-	return rt.URL(), nil
+	return urls, nil
 }
 
 // freePort returns a loopback port that was free a moment ago.
@@ -306,11 +343,12 @@ func freePort() (int, error) {
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
-// peerClient is the load generator's client for one balancer.
+// peerClient is the load generator's client for one balancer: its
+// instances' base URLs, taken in turn.
 type peerClient struct {
-	base string
-	idx  int
-	http *http.Client
+	bases []string
+	idx   int
+	http  *http.Client
 }
 
 // peerResult is one request's outcome at the load generator.
@@ -321,13 +359,13 @@ type peerResult struct {
 }
 
 // drive runs the script: every 1/Rate seconds one request goes to every
-// balancer at once; the phase changes every Phase. It returns the results
-// per balancer.
-func (p *peerRun) drive(ctx context.Context, urls []string) [][]peerResult {
+// balancer at once (to its instances in turn); the phase changes every
+// Phase. It returns the results per balancer.
+func (p *peerRun) drive(ctx context.Context, urls [][]string) [][]peerResult {
 	clients := make([]*peerClient, len(urls))
-	for i, u := range urls {
+	for i, us := range urls {
 		tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
-		clients[i] = &peerClient{base: u, idx: i, http: &http.Client{Transport: tr, Timeout: p.s.ClientTimeout}}
+		clients[i] = &peerClient{bases: us, idx: i, http: &http.Client{Transport: tr, Timeout: p.s.ClientTimeout}}
 		defer tr.CloseIdleConnections()
 	}
 	var mu sync.Mutex // guards results
@@ -351,8 +389,9 @@ func (p *peerRun) drive(ctx context.Context, urls []string) [][]peerResult {
 		body := fmt.Appendf(nil, `{"model":%q,"stream":true,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
 		phase := current
 		for _, c := range clients {
+			base := c.bases[n%len(c.bases)]
 			wg.Go(func() {
-				r := c.do(ctx, body, phase)
+				r := c.do(ctx, base, body, phase)
 				mu.Lock()
 				results[c.idx] = append(results[c.idx], r)
 				mu.Unlock()
@@ -384,10 +423,10 @@ func (p *peerRun) enterPhase(ph int) {
 
 // do sends one streaming chat completion and reads it to the end: ok is a
 // 200 whose stream ends with [DONE].
-func (c *peerClient) do(ctx context.Context, body []byte, phase int) peerResult {
+func (c *peerClient) do(ctx context.Context, base string, body []byte, phase int) peerResult {
 	start := time.Now()
 	res := peerResult{phase: phase}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.base+"/v1/chat/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
 	if err != nil {
 		return res
 	}
@@ -458,6 +497,10 @@ func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "%d phases of %s, %.0f requests/s to each balancer (streaming chat completions, 8 tokens), "+
 		"first-byte budget %s for every balancer, client timeout %s; 4 fake backends b0-b3, TTFT 40 ms, 5 ms per token.\n\n",
 		len(peerPhases), s.Phase, s.Rate, s.FirstByte, s.ClientTimeout)
+	if s.Routers > 1 {
+		fmt.Fprintf(&b, "%d instances of each balancer, the requests spread over them in turn (%.1f/s each): %d nginx and %d HAProxy processes of each kind that each learn alone, %d fleetwatch routers sharing one serve.\n\n",
+			s.Routers, s.Rate/float64(s.Routers), s.Routers, s.Routers, s.Routers)
+	}
 	b.WriteString(PeersTableHeader + "\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, row := range r.Rows {
@@ -476,8 +519,36 @@ func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s | %s |\n", row.Phase, row.Balancer, row.Requests, errs,
 			fmtMs(row.P50Ms), fmtMs(row.P99Ms), share, perReq)
 	}
+	b.WriteString("\nBroken backend's share of fleetwatch's attempts against each peer's:")
+	for _, ph := range peerPhases {
+		if ph.broken < 0 {
+			continue
+		}
+		fmt.Fprintf(&b, " %s:", ph.name)
+		for _, name := range peerNames[1:] {
+			fmt.Fprintf(&b, " %s %.2fx", name, r.ShareVs(ph.name, name))
+		}
+		b.WriteString(";")
+	}
+	b.WriteString("\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// ShareVs is the broken backend's share of fleetwatch's attempts over
+// the other balancer's in the phase (NaN when either has none): the
+// fleet-wide feed's advantage, which the issue wants at most 0.25 against
+// nginx at 8 instances in the fast-failure and 429 phases.
+func (r *PeersReport) ShareVs(phase, balancer string) float64 {
+	share := func(name string) float64 {
+		for _, row := range r.Rows {
+			if row.Phase == phase && row.Balancer == name && row.HasBroken && row.Attempts > 0 {
+				return float64(row.BrokenAttempts) / float64(row.Attempts)
+			}
+		}
+		return math.NaN()
+	}
+	return share(PeerFleetwatch) / share(balancer)
 }
 
 func fmtMs(v float64) string {

@@ -109,14 +109,14 @@ http {
 	return b.String()
 }
 
-func (p *peerRun) startHAProxy(ctx context.Context, l7Retries bool) (string, error) {
+func (p *peerRun) startHAProxy(ctx context.Context, l7Retries bool, instance int) (string, error) {
 	port, err := freePort()
 	if err != nil {
 		return "", err
 	}
-	name := "haproxy"
+	name := fmt.Sprintf("haproxy-%d", instance)
 	if l7Retries {
-		name = "haproxy-retries"
+		name = fmt.Sprintf("haproxy-retries-%d", instance)
 	}
 	cfg := filepath.Join(p.dir, name+".cfg")
 	if err := os.WriteFile(cfg, []byte(haproxyConfig(port, p.urls, p.s.FirstByte, l7Retries)), 0o644); err != nil {
@@ -128,12 +128,12 @@ func (p *peerRun) startHAProxy(ctx context.Context, l7Retries bool) (string, err
 	return fmt.Sprintf("http://127.0.0.1:%d", port), nil
 }
 
-func (p *peerRun) startNginx(ctx context.Context) (string, error) {
+func (p *peerRun) startNginx(ctx context.Context, instance int) (string, error) {
 	port, err := freePort()
 	if err != nil {
 		return "", err
 	}
-	dir := filepath.Join(p.dir, "nginx")
+	dir := filepath.Join(p.dir, fmt.Sprintf("nginx-%d", instance))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -143,7 +143,7 @@ func (p *peerRun) startNginx(ctx context.Context) (string, error) {
 	}
 	// -e: nginx opens its default error log before reading the
 	// configuration otherwise.
-	if err := p.startProcess(ctx, "nginx", p.s.Nginx, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", cfg); err != nil {
+	if err := p.startProcess(ctx, filepath.Base(dir), p.s.Nginx, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", cfg); err != nil {
 		return "", err
 	}
 	return fmt.Sprintf("http://127.0.0.1:%d", port), nil

@@ -17,12 +17,18 @@ import (
 // phase and balancer, in order, and every balancer carried traffic in every
 // phase (its requests reached the backends). Times are not checked.
 func TestRunPeersShort(t *testing.T) {
+	for _, routers := range []int{1, 2} {
+		t.Run(strconv.Itoa(routers), func(t *testing.T) { runPeersShort(t, routers) })
+	}
+}
+
+func runPeersShort(t *testing.T, routers int) {
 	haproxy := testkit.RequireTool(t, "/usr/sbin/haproxy", "haproxy")
 	nginx := testkit.RequireTool(t, "/usr/sbin/nginx", "nginx")
 	r, err := RunPeers(t.Context(), PeersSettings{
 		HAProxy: haproxy, Nginx: nginx,
 		Phase: time.Second, Rate: 20, FirstByte: 300 * time.Millisecond, ClientTimeout: 5 * time.Second,
-		Logf: t.Logf,
+		Routers: routers, Logf: t.Logf,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -70,6 +76,12 @@ func TestRunPeersShort(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("rows (-want +got):\n%s", diff)
+	}
+	if routers > 1 && !strings.Contains(out.String(), strconv.Itoa(routers)+" instances of each balancer") {
+		t.Errorf("the table does not say it ran %d instances of each balancer", routers)
+	}
+	if !strings.Contains(out.String(), "share of fleetwatch's attempts against each peer's") {
+		t.Errorf("the table lacks the shares' ratios")
 	}
 	for _, row := range r.Rows {
 		if row.Attempts < int64(row.Requests) {
