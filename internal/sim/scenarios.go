@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -45,6 +46,12 @@ func fleet(n int) []BackendSpec {
 
 // Scenarios returns every scenario, in report order.
 func Scenarios() []Scenario {
+	return slices.Concat(steadyScenarios(), incidentScenarios(), faultScenarios(), clientErrorScenarios())
+}
+
+// steadyScenarios are the steady states, the fast-failure trap, the herd,
+// the cold start and the shared prompt.
+func steadyScenarios() []Scenario {
 	var out []Scenario
 
 	// About 75% of the capacity of four backends of 8 slots, Poisson.
@@ -122,6 +129,12 @@ func Scenarios() []Scenario {
 		Policies:    append(append([]string{}, StandardPolicies...), AlwaysSticky),
 		Watch:       "b0", WatchFrom: time.Minute,
 	})
+	return out
+}
+
+// incidentScenarios are the retry storm, the overload and low traffic.
+func incidentScenarios() []Scenario {
+	var out []Scenario
 	storm := fleet(4)
 	for i := range storm {
 		storm[i].Slots = 32
@@ -184,6 +197,13 @@ func Scenarios() []Scenario {
 		Quiet: "b2",
 		Watch: "b2", WatchFrom: time.Minute,
 	})
+	return out
+}
+
+// faultScenarios are one backend's faults: a stall, 429 saturation, a
+// slow degradation, an artefact change.
+func faultScenarios() []Scenario {
+	var out []Scenario
 	out = append(out, Scenario{
 		Name:        StallScenario,
 		Description: "stall: b3 accepts requests and never answers from 60 s to 150 s (clients time out after 30 s)",
@@ -224,6 +244,12 @@ func Scenarios() []Scenario {
 		Incidents:   []Incident{{Backend: "b3", Kind: Drift, From: time.Minute, To: 90 * time.Second}},
 		Watch:       "b3", WatchFrom: 90 * time.Second,
 	})
+	return out
+}
+
+// clientErrorScenarios are the two sides of client errors.
+func clientErrorScenarios() []Scenario {
+	var out []Scenario
 	// The two sides of client errors (docs/DECISIONS.md "Backend faults
 	// versus request faults"): one backend answering 404 to requests its
 	// peers serve is at fault and must open; every backend answering the
