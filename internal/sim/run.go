@@ -138,22 +138,7 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 	s.loads = make([]float64, n)
 	s.feed = newFleetFeed(slots, sc.Routers, analyzer.DefaultWindow)
 	if usesFeed(policy) {
-		settings := FleetwatchAnalyzer
-		if sc.Analyzer != (analyzer.Settings{}) {
-			settings = sc.Analyzer
-		}
-		if policy == FWDefaultAnalyzer {
-			settings = analyzer.Settings{}
-		}
-		if v, ok := fwAnalyzerVariants[policy]; ok {
-			settings = v
-		}
-		if sc.FeedPeriod > 0 && settings.Heartbeat == 0 {
-			// A snapshot every feed period: the period is the analyzer's
-			// heartbeat (a faster feed is analyzer.heartbeat set lower).
-			settings.Heartbeat = sc.FeedPeriod
-		}
-		an, err := analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
+		an, err := newSimAnalyzer(sc, policy, pc, seed)
 		if err != nil {
 			return nil, err
 		}
@@ -177,6 +162,28 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 	}
 	s.m.init(s)
 	return s, nil
+}
+
+// newSimAnalyzer is the analyzer of a policy that follows the feed: the
+// fleetwatch settings of the simulator, the scenario's, the defaults or a
+// variant's as the policy says, with a heartbeat of one feed period.
+func newSimAnalyzer(sc Scenario, policy string, pc analyzer.PoolConfig, seed uint64) (*analyzer.Analyzer, error) {
+	settings := FleetwatchAnalyzer
+	if sc.Analyzer != (analyzer.Settings{}) {
+		settings = sc.Analyzer
+	}
+	if policy == FWDefaultAnalyzer {
+		settings = analyzer.Settings{}
+	}
+	if v, ok := fwAnalyzerVariants[policy]; ok {
+		settings = v
+	}
+	if sc.FeedPeriod > 0 && settings.Heartbeat == 0 {
+		// A snapshot every feed period: the period is the analyzer's
+		// heartbeat (a faster feed is analyzer.heartbeat set lower).
+		settings.Heartbeat = sc.FeedPeriod
+	}
+	return analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
 }
 
 func (s *sim) wall() time.Time { return simBase.Add(dur(s.now)) }
