@@ -51,6 +51,8 @@ type backend struct {
 	runLatched  int // run length that reached ConsecutiveFailures, until Evaluate applies it
 	stalls      int // stalled outcomes in the current run
 	stallLatch  int // stalls that reached ConsecutiveStalls, until Evaluate applies it
+	run429      int // 429s in a row (an ok ends the run)
+	latch429    int // run429 when it reached ConsecutiveThrottled, until Evaluate looks at it
 	halfOpenOK  int // ok events in a row while half-open
 	halfOpen4xx int // client errors while half-open after a client_error_rate trip
 	verdict     verdict
@@ -184,11 +186,18 @@ func (b *backend) step(s *Settings, outcome fleetwatch.Outcome, retryAfterMs flo
 				// the heartbeat, not at every failure.
 				return b.holdReason == ""
 			}
+		case outcome == fleetwatch.OutcomeThrottled:
+			b.run429++
+			if s.ConsecutiveThrottled > 0 && b.run429 >= s.ConsecutiveThrottled && b.latch429 == 0 {
+				b.latch429 = b.run429
+				return b.holdReason == ""
+			}
 		case outcome == fleetwatch.OutcomeOK:
-			b.run, b.stalls = 0, 0
+			b.run, b.stalls, b.run429 = 0, 0, 0
 		}
 		// throttled, canceled and client_error neither extend nor reset
-		// the run.
+		// the run of failures; failures, canceled and client_error neither
+		// extend nor reset the run of 429s.
 	case fleetwatch.StateHalfOpen:
 		if b.verdict != verdictNone {
 			return false
@@ -229,7 +238,7 @@ func (b *backend) enter(state fleetwatch.State, now time.Time, reason string) {
 	b.genStart = now
 	b.stateReason = reason
 	b.holdReason = ""
-	b.run, b.runLatched, b.stalls, b.stallLatch = 0, 0, 0, 0
+	b.run, b.runLatched, b.stalls, b.stallLatch, b.run429, b.latch429 = 0, 0, 0, 0, 0, 0
 	b.halfOpenOK, b.halfOpen4xx, b.verdict, b.verdictWait = 0, 0, verdictNone, 0
 	if state != fleetwatch.StateOpen {
 		b.openUntil = time.Time{}

@@ -225,15 +225,35 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 			rr, s.ThrottleRate, fmtDur(span), rn, r429, fmtDur(s.Window))
 		severity = rr / s.ThrottleRate
 	}
+	// A run of ConsecutiveThrottled 429s, latched when it happened.
+	runFires := s.ConsecutiveThrottled > 0 && in.latch.latch429 > 0
+	byRun := reason == "" && runFires
+	if byRun {
+		reason = fmt.Sprintf("%d consecutive 429s", in.latch.latch429)
+		severity = float64(in.latch.latch429) / float64(s.ConsecutiveThrottled)
+	}
 	// Every backend answering 429 is a saturated pool, not a broken
 	// backend: opening one moves its load onto the others, which then 429
 	// more.
+	//
+	// A run of 429s is weaker evidence than a rate over the newest
+	// quarter, and it comes sooner: at the start of an overload the first
+	// backends whose queues fill answer five 429s in a row before the
+	// peers' newest quarter shows any (the simulator's overload opened two
+	// backends per seed with the quarter's hold). So a run is taken only
+	// while no peer answered more than a fifth of the hold in 429s over
+	// the newest two buckets, the run's own time scale (peerMax429).
 	var peer429 float64
 	poolHold := false
 	if (reason != "" || rows != nil) && s.PoolThrottleHold > 0 {
 		var ok bool
-		peer429, ok = peerRecent429(in.b, in.bs, in.recentLen)
-		poolHold = ok && peer429 >= s.PoolThrottleHold
+		if byRun {
+			peer429, ok = peerMax429(in.b, in.bs, min(2, in.recentLen))
+			poolHold = ok && peer429 >= s.PoolThrottleHold/5
+		} else {
+			peer429, ok = peerRecent429(in.b, in.bs, in.recentLen)
+			poolHold = ok && peer429 >= s.PoolThrottleHold
+		}
 	}
 	var t *trip
 	if reason != "" && !poolHold {
@@ -248,14 +268,30 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	if rows == nil {
 		return
 	}
-	var tw, tq *trip
-	if windowFires {
+	var tw, tq, trun *trip
+	switch {
+	case byRun:
+		trun = t
+	case windowFires:
 		tw = t
-	} else {
+	default:
 		tq = t
 	}
 	in.throttledRows(rows, throttledView{r429: r429, ok: r429OK, rr: rr, rrOK: rrOK, rn: rn, half429: half429, halfOK: halfOK,
 		windowFires: windowFires, recentFires: recentFires, peer429: peer429, poolHold: poolHold}, tw, tq)
+	c := RuleCheck{Rule: RuleThrottledRun, Value: float64(max(in.latch.run429, in.latch.latch429)), Threshold: float64(s.ConsecutiveThrottled),
+		HasValue: true, Fires: runFires}
+	c.Detail = fmt.Sprintf("%d 429s in a row (opens at %d)", int(c.Value), s.ConsecutiveThrottled)
+	switch {
+	case s.ConsecutiveThrottled <= 0:
+		c.Detail, c.HasValue = "off (consecutive_throttled < 0)", false
+	case runFires && poolHold:
+		c.HeldBy = HeldByPoolThrottle
+		c.Detail += fmt.Sprintf("; a peer's 429 rate over the newest 2 buckets is %.2f (a run needs every peer's under pool_throttle_hold / 5, %.2f)", peer429, s.PoolThrottleHold/5)
+	case runFires && !byRun:
+		c.Detail += "; the 429 rate rule opens it first"
+	}
+	row(rows, c, trun)
 }
 
 // throttledView is what the 429 rule computed, for its rows.

@@ -94,6 +94,7 @@ type RecentWindow struct {
 const (
 	RuleFailureRateRecent = "failure_rate_recent"
 	RuleThrottledRecent   = "throttled_recent"
+	RuleThrottledRun      = "throttled_consecutive"
 	RuleClientErrorRecent = "client_error_rate_recent"
 )
 

@@ -101,7 +101,11 @@ func TestRecentQuarterTrip(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a := newAnalyzer(t, Config{Settings: noJitter(tt.settings)})
+			st := tt.settings
+			if st.ConsecutiveThrottled == 0 {
+				st.ConsecutiveThrottled = -1 // the rate rules alone: a run of 429s opens at 5 (consecutive429_test.go)
+			}
+			a := newAnalyzer(t, Config{Settings: noJitter(st)})
 			a.Observe(tt.events)
 			ev := a.Evaluate(evalAt)
 			d := backendOf(t, a, "p", "x", evalAt)
@@ -172,7 +176,11 @@ func TestPoolThrottleHold(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a := newAnalyzer(t, Config{Settings: noJitter(tt.settings)})
+			st := tt.settings
+			if st.ConsecutiveThrottled == 0 {
+				st.ConsecutiveThrottled = -1 // the rate rules alone: a run of 429s opens at 5 (consecutive429_test.go)
+			}
+			a := newAnalyzer(t, Config{Settings: noJitter(st)})
 			a.Observe(tt.events)
 			ev := a.Evaluate(evalAt)
 			var got []string

@@ -119,7 +119,7 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 		t.b.tripping = true
 		if !a.canOpen(s, open, len(bs)) {
 			a.holdByCap(s, t.b, open, len(bs), t.reason)
-			t.b.runLatched, t.b.stallLatch = 0, 0 // the next failure of the run latches again
+			t.b.runLatched, t.b.stallLatch, t.b.latch429 = 0, 0, 0 // the next failure of the run latches again
 			continue
 		}
 		a.openBreaker(p, t.b, now, t.cause, t.reason, t.minOpen, out)
@@ -191,6 +191,11 @@ func (a *Analyzer) findTrips(p *pool, bs []*backend) []trip {
 		}
 		if chosen != nil {
 			trips = append(trips, *chosen)
+		}
+		if chosen == nil || chosen.cause != CauseThrottled {
+			// A run of 429s that did not open the backend now (the gate,
+			// the pool's hold, another rule first) must happen again.
+			b.latch429 = 0
 		}
 	}
 	return trips
@@ -304,6 +309,23 @@ func peerRecent429(b *backend, bs []*backend, n int64) (float64, bool) {
 	}
 	sort.Float64s(v)
 	return median(v), true
+}
+
+// peerMax429 is the highest 429 rate over the newest n buckets among b's
+// peers (the other backends that are not open and have counted requests
+// there); ok is false when no peer has any.
+func peerMax429(b *backend, bs []*backend, n int64) (float64, bool) {
+	top, ok := 0.0, false
+	for _, o := range bs {
+		if o == b || o.state == fleetwatch.StateOpen {
+			continue
+		}
+		st := o.win.recent(n)
+		if r, has := st.rate429(); has {
+			top, ok = max(top, r), true
+		}
+	}
+	return top, ok
 }
 
 // slowConfirmed compares b's window median TTFT with the median of the

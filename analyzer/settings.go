@@ -37,31 +37,32 @@ func (e *SettingError) Unwrap() error { return e.Err }
 
 // Defaults of DESIGN.md "Configuration", analyzer block.
 const (
-	DefaultWindow              = 30 * time.Second
-	DefaultBucket              = time.Second
-	DefaultMinRequests         = 20
-	DefaultFailureRate         = 0.5
-	DefaultConsecutiveFailures = 5
-	DefaultConsecutiveStalls   = 2
-	DefaultThrottleRate        = 0.5
-	DefaultSlowFactor          = 5.0
-	DefaultEWMAAlpha           = 0.2
-	DefaultIdleGap             = 5 * time.Minute
-	DefaultOpenBase            = 30 * time.Second
-	DefaultOpenMax             = 5 * time.Minute
-	DefaultHalfOpenWeight      = 0.05
-	DefaultHalfOpenSuccesses   = 5
-	DefaultMaxOpenFraction     = 0.5
-	DefaultHeartbeat           = time.Second
-	DefaultTTL                 = 5 * time.Second
-	DefaultExpiry              = 10 * time.Minute
-	DefaultMaxWeightStep       = 0.25
-	DefaultOpenJitter          = 0.1
-	DefaultRecentMinRequests   = 10
-	DefaultPoolThrottleHold    = 0.25
-	DefaultLoadMaxAge          = 3 * time.Second
-	DefaultClientErrorRate     = 0.5
-	DefaultClientErrorMargin   = 0.4
+	DefaultWindow               = 30 * time.Second
+	DefaultBucket               = time.Second
+	DefaultMinRequests          = 20
+	DefaultFailureRate          = 0.5
+	DefaultConsecutiveFailures  = 5
+	DefaultConsecutiveStalls    = 2
+	DefaultConsecutiveThrottled = -1
+	DefaultThrottleRate         = 0.5
+	DefaultSlowFactor           = 5.0
+	DefaultEWMAAlpha            = 0.2
+	DefaultIdleGap              = 5 * time.Minute
+	DefaultOpenBase             = 30 * time.Second
+	DefaultOpenMax              = 5 * time.Minute
+	DefaultHalfOpenWeight       = 0.05
+	DefaultHalfOpenSuccesses    = 5
+	DefaultMaxOpenFraction      = 0.5
+	DefaultHeartbeat            = time.Second
+	DefaultTTL                  = 5 * time.Second
+	DefaultExpiry               = 10 * time.Minute
+	DefaultMaxWeightStep        = 0.25
+	DefaultOpenJitter           = 0.1
+	DefaultRecentMinRequests    = 10
+	DefaultPoolThrottleHold     = 0.25
+	DefaultLoadMaxAge           = 3 * time.Second
+	DefaultClientErrorRate      = 0.5
+	DefaultClientErrorMargin    = 0.4
 )
 
 // maxBucketsPerWindow bounds Window/Bucket so that a typo cannot allocate a
@@ -95,6 +96,20 @@ type Settings struct {
 	// error, and each one costs its client the whole deadline. If zero, 2
 	// is used; it only ever opens sooner than ConsecutiveFailures.
 	ConsecutiveStalls int
+	// ConsecutiveThrottled, when positive, opens a breaker ("throttled")
+	// after this many 429s in a row (an ok ends the run; errors and client
+	// errors neither end nor extend it) once the backend has MinRequests
+	// counted requests, unless a peer answered 429s over the newest two
+	// buckets (at least PoolThrottleHold/5 of its requests): one backend
+	// out of quota is out at once instead of after the newest quarter
+	// fills with requests, which at a few requests per second per backend
+	// takes seconds. Off by default: at the start of a pool-wide overload
+	// the first backends whose queues fill answer runs of 429s before any
+	// peer does, and 5 opened 0-2 backends per seed in the simulator's
+	// overload, which opens none without it (docs/EVALUATION.md "Real
+	// peers"). For pools whose 429s mean a quota (hosted API deployments)
+	// 5 is a good value. If zero, -1 (off) is used.
+	ConsecutiveThrottled int
 	// ThrottleRate opens a breaker ("throttled") when the 429 rate >= it;
 	// below it the 429 rate lowers the weight. If zero, 0.5 is used.
 	ThrottleRate float64
@@ -190,31 +205,32 @@ func (s Settings) WithDefaults() Settings {
 
 func (Settings) defaults() Settings {
 	return Settings{
-		Window:              DefaultWindow,
-		Bucket:              DefaultBucket,
-		MinRequests:         DefaultMinRequests,
-		FailureRate:         DefaultFailureRate,
-		ConsecutiveFailures: DefaultConsecutiveFailures,
-		ConsecutiveStalls:   DefaultConsecutiveStalls,
-		ThrottleRate:        DefaultThrottleRate,
-		SlowFactor:          DefaultSlowFactor,
-		EWMAAlpha:           DefaultEWMAAlpha,
-		IdleGap:             DefaultIdleGap,
-		OpenBase:            DefaultOpenBase,
-		OpenMax:             DefaultOpenMax,
-		OpenJitter:          DefaultOpenJitter,
-		HalfOpenWeight:      DefaultHalfOpenWeight,
-		HalfOpenSuccesses:   DefaultHalfOpenSuccesses,
-		MaxOpenFraction:     DefaultMaxOpenFraction,
-		Heartbeat:           DefaultHeartbeat,
-		TTL:                 DefaultTTL,
-		Expiry:              DefaultExpiry,
-		MaxWeightStep:       DefaultMaxWeightStep,
-		RecentMinRequests:   DefaultRecentMinRequests,
-		PoolThrottleHold:    DefaultPoolThrottleHold,
-		LoadMaxAge:          DefaultLoadMaxAge,
-		ClientErrorRate:     DefaultClientErrorRate,
-		ClientErrorMargin:   DefaultClientErrorMargin,
+		Window:               DefaultWindow,
+		Bucket:               DefaultBucket,
+		MinRequests:          DefaultMinRequests,
+		FailureRate:          DefaultFailureRate,
+		ConsecutiveFailures:  DefaultConsecutiveFailures,
+		ConsecutiveStalls:    DefaultConsecutiveStalls,
+		ConsecutiveThrottled: DefaultConsecutiveThrottled,
+		ThrottleRate:         DefaultThrottleRate,
+		SlowFactor:           DefaultSlowFactor,
+		EWMAAlpha:            DefaultEWMAAlpha,
+		IdleGap:              DefaultIdleGap,
+		OpenBase:             DefaultOpenBase,
+		OpenMax:              DefaultOpenMax,
+		OpenJitter:           DefaultOpenJitter,
+		HalfOpenWeight:       DefaultHalfOpenWeight,
+		HalfOpenSuccesses:    DefaultHalfOpenSuccesses,
+		MaxOpenFraction:      DefaultMaxOpenFraction,
+		Heartbeat:            DefaultHeartbeat,
+		TTL:                  DefaultTTL,
+		Expiry:               DefaultExpiry,
+		MaxWeightStep:        DefaultMaxWeightStep,
+		RecentMinRequests:    DefaultRecentMinRequests,
+		PoolThrottleHold:     DefaultPoolThrottleHold,
+		LoadMaxAge:           DefaultLoadMaxAge,
+		ClientErrorRate:      DefaultClientErrorRate,
+		ClientErrorMargin:    DefaultClientErrorMargin,
 	}
 }
 
@@ -227,6 +243,7 @@ func (s Settings) Override(pool Settings) Settings {
 	pick(&s.FailureRate, pool.FailureRate)
 	pick(&s.ConsecutiveFailures, pool.ConsecutiveFailures)
 	pick(&s.ConsecutiveStalls, pool.ConsecutiveStalls)
+	pick(&s.ConsecutiveThrottled, pool.ConsecutiveThrottled)
 	pick(&s.ThrottleRate, pool.ThrottleRate)
 	pick(&s.SlowFactor, pool.SlowFactor)
 	pick(&s.EWMAAlpha, pool.EWMAAlpha)

@@ -13,7 +13,7 @@ import (
 func TestSettingsWithDefaults(t *testing.T) {
 	want := Settings{
 		Window: 30 * time.Second, Bucket: time.Second, MinRequests: 20, FailureRate: 0.5,
-		ConsecutiveFailures: 5, ConsecutiveStalls: 2, ThrottleRate: 0.5, SlowFactor: 5, EWMAAlpha: 0.2,
+		ConsecutiveFailures: 5, ConsecutiveStalls: 2, ConsecutiveThrottled: -1, ThrottleRate: 0.5, SlowFactor: 5, EWMAAlpha: 0.2,
 		IdleGap: 5 * time.Minute, OpenBase: 30 * time.Second, OpenMax: 5 * time.Minute,
 		OpenJitter: 0.1, HalfOpenWeight: 0.05, HalfOpenSuccesses: 5, MaxOpenFraction: 0.5,
 		Heartbeat: time.Second, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,

@@ -231,31 +231,32 @@ var envNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 // AnalyzerConfig holds the analyzer settings. In a pool's `analyzer` block a
 // nil field inherits the global value.
 type AnalyzerConfig struct {
-	Window              *Duration `yaml:"window"`
-	Bucket              *Duration `yaml:"bucket"`
-	MinRequests         *int      `yaml:"min_requests"`
-	FailureRate         *float64  `yaml:"failure_rate"`
-	ConsecutiveFailures *int      `yaml:"consecutive_failures"`
-	ConsecutiveStalls   *int      `yaml:"consecutive_stalls"` // stalled outcomes in one run of failures that open a breaker; default 2
-	ThrottleRate        *float64  `yaml:"throttle_rate"`
-	SlowFactor          *float64  `yaml:"slow_factor"`
-	EWMAAlpha           *float64  `yaml:"ewma_alpha"`
-	IdleGap             *Duration `yaml:"idle_gap"`
-	OpenBase            *Duration `yaml:"open_base"`
-	OpenMax             *Duration `yaml:"open_max"`
-	HalfOpenWeight      *float64  `yaml:"half_open_weight"`
-	HalfOpenSuccesses   *int      `yaml:"half_open_successes"`
-	MaxOpenFraction     *float64  `yaml:"max_open_fraction"`
-	Heartbeat           *Duration `yaml:"heartbeat"`
-	TTL                 *Duration `yaml:"ttl"`
-	Expiry              *Duration `yaml:"expiry"`
-	MaxWeightStep       *float64  `yaml:"max_weight_step"`     // weight change per heartbeat; default 0.25
-	OpenJitter          *float64  `yaml:"open_jitter"`         // relative jitter of open times; default 0.1, negative: none
-	RecentMinRequests   *int      `yaml:"recent_min_requests"` // a rate rule may trip on the newest quarter of the window alone with this many requests there; default 10, negative: off
-	PoolThrottleHold    *float64  `yaml:"pool_throttle_hold"`  // hold a 429 trip while the peers' recent median 429 rate is at least this; default 0.25, negative: off
-	LoadMaxAge          *Duration `yaml:"load_max_age"`        // a backend's load report is published this long; default 3s
-	ClientErrorRate     *float64  `yaml:"client_error_rate"`   // open when the 4xx rate is at least this and client_error_margin above the peers' median; default 0.5, negative: off
-	ClientErrorMargin   *float64  `yaml:"client_error_margin"` // how far above the peers' median; default 0.4
+	Window               *Duration `yaml:"window"`
+	Bucket               *Duration `yaml:"bucket"`
+	MinRequests          *int      `yaml:"min_requests"`
+	FailureRate          *float64  `yaml:"failure_rate"`
+	ConsecutiveFailures  *int      `yaml:"consecutive_failures"`
+	ConsecutiveStalls    *int      `yaml:"consecutive_stalls"`    // stalled outcomes in one run of failures that open a breaker; default 2
+	ConsecutiveThrottled *int      `yaml:"consecutive_throttled"` // 429s in a row that open a breaker (held while a peer answers 429s too); default off (-1); 5 for pools whose 429s mean a quota
+	ThrottleRate         *float64  `yaml:"throttle_rate"`
+	SlowFactor           *float64  `yaml:"slow_factor"`
+	EWMAAlpha            *float64  `yaml:"ewma_alpha"`
+	IdleGap              *Duration `yaml:"idle_gap"`
+	OpenBase             *Duration `yaml:"open_base"`
+	OpenMax              *Duration `yaml:"open_max"`
+	HalfOpenWeight       *float64  `yaml:"half_open_weight"`
+	HalfOpenSuccesses    *int      `yaml:"half_open_successes"`
+	MaxOpenFraction      *float64  `yaml:"max_open_fraction"`
+	Heartbeat            *Duration `yaml:"heartbeat"`
+	TTL                  *Duration `yaml:"ttl"`
+	Expiry               *Duration `yaml:"expiry"`
+	MaxWeightStep        *float64  `yaml:"max_weight_step"`     // weight change per heartbeat; default 0.25
+	OpenJitter           *float64  `yaml:"open_jitter"`         // relative jitter of open times; default 0.1, negative: none
+	RecentMinRequests    *int      `yaml:"recent_min_requests"` // a rate rule may trip on the newest quarter of the window alone with this many requests there; default 10, negative: off
+	PoolThrottleHold     *float64  `yaml:"pool_throttle_hold"`  // hold a 429 trip while the peers' recent median 429 rate is at least this; default 0.25, negative: off
+	LoadMaxAge           *Duration `yaml:"load_max_age"`        // a backend's load report is published this long; default 3s
+	ClientErrorRate      *float64  `yaml:"client_error_rate"`   // open when the 4xx rate is at least this and client_error_margin above the peers' median; default 0.5, negative: off
+	ClientErrorMargin    *float64  `yaml:"client_error_margin"` // how far above the peers' median; default 0.4
 }
 
 // LimitsConfig bounds the pools and backends the analyzer tracks from
@@ -687,6 +688,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"min_requests", a.MinRequests != nil && *a.MinRequests == 0},
 		{"consecutive_failures", a.ConsecutiveFailures != nil && *a.ConsecutiveFailures == 0},
 		{"consecutive_stalls", a.ConsecutiveStalls != nil && *a.ConsecutiveStalls == 0},
+		{"consecutive_throttled", a.ConsecutiveThrottled != nil && *a.ConsecutiveThrottled == 0},
 		{"half_open_successes", a.HalfOpenSuccesses != nil && *a.HalfOpenSuccesses == 0},
 		{"failure_rate", a.FailureRate != nil && *a.FailureRate == 0},
 		{"throttle_rate", a.ThrottleRate != nil && *a.ThrottleRate == 0},

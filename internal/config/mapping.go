@@ -43,6 +43,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setIf(&s.MinRequests, a.MinRequests)
 	setIf(&s.ConsecutiveFailures, a.ConsecutiveFailures)
 	setIf(&s.ConsecutiveStalls, a.ConsecutiveStalls)
+	setIf(&s.ConsecutiveThrottled, a.ConsecutiveThrottled)
 	setIf(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)
 	setIf(&s.RecentMinRequests, a.RecentMinRequests)
 	setIf(&s.FailureRate, a.FailureRate)
