@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fleetwatch/fleetwatch/internal/serve"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 )
 
 func init() {
@@ -63,7 +63,7 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fs.Usage()
 		return errUsage
 	}
-	req := serve.OverrideRequest{Action: strings.ReplaceAll(pos[0], "-", "_"), Pool: pos[1], Backend: pos[2], Reason: *reason, Who: *who, Force: *force}
+	req := control.OverrideRequest{Action: strings.ReplaceAll(pos[0], "-", "_"), Pool: pos[1], Backend: pos[2], Reason: *reason, Who: *who, Force: *force}
 	if *dur != 0 {
 		req.For = dur.String()
 	}
@@ -76,7 +76,7 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return err
 	}
 	o := reply.Override
-	if req.Action == serve.ActionClear {
+	if req.Action == control.ActionClear {
 		fmt.Fprintf(stdout, "cleared %s on %s / %s\n", o.Kind, o.Pool, o.Backend)
 		return nil
 	}
@@ -84,8 +84,8 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return nil
 }
 
-func overrideCall(ctx context.Context, api apiFlags, method string, body []byte) (serve.OverrideReply, error) {
-	var reply serve.OverrideReply
+func overrideCall(ctx context.Context, api apiFlags, method string, body []byte) (control.OverrideReply, error) {
+	var reply control.OverrideReply
 	data, err := api.call(ctx, errOverride, method, "/api/overrides", body)
 	if err != nil {
 		return reply, err

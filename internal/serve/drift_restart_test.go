@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
@@ -23,7 +24,7 @@ import (
 // answers).
 func statusOf(t *testing.T, nc *nats.Conn, backend string) probes.BackendStatus {
 	t.Helper()
-	statuses, err := AskStatuses(nc, fleetwatch.Subjects{})
+	statuses, err := control.AskStatuses(nc, fleetwatch.Subjects{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ review: {schedule: "@every 1h"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored, source, err := DriftStatuses(t.Context(), nc2, js2, fleetwatch.Subjects{}, time.Now())
+	stored, source, err := control.DriftStatuses(t.Context(), nc2, js2, fleetwatch.Subjects{}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
