@@ -55,7 +55,7 @@ func backendIn(s *Server, pool, backend string) (fleetwatch.Backend, bool) {
 // same, with the CUSUM, the cooldown and the alert it had: the drift state
 // came back from the KV bucket fw_drift, not from the baseline (which
 // says "ok"). Then a takeover: the analyzer forgets the status and
-// RestoreDrift brings it back.
+// restoreDrift brings it back.
 func TestDriftStateSurvivesServeRestart(t *testing.T) {
 	ref := toylm.New(toylm.Config{})
 	noise := toylm.Options{Sigma: 0.003, NoiseSeed: 1, Fingerprint: "fp_1"}
@@ -163,16 +163,16 @@ review: {schedule: "@every 1h"}
 	}
 
 	// A takeover: the new owner's analyzer does not know the status;
-	// RestoreDrift hands it over again.
+	// restoreDrift hands it over again.
 	second.an.SetDrift("llama", "b", fleetwatch.DriftOK)
 	testkit.Eventually(t, 10*time.Second, "b back in rotation once forgotten", func() bool {
 		b, ok := backendIn(second.Server, "llama", "b")
 		return ok && b.Weight > 0
 	})
-	if err := second.RestoreDrift(t.Context(), []string{"llama"}); err != nil {
+	if err := second.restoreDrift(t.Context(), []string{"llama"}); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 10*time.Second, "b quarantined again after RestoreDrift", func() bool {
+	testkit.Eventually(t, 10*time.Second, "b quarantined again after restoreDrift", func() bool {
 		b, ok := backendIn(second.Server, "llama", "b")
 		return ok && b.Drift == fleetwatch.DriftDrifted && b.Weight == 0
 	})

@@ -33,23 +33,23 @@ import (
 // which applies them to what it publishes (analyzer.SetOverrides). Every
 // change is published on Subjects.OverridesAudit and kept in the stream
 // Subjects.StreamAudit. Without JetStream overrides are refused
-// (ErrOverridesNoJetStream): kept in memory they would be lost on restart
+// (errOverridesNoJetStream): kept in memory they would be lost on restart
 // and unseen by routers' other instances, and an operator should know.
 
 // Errors of override requests.
 var (
-	// ErrBadOverride is a malformed override request.
-	ErrBadOverride = errors.New("serve: bad override request")
-	// ErrNoOverride is a clear of a backend without an override.
-	ErrNoOverride = errors.New("serve: no override in force")
-	// ErrUnknownTarget refuses an override of a pool or backend that is
+	// errBadOverride is a malformed override request.
+	errBadOverride = errors.New("serve: bad override request")
+	// errNoOverride is a clear of a backend without an override.
+	errNoOverride = errors.New("serve: no override in force")
+	// errUnknownTarget refuses an override of a pool or backend that is
 	// neither configured nor in a current snapshot (a typo would
 	// otherwise be accepted and drain nothing); control.OverrideRequest.Force
 	// sets one anyway, for a backend about to be added.
-	ErrUnknownTarget = errors.New("serve: unknown override target")
-	// ErrOverridesNoJetStream refuses overrides on a server without
+	errUnknownTarget = errors.New("serve: unknown override target")
+	// errOverridesNoJetStream refuses overrides on a server without
 	// JetStream.
-	ErrOverridesNoJetStream = errors.New("serve: overrides need JetStream (the fw_overrides KV bucket): this server runs without it")
+	errOverridesNoJetStream = errors.New("serve: overrides need JetStream (the fw_overrides KV bucket): this server runs without it")
 )
 
 // overrides is the server's view of the bucket.
@@ -239,16 +239,16 @@ func (o *overrides) apply(ctx context.Context, req control.OverrideRequest, who,
 		return control.OverrideReply{Overrides: replyOverrides(o.active(time.Now()))}, nil
 	}
 	if o.kv == nil {
-		return control.OverrideReply{}, ErrOverridesNoJetStream
+		return control.OverrideReply{}, errOverridesNoJetStream
 	}
 	if err := fleetwatch.ValidatePoolID(req.Pool); err != nil {
-		return control.OverrideReply{}, fmt.Errorf("%w: pool: %v", ErrBadOverride, err)
+		return control.OverrideReply{}, fmt.Errorf("%w: pool: %v", errBadOverride, err)
 	}
 	if err := fleetwatch.ValidateBackendID(req.Backend); err != nil {
-		return control.OverrideReply{}, fmt.Errorf("%w: backend: %v", ErrBadOverride, err)
+		return control.OverrideReply{}, fmt.Errorf("%w: backend: %v", errBadOverride, err)
 	}
 	if req.Reason == "" {
-		return control.OverrideReply{}, fmt.Errorf("%w: reason is required (it goes to the audit)", ErrBadOverride)
+		return control.OverrideReply{}, fmt.Errorf("%w: reason is required (it goes to the audit)", errBadOverride)
 	}
 	if who == "" {
 		who = "anonymous"
@@ -258,7 +258,7 @@ func (o *overrides) apply(ctx context.Context, req control.OverrideRequest, who,
 	if req.Action == control.ActionClear {
 		e, err := o.kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return control.OverrideReply{}, fmt.Errorf("%w on %s/%s", ErrNoOverride, req.Pool, req.Backend)
+			return control.OverrideReply{}, fmt.Errorf("%w on %s/%s", errNoOverride, req.Pool, req.Backend)
 		}
 		if err != nil {
 			return control.OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
@@ -276,18 +276,18 @@ func (o *overrides) apply(ctx context.Context, req control.OverrideRequest, who,
 	switch req.Action {
 	case control.ActionDrain, control.ActionForceOpen, control.ActionForceClosed, control.ActionWeight:
 	default:
-		return control.OverrideReply{}, fmt.Errorf("%w: action %q (want drain, force_open, force_closed, weight or clear)", ErrBadOverride, req.Action)
+		return control.OverrideReply{}, fmt.Errorf("%w: action %q (want drain, force_open, force_closed, weight or clear)", errBadOverride, req.Action)
 	}
 	d, err := time.ParseDuration(req.For)
 	if err != nil || d <= 0 || d > control.MaxOverrideFor {
-		return control.OverrideReply{}, fmt.Errorf("%w: for = %q: want a duration above 0 and at most %v, for example \"30m\"", ErrBadOverride, req.For, control.MaxOverrideFor)
+		return control.OverrideReply{}, fmt.Errorf("%w: for = %q: want a duration above 0 and at most %v, for example \"30m\"", errBadOverride, req.For, control.MaxOverrideFor)
 	}
 	bo := analyzer.BackendOverride{Pool: req.Pool, Backend: req.Backend, Override: fleetwatch.Override{
 		Kind: fleetwatch.OverrideKind(req.Action), Reason: req.Reason, Who: who,
 		Until: fleetwatch.At(now.Add(d)), Weight: req.Weight,
 	}}
 	if err := bo.Validate(); err != nil {
-		return control.OverrideReply{}, fmt.Errorf("%w: %v", ErrBadOverride, err)
+		return control.OverrideReply{}, fmt.Errorf("%w: %v", errBadOverride, err)
 	}
 	if !req.Force {
 		if err := o.checkKnown(ctx, req.Pool, req.Backend, now); err != nil {
@@ -304,10 +304,10 @@ func (o *overrides) apply(ctx context.Context, req control.OverrideRequest, who,
 	return control.OverrideReply{Override: replyOverride(bo)}, nil
 }
 
-// maxListedTargets bounds the pools or backends an ErrUnknownTarget names.
+// maxListedTargets bounds the pools or backends an errUnknownTarget names.
 const maxListedTargets = 20
 
-// checkKnown reports, as an ErrUnknownTarget naming what is unknown and
+// checkKnown reports, as an errUnknownTarget naming what is unknown and
 // what is known, a pool or backend that is neither in the configuration
 // nor in a current snapshot. The snapshots are this instance's analyzer's
 // and the decisions bucket's: with several instances the one answering
@@ -349,10 +349,10 @@ func (o *overrides) checkKnown(ctx context.Context, pool, backend string, now ti
 	}
 	if !poolKnown {
 		return fmt.Errorf("%w: pool %q is neither configured nor in a current snapshot (known pools: %s); set force for a planned one",
-			ErrUnknownTarget, pool, listed(o.knownPools(ctx, kv, now)))
+			errUnknownTarget, pool, listed(o.knownPools(ctx, kv, now)))
 	}
 	return fmt.Errorf("%w: backend %q of pool %q is neither configured nor in a current snapshot (known backends of %s: %s); set force for a planned one",
-		ErrUnknownTarget, backend, pool, pool, listed(slices.Sorted(maps.Keys(backends))))
+		errUnknownTarget, backend, pool, pool, listed(slices.Sorted(maps.Keys(backends))))
 }
 
 // decisions binds the decisions bucket (nil when it cannot be bound: no
@@ -418,7 +418,7 @@ func (o *overrides) subscribe(ctx context.Context) (*nats.Subscription, error) {
 		var req control.OverrideRequest
 		var reply control.OverrideReply
 		if err := json.Unmarshal(m.Data, &req); err != nil {
-			reply.Error = fmt.Sprintf("%v: %v", ErrBadOverride, err)
+			reply.Error = fmt.Sprintf("%v: %v", errBadOverride, err)
 		} else {
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			r, err := o.apply(rctx, req, req.Who, "nats")
@@ -444,7 +444,7 @@ func (o *overrides) handlePost(w http.ResponseWriter, r *http.Request) {
 		err = json.Unmarshal(body, &req)
 	}
 	if err != nil {
-		writeOverrideReply(w, http.StatusBadRequest, control.OverrideReply{Error: fmt.Sprintf("%v: %v", ErrBadOverride, err)})
+		writeOverrideReply(w, http.StatusBadRequest, control.OverrideReply{Error: fmt.Sprintf("%v: %v", errBadOverride, err)})
 		return
 	}
 	who := req.Who
@@ -455,11 +455,11 @@ func (o *overrides) handlePost(w http.ResponseWriter, r *http.Request) {
 	code := http.StatusOK
 	switch {
 	case err == nil:
-	case errors.Is(err, ErrBadOverride):
+	case errors.Is(err, errBadOverride):
 		code = http.StatusBadRequest
-	case errors.Is(err, ErrNoOverride), errors.Is(err, ErrUnknownTarget):
+	case errors.Is(err, errNoOverride), errors.Is(err, errUnknownTarget):
 		code = http.StatusNotFound
-	case errors.Is(err, ErrOverridesNoJetStream):
+	case errors.Is(err, errOverridesNoJetStream):
 		code = http.StatusServiceUnavailable
 	default:
 		code = http.StatusBadGateway

@@ -34,11 +34,11 @@ func TestOverridesSharedByInstances(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, "the partitions spread over both instances", func() bool {
 		trafficFor(t, nc, pools)
 		ok, all, _ := exclusive([]*instance{a, b}, 8)
-		if !ok || !all || len(b.Partitions()) == 0 {
+		if !ok || !all || len(b.ownedPartitions()) == 0 {
 			return false
 		}
 		for _, p := range pools {
-			if slices.Contains(b.Partitions(), fleetwatch.PartitionOf(p, 8)) {
+			if slices.Contains(b.ownedPartitions(), fleetwatch.PartitionOf(p, 8)) {
 				pool = p
 				return true
 			}

@@ -364,24 +364,24 @@ func answerDriftControl(ctx context.Context, d probeDeps, subj fleetwatch.Subjec
 	return []*nats.Subscription{rebaseline, status}, nil
 }
 
-// ErrNoDriftProbes is returned by RestoreDrift when the probes do not run
+// errNoDriftProbes is returned by restoreDrift when the probes do not run
 // (probes.disabled, or Run has not started them yet).
-var ErrNoDriftProbes = errors.New("serve: drift probes not running")
+var errNoDriftProbes = errors.New("serve: drift probes not running")
 
-// RestoreDrift reloads the stored baselines and drift states of the
+// restoreDrift reloads the stored baselines and drift states of the
 // configured backends of pools (nil: every pool) and hands their drift
 // statuses to the analyzer, so that a drifted backend is quarantined in the
 // next snapshot: what a new owner of pools calls when it takes them over,
 // before it publishes their first snapshot. Run does the same for every
 // pool at start. It waits for a running probe cycle of each backend.
-func (s *Server) RestoreDrift(ctx context.Context, pools []string) error {
+func (s *Server) restoreDrift(ctx context.Context, pools []string) error {
 	s.rl.probes.RLock() // not while a reload restarts the probes
 	defer s.rl.probes.RUnlock()
 	s.mu.Lock()
 	d := s.drift
 	s.mu.Unlock()
 	if d == nil {
-		return ErrNoDriftProbes
+		return errNoDriftProbes
 	}
 	return d.Restore(ctx, pools)
 }
