@@ -3,6 +3,8 @@ package control
 import (
 	"context"
 	"fmt"
+	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -114,4 +116,34 @@ func OpenOverrides(ctx context.Context, js jetstream.JetStream, subj fleetwatch.
 		return nil, fmt.Errorf("serve: audit stream %s: %w", subj.StreamAudit(), err)
 	}
 	return kv, nil
+}
+
+// WriteOverrides writes the overrides in force, one a line (`fleetwatch
+// override list`).
+func WriteOverrides(w io.Writer, overrides []BackendOverride) error {
+	var b strings.Builder
+	for _, o := range overrides {
+		weight := ""
+		if o.Weight != nil {
+			weight = fmt.Sprintf(" %.4g", *o.Weight)
+		}
+		fmt.Fprintf(&b, "%s / %s: %s%s until %s by %s: %s\n", o.Pool, o.Backend, o.Kind, weight, o.Until.Format(time.RFC3339), o.Who, o.Reason)
+	}
+	if len(overrides) == 0 {
+		b.WriteString("no override in force\n")
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteOverrideDone writes what an override request of action did to o:
+// what was set, or what a clear removed (`fleetwatch override ACTION`).
+func WriteOverrideDone(w io.Writer, action string, o *BackendOverride) error {
+	var err error
+	if action == ActionClear {
+		_, err = fmt.Fprintf(w, "cleared %s on %s / %s\n", o.Kind, o.Pool, o.Backend)
+	} else {
+		_, err = fmt.Fprintf(w, "%s %s / %s until %s\n", o.Kind, o.Pool, o.Backend, o.Until.Format(time.RFC3339))
+	}
+	return err
 }
