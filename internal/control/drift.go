@@ -18,9 +18,9 @@ import (
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
-// This file is the client side of the drift control requests and of the
-// FW_DRIFT stream: what `fleetwatch drift review|status|rebaseline` do,
-// with or without a running serve.
+// This file is the drift control requests that serve's probes answer and
+// their client side, with the FW_DRIFT stream: what `fleetwatch drift
+// review|status|rebaseline` do, with or without a running serve.
 
 // Control verbs the probes of serve answer (on Subjects.Control(verb)).
 const (
