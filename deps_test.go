@@ -30,6 +30,9 @@ var allowed = map[string][]string{
 	"dashboards":    {},
 	// The one mapping from the YAML file to every component's Settings.
 	"internal/config": {".", "analyzer", "collector", "feed", "feed/p2c", "feed/route", "probes"},
+	// The operator side: request and reply types, the JetStream stores, the
+	// CLI's clients and text views.
+	"internal/control": {".", "probes"},
 	// `fleetwatch route` as a value: the one assembly of the router.
 	"internal/router": {".", "feed", "feed/p2c", "feed/route", "internal/config"},
 	// Helpers shared by tests; imported only from _test.go files.

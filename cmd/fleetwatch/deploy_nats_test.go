@@ -21,8 +21,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
-	"github.com/fleetwatch/fleetwatch/internal/serve"
 )
 
 // natsPasswords are the passwords the tests give deploy/nats/nats.conf
@@ -166,7 +166,7 @@ func checkDeployPermissions(t *testing.T, url string) {
 	}
 	// Every other bucket serve writes: a put (publish on $KV.<bucket>.<key>)
 	// and a watch, as serve does, with its user's permissions.
-	for _, bucket := range []string{serve.BucketDriftState(subj), subj.BucketOverrides(), subj.BucketLeases(), subj.BucketBaselines()} {
+	for _, bucket := range []string{control.BucketDriftState(subj), subj.BucketOverrides(), subj.BucketLeases(), subj.BucketBaselines()} {
 		bkv, err := fwJS.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: bucket, History: 1})
 		if err != nil {
 			t.Fatalf("fleetwatch creates the %s bucket: %v", bucket, err)

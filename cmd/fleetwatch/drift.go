@@ -15,7 +15,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/config"
-	"github.com/fleetwatch/fleetwatch/internal/serve"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
@@ -95,7 +95,7 @@ func runDriftReview(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer nc.Close()
-	r, statuses, err := serve.Review(ctx, nc, js, fleetwatch.Subjects{Prefix: cfg.Prefix}, time.Now(), *since)
+	r, statuses, err := control.Review(ctx, nc, js, fleetwatch.Subjects{Prefix: cfg.Prefix}, time.Now(), *since)
 	if err != nil {
 		return err
 	}
@@ -121,7 +121,7 @@ func runDriftStatus(ctx context.Context, args []string, stdout, stderr io.Writer
 		return err
 	}
 	defer nc.Close()
-	statuses, source, err := serve.DriftStatuses(ctx, nc, js, fleetwatch.Subjects{Prefix: cfg.Prefix}, time.Now())
+	statuses, source, err := control.DriftStatuses(ctx, nc, js, fleetwatch.Subjects{Prefix: cfg.Prefix}, time.Now())
 	if err != nil {
 		return err
 	}
@@ -130,7 +130,7 @@ func runDriftStatus(ctx context.Context, args []string, stdout, stderr io.Writer
 		enc.SetIndent("", "  ")
 		return enc.Encode(statuses)
 	}
-	return serve.WriteDriftStatus(stdout, source, statuses)
+	return control.WriteDriftStatus(stdout, source, statuses)
 }
 
 func runDriftRebaseline(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -166,7 +166,7 @@ func runDriftRebaseline(ctx context.Context, args []string, stdout, stderr io.Wr
 	}
 	defer nc.Close()
 	subj := fleetwatch.Subjects{Prefix: cfg.Prefix}
-	a, byServe, err := serve.Rebaseline(ctx, nc, js, subj, serve.RebaselineRequest{Pool: pool, Backend: backend, By: *by}, cfg.Probes.Suite, time.Now())
+	a, byServe, err := control.Rebaseline(ctx, nc, js, subj, control.RebaselineRequest{Pool: pool, Backend: backend, By: *by}, cfg.Probes.Suite, time.Now())
 	if err != nil {
 		return err
 	}

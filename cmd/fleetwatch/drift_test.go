@@ -13,8 +13,8 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
-	"github.com/fleetwatch/fleetwatch/internal/serve"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
@@ -86,21 +86,21 @@ func TestDriftRebaselineWithoutServe(t *testing.T) {
 		t.Fatal(err)
 	}
 	subj := fleetwatch.Subjects{}
-	kv, err := serve.OpenBaselines(t.Context(), js, subj)
+	kv, err := control.OpenBaselines(t.Context(), js, subj)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (serve.KVBaselines{KV: kv}).Save(t.Context(), "p", "b", []byte(`{"v":1}`)); err != nil {
+	if err := (control.KVBaselines{KV: kv}).Save(t.Context(), "p", "b", []byte(`{"v":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	var out, errOut bytes.Buffer
 	if err := runDrift(t.Context(), []string{"rebaseline", "--nats", url, "--by", "bob", "p", "b"}, &out, &errOut); err != nil {
 		t.Fatalf("rebaseline: %v (%s)", err, errOut.String())
 	}
-	if data, err := (serve.KVBaselines{KV: kv}).Load(t.Context(), "p", "b"); err != nil || len(data) != 0 {
+	if data, err := (control.KVBaselines{KV: kv}).Load(t.Context(), "p", "b"); err != nil || len(data) != 0 {
 		t.Errorf("baseline after rebaseline: %q %v, want empty", data, err)
 	}
-	alerts, _, err := serve.ReadDrift(t.Context(), js, subj, time.Now().Add(-time.Hour))
+	alerts, _, err := control.ReadDrift(t.Context(), js, subj, time.Now().Add(-time.Hour))
 	if err != nil || len(alerts) != 1 {
 		t.Fatalf("alerts %+v %v, want the re-baseline", alerts, err)
 	}

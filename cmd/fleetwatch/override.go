@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fleetwatch/fleetwatch/internal/serve"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 )
 
 func init() {
@@ -47,23 +47,13 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		if err != nil {
 			return err
 		}
-		for _, o := range reply.Overrides {
-			w := ""
-			if o.Weight != nil {
-				w = fmt.Sprintf(" %.4g", *o.Weight)
-			}
-			fmt.Fprintf(stdout, "%s / %s: %s%s until %s by %s: %s\n", o.Pool, o.Backend, o.Kind, w, o.Until.Format(time.RFC3339), o.Who, o.Reason)
-		}
-		if len(reply.Overrides) == 0 {
-			fmt.Fprintln(stdout, "no override in force")
-		}
-		return nil
+		return control.WriteOverrides(stdout, reply.Overrides)
 	}
 	if len(pos) != 3 {
 		fs.Usage()
 		return errUsage
 	}
-	req := serve.OverrideRequest{Action: strings.ReplaceAll(pos[0], "-", "_"), Pool: pos[1], Backend: pos[2], Reason: *reason, Who: *who, Force: *force}
+	req := control.OverrideRequest{Action: strings.ReplaceAll(pos[0], "-", "_"), Pool: pos[1], Backend: pos[2], Reason: *reason, Who: *who, Force: *force}
 	if *dur != 0 {
 		req.For = dur.String()
 	}
@@ -75,17 +65,11 @@ func runOverride(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	o := reply.Override
-	if req.Action == serve.ActionClear {
-		fmt.Fprintf(stdout, "cleared %s on %s / %s\n", o.Kind, o.Pool, o.Backend)
-		return nil
-	}
-	fmt.Fprintf(stdout, "%s %s / %s until %s\n", o.Kind, o.Pool, o.Backend, o.Until.Format(time.RFC3339))
-	return nil
+	return control.WriteOverrideDone(stdout, req.Action, reply.Override)
 }
 
-func overrideCall(ctx context.Context, api apiFlags, method string, body []byte) (serve.OverrideReply, error) {
-	var reply serve.OverrideReply
+func overrideCall(ctx context.Context, api apiFlags, method string, body []byte) (control.OverrideReply, error) {
+	var reply control.OverrideReply
 	data, err := api.call(ctx, errOverride, method, "/api/overrides", body)
 	if err != nil {
 		return reply, err

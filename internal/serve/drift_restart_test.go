@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
@@ -23,7 +24,7 @@ import (
 // answers).
 func statusOf(t *testing.T, nc *nats.Conn, backend string) probes.BackendStatus {
 	t.Helper()
-	statuses, err := AskStatuses(nc, fleetwatch.Subjects{})
+	statuses, err := control.AskStatuses(nc, fleetwatch.Subjects{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func backendIn(s *Server, pool, backend string) (fleetwatch.Backend, bool) {
 // same, with the CUSUM, the cooldown and the alert it had: the drift state
 // came back from the KV bucket fw_drift, not from the baseline (which
 // says "ok"). Then a takeover: the analyzer forgets the status and
-// RestoreDrift brings it back.
+// restoreDrift brings it back.
 func TestDriftStateSurvivesServeRestart(t *testing.T) {
 	ref := toylm.New(toylm.Config{})
 	noise := toylm.Options{Sigma: 0.003, NoiseSeed: 1, Fingerprint: "fp_1"}
@@ -114,7 +115,7 @@ review: {schedule: "@every 1h"}
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored, source, err := DriftStatuses(t.Context(), nc2, js2, fleetwatch.Subjects{}, time.Now())
+	stored, source, err := control.DriftStatuses(t.Context(), nc2, js2, fleetwatch.Subjects{}, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,16 +163,16 @@ review: {schedule: "@every 1h"}
 	}
 
 	// A takeover: the new owner's analyzer does not know the status;
-	// RestoreDrift hands it over again.
+	// restoreDrift hands it over again.
 	second.an.SetDrift("llama", "b", fleetwatch.DriftOK)
 	testkit.Eventually(t, 10*time.Second, "b back in rotation once forgotten", func() bool {
 		b, ok := backendIn(second.Server, "llama", "b")
 		return ok && b.Weight > 0
 	})
-	if err := second.RestoreDrift(t.Context(), []string{"llama"}); err != nil {
+	if err := second.restoreDrift(t.Context(), []string{"llama"}); err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 10*time.Second, "b quarantined again after RestoreDrift", func() bool {
+	testkit.Eventually(t, 10*time.Second, "b quarantined again after restoreDrift", func() bool {
 		b, ok := backendIn(second.Server, "llama", "b")
 		return ok && b.Drift == fleetwatch.DriftDrifted && b.Weight == 0
 	})

@@ -32,7 +32,7 @@ func TestHACapacity(t *testing.T) {
 	ins := []*instance{a, b}
 	testkit.Eventually(t, 30*time.Second, "the partitions spread", func() bool {
 		ok, all, _ := exclusive(ins, 8)
-		return ok && all && len(a.Partitions()) == 4
+		return ok && all && len(a.ownedPartitions()) == 4
 	})
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -71,7 +71,7 @@ func TestHACapacity(t *testing.T) {
 	// b dies; a rebuilds b's partitions from the stream.
 	killed := time.Now()
 	b.kill()
-	testkit.Eventually(t, 60*time.Second, "a to hold every partition", func() bool { return len(a.Partitions()) == 8 })
+	testkit.Eventually(t, 60*time.Second, "a to hold every partition", func() bool { return len(a.ownedPartitions()) == 8 })
 	a.ha.mu.Lock()
 	rebuilt := a.ha.rebuilt
 	a.ha.mu.Unlock()

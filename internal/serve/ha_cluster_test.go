@@ -39,7 +39,7 @@ func TestHAOnAThreeNodeCluster(t *testing.T) {
 		return func() bool {
 			ok, all, _ := exclusive(ins, 8)
 			for _, in := range ins {
-				if len(in.Partitions()) == 0 {
+				if len(in.ownedPartitions()) == 0 {
 					return false
 				}
 			}
@@ -108,7 +108,7 @@ func TestHAOnAThreeNodeCluster(t *testing.T) {
 	before, _ := w.View(failing[0])
 	var owner *instance
 	for _, in := range ins {
-		if in.Epoch() == before.Snapshot.Epoch {
+		if in.epoch() == before.Snapshot.Epoch {
 			owner = in
 		}
 	}

@@ -122,7 +122,7 @@ func TestHADeployFiles(t *testing.T) {
 		}
 	}()
 	testkit.Eventually(t, 30*time.Second, "the instance to lease every partition as the fleetwatch user", func() bool {
-		return len(s.Partitions()) == 16
+		return len(s.ownedPartitions()) == 16
 	})
 
 	data, err := os.ReadFile(filepath.Join(dir, "compose-ha.yaml"))

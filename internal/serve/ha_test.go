@@ -186,7 +186,7 @@ func exclusive(ins []*instance, n int) (ok bool, all bool, desc string) {
 		if in.killed {
 			continue
 		}
-		ps := in.Partitions()
+		ps := in.ownedPartitions()
 		fmt.Fprintf(&b, "%s:%v ", in.name, ps)
 		for _, p := range ps {
 			if owner[p] != "" {
@@ -246,7 +246,7 @@ func TestHAPartitionsAndTakeover(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
 	yaml := haYAML(url, 1)
 	a := startInstance(t, "a", yaml)
-	if got := a.Partitions(); len(got) != 8 {
+	if got := a.ownedPartitions(); len(got) != 8 {
 		t.Fatalf("a single instance holds partitions %v, want all 8", got)
 	}
 	b := startInstance(t, "b", yaml)
@@ -255,7 +255,7 @@ func TestHAPartitionsAndTakeover(t *testing.T) {
 	testkit.Eventually(t, 20*time.Second, "the partitions spread over three instances", func() bool {
 		ok, all, _ := exclusive(ins, 8)
 		for _, in := range ins {
-			if n := len(in.Partitions()); n == 0 || n > 3 {
+			if n := len(in.ownedPartitions()); n == 0 || n > 3 {
 				return false
 			}
 		}
@@ -292,7 +292,7 @@ func TestHAPartitionsAndTakeover(t *testing.T) {
 	})
 	epochOf := map[string]*instance{}
 	for _, in := range ins {
-		epochOf[in.Epoch()] = in
+		epochOf[in.epoch()] = in
 	}
 	for pool, epochs := range pub.epochsSince(steady) {
 		if len(epochs) != 1 {
@@ -300,7 +300,7 @@ func TestHAPartitionsAndTakeover(t *testing.T) {
 			continue
 		}
 		in := epochOf[epochs[0]]
-		if in == nil || !slices.Contains(in.Partitions(), fleetwatch.PartitionOf(pool, 8)) {
+		if in == nil || !slices.Contains(in.ownedPartitions(), fleetwatch.PartitionOf(pool, 8)) {
 			t.Errorf("pool %s published by epoch %s, which does not own partition %d", pool, epochs[0], fleetwatch.PartitionOf(pool, 8))
 		}
 	}
@@ -317,7 +317,7 @@ func TestHAPartitionsAndTakeover(t *testing.T) {
 	if owner == nil {
 		t.Fatalf("no instance has epoch %s", before.Snapshot.Epoch)
 	}
-	owned := owner.Partitions()
+	owned := owner.ownedPartitions()
 	killed := time.Now()
 	owner.kill()
 	var survivors []*instance
@@ -418,7 +418,7 @@ func TestHAStreamKeepsEveryAcceptedEvent(t *testing.T) {
 	ins := []*instance{a, b}
 	testkit.Eventually(t, 20*time.Second, "the partitions spread over two instances", func() bool {
 		ok, all, _ := exclusive(ins, 8)
-		return ok && all && len(a.Partitions()) == 4 && len(b.Partitions()) == 4
+		return ok && all && len(a.ownedPartitions()) == 4 && len(b.ownedPartitions()) == 4
 	})
 	nc, err := nats.Connect(url)
 	if err != nil {
@@ -455,7 +455,7 @@ func TestHAStreamKeepsEveryAcceptedEvent(t *testing.T) {
 		n := 0
 		for _, in := range ins {
 			for _, s := range in.Snapshots() {
-				if !slices.Contains(in.Partitions(), fleetwatch.PartitionOf(s.Pool, 8)) {
+				if !slices.Contains(in.ownedPartitions(), fleetwatch.PartitionOf(s.Pool, 8)) {
 					return false
 				}
 				n++

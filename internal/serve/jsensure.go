@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch/internal/control"
 )
 
 // NATS restarts and JetStream elections (DECISIONS.md "NATS restarts and
@@ -209,13 +211,13 @@ func (s *Server) ensureDrift(ctx context.Context) error {
 	if !running || s.js == nil {
 		return nil
 	}
-	if _, err := OpenBaselines(ctx, s.js, s.subj); err != nil {
+	if _, err := control.OpenBaselines(ctx, s.js, s.subj); err != nil {
 		return fmt.Errorf("baselines bucket: %w", err)
 	}
-	if _, err := OpenDriftStates(ctx, s.js, s.subj); err != nil {
+	if _, err := control.OpenDriftStates(ctx, s.js, s.subj); err != nil {
 		return fmt.Errorf("drift state bucket: %w", err)
 	}
-	if _, err := EnsureDriftStream(ctx, s.js, s.subj); err != nil {
+	if _, err := control.EnsureDriftStream(ctx, s.js, s.subj); err != nil {
 		return fmt.Errorf("drift stream: %w", err)
 	}
 	return nil

@@ -622,9 +622,9 @@ func (h *ha) reclaim(ctx context.Context, p int) (uint64, error) {
 	return rev, err
 }
 
-// Partitions returns the partitions whose pools this instance decides now,
+// ownedPartitions returns the partitions whose pools this instance decides now,
 // sorted (every partition without JetStream).
-func (s *Server) Partitions() []int {
+func (s *Server) ownedPartitions() []int {
 	v := s.ha.view.Load()
 	var out []int
 	for p := range s.ha.n {
@@ -635,10 +635,6 @@ func (s *Server) Partitions() []int {
 	return out
 }
 
-// InstanceID names this instance in the lease bucket and in the Fw-Origin
-// header of its republished batches.
-func (s *Server) InstanceID() string { return s.ha.id }
-
-// Epoch is the analyzer's epoch: the epoch of every snapshot this instance
+// epoch is the analyzer's epoch: the epoch of every snapshot this instance
 // publishes ("" before the first evaluation).
-func (s *Server) Epoch() string { return s.an.Epoch() }
+func (s *Server) epoch() string { return s.an.Epoch() }

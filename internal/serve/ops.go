@@ -43,9 +43,9 @@ type ExplainTransition struct {
 	Reason string           `json:"reason"`
 }
 
-// Explain explains backend of pool at now (every backend of the pool when
+// explain explains backend of pool at now (every backend of the pool when
 // backend is ""); ok is false when the pool or the backend is unknown.
-func (s *Server) Explain(pool, backend string, now time.Time) (Explained, bool) {
+func (s *Server) explain(pool, backend string, now time.Time) (Explained, bool) {
 	out := Explained{Pool: pool, Backends: []BackendExplanation{}}
 	var es []analyzer.Explanation
 	if backend == "" {
@@ -80,7 +80,7 @@ func (s *Server) handleExplain(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(map[string]string{"error": "the pool parameter is required: /api/explain?pool=P[&backend=B]"})
 		return
 	}
-	out, found := s.Explain(pool, backend, time.Now())
+	out, found := s.explain(pool, backend, time.Now())
 	if !found {
 		w.WriteHeader(http.StatusNotFound)
 		what := "pool " + pool

@@ -106,7 +106,7 @@ func TestExplainAndAlerts(t *testing.T) {
 		t.Errorf("reason %q, rules %+v", e.Reason, e.Rules)
 	}
 	testkit.Eventually(t, 10*time.Second, "the transition in the log", func() bool {
-		all, _ := p.Explain("solo", "bad", time.Now())
+		all, _ := p.explain("solo", "bad", time.Now())
 		return len(all.Backends) == 1 && len(all.Backends[0].Transitions) > 0 &&
 			all.Backends[0].Transitions[0].To == fleetwatch.StateOpen && all.Backends[0].Transitions[0].Cause == analyzer.CauseConsecutive
 	})

@@ -20,101 +20,37 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 )
 
 // Operator overrides (docs/OPERATIONS.md "Taking a backend out"): an
 // operator drains, forces open or closed, or re-weights one backend for a
 // while, over HTTP (POST /api/overrides), NATS (Subjects.OverridesSet) or
 // `fleetwatch override`. An override is a value in the KV bucket
-// Subjects.BucketOverrides under baselineKey(pool, backend), so it
+// Subjects.BucketOverrides under control.Key(pool, backend), so it
 // survives restarts and every instance of a deployment sees it: each
 // watches the bucket and hands the overrides in force to its analyzer,
 // which applies them to what it publishes (analyzer.SetOverrides). Every
 // change is published on Subjects.OverridesAudit and kept in the stream
 // Subjects.StreamAudit. Without JetStream overrides are refused
-// (ErrOverridesNoJetStream): kept in memory they would be lost on restart
+// (errOverridesNoJetStream): kept in memory they would be lost on restart
 // and unseen by routers' other instances, and an operator should know.
-
-// Override actions: the four kinds, and clear.
-const (
-	ActionDrain       = string(fleetwatch.OverrideDrain)
-	ActionForceOpen   = string(fleetwatch.OverrideForceOpen)
-	ActionForceClosed = string(fleetwatch.OverrideForceClosed)
-	ActionWeight      = string(fleetwatch.OverrideWeight)
-	ActionClear       = "clear"
-	// ActionList answers the overrides in force (NATS only; HTTP has GET).
-	ActionList = "list"
-)
-
-// MaxOverrideFor is the longest an override may last: an override is an
-// incident tool, and one forgotten must end on its own.
-const MaxOverrideFor = 7 * 24 * time.Hour
-
-// AuditRetention is how long FW_AUDIT keeps override changes.
-const AuditRetention = 90 * 24 * time.Hour
 
 // Errors of override requests.
 var (
-	// ErrBadOverride is a malformed override request.
-	ErrBadOverride = errors.New("serve: bad override request")
-	// ErrNoOverride is a clear of a backend without an override.
-	ErrNoOverride = errors.New("serve: no override in force")
-	// ErrUnknownTarget refuses an override of a pool or backend that is
+	// errBadOverride is a malformed override request.
+	errBadOverride = errors.New("serve: bad override request")
+	// errNoOverride is a clear of a backend without an override.
+	errNoOverride = errors.New("serve: no override in force")
+	// errUnknownTarget refuses an override of a pool or backend that is
 	// neither configured nor in a current snapshot (a typo would
-	// otherwise be accepted and drain nothing); OverrideRequest.Force
+	// otherwise be accepted and drain nothing); control.OverrideRequest.Force
 	// sets one anyway, for a backend about to be added.
-	ErrUnknownTarget = errors.New("serve: unknown override target")
-	// ErrOverridesNoJetStream refuses overrides on a server without
+	errUnknownTarget = errors.New("serve: unknown override target")
+	// errOverridesNoJetStream refuses overrides on a server without
 	// JetStream.
-	ErrOverridesNoJetStream = errors.New("serve: overrides need JetStream (the fw_overrides KV bucket): this server runs without it")
+	errOverridesNoJetStream = errors.New("serve: overrides need JetStream (the fw_overrides KV bucket): this server runs without it")
 )
-
-// OverrideRequest is the body of POST /api/overrides and of a request on
-// Subjects.OverridesSet.
-type OverrideRequest struct {
-	// Action is "drain", "force_open", "force_closed", "weight" or
-	// "clear" ("list" too on NATS).
-	Action  string `json:"action"`
-	Pool    string `json:"pool"`
-	Backend string `json:"backend"`
-	// Reason says why, for the audit; required.
-	Reason string `json:"reason"`
-	// For is how long the override lasts, a Go duration ("30m"), at
-	// most MaxOverrideFor; required but for clear.
-	For string `json:"for,omitempty"`
-	// Weight is the weight of a "weight" override, in [0, 1].
-	Weight *float64 `json:"weight,omitempty"`
-	// Who names the operator. Over HTTP with basic authentication the
-	// authenticated user is recorded instead.
-	Who string `json:"who,omitempty"`
-	// Force sets the override even when the pool or backend is neither
-	// configured nor in a current snapshot (a planned backend, before its
-	// first event). Without it such a request is refused
-	// (ErrUnknownTarget). Clear never needs it.
-	Force bool `json:"force,omitempty"`
-}
-
-// OverrideReply is the answer to an override request.
-type OverrideReply struct {
-	Error string `json:"error,omitempty"`
-	// Override is what was set, or what a clear removed.
-	Override *analyzer.BackendOverride `json:"override,omitempty"`
-	// Overrides are the overrides in force (GET and list).
-	Overrides []analyzer.BackendOverride `json:"overrides,omitempty"`
-}
-
-// AuditEntry is one override change on Subjects.OverridesAudit.
-type AuditEntry struct {
-	At      fleetwatch.Time `json:"at"`
-	Action  string          `json:"action"` // an Action*, or "expire"
-	Pool    string          `json:"pool"`
-	Backend string          `json:"backend"`
-	Who     string          `json:"who"`
-	Reason  string          `json:"reason"`
-	// Override is the override set, or the one cleared or expired.
-	Override *fleetwatch.Override `json:"override,omitempty"`
-	Via      string               `json:"via"` // "http", "nats" or "expiry"
-}
 
 // overrides is the server's view of the bucket.
 type overrides struct {
@@ -161,28 +97,7 @@ func (o *overrides) ensure(ctx context.Context) error {
 }
 
 func (o *overrides) ensureAssets(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
-	subj, replicas := o.s.subj, o.s.cfg.HASettings().Replicas
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      subj.BucketOverrides(),
-		Description: "fleetwatch operator overrides in force, per pool and backend",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("serve: overrides bucket %s: %w", subj.BucketOverrides(), err)
-	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        subj.StreamAudit(),
-		Description: "fleetwatch operator override changes (who, what, when, why)",
-		Subjects:    []string{subj.OverridesAudit()},
-		MaxAge:      AuditRetention,
-		Storage:     jetstream.FileStorage,
-		Replicas:    replicas,
-	}); err != nil {
-		return nil, fmt.Errorf("serve: audit stream %s: %w", subj.StreamAudit(), err)
-	}
-	return kv, nil
+	return control.OpenOverrides(ctx, js, o.s.subj, o.s.cfg.HASettings().Replicas)
 }
 
 // watch follows the bucket, handing the overrides in force to the analyzer
@@ -307,11 +222,11 @@ func (o *overrides) sweep(ctx context.Context) {
 		o.mu.Unlock()
 		for _, so := range expired {
 			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := o.kv.Delete(dctx, baselineKey(so.o.Pool, so.o.Backend), jetstream.LastRevision(so.rev))
+			err := o.kv.Delete(dctx, control.Key(so.o.Pool, so.o.Backend), jetstream.LastRevision(so.rev))
 			cancel()
 			if err == nil {
 				ov := so.o.Override
-				o.audit(ctx, AuditEntry{At: fleetwatch.At(now), Action: "expire", Pool: so.o.Pool, Backend: so.o.Backend,
+				o.audit(ctx, control.AuditEntry{At: fleetwatch.At(now), Action: "expire", Pool: so.o.Pool, Backend: so.o.Backend,
 					Who: ov.Who, Reason: ov.Reason, Override: &ov, Via: "expiry"})
 			}
 		}
@@ -319,80 +234,80 @@ func (o *overrides) sweep(ctx context.Context) {
 }
 
 // apply carries out req for who, arrived via "http" or "nats".
-func (o *overrides) apply(ctx context.Context, req OverrideRequest, who, via string) (OverrideReply, error) {
-	if req.Action == ActionList {
-		return OverrideReply{Overrides: o.active(time.Now())}, nil
+func (o *overrides) apply(ctx context.Context, req control.OverrideRequest, who, via string) (control.OverrideReply, error) {
+	if req.Action == control.ActionList {
+		return control.OverrideReply{Overrides: replyOverrides(o.active(time.Now()))}, nil
 	}
 	if o.kv == nil {
-		return OverrideReply{}, ErrOverridesNoJetStream
+		return control.OverrideReply{}, errOverridesNoJetStream
 	}
 	if err := fleetwatch.ValidatePoolID(req.Pool); err != nil {
-		return OverrideReply{}, fmt.Errorf("%w: pool: %v", ErrBadOverride, err)
+		return control.OverrideReply{}, fmt.Errorf("%w: pool: %v", errBadOverride, err)
 	}
 	if err := fleetwatch.ValidateBackendID(req.Backend); err != nil {
-		return OverrideReply{}, fmt.Errorf("%w: backend: %v", ErrBadOverride, err)
+		return control.OverrideReply{}, fmt.Errorf("%w: backend: %v", errBadOverride, err)
 	}
 	if req.Reason == "" {
-		return OverrideReply{}, fmt.Errorf("%w: reason is required (it goes to the audit)", ErrBadOverride)
+		return control.OverrideReply{}, fmt.Errorf("%w: reason is required (it goes to the audit)", errBadOverride)
 	}
 	if who == "" {
 		who = "anonymous"
 	}
 	now := time.Now()
-	key := baselineKey(req.Pool, req.Backend)
-	if req.Action == ActionClear {
+	key := control.Key(req.Pool, req.Backend)
+	if req.Action == control.ActionClear {
 		e, err := o.kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return OverrideReply{}, fmt.Errorf("%w on %s/%s", ErrNoOverride, req.Pool, req.Backend)
+			return control.OverrideReply{}, fmt.Errorf("%w on %s/%s", errNoOverride, req.Pool, req.Backend)
 		}
 		if err != nil {
-			return OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
+			return control.OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
 		}
 		var old analyzer.BackendOverride
 		json.Unmarshal(e.Value(), &old)
 		if err := o.kv.Delete(ctx, key); err != nil {
-			return OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
+			return control.OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
 		}
 		o.changes.Inc()
-		o.audit(ctx, AuditEntry{At: fleetwatch.At(now), Action: ActionClear, Pool: req.Pool, Backend: req.Backend,
+		o.audit(ctx, control.AuditEntry{At: fleetwatch.At(now), Action: control.ActionClear, Pool: req.Pool, Backend: req.Backend,
 			Who: who, Reason: req.Reason, Override: &old.Override, Via: via})
-		return OverrideReply{Override: &old}, nil
+		return control.OverrideReply{Override: replyOverride(old)}, nil
 	}
 	switch req.Action {
-	case ActionDrain, ActionForceOpen, ActionForceClosed, ActionWeight:
+	case control.ActionDrain, control.ActionForceOpen, control.ActionForceClosed, control.ActionWeight:
 	default:
-		return OverrideReply{}, fmt.Errorf("%w: action %q (want drain, force_open, force_closed, weight or clear)", ErrBadOverride, req.Action)
+		return control.OverrideReply{}, fmt.Errorf("%w: action %q (want drain, force_open, force_closed, weight or clear)", errBadOverride, req.Action)
 	}
 	d, err := time.ParseDuration(req.For)
-	if err != nil || d <= 0 || d > MaxOverrideFor {
-		return OverrideReply{}, fmt.Errorf("%w: for = %q: want a duration above 0 and at most %v, for example \"30m\"", ErrBadOverride, req.For, MaxOverrideFor)
+	if err != nil || d <= 0 || d > control.MaxOverrideFor {
+		return control.OverrideReply{}, fmt.Errorf("%w: for = %q: want a duration above 0 and at most %v, for example \"30m\"", errBadOverride, req.For, control.MaxOverrideFor)
 	}
 	bo := analyzer.BackendOverride{Pool: req.Pool, Backend: req.Backend, Override: fleetwatch.Override{
 		Kind: fleetwatch.OverrideKind(req.Action), Reason: req.Reason, Who: who,
 		Until: fleetwatch.At(now.Add(d)), Weight: req.Weight,
 	}}
 	if err := bo.Validate(); err != nil {
-		return OverrideReply{}, fmt.Errorf("%w: %v", ErrBadOverride, err)
+		return control.OverrideReply{}, fmt.Errorf("%w: %v", errBadOverride, err)
 	}
 	if !req.Force {
 		if err := o.checkKnown(ctx, req.Pool, req.Backend, now); err != nil {
-			return OverrideReply{}, err
+			return control.OverrideReply{}, err
 		}
 	}
 	data, _ := json.Marshal(bo)
 	if _, err := o.kv.Put(ctx, key, data); err != nil {
-		return OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
+		return control.OverrideReply{}, fmt.Errorf("serve: overrides: %w", err)
 	}
 	o.changes.Inc()
-	o.audit(ctx, AuditEntry{At: fleetwatch.At(now), Action: req.Action, Pool: req.Pool, Backend: req.Backend,
+	o.audit(ctx, control.AuditEntry{At: fleetwatch.At(now), Action: req.Action, Pool: req.Pool, Backend: req.Backend,
 		Who: who, Reason: req.Reason, Override: &bo.Override, Via: via})
-	return OverrideReply{Override: &bo}, nil
+	return control.OverrideReply{Override: replyOverride(bo)}, nil
 }
 
-// maxListedTargets bounds the pools or backends an ErrUnknownTarget names.
+// maxListedTargets bounds the pools or backends an errUnknownTarget names.
 const maxListedTargets = 20
 
-// checkKnown reports, as an ErrUnknownTarget naming what is unknown and
+// checkKnown reports, as an errUnknownTarget naming what is unknown and
 // what is known, a pool or backend that is neither in the configuration
 // nor in a current snapshot. The snapshots are this instance's analyzer's
 // and the decisions bucket's: with several instances the one answering
@@ -434,10 +349,10 @@ func (o *overrides) checkKnown(ctx context.Context, pool, backend string, now ti
 	}
 	if !poolKnown {
 		return fmt.Errorf("%w: pool %q is neither configured nor in a current snapshot (known pools: %s); set force for a planned one",
-			ErrUnknownTarget, pool, listed(o.knownPools(ctx, kv, now)))
+			errUnknownTarget, pool, listed(o.knownPools(ctx, kv, now)))
 	}
 	return fmt.Errorf("%w: backend %q of pool %q is neither configured nor in a current snapshot (known backends of %s: %s); set force for a planned one",
-		ErrUnknownTarget, backend, pool, pool, listed(slices.Sorted(maps.Keys(backends))))
+		errUnknownTarget, backend, pool, pool, listed(slices.Sorted(maps.Keys(backends))))
 }
 
 // decisions binds the decisions bucket (nil when it cannot be bound: no
@@ -486,7 +401,7 @@ func listed(ids []string) string {
 
 // audit publishes e on the audit subject, into FW_AUDIT; a failure is
 // logged (the change itself is made).
-func (o *overrides) audit(ctx context.Context, e AuditEntry) {
+func (o *overrides) audit(ctx context.Context, e control.AuditEntry) {
 	data, _ := json.Marshal(e)
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -500,10 +415,10 @@ func (o *overrides) audit(ctx context.Context, e AuditEntry) {
 // one instance of a deployment answers each.
 func (o *overrides) subscribe(ctx context.Context) (*nats.Subscription, error) {
 	return o.s.nc.QueueSubscribe(o.s.subj.OverridesSet(), fleetwatch.QueueOverrides, func(m *nats.Msg) {
-		var req OverrideRequest
-		var reply OverrideReply
+		var req control.OverrideRequest
+		var reply control.OverrideReply
 		if err := json.Unmarshal(m.Data, &req); err != nil {
-			reply.Error = fmt.Sprintf("%v: %v", ErrBadOverride, err)
+			reply.Error = fmt.Sprintf("%v: %v", errBadOverride, err)
 		} else {
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 			r, err := o.apply(rctx, req, req.Who, "nats")
@@ -519,17 +434,17 @@ func (o *overrides) subscribe(ctx context.Context) (*nats.Subscription, error) {
 
 // handleOverrides serves GET and POST /api/overrides.
 func (o *overrides) handleGet(w http.ResponseWriter, _ *http.Request) {
-	writeOverrideReply(w, http.StatusOK, OverrideReply{Overrides: o.active(time.Now())})
+	writeOverrideReply(w, http.StatusOK, control.OverrideReply{Overrides: replyOverrides(o.active(time.Now()))})
 }
 
 func (o *overrides) handlePost(w http.ResponseWriter, r *http.Request) {
-	var req OverrideRequest
+	var req control.OverrideRequest
 	body, err := io.ReadAll(io.LimitReader(r.Body, 64<<10))
 	if err == nil {
 		err = json.Unmarshal(body, &req)
 	}
 	if err != nil {
-		writeOverrideReply(w, http.StatusBadRequest, OverrideReply{Error: fmt.Sprintf("%v: %v", ErrBadOverride, err)})
+		writeOverrideReply(w, http.StatusBadRequest, control.OverrideReply{Error: fmt.Sprintf("%v: %v", errBadOverride, err)})
 		return
 	}
 	who := req.Who
@@ -540,11 +455,11 @@ func (o *overrides) handlePost(w http.ResponseWriter, r *http.Request) {
 	code := http.StatusOK
 	switch {
 	case err == nil:
-	case errors.Is(err, ErrBadOverride):
+	case errors.Is(err, errBadOverride):
 		code = http.StatusBadRequest
-	case errors.Is(err, ErrNoOverride), errors.Is(err, ErrUnknownTarget):
+	case errors.Is(err, errNoOverride), errors.Is(err, errUnknownTarget):
 		code = http.StatusNotFound
-	case errors.Is(err, ErrOverridesNoJetStream):
+	case errors.Is(err, errOverridesNoJetStream):
 		code = http.StatusServiceUnavailable
 	default:
 		code = http.StatusBadGateway
@@ -555,10 +470,25 @@ func (o *overrides) handlePost(w http.ResponseWriter, r *http.Request) {
 	writeOverrideReply(w, code, reply)
 }
 
-func writeOverrideReply(w http.ResponseWriter, code int, reply OverrideReply) {
+func writeOverrideReply(w http.ResponseWriter, code int, reply control.OverrideReply) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	enc.Encode(reply)
+}
+
+// replyOverride is o as a reply names it.
+func replyOverride(o analyzer.BackendOverride) *control.BackendOverride {
+	c := control.BackendOverride(o)
+	return &c
+}
+
+// replyOverrides is bs as a reply lists them.
+func replyOverrides(bs []analyzer.BackendOverride) []control.BackendOverride {
+	out := make([]control.BackendOverride, len(bs))
+	for i, o := range bs {
+		out[i] = control.BackendOverride(o)
+	}
+	return out
 }

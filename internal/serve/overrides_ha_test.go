@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
@@ -33,11 +34,11 @@ func TestOverridesSharedByInstances(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, "the partitions spread over both instances", func() bool {
 		trafficFor(t, nc, pools)
 		ok, all, _ := exclusive([]*instance{a, b}, 8)
-		if !ok || !all || len(b.Partitions()) == 0 {
+		if !ok || !all || len(b.ownedPartitions()) == 0 {
 			return false
 		}
 		for _, p := range pools {
-			if slices.Contains(b.Partitions(), fleetwatch.PartitionOf(p, 8)) {
+			if slices.Contains(b.ownedPartitions(), fleetwatch.PartitionOf(p, 8)) {
 				pool = p
 				return true
 			}
@@ -51,7 +52,7 @@ func TestOverridesSharedByInstances(t *testing.T) {
 	})
 
 	from := time.Now()
-	code, reply := postOverride(t, "http://"+a.HTTPAddr(), OverrideRequest{Action: "drain", Pool: pool, Backend: "good", Reason: "rack move", For: "5m", Who: "dana"})
+	code, reply := postOverride(t, "http://"+a.HTTPAddr(), control.OverrideRequest{Action: "drain", Pool: pool, Backend: "good", Reason: "rack move", For: "5m", Who: "dana"})
 	if code != 200 {
 		t.Fatalf("drain through a: %d %+v", code, reply)
 	}
@@ -70,7 +71,7 @@ func TestOverridesSharedByInstances(t *testing.T) {
 
 	// a does not own the pool: it knows its backends from the decisions
 	// bucket, and refuses a typo naming them.
-	code, reply = postOverride(t, "http://"+a.HTTPAddr(), OverrideRequest{Action: "drain", Pool: pool, Backend: "good-WRONG", Reason: "typo", For: "5m"})
+	code, reply = postOverride(t, "http://"+a.HTTPAddr(), control.OverrideRequest{Action: "drain", Pool: pool, Backend: "good-WRONG", Reason: "typo", For: "5m"})
 	if want := "(known backends of " + pool + ": good)"; code != 404 || !strings.Contains(reply.Error, want) {
 		t.Errorf("drain of %s/good-WRONG through a: %d %q, want 404 with %s", pool, code, reply.Error, want)
 	}

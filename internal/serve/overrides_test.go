@@ -15,8 +15,10 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/router"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
@@ -24,7 +26,7 @@ import (
 
 // postOverride POSTs req to /api/overrides and returns the status and the
 // decoded reply.
-func postOverride(t *testing.T, base string, req any) (int, OverrideReply) {
+func postOverride(t *testing.T, base string, req any) (int, control.OverrideReply) {
 	t.Helper()
 	var body []byte
 	switch r := req.(type) {
@@ -39,7 +41,7 @@ func postOverride(t *testing.T, base string, req any) (int, OverrideReply) {
 	}
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
-	var reply OverrideReply
+	var reply control.OverrideReply
 	if err := json.Unmarshal(data, &reply); err != nil {
 		t.Fatalf("reply does not parse: %v: %s", err, data)
 	}
@@ -143,16 +145,16 @@ func TestOverridesEndToEnd(t *testing.T) {
 		want string
 	}{
 		{"not JSON", `{"action":`, 400, "bad override request"},
-		{"unknown action", OverrideRequest{Action: "pause", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}, 400, "action \"pause\""},
-		{"no reason", OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", For: "1m"}, 400, "reason is required"},
-		{"no duration", OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x"}, 400, "for = \"\""},
-		{"too long", OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x", For: "8760h"}, 400, "at most"},
-		{"weight without a weight", OverrideRequest{Action: "weight", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}, 400, "weight in [0, 1]"},
-		{"bad pool", OverrideRequest{Action: "drain", Pool: "a..b", Backend: "b0", Reason: "x", For: "1m"}, 400, "pool"},
-		{"clear without an override", OverrideRequest{Action: "clear", Pool: "p", Backend: "b0", Reason: "x"}, 404, "no override in force"},
-		{"a backend typo", OverrideRequest{Action: "drain", Pool: "p", Backend: "b0-WRONG", Reason: "x", For: "1m"}, 404,
+		{"unknown action", control.OverrideRequest{Action: "pause", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}, 400, "action \"pause\""},
+		{"no reason", control.OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", For: "1m"}, 400, "reason is required"},
+		{"no duration", control.OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x"}, 400, "for = \"\""},
+		{"too long", control.OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x", For: "8760h"}, 400, "at most"},
+		{"weight without a weight", control.OverrideRequest{Action: "weight", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}, 400, "weight in [0, 1]"},
+		{"bad pool", control.OverrideRequest{Action: "drain", Pool: "a..b", Backend: "b0", Reason: "x", For: "1m"}, 400, "pool"},
+		{"clear without an override", control.OverrideRequest{Action: "clear", Pool: "p", Backend: "b0", Reason: "x"}, 404, "no override in force"},
+		{"a backend typo", control.OverrideRequest{Action: "drain", Pool: "p", Backend: "b0-WRONG", Reason: "x", For: "1m"}, 404,
 			`backend "b0-WRONG" of pool "p" is neither configured nor in a current snapshot (known backends of p: b0, b1)`},
-		{"an unknown pool", OverrideRequest{Action: "drain", Pool: "no-such-pool", Backend: "b0", Reason: "x", For: "1m"}, 404,
+		{"an unknown pool", control.OverrideRequest{Action: "drain", Pool: "no-such-pool", Backend: "b0", Reason: "x", For: "1m"}, 404,
 			`pool "no-such-pool" is neither configured nor in a current snapshot (known pools: p)`},
 	} {
 		code, reply := postOverride(t, srv.httpURL, tc.req)
@@ -162,7 +164,7 @@ func TestOverridesEndToEnd(t *testing.T) {
 	}
 
 	// Drain b0 over HTTP.
-	code, reply := postOverride(t, srv.httpURL, OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "kernel upgrade", For: "10m", Who: "alice"})
+	code, reply := postOverride(t, srv.httpURL, control.OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "kernel upgrade", For: "10m", Who: "alice"})
 	if code != 200 || reply.Override == nil || reply.Override.Kind != fleetwatch.OverrideDrain || reply.Override.Who != "alice" {
 		t.Fatalf("drain: %d %+v", code, reply)
 	}
@@ -189,12 +191,12 @@ func TestOverridesEndToEnd(t *testing.T) {
 	}
 
 	// Force b1 open over NATS for 2s: it expires on its own.
-	data, _ := json.Marshal(OverrideRequest{Action: "force_open", Pool: "p", Backend: "b1", Reason: "flaky NIC", For: "2s", Who: "bob"})
+	data, _ := json.Marshal(control.OverrideRequest{Action: "force_open", Pool: "p", Backend: "b1", Reason: "flaky NIC", For: "2s", Who: "bob"})
 	m, err := nc.Request("fw.overrides.set", data, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var nreply OverrideReply
+	var nreply control.OverrideReply
 	if err := json.Unmarshal(m.Data, &nreply); err != nil || nreply.Error != "" || nreply.Override == nil {
 		t.Fatalf("force_open over NATS: %v %s", err, m.Data)
 	}
@@ -209,7 +211,7 @@ func TestOverridesEndToEnd(t *testing.T) {
 		}
 		_, r := getOverrides(t, srv.httpURL)
 		srv.ovr.mu.Lock()
-		_, left := srv.ovr.byKey[baselineKey("p", "b1")]
+		_, left := srv.ovr.byKey[control.Key("p", "b1")]
 		srv.ovr.mu.Unlock()
 		return len(r.Overrides) == 1 && !left
 	})
@@ -232,7 +234,7 @@ func TestOverridesEndToEnd(t *testing.T) {
 	})
 
 	// Clear: the analyzer's own verdict, a healthy b0 with a weight.
-	code, reply = postOverride(t, srv.httpURL, OverrideRequest{Action: "clear", Pool: "p", Backend: "b0", Reason: "upgrade done", Who: "alice"})
+	code, reply = postOverride(t, srv.httpURL, control.OverrideRequest{Action: "clear", Pool: "p", Backend: "b0", Reason: "upgrade done", Who: "alice"})
 	if code != 200 || reply.Override == nil || reply.Override.Kind != fleetwatch.OverrideDrain {
 		t.Fatalf("clear: %d %+v", code, reply)
 	}
@@ -258,7 +260,7 @@ func TestOverridesEndToEnd(t *testing.T) {
 		if err != nil {
 			t.Fatalf("audit after %v: %v", got, err)
 		}
-		var e AuditEntry
+		var e control.AuditEntry
 		if err := json.Unmarshal(msg.Data(), &e); err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +279,7 @@ func TestOverridesEndToEnd(t *testing.T) {
 func TestOverridesKnownTargets(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
 	srv := startServer(t, "nats: {url: \""+url+"\"}\nprobes: {disabled: true}\npools:\n  - id: chat\n    backends: [{id: b1}, {id: b2}]\n", Options{})
-	drain := OverrideRequest{Action: "drain", Pool: "chat", Backend: "b2", Reason: "rack move", For: "5m"}
+	drain := control.OverrideRequest{Action: "drain", Pool: "chat", Backend: "b2", Reason: "rack move", For: "5m"}
 	if code, reply := postOverride(t, srv.httpURL, drain); code != 200 {
 		t.Errorf("drain of configured chat/b2: %d %+v", code, reply)
 	}
@@ -292,12 +294,12 @@ func TestOverridesKnownTargets(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	data, _ := json.Marshal(OverrideRequest{Action: "drain", Pool: "no-such-pool", Backend: "b1", Reason: "x", For: "1m"})
+	data, _ := json.Marshal(control.OverrideRequest{Action: "drain", Pool: "no-such-pool", Backend: "b1", Reason: "x", For: "1m"})
 	m, err := nc.Request("fw.overrides.set", data, 10*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var nreply OverrideReply
+	var nreply control.OverrideReply
 	if json.Unmarshal(m.Data, &nreply); nreply.Override != nil || !strings.Contains(nreply.Error, `pool "no-such-pool" is neither configured`) {
 		t.Errorf("NATS drain of no-such-pool/b1: %s", m.Data)
 	}
@@ -309,19 +311,19 @@ func TestOverridesKnownTargets(t *testing.T) {
 		_, r := getOverrides(t, srv.httpURL)
 		return len(r.Overrides) == 2 && r.Overrides[0].Backend == "b2" && r.Overrides[1].Backend == "b3"
 	})
-	if code, reply := postOverride(t, srv.httpURL, OverrideRequest{Action: "clear", Pool: "chat", Backend: "b3", Reason: "planned no more"}); code != 200 {
+	if code, reply := postOverride(t, srv.httpURL, control.OverrideRequest{Action: "clear", Pool: "chat", Backend: "b3", Reason: "planned no more"}); code != 200 {
 		t.Errorf("clear of chat/b3 without force: %d %+v", code, reply)
 	}
 }
 
-func getOverrides(t *testing.T, base string) (int, OverrideReply) {
+func getOverrides(t *testing.T, base string) (int, control.OverrideReply) {
 	t.Helper()
 	resp, err := http.Get(base + "/api/overrides")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var reply OverrideReply
+	var reply control.OverrideReply
 	json.NewDecoder(resp.Body).Decode(&reply)
 	return resp.StatusCode, reply
 }
@@ -330,7 +332,7 @@ func getOverrides(t *testing.T, base string) (int, OverrideReply) {
 // refuses overrides, over HTTP and NATS, saying why.
 func TestOverridesWithoutJetStream(t *testing.T) {
 	srv := startServer(t, "nats: {no_jetstream: true}\nprobes: {disabled: true}\n", Options{})
-	req := OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}
+	req := control.OverrideRequest{Action: "drain", Pool: "p", Backend: "b0", Reason: "x", For: "1m"}
 	code, reply := postOverride(t, srv.httpURL, req)
 	if code != http.StatusServiceUnavailable || !strings.Contains(reply.Error, "need JetStream") {
 		t.Errorf("HTTP: %d %+v, want 503 saying overrides need JetStream", code, reply)
@@ -347,5 +349,22 @@ func TestOverridesWithoutJetStream(t *testing.T) {
 	}
 	if !strings.Contains(string(m.Data), "need JetStream") {
 		t.Errorf("NATS: %s, want an error saying overrides need JetStream", m.Data)
+	}
+}
+
+// TestReplyOverrideJSON: a reply names an override with the JSON of the
+// analyzer's override (control.BackendOverride is a conversion of it).
+func TestReplyOverrideJSON(t *testing.T) {
+	w := 0.25
+	b := analyzer.BackendOverride{Pool: "p", Backend: "b0", Override: fleetwatch.Override{
+		Kind: fleetwatch.OverrideWeight, Reason: "canary", Who: "alice", Until: fleetwatch.At(time.Unix(1700000000, 0)), Weight: &w}}
+	want, _ := json.Marshal(b)
+	got, _ := json.Marshal(replyOverride(b))
+	if string(got) != string(want) {
+		t.Errorf("reply override %s, want %s", got, want)
+	}
+	list, _ := json.Marshal(replyOverrides([]analyzer.BackendOverride{b}))
+	if string(list) != "["+string(want)+"]" {
+		t.Errorf("reply overrides %s, want [%s]", list, want)
 	}
 }

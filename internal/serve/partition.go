@@ -108,7 +108,7 @@ func (h *ha) takeOver(ctx context.Context, got []int, first bool) {
 	// did not follow while another owned the pools).
 	if !first && len(adopted) > 0 {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		if err := s.RestoreDrift(rctx, adopted); err != nil && !errors.Is(err, ErrNoDriftProbes) {
+		if err := s.restoreDrift(rctx, adopted); err != nil && !errors.Is(err, errNoDriftProbes) {
 			s.logf("ha: restoring the drift states of %v: %v", adopted, err)
 		}
 		cancel()

@@ -2,12 +2,10 @@ package serve
 
 import (
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,17 +17,9 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/collector"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
-
-// Control verbs the probes of serve answer (on Subjects.Control(verb)).
-const (
-	ControlRebaseline  = "rebaseline"
-	ControlDriftStatus = "drift-status"
-)
-
-// DriftRetention is how long FW_DRIFT keeps alerts and digests.
-const DriftRetention = 30 * 24 * time.Hour
 
 // probeDeps is what startProbes needs from serve.
 type probeDeps struct {
@@ -98,106 +88,6 @@ func (f *fingerprintSink) Observe(batch []fleetwatch.Event) bool {
 func (f *fingerprintSink) ObserveRefusing(batch []fleetwatch.Event, refused []fleetwatch.Refusal) (bool, []fleetwatch.Refusal) {
 	f.track(batch)
 	return f.an.ObserveRefusing(batch, refused)
-}
-
-// RebaselineRequest is the payload of a re-baseline request.
-type RebaselineRequest struct {
-	Pool    string `json:"pool"`
-	Backend string `json:"backend"`
-	By      string `json:"by"`
-}
-
-// ControlReply answers a control request.
-type ControlReply struct {
-	OK       bool                   `json:"ok"`
-	Error    string                 `json:"error,omitempty"`
-	Alert    *fleetwatch.DriftAlert `json:"alert,omitempty"`
-	Statuses []probes.BackendStatus `json:"statuses,omitempty"`
-}
-
-// KVBaselines stores baselines in the JetStream KV bucket fw_probe_baselines
-// under "<pool>.<base64url(backend)>": pool ids are valid keys, backend ids
-// may hold any printable character, and base64url has no '.', so the key is
-// unique.
-type KVBaselines struct{ KV jetstream.KeyValue }
-
-func baselineKey(pool, backend string) string {
-	return pool + "." + base64.RawURLEncoding.EncodeToString([]byte(backend))
-}
-
-func (s KVBaselines) Load(ctx context.Context, pool, backend string) ([]byte, error) {
-	e, err := s.KV.Get(ctx, baselineKey(pool, backend))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, probes.ErrNoBaseline
-	}
-	if err != nil {
-		return nil, err
-	}
-	return e.Value(), nil
-}
-
-func (s KVBaselines) Save(ctx context.Context, pool, backend string, data []byte) error {
-	_, err := s.KV.Put(ctx, baselineKey(pool, backend), data)
-	return err
-}
-
-// OpenBaselines creates or opens the baselines bucket (5 revisions kept per
-// key, so a re-baseline leaves the previous baseline for audit).
-func OpenBaselines(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (jetstream.KeyValue, error) {
-	return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      subj.BucketBaselines(),
-		Description: "fleetwatch drift probe baselines",
-		History:     5,
-		Storage:     jetstream.FileStorage,
-	})
-}
-
-// BucketDriftState is the JetStream KV bucket of each backend's drift state
-// (probes.DriftState) under subj's prefix: fw_drift for the default one.
-func BucketDriftState(subj fleetwatch.Subjects) string {
-	return strings.TrimSuffix(subj.BucketBaselines(), "_probe_baselines") + "_drift"
-}
-
-// KVStates stores drift states in the bucket BucketDriftState, under the
-// same keys as the baselines ("<pool>.<base64url(backend)>").
-type KVStates struct{ KV jetstream.KeyValue }
-
-func (s KVStates) Load(ctx context.Context, pool, backend string) ([]byte, error) {
-	e, err := s.KV.Get(ctx, baselineKey(pool, backend))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil, probes.ErrNoState
-	}
-	if err != nil {
-		return nil, err
-	}
-	return e.Value(), nil
-}
-
-func (s KVStates) Save(ctx context.Context, pool, backend string, data []byte) error {
-	_, err := s.KV.Put(ctx, baselineKey(pool, backend), data)
-	return err
-}
-
-// OpenDriftStates creates or opens the drift state bucket (the latest
-// value per key: the history of changes is the alerts in FW_DRIFT).
-func OpenDriftStates(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (jetstream.KeyValue, error) {
-	return js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
-		Bucket:      BucketDriftState(subj),
-		Description: "fleetwatch drift state per backend: status, CUSUM, cooldown, last alert, quarantine",
-		History:     1,
-		Storage:     jetstream.FileStorage,
-	})
-}
-
-// EnsureDriftStream creates or updates FW_DRIFT capturing fw.drift.>.
-func EnsureDriftStream(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (jetstream.Stream, error) {
-	return js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        subj.StreamDrift(),
-		Description: "fleetwatch drift alerts and review digests",
-		Subjects:    []string{subj.DriftWildcard()},
-		MaxAge:      DriftRetention,
-		Storage:     jetstream.FileStorage,
-	})
 }
 
 // wireSink publishes what the prober finds.
@@ -385,17 +275,17 @@ func openDriftStores(ctx context.Context, d probeDeps, subj fleetwatch.Subjects)
 		d.logf("drift: no JetStream: baselines and drift states live in memory and alerts are not kept for review")
 		return st, nil
 	}
-	kv, err := OpenBaselines(ctx, d.js, subj)
+	kv, err := control.OpenBaselines(ctx, d.js, subj)
 	if err != nil {
 		return st, fmt.Errorf("baselines bucket: %w", err)
 	}
-	st.baselines = KVBaselines{kv}
-	skv, err := OpenDriftStates(ctx, d.js, subj)
+	st.baselines = control.KVBaselines{KV: kv}
+	skv, err := control.OpenDriftStates(ctx, d.js, subj)
 	if err != nil {
 		return st, fmt.Errorf("drift state bucket: %w", err)
 	}
-	st.states = KVStates{skv}
-	if st.stream, err = EnsureDriftStream(ctx, d.js, subj); err != nil {
+	st.states = control.KVStates{KV: skv}
+	if st.stream, err = control.EnsureDriftStream(ctx, d.js, subj); err != nil {
 		return st, fmt.Errorf("drift stream: %w", err)
 	}
 	return st, nil
@@ -413,7 +303,7 @@ func newReviewer(d probeDeps, subj fleetwatch.Subjects, prober *probes.Prober, s
 		if !kept {
 			return sink.alertsSince(since), nil
 		}
-		alerts, _, err := ReadDrift(ctx, d.js, subj, since)
+		alerts, _, err := control.ReadDrift(ctx, d.js, subj, since)
 		return alerts, err
 	}
 	rs.Publish = func(ctx context.Context, r fleetwatch.DriftReview) error {
@@ -434,7 +324,7 @@ func newReviewer(d probeDeps, subj fleetwatch.Subjects, prober *probes.Prober, s
 		return d.nc.Publish(subj.DriftReview(), data)
 	}
 	if d.js != nil {
-		rs.LastReview = func(ctx context.Context) (time.Time, bool, error) { return LastReview(ctx, d.js, subj) }
+		rs.LastReview = func(ctx context.Context) (time.Time, bool, error) { return control.LastReview(ctx, d.js, subj) }
 	}
 	return probes.NewReviewer(rs)
 }
@@ -442,30 +332,30 @@ func newReviewer(d probeDeps, subj fleetwatch.Subjects, prober *probes.Prober, s
 // answerDriftControl subscribes the drift control verbs (re-baseline,
 // drift status); the subscriptions are the caller's to end.
 func answerDriftControl(ctx context.Context, d probeDeps, subj fleetwatch.Subjects, prober *probes.Prober) ([]*nats.Subscription, error) {
-	respond := func(m *nats.Msg, r ControlReply) {
+	respond := func(m *nats.Msg, r control.Reply) {
 		data, _ := json.Marshal(r)
 		if err := m.Respond(data); err != nil {
 			d.logf("drift: control reply: %v", err)
 		}
 	}
-	rebaseline, err := d.nc.Subscribe(subj.Control(ControlRebaseline), func(m *nats.Msg) {
-		var req RebaselineRequest
+	rebaseline, err := d.nc.Subscribe(subj.Control(control.VerbRebaseline), func(m *nats.Msg) {
+		var req control.RebaselineRequest
 		if err := json.Unmarshal(m.Data, &req); err != nil {
-			respond(m, ControlReply{Error: "bad request: " + err.Error()})
+			respond(m, control.Reply{Error: "bad request: " + err.Error()})
 			return
 		}
 		a, err := prober.Rebaseline(ctx, req.Pool, req.Backend, req.By)
 		if err != nil {
-			respond(m, ControlReply{Error: err.Error()})
+			respond(m, control.Reply{Error: err.Error()})
 			return
 		}
-		respond(m, ControlReply{OK: true, Alert: &a})
+		respond(m, control.Reply{OK: true, Alert: &a})
 	})
 	if err != nil {
 		return nil, err
 	}
-	status, err := d.nc.Subscribe(subj.Control(ControlDriftStatus), func(m *nats.Msg) {
-		respond(m, ControlReply{OK: true, Statuses: prober.Statuses()})
+	status, err := d.nc.Subscribe(subj.Control(control.VerbDriftStatus), func(m *nats.Msg) {
+		respond(m, control.Reply{OK: true, Statuses: prober.Statuses()})
 	})
 	if err != nil {
 		rebaseline.Unsubscribe()
@@ -474,102 +364,24 @@ func answerDriftControl(ctx context.Context, d probeDeps, subj fleetwatch.Subjec
 	return []*nats.Subscription{rebaseline, status}, nil
 }
 
-// ErrNoDriftProbes is returned by RestoreDrift when the probes do not run
+// errNoDriftProbes is returned by restoreDrift when the probes do not run
 // (probes.disabled, or Run has not started them yet).
-var ErrNoDriftProbes = errors.New("serve: drift probes not running")
+var errNoDriftProbes = errors.New("serve: drift probes not running")
 
-// RestoreDrift reloads the stored baselines and drift states of the
+// restoreDrift reloads the stored baselines and drift states of the
 // configured backends of pools (nil: every pool) and hands their drift
 // statuses to the analyzer, so that a drifted backend is quarantined in the
 // next snapshot: what a new owner of pools calls when it takes them over,
 // before it publishes their first snapshot. Run does the same for every
 // pool at start. It waits for a running probe cycle of each backend.
-func (s *Server) RestoreDrift(ctx context.Context, pools []string) error {
+func (s *Server) restoreDrift(ctx context.Context, pools []string) error {
 	s.rl.probes.RLock() // not while a reload restarts the probes
 	defer s.rl.probes.RUnlock()
 	s.mu.Lock()
 	d := s.drift
 	s.mu.Unlock()
 	if d == nil {
-		return ErrNoDriftProbes
+		return errNoDriftProbes
 	}
 	return d.Restore(ctx, pools)
-}
-
-// ReadDrift reads FW_DRIFT from since: the alerts, and the review digests.
-func ReadDrift(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects, since time.Time) ([]fleetwatch.DriftAlert, []fleetwatch.DriftReview, error) {
-	stream, err := js.Stream(ctx, subj.StreamDrift())
-	if err != nil {
-		return nil, nil, err
-	}
-	info, err := stream.Info(ctx)
-	if err != nil {
-		return nil, nil, err
-	}
-	if info.State.Msgs == 0 {
-		return nil, nil, nil
-	}
-	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{subj.DriftWildcard()},
-		DeliverPolicy:  jetstream.DeliverByStartTimePolicy,
-		OptStartTime:   &since,
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	var alerts []fleetwatch.DriftAlert
-	var reviews []fleetwatch.DriftReview
-	for {
-		batch, err := cons.FetchNoWait(256)
-		if err != nil {
-			return nil, nil, err
-		}
-		n := 0
-		var last jetstream.Msg
-		for m := range batch.Messages() {
-			n++
-			last = m
-			if m.Subject() == subj.DriftReview() {
-				var r fleetwatch.DriftReview
-				if json.Unmarshal(m.Data(), &r) == nil {
-					reviews = append(reviews, r)
-				}
-				continue
-			}
-			var a fleetwatch.DriftAlert
-			if json.Unmarshal(m.Data(), &a) == nil && a.Backend != "" {
-				alerts = append(alerts, a)
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return nil, nil, err
-		}
-		if n == 0 {
-			break
-		}
-		if md, err := last.Metadata(); err == nil && md.NumPending == 0 {
-			break
-		}
-	}
-	return alerts, reviews, nil
-}
-
-// LastReview is when the last review digest in FW_DRIFT was made.
-func LastReview(ctx context.Context, js jetstream.JetStream, subj fleetwatch.Subjects) (time.Time, bool, error) {
-	stream, err := js.Stream(ctx, subj.StreamDrift())
-	if err != nil {
-		return time.Time{}, false, err
-	}
-	m, err := stream.GetLastMsgForSubject(ctx, subj.DriftReview())
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return time.Time{}, false, nil
-	}
-	if err != nil {
-		return time.Time{}, false, err
-	}
-	var r fleetwatch.DriftReview
-	if err := json.Unmarshal(m.Data, &r); err != nil {
-		return time.Time{}, false, nil
-	}
-	return r.At.Time, true, nil
 }

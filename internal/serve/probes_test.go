@@ -19,6 +19,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
@@ -177,18 +178,18 @@ func TestStartProbesEndToEnd(t *testing.T) {
 	}
 
 	// an operator re-baselines vllm-c: recorded in FW_DRIFT
-	req, _ := json.Marshal(RebaselineRequest{Pool: "llama", Backend: "vllm-c", By: "alice"})
-	msg, err := nc.Request(fleetwatch.Subjects{}.Control(ControlRebaseline), req, 10*time.Second)
+	req, _ := json.Marshal(control.RebaselineRequest{Pool: "llama", Backend: "vllm-c", By: "alice"})
+	msg, err := nc.Request(fleetwatch.Subjects{}.Control(control.VerbRebaseline), req, 10*time.Second)
 	if err != nil {
 		t.Fatalf("rebaseline request: %v", err)
 	}
-	var reply ControlReply
+	var reply control.Reply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil || !reply.OK {
 		t.Fatalf("rebaseline reply %s (%v)", msg.Data, err)
 	}
 	var recorded bool
 	testkit.Eventually(t, 10*time.Second, "the re-baseline in FW_DRIFT", func() bool {
-		as, _, err := ReadDrift(t.Context(), js, fleetwatch.Subjects{}, time.Now().Add(-time.Hour))
+		as, _, err := control.ReadDrift(t.Context(), js, fleetwatch.Subjects{}, time.Now().Add(-time.Hour))
 		if err != nil {
 			return false
 		}
@@ -203,11 +204,11 @@ func TestStartProbesEndToEnd(t *testing.T) {
 
 func askStatusesT(t *testing.T, nc *nats.Conn) []probes.BackendStatus {
 	t.Helper()
-	msg, err := nc.Request(fleetwatch.Subjects{}.Control(ControlDriftStatus), nil, 10*time.Second)
+	msg, err := nc.Request(fleetwatch.Subjects{}.Control(control.VerbDriftStatus), nil, 10*time.Second)
 	if err != nil {
 		t.Fatalf("drift-status request: %v", err)
 	}
-	var reply ControlReply
+	var reply control.Reply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil || !reply.OK || reply.Statuses == nil {
 		t.Fatalf("drift-status reply %s (%v)", msg.Data, err)
 	}
@@ -217,7 +218,7 @@ func askStatusesT(t *testing.T, nc *nats.Conn) []probes.BackendStatus {
 func TestBaselineKeysAreValidAndDistinct(t *testing.T) {
 	seen := map[string]bool{}
 	for _, b := range []string{"vllm-a", "http://10.0.0.1:8000", "a.b", "weird |\"id"} {
-		k := baselineKey("meta-llama/Llama-3.1-70B", b)
+		k := control.Key("meta-llama/Llama-3.1-70B", b)
 		if err := fleetwatch.ValidatePoolID(k); err != nil || seen[k] {
 			t.Errorf("key %q for %q: %v (seen %v)", k, b, err, seen[k])
 		}

@@ -53,7 +53,7 @@ type reloadState struct {
 	done   bool            // Run is stopping: reloads are refused
 	prober *probes.Prober  // the drift prober, kept across restarts of the probes
 
-	// probes is held (read) by RestoreDrift and (write) while a reload
+	// probes is held (read) by restoreDrift and (write) while a reload
 	// restarts the probes, so that a restore never meets a prober being
 	// updated.
 	probes sync.RWMutex
@@ -295,7 +295,7 @@ func (s *Server) startProbesFrom(ctx context.Context, cfg *config.Config) error 
 // records ctx for the probes later reloads start: drift statuses flow
 // into the analyzer (and so into the snapshots) and alerts into the status
 // page. The stored drift states are loaded before it returns;
-// RestoreDrift reaches the probes from then on. stopDrift stops them.
+// restoreDrift reaches the probes from then on. stopDrift stops them.
 func (s *Server) startProbes(ctx context.Context) error {
 	s.rl.mu.Lock() // a reload now waits, then sees the probes started
 	defer s.rl.mu.Unlock()

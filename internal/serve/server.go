@@ -122,7 +122,7 @@ type Server struct {
 	evalDuration *metrics.Histogram
 
 	mu          sync.Mutex   // guards urgentAt, alerts, transitions, ran, running, runDone, closed, drift
-	drift       *driftProbes // the running drift probes (RestoreDrift); nil until Run starts them
+	drift       *driftProbes // the running drift probes (restoreDrift); nil until Run starts them
 	urgentAt    time.Time    // when the oldest unhandled urgent signal arrived
 	alerts      []fleetwatch.DriftAlert
 	transitions map[transitionKey]uint64

@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/router"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
@@ -134,7 +135,7 @@ func TestShadowEndToEnd(t *testing.T) {
 
 		// An operator's drain is honoured even in observe mode: it is an
 		// instruction, not fleetwatch's judgement.
-		code, reply := postOverride(t, r.srv.httpURL, OverrideRequest{Action: "drain", Pool: "p", Backend: "b2", Reason: "rack maintenance", For: "10m", Who: "carol"})
+		code, reply := postOverride(t, r.srv.httpURL, control.OverrideRequest{Action: "drain", Pool: "p", Backend: "b2", Reason: "rack maintenance", For: "10m", Who: "carol"})
 		if code != 200 || reply.Override == nil {
 			t.Fatalf("drain: %d %+v", code, reply)
 		}

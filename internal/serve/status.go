@@ -21,9 +21,9 @@ import (
 // it in wire.go; the tests use fixed snapshots).
 type statusSource interface {
 	Snapshots() []fleetwatch.Snapshot          // current snapshot of every pool
-	Ingest() ingestCounts                      // collector counters since start
-	DriftAlerts(n int) []fleetwatch.DriftAlert // latest n alerts, newest first (may be empty)
-	NextReview() time.Time                     // zero when no review scheduled
+	ingested() ingestCounts                    // collector counters since start
+	driftAlerts(n int) []fleetwatch.DriftAlert // latest n alerts, newest first (may be empty)
+	nextReview() time.Time                     // zero when no review scheduled
 }
 
 // ingestCounts are the collector's counters since the process started.
@@ -447,13 +447,13 @@ func statusRoutes(mux *http.ServeMux, src statusSource, h *history) {
 		now := time.Now()
 		resp := statusResponse{Instance: instance, Now: fleetwatch.At(now), MaxPoints: limit}
 		resp.Pools, resp.HistorySeq, resp.Transitions = h.status(src.Snapshots(), since, limit, now)
-		resp.Ingest = src.Ingest()
+		resp.Ingest = src.ingested()
 		resp.TopRejects = topRejects(resp.Ingest.RejectsByReason, statusTopRejects)
-		resp.DriftAlerts = src.DriftAlerts(statusDriftAlerts)
+		resp.DriftAlerts = src.driftAlerts(statusDriftAlerts)
 		if resp.DriftAlerts == nil {
 			resp.DriftAlerts = []fleetwatch.DriftAlert{}
 		}
-		if next := src.NextReview(); !next.IsZero() {
+		if next := src.nextReview(); !next.IsZero() {
 			resp.NextReview = new(fleetwatch.At(next))
 		}
 		if resp.Transitions == nil {

@@ -37,19 +37,19 @@ func (f *fixedStatus) Snapshots() []fleetwatch.Snapshot {
 	return f.snaps
 }
 
-func (f *fixedStatus) Ingest() ingestCounts {
+func (f *fixedStatus) ingested() ingestCounts {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.ingest
 }
 
-func (f *fixedStatus) DriftAlerts(n int) []fleetwatch.DriftAlert {
+func (f *fixedStatus) driftAlerts(n int) []fleetwatch.DriftAlert {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.alerts[:min(n, len(f.alerts))]
 }
 
-func (f *fixedStatus) NextReview() time.Time {
+func (f *fixedStatus) nextReview() time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.next

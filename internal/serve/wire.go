@@ -12,8 +12,8 @@ import (
 
 // The status page's view of the server (statusSource).
 
-// Ingest returns the collector's counters for the status page.
-func (s *Server) Ingest() ingestCounts {
+// ingested returns the collector's counters for the status page.
+func (s *Server) ingested() ingestCounts {
 	st := s.col.Stats()
 	ic := ingestCounts{
 		Received:        int64(st.AcceptedTotal()),
@@ -39,8 +39,8 @@ func (s *Server) Ingest() ingestCounts {
 	return ic
 }
 
-// DriftAlerts returns the latest n drift alerts, newest first.
-func (s *Server) DriftAlerts(n int) []fleetwatch.DriftAlert {
+// driftAlerts returns the latest n drift alerts, newest first.
+func (s *Server) driftAlerts(n int) []fleetwatch.DriftAlert {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]fleetwatch.DriftAlert, 0, min(n, len(s.alerts)))
@@ -63,8 +63,8 @@ func (s *Server) noteAlert(a fleetwatch.DriftAlert) {
 	s.mu.Unlock()
 }
 
-// NextReview is when the drift review runs next (zero when not scheduled).
-func (s *Server) NextReview() time.Time {
+// nextReview is when the drift review runs next (zero when not scheduled).
+func (s *Server) nextReview() time.Time {
 	cfg := s.config()
 	if cfg.Probes.Disabled || cfg.Review.Schedule == "" {
 		return time.Time{}

@@ -1,4 +1,4 @@
-package serve
+package control
 
 import (
 	"context"
@@ -18,12 +18,33 @@ import (
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
-// This file is the client side of the drift control requests and of the
-// FW_DRIFT stream: what `fleetwatch drift review|status|rebaseline` do,
-// with or without a running serve.
+// This file is the drift control requests that serve's probes answer and
+// their client side, with the FW_DRIFT stream: what `fleetwatch drift
+// review|status|rebaseline` do, with or without a running serve.
 
-// ControlTimeout bounds a control request to serve's probes.
-const ControlTimeout = 5 * time.Second
+// Control verbs the probes of serve answer (on Subjects.Control(verb)).
+const (
+	VerbRebaseline  = "rebaseline"
+	VerbDriftStatus = "drift-status"
+)
+
+// RebaselineRequest is the payload of a re-baseline request.
+type RebaselineRequest struct {
+	Pool    string `json:"pool"`
+	Backend string `json:"backend"`
+	By      string `json:"by"`
+}
+
+// Reply answers a control request.
+type Reply struct {
+	OK       bool                   `json:"ok"`
+	Error    string                 `json:"error,omitempty"`
+	Alert    *fleetwatch.DriftAlert `json:"alert,omitempty"`
+	Statuses []probes.BackendStatus `json:"statuses,omitempty"`
+}
+
+// RequestTimeout bounds a control request to serve's probes.
+const RequestTimeout = 5 * time.Second
 
 // DefaultReviewSpan is how far back a review reaches when there is no
 // earlier review digest and no span is asked for.
@@ -40,14 +61,14 @@ func driftStreamErr(op string, subj fleetwatch.Subjects, err error) error {
 // AskStatuses asks serve's probes for every backend's drift state; it
 // returns nil and no error when no serve answers.
 func AskStatuses(nc *nats.Conn, subj fleetwatch.Subjects) ([]probes.BackendStatus, error) {
-	m, err := nc.Request(subj.Control(ControlDriftStatus), nil, ControlTimeout)
+	m, err := nc.Request(subj.Control(VerbDriftStatus), nil, RequestTimeout)
 	if errors.Is(err, nats.ErrNoResponders) || errors.Is(err, nats.ErrTimeout) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	var r ControlReply
+	var r Reply
 	if err := json.Unmarshal(m.Data, &r); err != nil {
 		return nil, fmt.Errorf("drift status reply: %w", err)
 	}
@@ -192,10 +213,10 @@ func WriteDriftStatus(w io.Writer, source string, statuses []probes.BackendStatu
 // FW_DRIFT.
 func Rebaseline(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj fleetwatch.Subjects, req RebaselineRequest, suite string, now time.Time) (alert fleetwatch.DriftAlert, byServe bool, err error) {
 	data, _ := json.Marshal(req)
-	m, err := nc.Request(subj.Control(ControlRebaseline), data, ControlTimeout)
+	m, err := nc.Request(subj.Control(VerbRebaseline), data, RequestTimeout)
 	switch {
 	case err == nil:
-		var r ControlReply
+		var r Reply
 		if err := json.Unmarshal(m.Data, &r); err != nil {
 			return fleetwatch.DriftAlert{}, false, fmt.Errorf("drift rebaseline reply: %w", err)
 		}

@@ -1,4 +1,4 @@
-package serve
+package control
 
 import (
 	"encoding/json"
@@ -20,7 +20,7 @@ import (
 
 // answer replies reply to every request on subj's control verb and returns
 // a function that returns the requests' payloads.
-func answer(t *testing.T, nc *nats.Conn, subj fleetwatch.Subjects, verb string, reply ControlReply) func() []string {
+func answer(t *testing.T, nc *nats.Conn, subj fleetwatch.Subjects, verb string, reply Reply) func() []string {
 	t.Helper()
 	var mu sync.Mutex // guards got
 	var got []string
@@ -52,14 +52,14 @@ func TestAskStatuses(t *testing.T) {
 	}
 
 	server := feedtest.Connect(t, url)
-	answer(t, server, subj, ControlDriftStatus, ControlReply{OK: true})
+	answer(t, server, subj, VerbDriftStatus, Reply{OK: true})
 	st, err := AskStatuses(nc, subj)
 	if err != nil || st == nil || len(st) != 0 {
 		t.Errorf("serve with no backends: %#v %v, want an empty, non-nil list", st, err)
 	}
 
 	other := fleetwatch.Subjects{Prefix: "other"}
-	answer(t, server, other, ControlDriftStatus, ControlReply{Error: "probes are disabled"})
+	answer(t, server, other, VerbDriftStatus, Reply{Error: "probes are disabled"})
 	if _, err := AskStatuses(nc, other); err == nil || err.Error() != "probes are disabled" {
 		t.Errorf("refusing serve: %v, want its error", err)
 	}
@@ -130,7 +130,7 @@ func TestRebaselineAsksServe(t *testing.T) {
 	}
 	subj := fleetwatch.Subjects{}
 	alert := fleetwatch.DriftAlert{Pool: "p", Backend: "b", Reason: "re-baseline requested by dave"}
-	asked := answer(t, feedtest.Connect(t, url), subj, ControlRebaseline, ControlReply{OK: true, Alert: &alert})
+	asked := answer(t, feedtest.Connect(t, url), subj, VerbRebaseline, Reply{OK: true, Alert: &alert})
 	a, byServe, err := Rebaseline(t.Context(), nc, js, subj, RebaselineRequest{Pool: "p", Backend: "b", By: "dave"}, "", time.Now())
 	if err != nil || !byServe || a.Reason != alert.Reason {
 		t.Errorf("rebaseline: %+v by serve %v, %v", a, byServe, err)
@@ -140,7 +140,7 @@ func TestRebaselineAsksServe(t *testing.T) {
 	}
 
 	other := fleetwatch.Subjects{Prefix: "other"}
-	answer(t, feedtest.Connect(t, url), other, ControlRebaseline, ControlReply{Error: "no such backend"})
+	answer(t, feedtest.Connect(t, url), other, VerbRebaseline, Reply{Error: "no such backend"})
 	if _, _, err := Rebaseline(t.Context(), nc, js, other, RebaselineRequest{Pool: "p", Backend: "x"}, "", time.Now()); err == nil ||
 		err.Error() != "drift rebaseline: no such backend" {
 		t.Errorf("refused rebaseline: %v", err)
