@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/internal/bench"
+	"github.com/fleetwatch/fleetwatch/internal/config"
 )
 
 // runBenchPeers is `fleetwatch bench peers`: fleetwatch's router, HAProxy
@@ -25,6 +26,7 @@ func runBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	fs.DurationVar(&s.FirstByte, "first-byte", 10*time.Second, "every balancer's budget for a backend's first byte (route's stall_floor, HAProxy's timeout server, nginx's proxy_read_timeout)")
 	fs.DurationVar(&s.ClientTimeout, "client-timeout", 30*time.Second, "the load generator's timeout per request")
 	fs.IntVar(&s.Routers, "routers", 1, "instances of each balancer (N nginx, N HAProxy of each kind, N fleetwatch routers sharing one serve); the requests are spread over them in turn")
+	configFile := fs.String("config", "", "YAML configuration fleetwatch's serve and routers start from (analyzer and route blocks; NATS, HTTP, data, probes and pools are the benchmark's)")
 	out := fs.String("out", "", "also write the table to this file")
 	verbose := fs.Bool("v", false, "log progress to stderr")
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -36,6 +38,13 @@ func runBenchPeers(ctx context.Context, args []string, stdout, stderr io.Writer)
 	}
 	if s.Routers < 1 || s.Routers > 64 {
 		return fmt.Errorf("bench peers: --routers %d: must be 1 to 64", s.Routers)
+	}
+	if *configFile != "" {
+		cfg, err := config.Load(*configFile)
+		if err != nil {
+			return err
+		}
+		s.Config = cfg
 	}
 	if *verbose {
 		s.Logf = func(format string, args ...any) { fmt.Fprintf(stderr, format+"\n", args...) }

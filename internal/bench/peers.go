@@ -87,6 +87,10 @@ type PeersSettings struct {
 	Routers int
 	// Logf receives progress messages. If nil, nothing is logged.
 	Logf func(format string, args ...any)
+	// Config is the configuration fleetwatch's serve and routers start
+	// from (its analyzer and route blocks); the benchmark sets the NATS,
+	// HTTP, data, probes and pool parts. If nil, config.Default().
+	Config *config.Config
 }
 
 func (s PeersSettings) withDefaults() PeersSettings {
@@ -283,6 +287,10 @@ func (p *peerRun) startBackends() error {
 // outcome event per attempt under its own source.
 func (p *peerRun) startFleetwatch(ctx context.Context) ([]string, error) {
 	cfg := config.Default()
+	if p.s.Config != nil {
+		c := *p.s.Config
+		cfg = &c
+	}
 	cfg.NATS.Listen = "127.0.0.1:-1"
 	cfg.HTTP.Listen = "127.0.0.1:0"
 	cfg.Data = p.dir + "/fleetwatch"
