@@ -54,8 +54,35 @@ func natsServerOK(pkg string) bool {
 }
 
 func TestPackageDependencies(t *testing.T) {
-	imports := map[string]map[string]bool{} // package dir -> import paths (non-test files)
-	testImports := map[string]map[string]bool{}
+	imports, testImports := projectImports(t)
+	if len(imports) < 5 {
+		t.Fatalf("found only %d packages: is the test running at the module root?", len(imports))
+	}
+	for pkg, imps := range imports {
+		for imp := range imps {
+			checkImport(t, pkg, imp)
+		}
+	}
+	for pkg, imps := range testImports {
+		for imp := range imps {
+			if strings.HasPrefix(imp, module+"/cmd") {
+				t.Errorf("%s (tests) imports %s: nothing imports cmd", pkg, imp)
+			}
+		}
+	}
+	for pkg := range allowed {
+		if _, err := os.Stat(pkg); err != nil {
+			t.Errorf("package %s of DESIGN.md's table is missing", pkg)
+		}
+	}
+}
+
+// projectImports walks the module from its root and returns, for each
+// package directory, the import paths of its non-test files and of its
+// test files.
+func projectImports(t *testing.T) (imports, testImports map[string]map[string]bool) {
+	t.Helper()
+	imports, testImports = map[string]map[string]bool{}, map[string]map[string]bool{}
 	err := filepath.WalkDir(".", func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -89,24 +116,111 @@ func TestPackageDependencies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(imports) < 5 {
-		t.Fatalf("found only %d packages: is the test running at the module root?", len(imports))
+	return imports, testImports
+}
+
+// layoutRoles are the roles of docs/DECISIONS.md's Layout table.
+var layoutRoles = []string{"library", "daemon", "adapter", "client", "laboratory"}
+
+// layoutRow is one package of the Layout table: its role and the
+// packages it may import (any reports "anything but cmd").
+type layoutRow struct {
+	role  string
+	may   []string
+	any   bool
+	found bool
+}
+
+// readLayout parses the Layout table of docs/DECISIONS.md: the table
+// whose header is "| package | role | may import |".
+func readLayout(t *testing.T) map[string]*layoutRow {
+	t.Helper()
+	data, err := os.ReadFile("docs/DECISIONS.md")
+	if err != nil {
+		t.Fatal(err)
 	}
-	for pkg, imps := range imports {
-		for imp := range imps {
-			checkImport(t, pkg, imp)
+	rows := map[string]*layoutRow{}
+	in := false
+	for _, line := range strings.Split(string(data), "\n") {
+		switch {
+		case strings.HasPrefix(line, "| package | role | may import |"):
+			in = true
+			continue
+		case in && strings.HasPrefix(line, "|---"):
+			continue
+		case in && !strings.HasPrefix(line, "|"):
+			return rows
+		case !in:
+			continue
 		}
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if len(cells) != 3 {
+			t.Fatalf("Layout row %q has %d cells, want 3", line, len(cells))
+		}
+		pkg := strings.Trim(strings.Fields(cells[0])[0], "`")
+		row := &layoutRow{role: cells[1]}
+		switch cells[2] {
+		case "nothing":
+		case "anything but cmd":
+			row.any = true
+		default:
+			for _, m := range strings.Split(cells[2], ", ") {
+				if m == "root" {
+					m = "."
+				}
+				row.may = append(row.may, strings.Trim(m, "`"))
+			}
+		}
+		rows[pkg] = row
 	}
-	for pkg, imps := range testImports {
+	if len(rows) == 0 {
+		t.Fatal("docs/DECISIONS.md has no Layout table (| package | role | may import |)")
+	}
+	return rows
+}
+
+// TestLayoutTable: docs/DECISIONS.md's Layout table lists every package
+// once with a role, every in-project import of a package's non-test files
+// is in its row, and the rows of the packages DESIGN.md's table names
+// (allowed) say what it says.
+func TestLayoutTable(t *testing.T) {
+	rows := readLayout(t)
+	imports, _ := projectImports(t)
+	for pkg, imps := range imports {
+		row := rows[pkg]
+		if row == nil {
+			t.Errorf("package %s is not in docs/DECISIONS.md's Layout table", pkg)
+			continue
+		}
+		row.found = true
 		for imp := range imps {
-			if strings.HasPrefix(imp, module+"/cmd") {
-				t.Errorf("%s (tests) imports %s: nothing imports cmd", pkg, imp)
+			if imp != module && !strings.HasPrefix(imp, module+"/") {
+				continue
+			}
+			rel := "."
+			if imp != module {
+				rel = strings.TrimPrefix(imp, module+"/")
+			}
+			if !row.any && !slices.Contains(row.may, rel) {
+				t.Errorf("%s imports %s: its Layout row allows only %v", pkg, rel, row.may)
 			}
 		}
 	}
-	for pkg := range allowed {
-		if _, err := os.Stat(pkg); err != nil {
-			t.Errorf("package %s of DESIGN.md's table is missing", pkg)
+	for pkg, row := range rows {
+		if !row.found {
+			t.Errorf("the Layout table lists %s, which has no non-test Go files", pkg)
+		}
+		if !slices.Contains(layoutRoles, row.role) {
+			t.Errorf("%s has role %q, not one of %v", pkg, row.role, layoutRoles)
+		}
+		if want, ok := allowed[pkg]; ok {
+			got := slices.Clone(row.may)
+			slices.Sort(got)
+			want = slices.Clone(want)
+			slices.Sort(want)
+			if row.any || !slices.Equal(got, want) {
+				t.Errorf("the Layout row of %s allows %v (any %v); DESIGN.md's table (allowed) says %v", pkg, row.may, row.any, want)
+			}
 		}
 	}
 }
