@@ -96,21 +96,37 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: %v\n", err)
 		return errUsage
 	}
+	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feedPeriod: *feedPeriod,
+		stallFloor: *stallFloor, policies: *policies, variants: *variants})
+	return runScenarios(ctx, scenarios, *seed, *seeds, *detection, *out, stdout, stderr)
+}
+
+// scenarioFlags are the flags of `fleetwatch sim` that change the
+// scenarios.
+type scenarioFlags struct {
+	duration, feedPeriod, stallFloor time.Duration
+	routers                          int
+	policies                         string
+	variants                         bool
+}
+
+// adjustScenarios applies the flags to the scenarios chosen.
+func adjustScenarios(scenarios []sim.Scenario, f scenarioFlags) {
 	for i := range scenarios {
-		scenarios[i] = scenarios[i].Shorten(*duration)
-		if *routers > 0 {
-			scenarios[i].Routers = *routers
+		scenarios[i] = scenarios[i].Shorten(f.duration)
+		if f.routers > 0 {
+			scenarios[i].Routers = f.routers
 		}
-		if *feedPeriod > 0 {
-			scenarios[i].FeedPeriod = *feedPeriod
+		if f.feedPeriod > 0 {
+			scenarios[i].FeedPeriod = f.feedPeriod
 		}
-		if *stallFloor != 0 {
-			scenarios[i].StallFloor = *stallFloor
+		if f.stallFloor != 0 {
+			scenarios[i].StallFloor = f.stallFloor
 		}
 		switch {
-		case *policies != "":
-			scenarios[i].Policies = strings.Split(*policies, ",")
-		case *variants:
+		case f.policies != "":
+			scenarios[i].Policies = strings.Split(f.policies, ",")
+		case f.variants:
 			pols := slices.Clone(sim.PoliciesOf(scenarios[i]))
 			for _, v := range simVariants {
 				if !slices.Contains(pols, v) {
@@ -120,9 +136,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			scenarios[i].Policies = pols
 		}
 	}
+}
 
+// runScenarios runs the scenarios over the seeds and prints their tables
+// (and the detection tables), writing the files into out when it is set.
+func runScenarios(ctx context.Context, scenarios []sim.Scenario, seed uint64, seeds int, detection bool, out string, stdout, stderr io.Writer) error {
 	start := time.Now()
-	results, err := sim.RunScenarios(ctx, scenarios, *seed, *seeds)
+	results, err := sim.RunScenarios(ctx, scenarios, seed, seeds)
 	if err != nil {
 		return err
 	}
@@ -142,13 +162,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return err
 		}
 	}
-	if *seeds > 1 {
-		fmt.Fprintf(stdout, "Medians over seeds %d to %d.\n\n", *seed, *seed+uint64(*seeds)-1)
+	if seeds > 1 {
+		fmt.Fprintf(stdout, "Medians over seeds %d to %d.\n\n", seed, seed+uint64(seeds)-1)
 	}
 	if _, err := io.WriteString(stdout, tables.String()); err != nil {
 		return err
 	}
-	if *detection {
+	if detection {
 		for i, sc := range scenarios {
 			if err := sim.WriteDetection(stdout, sc, results[i]); err != nil {
 				return err
@@ -157,11 +177,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	fmt.Fprintf(stderr, "fleetwatch sim: %d runs, %d simulated requests in %.2fs (%.0f requests per wall second)\n",
 		sim.CountRuns(results), requests, elapsed.Seconds(), float64(requests)/elapsed.Seconds())
-	if *out != "" {
-		if err := sim.WriteFiles(*out, scenarios, results, tables.String()); err != nil {
+	if out != "" {
+		if err := sim.WriteFiles(out, scenarios, results, tables.String()); err != nil {
 			return err
 		}
-		fmt.Fprintf(stderr, "fleetwatch sim: wrote %s\n", *out)
+		fmt.Fprintf(stderr, "fleetwatch sim: wrote %s\n", out)
 	}
 	return nil
 }
