@@ -221,28 +221,7 @@ func (d *demoRun) traffic(ctx context.Context, base string, rate float64, seed u
 
 // Run runs the demo until ctx ends, then prints the final decisions.
 func Run(ctx context.Context, s Settings) error {
-	if s.Out == nil {
-		s.Out = os.Stdout
-	}
-	if s.Logf == nil {
-		s.Logf = func(string, ...any) {}
-	}
-	if s.Script <= 0 {
-		s.Script = 2 * time.Minute
-	}
-	if s.Rate <= 0 {
-		s.Rate = 40
-	}
-	if s.Seed == 0 {
-		s.Seed = 1
-	}
-	anyHTTPPort := s.HTTPListen == ""
-	if anyHTTPPort {
-		s.HTTPListen = "127.0.0.1:8080"
-	}
-	if s.NATSListen == "" {
-		s.NATSListen = "127.0.0.1:-1"
-	}
+	anyHTTPPort := s.withDefaults()
 	if s.Data == "" {
 		dir, err := os.MkdirTemp("", "fleetwatch-demo-")
 		if err != nil {
@@ -313,18 +292,73 @@ func Run(ctx context.Context, s Settings) error {
 		return err
 	}
 
-	fmt.Fprintf(stdout, "  status page   http://%s/\n", httpAddr)
-	fmt.Fprintf(stdout, "  metrics       http://%s/metrics\n", httpAddr)
-	fmt.Fprintf(stdout, "  decisions     http://%s/api/decisions   (or: nats -s %s sub 'fw.decisions.>')\n", httpAddr, natsURL)
-	fmt.Fprintf(stdout, "  router        %s/v1/chat/completions (model %q)\n", router, pool)
-	fmt.Fprintf(stdout, "  live table    go run ./cmd/fleetwatch watch --nats %s %s\n", natsURL, pool)
-	fmt.Fprintf(stdout, "Drift probes (16 text and %d tool-call prompts) run every 10s; each backend enrols a baseline over its first 3 cycles.\n\n", demoToolPrompts)
+	banner(stdout, httpAddr, natsURL, router)
 
 	trafficCtx, stopTraffic := context.WithCancel(ctx)
 	var traffic sync.WaitGroup
 	traffic.Go(func() { d.traffic(trafficCtx, router, s.Rate, s.Seed) })
 
-	steps := demoScript(s.Script)
+	d.play(ctx, demoScript(s.Script))
+	stopTraffic()
+	traffic.Wait()
+	stopRouter()
+	stopServe()
+	werr := <-srvDone
+	fmt.Fprintf(stdout, "\nDemo over after %.0fs: %d requests answered, %d failed, %d shed. Final decisions:\n",
+		time.Since(d.start).Seconds(), d.ok.Load(), d.bad.Load(), d.shed.Load())
+	for _, snap := range srv.Snapshots() {
+		for _, b := range snap.Backends {
+			fmt.Fprintf(stdout, "  %-8s %-9s weight %.2f  drift %-8s %s\n", b.Backend, b.State, b.Weight, b.Drift, b.Reason)
+		}
+	}
+	if werr != nil && !errors.Is(werr, context.Canceled) {
+		return werr
+	}
+	return nil
+}
+
+// withDefaults fills what the caller left unset; anyHTTPPort reports
+// that the status page's address was not chosen (8080, or any free port
+// when it is taken).
+func (s *Settings) withDefaults() (anyHTTPPort bool) {
+	if s.Out == nil {
+		s.Out = os.Stdout
+	}
+	if s.Logf == nil {
+		s.Logf = func(string, ...any) {}
+	}
+	if s.Script <= 0 {
+		s.Script = 2 * time.Minute
+	}
+	if s.Rate <= 0 {
+		s.Rate = 40
+	}
+	if s.Seed == 0 {
+		s.Seed = 1
+	}
+	anyHTTPPort = s.HTTPListen == ""
+	if anyHTTPPort {
+		s.HTTPListen = "127.0.0.1:8080"
+	}
+	if s.NATSListen == "" {
+		s.NATSListen = "127.0.0.1:-1"
+	}
+	return anyHTTPPort
+}
+
+// banner says where everything the demo started is.
+func banner(w io.Writer, httpAddr, natsURL, router string) {
+	fmt.Fprintf(w, "  status page   http://%s/\n", httpAddr)
+	fmt.Fprintf(w, "  metrics       http://%s/metrics\n", httpAddr)
+	fmt.Fprintf(w, "  decisions     http://%s/api/decisions   (or: nats -s %s sub 'fw.decisions.>')\n", httpAddr, natsURL)
+	fmt.Fprintf(w, "  router        %s/v1/chat/completions (model %q)\n", router, pool)
+	fmt.Fprintf(w, "  live table    go run ./cmd/fleetwatch watch --nats %s %s\n", natsURL, pool)
+	fmt.Fprintf(w, "Drift probes (16 text and %d tool-call prompts) run every 10s; each backend enrols a baseline over its first 3 cycles.\n\n", demoToolPrompts)
+}
+
+// play runs the script's steps at their times and reports every 10 s,
+// until ctx ends.
+func (d *demoRun) play(ctx context.Context, steps []demoStep) {
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	nextReport := 10 * time.Second
@@ -344,22 +378,6 @@ func Run(ctx context.Context, s Settings) error {
 			nextReport += 10 * time.Second
 		}
 	}
-	stopTraffic()
-	traffic.Wait()
-	stopRouter()
-	stopServe()
-	werr := <-srvDone
-	fmt.Fprintf(stdout, "\nDemo over after %.0fs: %d requests answered, %d failed, %d shed. Final decisions:\n",
-		time.Since(d.start).Seconds(), d.ok.Load(), d.bad.Load(), d.shed.Load())
-	for _, snap := range srv.Snapshots() {
-		for _, b := range snap.Backends {
-			fmt.Fprintf(stdout, "  %-8s %-9s weight %.2f  drift %-8s %s\n", b.Backend, b.State, b.Weight, b.Drift, b.Reason)
-		}
-	}
-	if werr != nil && !errors.Is(werr, context.Canceled) {
-		return werr
-	}
-	return nil
 }
 
 // config is the demo's configuration, built in code: the four backends in
