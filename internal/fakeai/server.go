@@ -473,32 +473,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 	} else {
 		done = sleep(ctx, ttft+time.Duration(max(len(c.Tokens)-1, 0))*a.b.TokenTime)
 		if done {
-			finish := c.FinishReason
-			if chat {
-				base.Object = "chat.completion"
-				ch := chatChoice{Message: &chatDelta{Role: "assistant", Content: &c.Text}, FinishReason: &finish}
-				if logprobs {
-					ch.Logprobs = chatLogprobsOf(c.Tokens)
-				}
-				withToolCalls(&ch, calls, base.ID, u)
-				base.Choices = []chatChoice{ch}
-			} else {
-				base.Object = "text_completion"
-				ch := completionChoice{Text: c.Text, FinishReason: &finish}
-				if logprobs {
-					ch.Logprobs = completionLogprobsOf(c.Tokens, 0)
-				}
-				base.Choices = []completionChoice{ch}
-				if echo != nil {
-					base.Choices = []echoChoice{echo.choice(req.Prompt, c, finish, logprobs)}
-				}
-			}
-			base.Usage = u
-			if a.b.BreakAfterTokens > 0 {
-				s.breakOff(w, base)
-			}
-			s.orcaHeader(w, r)
-			writeJSON(w, http.StatusOK, base)
+			s.answer(w, r, answerParts{base: base, c: c, u: u, calls: calls, echo: echo, prompt: req.Prompt,
+				chat: chat, logprobs: logprobs, breakOff: a.b.BreakAfterTokens > 0})
 		}
 	}
 	if !done {
@@ -506,6 +482,50 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	s.ok.Add(1)
+}
+
+// answerParts are what a non-streaming answer is made of.
+type answerParts struct {
+	base     response
+	c        Completion
+	u        *usage
+	calls    []ToolCall
+	echo     *promptEcho
+	prompt   string
+	chat     bool
+	logprobs bool
+	breakOff bool
+}
+
+// answer writes a non-streaming chat or text completion.
+func (s *Server) answer(w http.ResponseWriter, r *http.Request, p answerParts) {
+	base, c := p.base, p.c
+	finish := c.FinishReason
+	if p.chat {
+		base.Object = "chat.completion"
+		ch := chatChoice{Message: &chatDelta{Role: "assistant", Content: &c.Text}, FinishReason: &finish}
+		if p.logprobs {
+			ch.Logprobs = chatLogprobsOf(c.Tokens)
+		}
+		withToolCalls(&ch, p.calls, base.ID, p.u)
+		base.Choices = []chatChoice{ch}
+	} else {
+		base.Object = "text_completion"
+		ch := completionChoice{Text: c.Text, FinishReason: &finish}
+		if p.logprobs {
+			ch.Logprobs = completionLogprobsOf(c.Tokens, 0)
+		}
+		base.Choices = []completionChoice{ch}
+		if p.echo != nil {
+			base.Choices = []echoChoice{p.echo.choice(p.prompt, c, finish, p.logprobs)}
+		}
+	}
+	base.Usage = p.u
+	if p.breakOff {
+		s.breakOff(w, base)
+	}
+	s.orcaHeader(w, r)
+	writeJSON(w, http.StatusOK, base)
 }
 
 // breakOff sends the first half of a non-streaming answer and drops the
@@ -577,21 +597,7 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, base respons
 		if i > 0 && !sleep(ctx, b.TokenTime) {
 			return streamLeft
 		}
-		chunk := base
-		if chat {
-			tok := t.Token
-			ch := chatChoice{Delta: &chatDelta{Content: &tok}}
-			if logprobs {
-				ch.Logprobs = chatLogprobsOf(c.Tokens[i : i+1])
-			}
-			chunk.Choices = []chatChoice{ch}
-		} else {
-			ch := completionChoice{Text: t.Token}
-			if logprobs {
-				ch.Logprobs = completionLogprobsOf(c.Tokens[i:i+1], offset)
-			}
-			chunk.Choices = []completionChoice{ch}
-		}
+		chunk := tokenChunk(base, c.Tokens[i:i+1], offset, chat, logprobs)
 		offset += len(t.Token)
 		if !send(chunk) {
 			return streamLeft
@@ -637,6 +643,27 @@ func (s *Server) stream(ctx context.Context, w http.ResponseWriter, base respons
 		return streamLeft
 	}
 	return streamDone
+}
+
+// tokenChunk is the stream chunk of one token (toks holds it) at byte
+// offset of the text.
+func tokenChunk(base response, toks []TokenLogprob, offset int, chat, logprobs bool) response {
+	chunk := base
+	if chat {
+		tok := toks[0].Token
+		ch := chatChoice{Delta: &chatDelta{Content: &tok}}
+		if logprobs {
+			ch.Logprobs = chatLogprobsOf(toks)
+		}
+		chunk.Choices = []chatChoice{ch}
+		return chunk
+	}
+	ch := completionChoice{Text: toks[0].Token}
+	if logprobs {
+		ch.Logprobs = completionLogprobsOf(toks, offset)
+	}
+	chunk.Choices = []completionChoice{ch}
+	return chunk
 }
 
 // streamEnd is how a stream ended.
