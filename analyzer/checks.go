@@ -183,20 +183,7 @@ func (in *ruleInput) recentSpan() time.Duration {
 func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	s, v := in.s, &in.b.view
 	r429, r429OK := v.rate429()
-	// For the 429 rule the newest half of the window stands in for the
-	// whole: how long a window of earlier ok answers takes to dilute
-	// depends on how much traffic the throttling backend still draws,
-	// which falls with the number of routers (its instant 429s win fewer
-	// in-flight comparisons when each router has little in flight): at 16
-	// routers that alone held the trip to 11-13 s (docs/EVALUATION.md
-	// "Detection").
-	var half429 float64
-	halfOK := false
-	if r429OK && v.throttled() > 0 && s.RecentMinRequests > 0 && r429 < s.ThrottleRate/2 {
-		half := in.b.win.recent(2 * in.recentLen)
-		half429, halfOK = half.rate429()
-		halfOK = halfOK && half429 >= s.ThrottleRate/2
-	}
+	half429, halfOK := in.newestHalf429(r429, r429OK)
 	considered := r429OK && (r429 >= s.ThrottleRate/2 || halfOK)
 	var rr float64
 	var rrOK bool
@@ -279,6 +266,12 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	}
 	in.throttledRows(rows, throttledView{r429: r429, ok: r429OK, rr: rr, rrOK: rrOK, rn: rn, half429: half429, halfOK: halfOK,
 		windowFires: windowFires, recentFires: recentFires, peer429: peer429, poolHold: poolHold}, tw, tq)
+	in.throttledRunRow(rows, runFires, byRun, poolHold, peer429, trun)
+}
+
+// throttledRunRow is the row of the run of 429s (consecutive_throttled).
+func (in *ruleInput) throttledRunRow(rows *[]RuleCheck, runFires, byRun, poolHold bool, peer429 float64, t *trip) {
+	s := in.s
 	c := RuleCheck{Rule: RuleThrottledRun, Value: float64(max(in.latch.run429, in.latch.latch429)), Threshold: float64(s.ConsecutiveThrottled),
 		HasValue: true, Fires: runFires}
 	c.Detail = fmt.Sprintf("%d 429s in a row (opens at %d)", int(c.Value), s.ConsecutiveThrottled)
@@ -291,7 +284,25 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	case runFires && !byRun:
 		c.Detail += "; the 429 rate rule opens it first"
 	}
-	row(rows, c, trun)
+	row(rows, c, t)
+}
+
+// newestHalf429 is the 429 rate of the newest half of the window, ok when
+// it stands in for the whole (the window below half the threshold, the
+// half at it or above). How long a window of earlier ok answers takes to
+// dilute depends on how much traffic the throttling backend still draws,
+// which falls with the number of routers (its instant 429s win fewer
+// in-flight comparisons when each router has little in flight): at 16
+// routers that alone held the trip to 11-13 s (docs/EVALUATION.md
+// "Detection").
+func (in *ruleInput) newestHalf429(r429 float64, r429OK bool) (float64, bool) {
+	s, v := in.s, &in.b.view
+	if !r429OK || v.throttled() == 0 || s.RecentMinRequests <= 0 || r429 >= s.ThrottleRate/2 {
+		return 0, false
+	}
+	half := in.b.win.recent(2 * in.recentLen)
+	h, ok := half.rate429()
+	return h, ok && h >= s.ThrottleRate/2
 }
 
 // throttledView is what the 429 rule computed, for its rows.
