@@ -163,46 +163,7 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		st.tolerance = fleetwatch.DefaultAffinityTolerance
 	}
 	for i := range snap.Backends {
-		b := &snap.Backends[i]
-		e := entry{
-			id:       b.Backend,
-			idHash:   hashID(b.Backend),
-			state:    b.State,
-			weight:   b.Weight,
-			priority: b.Priority,
-			feedEWMA: math.NaN(),
-			pubLoad:  math.NaN(),
-		}
-		if l := b.Load; l != nil && p.score.FleetLoad {
-			if t := l.Total(); t >= 0 && !math.IsInf(t, 0) {
-				e.pubLoad = t
-				e.loadAt = snap.At.Add(-time.Duration(l.AgeMs) * time.Millisecond).UnixNano()
-				e.loadStaleAt = math.MaxInt64
-				e.loadDecay = 1
-				if p.loadStale >= 0 {
-					e.loadStaleAt = e.loadAt + int64(p.loadStale)
-					e.loadDecay = math.Exp(-max(float64(st.at-e.loadAt), 0) / float64(p.loadStale))
-				}
-			}
-		}
-		if !(e.weight > 0) { // also NaN
-			e.weight = 0
-		}
-		if e.weight > 1 {
-			e.weight = 1
-		}
-		if b.EWMATTFTMs != nil && *b.EWMATTFTMs > 0 {
-			e.feedEWMA = *b.EWMATTFTMs
-		}
-		if b.CostPerMTok != nil {
-			e.cost = *b.CostPerMTok
-		}
-		if e.state == fleetwatch.StateOpen {
-			e.openUntil = math.MaxInt64
-			if b.OpenUntil != nil {
-				e.openUntil = b.OpenUntil.UnixNano()
-			}
-		}
+		e := p.entryOf(&snap.Backends[i], snap.At, st.at)
 		if prev != nil {
 			e.local = prev.locals[e.id]
 		}
@@ -232,6 +193,51 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	}
 	st.affinity = buildAffinity(prevTable, st.sticky, st.stickyHash)
 	return st
+}
+
+// entryOf is the picker's entry for one backend of a snapshot taken at
+// (snapAt; at in nanoseconds), without its local counts.
+func (p *Picker) entryOf(b *fleetwatch.Backend, snapAt fleetwatch.Time, at int64) entry {
+	e := entry{
+		id:       b.Backend,
+		idHash:   hashID(b.Backend),
+		state:    b.State,
+		weight:   b.Weight,
+		priority: b.Priority,
+		feedEWMA: math.NaN(),
+		pubLoad:  math.NaN(),
+	}
+	if l := b.Load; l != nil && p.score.FleetLoad {
+		if t := l.Total(); t >= 0 && !math.IsInf(t, 0) {
+			e.pubLoad = t
+			e.loadAt = snapAt.Add(-time.Duration(l.AgeMs) * time.Millisecond).UnixNano()
+			e.loadStaleAt = math.MaxInt64
+			e.loadDecay = 1
+			if p.loadStale >= 0 {
+				e.loadStaleAt = e.loadAt + int64(p.loadStale)
+				e.loadDecay = math.Exp(-max(float64(at-e.loadAt), 0) / float64(p.loadStale))
+			}
+		}
+	}
+	if !(e.weight > 0) { // also NaN
+		e.weight = 0
+	}
+	if e.weight > 1 {
+		e.weight = 1
+	}
+	if b.EWMATTFTMs != nil && *b.EWMATTFTMs > 0 {
+		e.feedEWMA = *b.EWMATTFTMs
+	}
+	if b.CostPerMTok != nil {
+		e.cost = *b.CostPerMTok
+	}
+	if e.state == fleetwatch.StateOpen {
+		e.openUntil = math.MaxInt64
+		if b.OpenUntil != nil {
+			e.openUntil = b.OpenUntil.UnixNano()
+		}
+	}
+	return e
 }
 
 // buildFresh builds the candidate table of a fresh snapshot.
