@@ -305,18 +305,49 @@ func New(s Settings) (*Router, error) {
 		rewrite:      s.Rewrite,
 		errorHandler: s.ErrorHandler,
 	}
+	if err := rt.withDefaults(s); err != nil {
+		return nil, err
+	}
+	transport := s.Transport
+	if transport == nil {
+		rt.ownTransport = &http.Transport{
+			Proxy:                 nil, // a router talks to its backends directly
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:          1024,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
+			ResponseHeaderTimeout: s.HeaderTimeout,
+		}
+		transport = rt.ownTransport
+	}
+	rt.client = &http.Client{Transport: transport}
+	if err := rt.addPools(s.Pools); err != nil {
+		return nil, err
+	}
+	seed := s.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	var n atomic.Uint64
+	rt.rngs.New = func() any { return rand.New(rand.NewPCG(seed, n.Add(1))) }
+	rt.metrics = newRouterMetrics(s.Metrics, rt)
+	return rt, nil
+}
+
+// withDefaults checks s's knobs and sets the defaults of those unset.
+func (rt *Router) withDefaults(s Settings) error {
 	switch rt.prefixFrom {
 	case "":
 		rt.prefixFrom = PrefixSystem
 	case PrefixSystem, PrefixNone:
 	default:
-		return nil, fmt.Errorf("%w: PrefixFrom = %q: want %q or %q", ErrConfig, s.PrefixFrom, PrefixSystem, PrefixNone)
+		return fmt.Errorf("%w: PrefixFrom = %q: want %q or %q", ErrConfig, s.PrefixFrom, PrefixSystem, PrefixNone)
 	}
 	if rt.maxAttempts == 0 {
 		rt.maxAttempts = DefaultMaxAttempts
 	}
 	if rt.maxAttempts < 0 {
-		return nil, fmt.Errorf("%w: MaxAttempts = %d: must be >= 1", ErrConfig, s.MaxAttempts)
+		return fmt.Errorf("%w: MaxAttempts = %d: must be >= 1", ErrConfig, s.MaxAttempts)
 	}
 	if rt.source == "" {
 		rt.source = DefaultSource
@@ -333,7 +364,7 @@ func New(s Settings) (*Router, error) {
 	case s.StallMultiple > 0 && !math.IsInf(s.StallMultiple, 1):
 		rt.stallMultiple = s.StallMultiple
 	default:
-		return nil, fmt.Errorf("%w: StallMultiple = %v: must be > 0 and finite", ErrConfig, s.StallMultiple)
+		return fmt.Errorf("%w: StallMultiple = %v: must be > 0 and finite", ErrConfig, s.StallMultiple)
 	}
 	if rt.idleGap <= 0 {
 		rt.idleGap = DefaultIdleGap
@@ -350,26 +381,19 @@ func New(s Settings) (*Router, error) {
 	if rt.errorHandler == nil {
 		rt.errorHandler = DefaultErrorHandler
 	}
-	transport := s.Transport
-	if transport == nil {
-		rt.ownTransport = &http.Transport{
-			Proxy:                 nil, // a router talks to its backends directly
-			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:          1024,
-			MaxIdleConnsPerHost:   256,
-			IdleConnTimeout:       90 * time.Second,
-			ResponseHeaderTimeout: s.HeaderTimeout,
-		}
-		transport = rt.ownTransport
-	}
-	rt.client = &http.Client{Transport: transport}
-	for i, pc := range s.Pools {
+	return nil
+}
+
+// addPools builds the pools and the table of models to pools (a model
+// served by two pools goes to the first by id).
+func (rt *Router) addPools(pools []Pool) error {
+	for i, pc := range pools {
 		p, err := newPool(i, pc, rt.now, rt.logf)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if _, dup := rt.pools[p.id]; dup {
-			return nil, fmt.Errorf("%w: pools[%d]: pool id %q appears twice", ErrConfig, i, p.id)
+			return fmt.Errorf("%w: pools[%d]: pool id %q appears twice", ErrConfig, i, p.id)
 		}
 		rt.pools[p.id] = p
 	}
@@ -386,14 +410,7 @@ func New(s Settings) (*Router, error) {
 	if len(rt.pools) == 1 {
 		rt.single = rt.pools[rt.ids[0]]
 	}
-	seed := s.Seed
-	if seed == 0 {
-		seed = rand.Uint64()
-	}
-	var n atomic.Uint64
-	rt.rngs.New = func() any { return rand.New(rand.NewPCG(seed, n.Add(1))) }
-	rt.metrics = newRouterMetrics(s.Metrics, rt)
-	return rt, nil
+	return nil
 }
 
 // Pools returns the configured pool ids, sorted: what to follow
