@@ -77,26 +77,8 @@ type attempt struct {
 }
 
 func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
-	if rt.closed.Load() {
-		rt.errorHandler(w, r, ErrClosed)
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rt.maxBody))
-	if err != nil {
-		openAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "route: reading the request body: "+err.Error())
-		return
-	}
-	var info requestInfo
-	if err := json.Unmarshal(body, &info); err != nil {
-		openAIError(w, http.StatusBadRequest, "invalid_request_error", "route: the request body is not a JSON object: "+err.Error())
-		return
-	}
-	pool := rt.byModel[info.Model]
-	if pool == nil {
-		pool = rt.single
-	}
-	if pool == nil {
-		rt.errorHandler(w, r, fmt.Errorf("%w: model %q (GET /v1/models lists them)", ErrUnknownModel, info.Model))
+	body, info, pool, ok := rt.readRequest(w, r)
+	if !ok {
 		return
 	}
 	var preq p2c.Request
@@ -147,14 +129,7 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 			rt.finish(a, &ev)
 			tried = append(tried, be.id)
 			preq.Exclude, preq.Retry = be.id, true
-			next, perr := rt.pick(pool, rng, preq)
-			if perr == nil && slices.Contains(tried, next.Backend) {
-				next.Done(fleetwatch.OutcomeCanceled, 0, false) // never sent
-				perr = p2c.ErrNoBackends
-				if id := pool.untried(tried); id != "" {
-					next, perr = pool.picker.Choose(id)
-				}
-			}
+			next, perr := rt.repick(pool, rng, preq, tried)
 			if perr == nil {
 				if resp != nil {
 					io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
@@ -178,6 +153,48 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 		rt.deliver(ctx, w, resp, a, &ev)
 		return
 	}
+}
+
+// readRequest reads the request's body and finds its pool by model (the
+// only pool when there is one); ok is false when it answered the client
+// itself.
+func (rt *Router) readRequest(w http.ResponseWriter, r *http.Request) (body []byte, info requestInfo, p *pool, ok bool) {
+	if rt.closed.Load() {
+		rt.errorHandler(w, r, ErrClosed)
+		return nil, info, nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, rt.maxBody))
+	if err != nil {
+		openAIError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "route: reading the request body: "+err.Error())
+		return nil, info, nil, false
+	}
+	if err := json.Unmarshal(body, &info); err != nil {
+		openAIError(w, http.StatusBadRequest, "invalid_request_error", "route: the request body is not a JSON object: "+err.Error())
+		return nil, info, nil, false
+	}
+	p = rt.byModel[info.Model]
+	if p == nil {
+		p = rt.single
+	}
+	if p == nil {
+		rt.errorHandler(w, r, fmt.Errorf("%w: model %q (GET /v1/models lists them)", ErrUnknownModel, info.Model))
+		return nil, info, nil, false
+	}
+	return body, info, p, true
+}
+
+// repick is a retry's pick: a backend not tried yet (the picker's, or
+// the first untried one when it offers a tried one again).
+func (rt *Router) repick(p *pool, rng *rand.Rand, preq p2c.Request, tried []string) (p2c.Choice, error) {
+	next, err := rt.pick(p, rng, preq)
+	if err == nil && slices.Contains(tried, next.Backend) {
+		next.Done(fleetwatch.OutcomeCanceled, 0, false) // never sent
+		err = p2c.ErrNoBackends
+		if id := p.untried(tried); id != "" {
+			next, err = p.picker.Choose(id)
+		}
+	}
+	return next, err
 }
 
 // pick asks the pool's picker for a backend, timing it and counting sheds
