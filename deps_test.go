@@ -28,8 +28,10 @@ var allowed = map[string][]string{
 	"feed/feedtest": {".", "feed"},
 	"probes":        {"."},
 	"dashboards":    {},
-	// The one mapping from the YAML file to every component's Settings.
-	"internal/config": {".", "analyzer", "collector", "feed", "feed/p2c", "feed/route", "probes"},
+	// The one mapping from the YAML file to every component's Settings,
+	// the leaf adapters' included (they do not import it back).
+	"internal/config": {".", "analyzer", "collector", "feed", "feed/p2c", "feed/route", "probes",
+		"internal/alert", "internal/haproxyctl", "internal/ingest", "internal/natsrv"},
 	// The operator side: request and reply types, the JetStream stores, the
 	// CLI's clients and text views.
 	"internal/control": {".", "probes"},
@@ -38,6 +40,10 @@ var allowed = map[string][]string{
 	// Helpers shared by tests; imported only from _test.go files.
 	"internal/testkit": {".", "internal/fakeai"},
 }
+
+// leafAdapters are the adapters internal/config maps the file to; they
+// take their Settings and never import the config back (no cycle).
+var leafAdapters = []string{"internal/alert", "internal/haproxyctl", "internal/ingest", "internal/natsrv"}
 
 // testOnly are packages that only tests may import.
 var testOnly = []string{"internal/testkit", "feed/feedtest"}
@@ -255,6 +261,10 @@ func checkImport(t reporter, pkg, imp string) {
 			t.Errorf("%s imports %s outside its tests: it is a test helper", pkg, imp)
 			return
 		}
+		if rel == "internal/config" && slices.Contains(leafAdapters, pkg) {
+			t.Errorf("%s imports %s: a leaf adapter takes its Settings from the mapping and never imports the config", pkg, imp)
+			return
+		}
 		want, listed := allowed[pkg]
 		if !listed {
 			if pkg == "cmd/fleetwatch" || strings.HasPrefix(pkg, "internal") {
@@ -292,6 +302,7 @@ func TestDepsRuleCatchesViolations(t *testing.T) {
 		{"internal/sim", module + "/cmd/fleetwatch"},
 		{"internal/serve", module + "/internal/testkit"},
 		{"internal/config", module + "/internal/serve"},
+		{"internal/ingest", module + "/internal/config"},
 	}
 	for _, c := range cases {
 		ft := &fakeT{}

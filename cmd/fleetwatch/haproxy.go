@@ -10,7 +10,6 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
-	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/haproxyctl"
 )
 
@@ -47,11 +46,10 @@ func runHAProxy(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	defer nc.Close()
 	set := metrics.NewSet()
-	mapping := haproxyMapping(cfg)
-	mapping.Drain = *drain
-	c, err := haproxyctl.NewController(nc, haproxyctl.ControllerSettings{
-		Runtime: rt, Mapping: mapping, Prefix: cfg.Prefix, Interval: *interval, Metrics: set, Logf: logf,
-	})
+	cs := cfg.HAProxySettings()
+	cs.Mapping.Drain = *drain
+	cs.Runtime, cs.Interval, cs.Metrics, cs.Logf = rt, *interval, set, logf
+	c, err := haproxyctl.NewController(nc, cs)
 	if err != nil {
 		return err
 	}
@@ -64,22 +62,4 @@ func runHAProxy(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	fmt.Fprintf(stdout, "haproxy: following the decisions into %s\n", c)
 	return c.Run(ctx)
-}
-
-// haproxyMapping reads the pool -> HAProxy backend and backend -> server
-// names from ingest.upstreams entries whose match is "backend/server" (the
-// same entries `fleetwatch ingest haproxy` uses the other way round).
-func haproxyMapping(cfg *config.Config) haproxyctl.Settings {
-	s := haproxyctl.Settings{Backends: map[string]string{}, Servers: map[string]string{}}
-	for _, u := range cfg.Ingest.Upstreams {
-		be, srv, ok := strings.Cut(u.Match, "/")
-		if !ok || strings.Contains(u.Match, "://") || strings.Contains(srv, "/") || u.Pool == "" {
-			continue
-		}
-		s.Backends[u.Pool] = be
-		if u.Backend != "" {
-			s.Servers[u.Pool+"/"+u.Backend] = srv
-		}
-	}
-	return s
 }

@@ -8,14 +8,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"path/filepath"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
-	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/ingest"
-	"github.com/fleetwatch/fleetwatch/internal/serve"
 )
 
 func init() {
@@ -56,21 +53,15 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	lc := cfg.Ingest.Nginx
-	if proxy == ingest.AdapterHAProxy {
-		lc = cfg.Ingest.HAProxy
-	}
 	override(&cfg.Data, *data)
-	override(&lc.File, *file)
-	override(&lc.OffsetFile, *offsetFile)
-	override(&lc.SyslogListen, *syslogAddr)
-	if lc.OffsetFile == "" {
-		lc.OffsetFile = filepath.Join(cfg.Data, "ingest-"+proxy+".offset")
-	}
-	if lc.File != "" {
+	ls := cfg.LogIngestSettings(proxy)
+	override(&ls.Run.File, *file)
+	override(&ls.Run.Tail.OffsetFile, *offsetFile)
+	override(&ls.SyslogListen, *syslogAddr)
+	if ls.Run.File != "" {
 		// Before anything is read: an offset that cannot be saved would
 		// otherwise stop the adapter after its first batch.
-		if err := ingest.PrepareOffsetFile(lc.OffsetFile); err != nil {
+		if err := ingest.PrepareOffsetFile(ls.Run.Tail.OffsetFile); err != nil {
 			return err
 		}
 	}
@@ -85,19 +76,18 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}()
 
 	set := metrics.NewSet()
-	in, err := ingest.NewLogIngester(ingest.LogSettings{
-		Format: proxy, Pool: lc.Pool, NoTTFT: lc.TTFT == "none",
-		Mapping: serve.IngestMapping(cfg),
-		Emitter: ingest.NewEmitter(nc, ingest.EmitterSettings{Prefix: cfg.Prefix, Source: ingestSource(cfg, proxy)}),
-		Metrics: ingest.NewMetrics(set, proxy),
-	})
+	lset := ls.Ingester
+	lset.Emitter = ingest.NewEmitter(nc, ls.Emitter)
+	lset.Metrics = ingest.NewMetrics(set, proxy)
+	in, err := ingest.NewLogIngester(lset)
 	if err != nil {
 		return err
 	}
-	rs := ingest.LogRunSettings{Ingester: in, File: lc.File, Logf: logf,
-		Tail: ingest.TailSettings{OffsetFile: lc.OffsetFile, FromStart: *fromStart, Poll: *poll}}
-	if lc.SyslogListen != "" {
-		if rs.Syslog, err = ingest.ListenSyslog(lc.SyslogListen); err != nil {
+	rs := ls.Run
+	rs.Ingester, rs.Logf = in, logf
+	rs.Tail.FromStart, rs.Tail.Poll = *fromStart, *poll
+	if ls.SyslogListen != "" {
+		if rs.Syslog, err = ingest.ListenSyslog(ls.SyslogListen); err != nil {
 			return err
 		}
 		fmt.Fprintf(stdout, "ingest %s: syslog on udp://%s\n", proxy, rs.Syslog.LocalAddr())
@@ -112,8 +102,8 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		defer stop()
 	}
-	if lc.File != "" {
-		fmt.Fprintf(stdout, "ingest %s: following %s (offset in %s)\n", proxy, lc.File, lc.OffsetFile)
+	if rs.File != "" {
+		fmt.Fprintf(stdout, "ingest %s: following %s (offset in %s)\n", proxy, rs.File, rs.Tail.OffsetFile)
 	}
 	return ingest.RunLog(ctx, rs)
 }
@@ -122,13 +112,6 @@ func override(dst *string, flagValue string) {
 	if flagValue != "" {
 		*dst = flagValue
 	}
-}
-
-func ingestSource(cfg *config.Config, proxy string) string {
-	if cfg.Ingest.Source != "" {
-		return cfg.Ingest.Source
-	}
-	return serve.DefaultIngestSource + "-" + proxy
 }
 
 // serveMetrics serves /metrics and /healthz on addr until stop; label

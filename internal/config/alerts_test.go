@@ -2,9 +2,13 @@ package config
 
 import (
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/fleetwatch/fleetwatch/internal/alert"
 )
 
 func TestAlertsKeys(t *testing.T) {
@@ -40,5 +44,58 @@ func TestAlertsKeys(t *testing.T) {
 	got := cfg.Alerts.Receivers[0].ReceiverURL(func(k string) string { return env[k] })
 	if diff := cmp.Diff("https://hooks.example/T0/B0/X", got); diff != "" {
 		t.Errorf("url (-want +got):\n%s", diff)
+	}
+}
+
+// TestAlertSettingsReachEveryField: with every key of the alerts block
+// set, every field of the notifier's settings that the file owns is set.
+func TestAlertSettingsReachEveryField(t *testing.T) {
+	yaml := `
+alerts:
+  receivers:
+    - name: x
+      kind: slack
+      url_env: HOOK
+      bearer_token_env: TOKEN
+      events: [drift]
+  queue_size: 7
+  rate_limit: 0.5
+  burst: 3
+  timeout: 3s
+  max_attempts: 2
+  backoff: 2s
+  resend_interval: 30s
+  external_url: http://fw.example/
+`
+	cfg, err := Parse([]byte(yaml), "test.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"HOOK": "https://hooks.example/x", "TOKEN": "t"}
+	s, err := cfg.AlertSettings(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	wiring := map[string]bool{"HTTPClient": true, "Metrics": true, "Logf": true, "Now": true}
+	check := func(v reflect.Value) {
+		for i := range v.NumField() {
+			name := v.Type().Field(i).Name
+			if !wiring[name] && v.Field(i).IsZero() {
+				t.Errorf("%s.%s is reached by no key of the file", v.Type().Name(), name)
+			}
+		}
+	}
+	check(reflect.ValueOf(s))
+	if len(s.Receivers) != 1 {
+		t.Fatalf("receivers %+v", s.Receivers)
+	}
+	check(reflect.ValueOf(s.Receivers[0]))
+	if err := s.Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+	delete(env, "HOOK")
+	if _, err := cfg.AlertSettings(func(k string) string { return env[k] }); !errors.Is(err, alert.ErrInvalidSettings) ||
+		!strings.Contains(err.Error(), "alerts.receivers[0].url_env") {
+		t.Errorf("an unset url_env: %v", err)
 	}
 }

@@ -1,7 +1,9 @@
 // Package config is fleetwatch's YAML configuration file: its types, its
 // strict decoding (an unknown key is an error naming the key and its line),
 // and the one mapping from the file to every component's Settings
-// (analyzer.Config, probes.Settings, the router's pools). The rules on
+// (analyzer.Config, probes.Settings, the router's pools and knobs) and
+// to the leaf adapters' (ingest, alert, haproxyctl, natsrv: adapters.go),
+// on which serve and cmd add their wiring and flags. The rules on
 // values live in the components' own validation (analyzer.New, probes.New,
 // route.New); Validate runs them on the mapped settings and names the key
 // and line of the file, so each rule is written once.

@@ -10,7 +10,8 @@ import (
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
-// This file is the one mapping from the file to the components' Settings.
+// This file is the one mapping from the file to the components' Settings
+// (route.go has the router's, adapters.go the leaf adapters').
 // TestMappingReachesEverySetting ties it to both sides: every key reaches a
 // setting, and every setting is reached by a key.
 

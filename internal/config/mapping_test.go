@@ -13,86 +13,48 @@ import (
 	"github.com/fleetwatch/fleetwatch/collector"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/feed/route"
+	"github.com/fleetwatch/fleetwatch/internal/alert"
+	"github.com/fleetwatch/fleetwatch/internal/haproxyctl"
+	"github.com/fleetwatch/fleetwatch/internal/ingest"
+	"github.com/fleetwatch/fleetwatch/internal/natsrv"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
-// mapped is everything the file turns into: the components' settings, and
-// the values serve reads from the file directly.
+// mapped is everything the file turns into: the components' and the
+// adapters' settings, and the values serve reads from the file directly.
 type mapped struct {
-	Analyzer  analyzer.Config
-	Collector collector.Settings
-	Probes    probes.Settings
-	Review    probes.ReviewSettings
-	StoreDir  string
-	Route     []route.Pool
-	Scrape    ScrapeSettings
-	Upstreams []UpstreamConfig // the ingest adapters' mapping
-	RouteSet  route.Settings   // the route block (the router's knobs)
-	Direct    map[string]any
+	Analyzer   analyzer.Config
+	Collector  collector.Settings
+	Probes     probes.Settings
+	Review     probes.ReviewSettings
+	Route      []route.Pool
+	Scrape     ScrapeSettings
+	RouteSet   route.Settings // the route block (the router's knobs)
+	IngestHTTP ingest.HTTPSettings
+	Emitter    ingest.EmitterSettings // serve's HTTP adapters'
+	Nginx      LogIngestSettings
+	HAProxyLog LogIngestSettings
+	Alerts     alert.Settings
+	HAProxy    haproxyctl.ControllerSettings
+	NATSServer natsrv.Settings
+	Direct     map[string]any
 }
 
-// directKeys are read by serve (or route) from the Config as they are, not
-// through a component's Settings; each must still exist in the file.
+// directKeys are read by serve from the Config as they are, not through
+// a component's or an adapter's Settings; each must still exist in the
+// file.
 var directKeys = map[string]func(c *Config) any{
-	"prefix":                   func(c *Config) any { return c.Prefix },
-	"nats.url":                 func(c *Config) any { return c.NATS.URL },
-	"nats.listen":              func(c *Config) any { return c.NATS.Listen },
-	"nats.no_jetstream":        func(c *Config) any { return c.NATS.NoJetStream },
-	"http.listen":              func(c *Config) any { return c.HTTP.Listen },
-	"ha.partitions":            func(c *Config) any { return c.HA.Partitions }, // serve's leases
-	"ha.lease_ttl":             func(c *Config) any { return c.HA.LeaseTTL },
-	"ha.replicas":              func(c *Config) any { return c.HA.Replicas },         // also the collector's StreamReplicas
-	"http.bearer_token_env":    func(c *Config) any { return c.HTTP.BearerTokenEnv }, // serve.New reads the variable
-	"http.basic_users_file":    func(c *Config) any { return c.HTTP.BasicUsersFile },
-	"http.tls_cert":            func(c *Config) any { return c.HTTP.TLSCert },
-	"http.tls_key":             func(c *Config) any { return c.HTTP.TLSKey },
-	"http.insecure":            func(c *Config) any { return c.HTTP.Insecure },
-	"probes.disabled":          func(c *Config) any { return c.Probes.Disabled },
-	"probes.suite":             func(c *Config) any { return c.Probes.Suite }, // probes.LoadSuite(name)
-	"pools[0].models":          func(c *Config) any { return poolsField(c, func(p PoolConfig) any { return p.Models }) },
-	"pools[0].backends[0].url": func(c *Config) any { return poolsField(c, func(p PoolConfig) any { return backendURLs(p) }) },
-	"data":                     func(c *Config) any { return c.Data },
-	// The ingest adapters' keys: serve and `fleetwatch ingest` read them
-	// into internal/ingest's settings (serve/ingest.go, cmd's ingest.go).
-	"ingest.max_body_bytes":         func(c *Config) any { return c.Ingest.MaxBodyBytes },
-	"ingest.only_listed":            func(c *Config) any { return c.Ingest.OnlyListed },
-	"ingest.default_pool":           func(c *Config) any { return c.Ingest.DefaultPool },
-	"ingest.source":                 func(c *Config) any { return c.Ingest.Source },
-	"ingest.litellm.pool_field":     func(c *Config) any { return c.Ingest.LiteLLM.PoolField },
-	"ingest.litellm.backend_field":  func(c *Config) any { return c.Ingest.LiteLLM.BackendField },
-	"ingest.otlp.pool_attribute":    func(c *Config) any { return c.Ingest.OTLP.PoolAttribute },
-	"ingest.otlp.backend_attribute": func(c *Config) any { return c.Ingest.OTLP.BackendAttribute },
-	"ingest.otlp.ttft_attributes":   func(c *Config) any { return c.Ingest.OTLP.TTFTAttributes },
-	"ingest.otlp.ttft_events":       func(c *Config) any { return c.Ingest.OTLP.TTFTEvents },
-	"ingest.nginx.file":             func(c *Config) any { return c.Ingest.Nginx.File },
-	"ingest.nginx.offset_file":      func(c *Config) any { return c.Ingest.Nginx.OffsetFile },
-	"ingest.nginx.syslog_listen":    func(c *Config) any { return c.Ingest.Nginx.SyslogListen },
-	"ingest.nginx.pool":             func(c *Config) any { return c.Ingest.Nginx.Pool },
-	"ingest.nginx.ttft":             func(c *Config) any { return c.Ingest.Nginx.TTFT },
-	"ingest.haproxy.file":           func(c *Config) any { return c.Ingest.HAProxy.File },
-	"ingest.haproxy.offset_file":    func(c *Config) any { return c.Ingest.HAProxy.OffsetFile },
-	"ingest.haproxy.syslog_listen":  func(c *Config) any { return c.Ingest.HAProxy.SyslogListen },
-	"ingest.haproxy.pool":           func(c *Config) any { return c.Ingest.HAProxy.Pool },
-	"ingest.haproxy.ttft":           func(c *Config) any { return c.Ingest.HAProxy.TTFT },
-	"pools[0].backends[0].api_key_env": func(c *Config) any {
-		return poolsField(c, func(p PoolConfig) any { return p.Backends[0].APIKeyEnv })
-	},
-	// serve maps the alerts block to alert.Settings (internal/serve
-	// TestAlertSettingsReachEveryField ties that side).
-	"alerts.queue_size":                    func(c *Config) any { return c.Alerts.QueueSize },
-	"alerts.rate_limit":                    func(c *Config) any { return c.Alerts.RateLimit },
-	"alerts.burst":                         func(c *Config) any { return c.Alerts.Burst },
-	"alerts.timeout":                       func(c *Config) any { return c.Alerts.Timeout },
-	"alerts.max_attempts":                  func(c *Config) any { return c.Alerts.MaxAttempts },
-	"alerts.backoff":                       func(c *Config) any { return c.Alerts.Backoff },
-	"alerts.resend_interval":               func(c *Config) any { return c.Alerts.ResendInterval },
-	"alerts.external_url":                  func(c *Config) any { return c.Alerts.ExternalURL },
-	"alerts.receivers[0].name":             func(c *Config) any { return c.Alerts.Receivers[0].Name },
-	"alerts.receivers[0].kind":             func(c *Config) any { return c.Alerts.Receivers[0].Kind },
-	"alerts.receivers[0].url":              func(c *Config) any { return c.Alerts.Receivers[0].URL },
-	"alerts.receivers[0].url_env":          func(c *Config) any { return c.Alerts.Receivers[0].URLEnv },
-	"alerts.receivers[0].bearer_token_env": func(c *Config) any { return c.Alerts.Receivers[0].BearerTokenEnv },
-	"alerts.receivers[0].events":           func(c *Config) any { return c.Alerts.Receivers[0].Events },
+	"nats.url":              func(c *Config) any { return c.NATS.URL }, // empty: the embedded server
+	"http.listen":           func(c *Config) any { return c.HTTP.Listen },
+	"ha.partitions":         func(c *Config) any { return c.HA.Partitions }, // serve's leases
+	"ha.lease_ttl":          func(c *Config) any { return c.HA.LeaseTTL },
+	"http.bearer_token_env": func(c *Config) any { return c.HTTP.BearerTokenEnv }, // serve.New reads the variable
+	"http.basic_users_file": func(c *Config) any { return c.HTTP.BasicUsersFile },
+	"http.tls_cert":         func(c *Config) any { return c.HTTP.TLSCert },
+	"http.tls_key":          func(c *Config) any { return c.HTTP.TLSKey },
+	"http.insecure":         func(c *Config) any { return c.HTTP.Insecure },
+	"probes.disabled":       func(c *Config) any { return c.Probes.Disabled },
+	"probes.suite":          func(c *Config) any { return c.Probes.Suite }, // probes.LoadSuite(name)
 }
 
 func poolsField(c *Config, f func(PoolConfig) any) any {
@@ -110,24 +72,39 @@ func backendURLs(p PoolConfig) []string {
 	return urls
 }
 
-func mapAll(c *Config) mapped {
+func mapAll(t *testing.T, c *Config) mapped {
+	t.Helper()
 	env := func(name string) string { return "key-of-" + name }
+	as, err := c.AlertSettings(env)
+	if err != nil {
+		t.Fatal(err)
+	}
 	m := mapped{
-		Analyzer:  c.AnalyzerSettings(1),
-		Collector: c.CollectorSettings(),
-		Probes:    c.ProbeSettings(env),
-		Review:    c.ReviewSettings(),
-		StoreDir:  c.StoreDir(),
-		Route:     c.RoutePools(env, p2c.Settings{}),
-		Scrape:    c.ScrapeSettings(),
-		Upstreams: c.IngestUpstreams(),
-		RouteSet:  c.RouteSettings(route.Settings{}),
-		Direct:    map[string]any{},
+		Analyzer:   c.AnalyzerSettings(1),
+		Collector:  c.CollectorSettings(),
+		Probes:     c.ProbeSettings(env),
+		Review:     c.ReviewSettings(),
+		Route:      c.RoutePools(env, p2c.Settings{}),
+		Scrape:     c.ScrapeSettings(),
+		RouteSet:   c.RouteSettings(route.Settings{}),
+		IngestHTTP: c.IngestHTTPSettings(),
+		Emitter:    c.IngestEmitterSettings(""),
+		Nginx:      c.LogIngestSettings(ingest.AdapterNginx),
+		HAProxyLog: c.LogIngestSettings(ingest.AdapterHAProxy),
+		Alerts:     as,
+		HAProxy:    c.HAProxySettings(),
+		NATSServer: c.NATSServerSettings(),
+		Direct:     map[string]any{},
 	}
 	for k, f := range directKeys {
 		m.Direct[k] = f(c)
 	}
 	return m
+}
+
+// mappedEqual compares two mappings, the ingest mapping's table included.
+func mappedEqual(a, b mapped) bool {
+	return cmp.Equal(a, b, cmp.AllowUnexported(ingest.Mapping{}))
 }
 
 // baseConfig has one pool with one backend, so that the keys below pools
@@ -136,7 +113,9 @@ func baseConfig() *Config {
 	c := Default()
 	c.Pools = []PoolConfig{{ID: "p", Backends: []BackendConfig{{ID: "b", URL: "http://127.0.0.1:1"}}}}
 	c.Ingest.Upstreams = []UpstreamConfig{{Match: "10.0.0.1:80"}}
-	c.Alerts.Receivers = []AlertReceiverConfig{{URL: "http://127.0.0.1:2"}}
+	// By variable, so that both url (which wins) and url_env change the
+	// mapping.
+	c.Alerts.Receivers = []AlertReceiverConfig{{URLEnv: "HOOK"}}
 	return c
 }
 
@@ -176,6 +155,10 @@ func fieldByTag(v reflect.Value, name string) (reflect.Value, bool) {
 // them means setting them false.
 var onByDefault = map[string]bool{"ingest.durable": true}
 
+// enumValues are the string keys only some values of which change the
+// mapping: set them to one.
+var enumValues = map[string]string{"ingest.nginx.ttft": "none", "ingest.haproxy.ttft": "none"}
+
 func setLeaf(t *testing.T, key string, v reflect.Value) {
 	t.Helper()
 	switch v.Type() {
@@ -192,6 +175,10 @@ func setLeaf(t *testing.T, key string, v reflect.Value) {
 		setLeaf(t, key, p.Elem())
 		v.Set(p)
 	case reflect.String:
+		if w, ok := enumValues[key]; ok {
+			v.SetString(w)
+			return
+		}
 		v.SetString("x-" + key)
 	case reflect.Int, reflect.Int64:
 		v.SetInt(7)
@@ -239,13 +226,13 @@ func TestMappingReachesEverySetting(t *testing.T) {
 	if len(leaves) < 40 {
 		t.Fatalf("only %d keys found: %v", len(leaves), leaves)
 	}
-	base := mapAll(baseConfig())
+	base := mapAll(t, baseConfig())
 	all := baseConfig()
 	for _, key := range leaves {
 		c := baseConfig()
 		setKey(t, c, key)
 		setKey(t, all, key)
-		if cmp.Equal(base, mapAll(c)) {
+		if mappedEqual(base, mapAll(t, c)) {
 			t.Errorf("key %s reaches no setting: setting it changes nothing the mapping produces", key)
 		}
 	}
@@ -258,7 +245,9 @@ func TestMappingReachesEverySetting(t *testing.T) {
 	// ingest.durable true in all (no_jetstream, set too, turns its
 	// default off); the capture it replaces is reached by its default.
 	all.Ingest.Durable = new(true)
-	m := mapAll(all)
+	// A HAProxy backend/server pair, for the HAProxy driver's names.
+	all.Ingest.Upstreams[0].Match = "be/srv"
+	m := mapAll(t, all)
 	// Fields the file does not set: they are the caller's wiring.
 	wiring := map[string]bool{
 		"analyzer.Config.Epoch": true, "analyzer.Config.Seed": true,
@@ -321,6 +310,42 @@ func TestMappingReachesEverySetting(t *testing.T) {
 		wiring["route.Settings."+f] = true
 	}
 	reached("route.Settings", reflect.ValueOf(m.RouteSet))
+	// The adapters' settings the file does not set: connections,
+	// metrics, logs, clocks, and what the commands' flags set.
+	for _, f := range []string{
+		"ingest.HTTPSettings.Emitter", "ingest.HTTPSettings.Metrics",
+		"ingest.EmitterSettings.MaxMessage",
+		"ingest.LogSettings.Emitter", "ingest.LogSettings.Metrics",
+		"ingest.LogRunSettings.Ingester", "ingest.LogRunSettings.Syslog", "ingest.LogRunSettings.Flush", "ingest.LogRunSettings.Logf",
+		"ingest.TailSettings.Path", "ingest.TailSettings.FromStart", "ingest.TailSettings.Poll", "ingest.TailSettings.MaxLine",
+		"ingest.TailSettings.OnRotate", "ingest.TailSettings.OnTruncate", "ingest.TailSettings.OnLongLine",
+		"alert.Settings.HTTPClient", "alert.Settings.Metrics", "alert.Settings.Logf", "alert.Settings.Now",
+		"haproxyctl.ControllerSettings.Runtime", "haproxyctl.ControllerSettings.Pools", "haproxyctl.ControllerSettings.Interval",
+		"haproxyctl.ControllerSettings.Metrics", "haproxyctl.ControllerSettings.Logf", "haproxyctl.Settings.Drain",
+		"natsrv.Settings.Logf", "natsrv.Settings.Debug", "natsrv.Settings.Cluster",
+	} {
+		wiring[f] = true
+	}
+	reached("ingest.HTTPSettings", reflect.ValueOf(m.IngestHTTP))
+	reached("ingest.LiteLLMSettings", reflect.ValueOf(m.IngestHTTP.LiteLLM))
+	reached("ingest.OTLPSettings", reflect.ValueOf(m.IngestHTTP.OTLP))
+	reached("ingest.EmitterSettings", reflect.ValueOf(m.Emitter))
+	for _, ls := range []LogIngestSettings{m.Nginx, m.HAProxyLog} {
+		reached("config.LogIngestSettings", reflect.ValueOf(ls))
+		reached("ingest.LogSettings", reflect.ValueOf(ls.Ingester))
+		reached("ingest.LogRunSettings", reflect.ValueOf(ls.Run))
+		reached("ingest.TailSettings", reflect.ValueOf(ls.Run.Tail))
+	}
+	reached("alert.Settings", reflect.ValueOf(m.Alerts))
+	if len(m.Alerts.Receivers) != 1 {
+		t.Fatalf("alert receivers = %+v", m.Alerts.Receivers)
+	}
+	reached("alert.Receiver", reflect.ValueOf(m.Alerts.Receivers[0]))
+	reached("haproxyctl.ControllerSettings", reflect.ValueOf(m.HAProxy))
+	if len(m.HAProxy.Mapping.Backends) != 1 || len(m.HAProxy.Mapping.Servers) != 1 {
+		t.Errorf("HAProxy names = %+v, want one backend and one server", m.HAProxy.Mapping)
+	}
+	reached("natsrv.Settings", reflect.ValueOf(m.NATSServer))
 	for _, f := range unreached {
 		t.Errorf("setting %s is reached by no key of the file", f)
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/ingest"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
@@ -150,7 +151,7 @@ func TestIngestOutcomesHTTP(t *testing.T) {
 	for _, ev := range events.Events() {
 		sources[ev.Source]++
 	}
-	if diff := cmp.Diff(map[string]int{"edge": 30, DefaultIngestSource: 30}, sources); diff != "" {
+	if diff := cmp.Diff(map[string]int{"edge": 30, config.DefaultIngestSource: 30}, sources); diff != "" {
 		t.Errorf("sources (-want +got):\n%s", diff)
 	}
 	for series, want := range map[string]string{
@@ -262,12 +263,12 @@ func TestIngestLiteLLM(t *testing.T) {
 	wantOK := fleetwatch.Event{
 		Pool: "gpt-4o", Backend: "azure-east", TS: time.Unix(int64(t0)+1, 5e8).UTC(),
 		Status: 200, HasStatus: true, Outcome: fleetwatch.OutcomeOK, TTFTMs: 250, HasTTFT: true,
-		DurationMs: 1500, HasDuration: true, InputTokens: 12, OutputTokens: 34, Source: DefaultIngestSource,
+		DurationMs: 1500, HasDuration: true, InputTokens: 12, OutputTokens: 34, Source: config.DefaultIngestSource,
 	}
 	wantThrottled := fleetwatch.Event{
 		Pool: "gpt-4o", Backend: "http://10.0.0.7:8000", TS: time.Unix(int64(t0), 1e8).UTC(),
 		Status: 429, HasStatus: true, Outcome: fleetwatch.OutcomeThrottled,
-		DurationMs: 100, HasDuration: true, InputTokens: 12, OutputTokens: 34, Source: DefaultIngestSource,
+		DurationMs: 100, HasDuration: true, InputTokens: 12, OutputTokens: 34, Source: config.DefaultIngestSource,
 	}
 	if diff := cmp.Diff([]fleetwatch.Event{wantOK, wantThrottled, wantOK, wantOK, wantThrottled}, got); diff != "" {
 		t.Errorf("events (-want +got):\n%s", diff)

@@ -11,7 +11,6 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/internal/alert"
-	"github.com/fleetwatch/fleetwatch/internal/config"
 )
 
 // What operators reach for during an incident: /api/explain (why a backend
@@ -136,39 +135,6 @@ func (l *transitionLog) newestFirst(pool, backend string) []analyzer.Transition 
 	return out
 }
 
-// alertSettings maps the file's alerts block to the notifier's settings;
-// getenv reads the URLs and tokens the file names by variable. A variable
-// named for a URL that is empty is an error naming the key.
-func alertSettings(c *config.Config, getenv func(string) string) (alert.Settings, error) {
-	a := c.Alerts
-	s := alert.Settings{
-		QueueSize: a.QueueSize, RateLimit: a.RateLimit, Burst: a.Burst,
-		MaxAttempts: a.MaxAttempts, ExternalURL: a.ExternalURL,
-	}
-	for _, d := range []struct {
-		dst *time.Duration
-		v   *config.Duration
-	}{{&s.Timeout, a.Timeout}, {&s.Backoff, a.Backoff}, {&s.ResendInterval, a.ResendInterval}} {
-		if d.v != nil {
-			*d.dst = d.v.Duration
-		}
-	}
-	for i, r := range a.Receivers {
-		rc := alert.Receiver{Name: r.Name, Kind: alert.Kind(r.Kind), URL: r.ReceiverURL(getenv)}
-		if rc.URL == "" && r.URLEnv != "" {
-			return s, fmt.Errorf("%w: alerts.receivers[%d].url_env: the variable %s is empty or not set", alert.ErrInvalidSettings, i, r.URLEnv)
-		}
-		if r.BearerTokenEnv != "" {
-			rc.BearerToken = getenv(r.BearerTokenEnv)
-		}
-		for _, e := range r.Events {
-			rc.Events = append(rc.Events, alert.Event(e))
-		}
-		s.Receivers = append(s.Receivers, rc)
-	}
-	return s, nil
-}
-
 // buildAlerts makes the notifier when the file configures receivers.
 func (s *Server) buildAlerts() error {
 	if len(s.cfg.Alerts.Receivers) == 0 {
@@ -178,7 +144,7 @@ func (s *Server) buildAlerts() error {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	as, err := alertSettings(s.cfg, getenv)
+	as, err := s.cfg.AlertSettings(getenv)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}

@@ -191,12 +191,7 @@ func (s *Server) connect() error {
 	url := s.cfg.NATS.URL
 	if url == "" {
 		var err error
-		s.embedded, err = natsrv.Start(natsrv.Settings{
-			Listen:      s.cfg.NATS.Listen,
-			StoreDir:    s.cfg.StoreDir(),
-			NoJetStream: s.cfg.NATS.NoJetStream,
-			ServerName:  "fleetwatch",
-		})
+		s.embedded, err = natsrv.Start(s.cfg.NATSServerSettings())
 		if err != nil {
 			return fmt.Errorf("serve: embedded NATS on %s: %w (use --nats-listen or --nats)", s.cfg.NATS.Listen, err)
 		}
