@@ -551,6 +551,60 @@ func (c *Config) validate(lines map[string]int, file string) error {
 			return fail("limits."+l.key, "0: must be > 0")
 		}
 	}
+	if err := c.validatePools(fail); err != nil {
+		return err
+	}
+	if _, err := analyzer.New(c.AnalyzerSettings(0)); err != nil {
+		var se *analyzer.SettingError
+		if errors.As(err, &se) {
+			return fail(se.Key, "%s: %s", se.Value, se.Problem)
+		}
+		return fail("analyzer", "%v", err)
+	}
+	if c.Probes.Schedule != "" {
+		if _, err := probes.ParseSchedule(c.Probes.Schedule); err != nil {
+			return fail("probes.schedule", "%q: %v", c.Probes.Schedule, err)
+		}
+	}
+	if c.Ingest.MaxAge != nil && c.Ingest.MaxAge.Duration <= 0 {
+		return fail("ingest.max_age", "%v: must be > 0", c.Ingest.MaxAge.Duration)
+	}
+	if c.Ingest.MaxBytes < 0 {
+		return fail("ingest.max_bytes", "%d: must be >= 0", c.Ingest.MaxBytes)
+	}
+	if err := c.Ingest.validate(fail); err != nil {
+		return err
+	}
+	if err := c.validateHA(fail); err != nil {
+		return err
+	}
+	if c.Ingest.Durable != nil && *c.Ingest.Durable && c.NATS.NoJetStream {
+		return fail("ingest.durable", "true: the durable intake needs JetStream (nats.no_jetstream is true)")
+	}
+	if err := c.Route.validate(fail); err != nil {
+		return err
+	}
+	if c.Probes.Timeout != nil && c.Probes.Timeout.Duration <= 0 {
+		return fail("probes.timeout", "%v: must be > 0", c.Probes.Timeout.Duration)
+	}
+	if c.Probes.Enrol < 0 {
+		return fail("probes.enrol", "%d: must be >= 0", c.Probes.Enrol)
+	}
+	if c.Review.Schedule != "" {
+		if _, err := probes.ParseSchedule(c.Review.Schedule); err != nil {
+			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
+		}
+	}
+	if err := c.validateLoad(fail); err != nil {
+		return err
+	}
+	return c.Alerts.validate(fail)
+}
+
+// validatePools checks what only the file knows of the pools: explicit
+// zeros, scores and choices, models routed to two pools, backend URLs and
+// probe endpoints.
+func (c *Config) validatePools(fail func(key, format string, args ...any) error) error {
 	models := map[string]string{}
 	for i, p := range c.Pools {
 		key := fmt.Sprintf("pools[%d]", i)
@@ -589,27 +643,11 @@ func (c *Config) validate(lines map[string]int, file string) error {
 			}
 		}
 	}
-	if _, err := analyzer.New(c.AnalyzerSettings(0)); err != nil {
-		var se *analyzer.SettingError
-		if errors.As(err, &se) {
-			return fail(se.Key, "%s: %s", se.Value, se.Problem)
-		}
-		return fail("analyzer", "%v", err)
-	}
-	if c.Probes.Schedule != "" {
-		if _, err := probes.ParseSchedule(c.Probes.Schedule); err != nil {
-			return fail("probes.schedule", "%q: %v", c.Probes.Schedule, err)
-		}
-	}
-	if c.Ingest.MaxAge != nil && c.Ingest.MaxAge.Duration <= 0 {
-		return fail("ingest.max_age", "%v: must be > 0", c.Ingest.MaxAge.Duration)
-	}
-	if c.Ingest.MaxBytes < 0 {
-		return fail("ingest.max_bytes", "%d: must be >= 0", c.Ingest.MaxBytes)
-	}
-	if err := c.Ingest.validate(fail); err != nil {
-		return err
-	}
+	return nil
+}
+
+// validateHA checks the ha block's ranges.
+func (c *Config) validateHA(fail func(key, format string, args ...any) error) error {
 	if c.HA.Partitions < 0 || c.HA.Partitions > MaxPartitions {
 		return fail("ha.partitions", "%d: must be between 1 and %d (0: the default %d)", c.HA.Partitions, MaxPartitions, DefaultPartitions)
 	}
@@ -619,27 +657,7 @@ func (c *Config) validate(lines map[string]int, file string) error {
 	if c.HA.Replicas < 0 || c.HA.Replicas > 5 {
 		return fail("ha.replicas", "%d: must be between 1 and 5 (0: the default 1)", c.HA.Replicas)
 	}
-	if c.Ingest.Durable != nil && *c.Ingest.Durable && c.NATS.NoJetStream {
-		return fail("ingest.durable", "true: the durable intake needs JetStream (nats.no_jetstream is true)")
-	}
-	if err := c.Route.validate(fail); err != nil {
-		return err
-	}
-	if c.Probes.Timeout != nil && c.Probes.Timeout.Duration <= 0 {
-		return fail("probes.timeout", "%v: must be > 0", c.Probes.Timeout.Duration)
-	}
-	if c.Probes.Enrol < 0 {
-		return fail("probes.enrol", "%d: must be >= 0", c.Probes.Enrol)
-	}
-	if c.Review.Schedule != "" {
-		if _, err := probes.ParseSchedule(c.Review.Schedule); err != nil {
-			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
-		}
-	}
-	if err := c.validateLoad(fail); err != nil {
-		return err
-	}
-	return c.Alerts.validate(fail)
+	return nil
 }
 
 // validate checks the HTTP keys: an exposed listener needs authentication
