@@ -185,8 +185,9 @@ func (m *Model) SetSigma(sigma float64) { m.sigmaBits.Store(math.Float64bits(sig
 // Sigma is the current logit noise.
 func (m *Model) Sigma() float64 { return math.Float64frombits(m.sigmaBits.Load()) }
 
-// SetPath makes later calls add Options.PathOffsets[p] to every logit (the
-// numeric path the batch shape chose); p < 0 or out of range: none.
+// SetPath makes later completions add Options.PathOffsets[p] to every
+// logit (the numeric path the batch shape chose; ScorePrompt does not);
+// p < 0 or out of range: none.
 func (m *Model) SetPath(p int) { m.path.Store(int64(p) + 1) }
 
 // pathOffsets is the offset vector of the current path, nil when none.
