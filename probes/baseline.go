@@ -69,8 +69,10 @@ type PositionBaseline struct {
 	Alts  []Alt   `json:"alts"`  // mean logprob of every token seen in the top-k, most likely first
 	Floor float64 `json:"floor"` // mean lowest top-k logprob
 	N     int     `json:"n"`     // aligned cycles
-	// Var is the sample variance of the top-1 logprob over those cycles
-	// (teacher tier only: teacher_monitor.go).
+	// Var is the sample variance of the top-1 logprob over those cycles:
+	// the baseline's own error, which the persistence tests subtract
+	// (sampled tier: sampledPersistence; teacher tier: teacher_monitor.go).
+	// Zero in baselines stored before the sampled tier used it.
 	Var float64 `json:"var,omitempty"`
 }
 
@@ -161,7 +163,7 @@ func positionMeans(mode []string, cycles []*Cycle, prompt int) []PositionBaselin
 	pos := make([]PositionBaseline, len(mode))
 	for j := range mode {
 		sums := map[string]float64{}
-		var top1, floor float64
+		var top1, top1sq, floor float64
 		n := 0
 		for _, cy := range cycles {
 			toks := cy.Obs[prompt].Tokens
@@ -170,7 +172,9 @@ func positionMeans(mode []string, cycles []*Cycle, prompt int) []PositionBaselin
 			}
 			t := &toks[j]
 			n++
-			top1 += lookup(t, mode[j])
+			lp := lookup(t, mode[j])
+			top1 += lp
+			top1sq += lp * lp
 			fl := floorOf(t)
 			floor += fl
 			seen := map[string]bool{t.Token: true}
@@ -194,6 +198,9 @@ func positionMeans(mode []string, cycles []*Cycle, prompt int) []PositionBaselin
 			break
 		}
 		pb := PositionBaseline{Top1: top1 / float64(n), Floor: floor / float64(n), N: n}
+		if n > 1 {
+			pb.Var = max(0, (top1sq-top1*top1/float64(n))/float64(n-1))
+		}
 		for tok, sum := range sums {
 			pb.Alts = append(pb.Alts, Alt{Token: tok, Logprob: sum / float64(n)})
 		}

@@ -236,17 +236,31 @@ func (d *Detector) Step(now time.Time, s Signal, p Params) (Transition, bool) {
 // gross rule on S2 and S3, the CUSUM on S4 (the persistent delta), which
 // keeps run-to-run noise, however it varies from cycle to cycle, out of the
 // accumulated evidence.
-func logprobSignal(st Stats, null NullModel, cu *CUSUM, p Params) Signal {
+//
+// The CUSUM runs on the persistence test ps (SampledPersistence), which
+// scales each cycle by its own noise, with its Shift as the excess the
+// floor applies to; for a baseline without position variances (stored
+// before the test existed) it runs on S4's z against the enrolment null.
+func logprobSignal(st Stats, ps Persistence, null NullModel, cu *CUSUM, p Params) Signal {
 	z2, z3, z4 := null.S2.Z(st.S2), null.S3.Z(st.S3), null.S4.Z(st.S4)
 	ex2, ex3, ex4 := st.S2-null.S2.Mu, st.S3-null.S3.Mu, st.S4-null.S4.Mu
 	gross2 := ex2 >= p.GrossNats && z2 >= p.GrossZ
 	gross3 := ex3 >= p.GrossNats && z3 >= p.GrossZ
-	alarm := cu.Update(z4, ex4, p.MinExcessNats, p)
+	t4 := z4
+	confirm := z4 >= p.ConfirmZ || z2 >= p.ConfirmZ || z3 >= p.ConfirmZ
+	if ps.Own > 0 {
+		// S2 and S3 follow the noise level of the cycle: under load a
+		// noisy cycle has them above 2 whatever the artefact, so only the
+		// persistence test confirms its own alarm
+		t4, ex4 = ps.T, ps.Shift
+		confirm = t4 >= p.ConfirmZ
+	}
+	alarm := cu.Update(t4, ex4, p.MinExcessNats, p)
 	s := Signal{
 		Gross:   gross2 || gross3,
 		Alarm:   alarm,
-		Confirm: z4 >= p.ConfirmZ || z2 >= p.ConfirmZ || z3 >= p.ConfirmZ,
-		Quiet:   !(z2 >= p.QuietZ) && !(z3 >= p.QuietZ) && !(z4 >= p.QuietZ),
+		Confirm: confirm,
+		Quiet:   !(z2 >= p.QuietZ) && !(z3 >= p.QuietZ) && !(t4 >= p.QuietZ),
 	}
 	switch {
 	case s.Gross:
@@ -255,8 +269,13 @@ func logprobSignal(st Stats, null NullModel, cu *CUSUM, p Params) Signal {
 			st.S2, null.S2.Mu, z2, st.S3, null.S3.Mu, z3)
 	default:
 		s.Score, s.Thresh = cu.C, p.CUSUMThreshold
-		s.Reason = fmt.Sprintf("CUSUM %.1f (threshold %.0f) on the persistent delta: S4 %.4f nats (baseline %.4f, z %.1f), mean excess %.4f nats (floor %.3f); S2 %.4f nats z %.1f, S3 z %.1f",
-			cu.C, p.CUSUMThreshold, st.S4, null.S4.Mu, z4, cu.MeanExcess(), p.MinExcessNats, st.S2, z2, z3)
+		if ps.Own > 0 {
+			s.Reason = fmt.Sprintf("CUSUM %.1f (threshold %.0f) on the persistence test: T %.1f, shared shift %.4f nats, mean excess %.4f nats (floor %.3f); S4 %.4f nats (baseline %.4f, z %.1f), S2 %.4f nats z %.1f, S3 z %.1f",
+				cu.C, p.CUSUMThreshold, ps.T, ps.Shift, cu.MeanExcess(), p.MinExcessNats, st.S4, null.S4.Mu, z4, st.S2, z2, z3)
+		} else {
+			s.Reason = fmt.Sprintf("CUSUM %.1f (threshold %.0f) on the persistent delta: S4 %.4f nats (baseline %.4f, z %.1f), mean excess %.4f nats (floor %.3f); S2 %.4f nats z %.1f, S3 z %.1f",
+				cu.C, p.CUSUMThreshold, st.S4, null.S4.Mu, z4, cu.MeanExcess(), p.MinExcessNats, st.S2, z2, z3)
+		}
 	}
 	if st.Stable > 0 && st.Mismatched > 0 {
 		s.Reason += fmt.Sprintf("; greedy output changed on %d of %d stable prompts", st.Mismatched, st.Stable)

@@ -49,10 +49,13 @@ type Monitor struct {
 	enrolling  []*Cycle
 	baseline   *Baseline
 	det        Detector
-	recent     []*Cycle // last MMDWindow cycles, black-box backends
-	identity   *Identity
-	prev       *Cycle // the last judged cycle, for S4
-	last       Result
+	// recent are the last judged cycles, oldest first: MMDWindow of them
+	// for a black-box backend (the MMD test's sample), PersistWindow for
+	// a logprob backend (the persistence test's window); durable
+	recent   []*Cycle
+	identity *Identity
+	prev     *Cycle // the last judged cycle, for S4
+	last     Result
 
 	teacherSetting TeacherMode
 	tch            teacherState // the teacher-forced tier (teacher_monitor.go)
@@ -148,9 +151,20 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 	}
 	r.Stats = Measure(b, c)
 	r.Stats.S4 = PersistentDelta(b, c, m.prev)
+	var ps Persistence
+	if b.Logprobs {
+		if len(m.recent) == 0 && m.prev != nil {
+			m.recent = []*Cycle{m.prev} // a state stored before the window
+		}
+		ps = SampledPersistence(b, c, m.recent)
+		m.recent = append(m.recent, c)
+		if len(m.recent) > PersistWindow {
+			m.recent = slices.Delete(m.recent, 0, 1)
+		}
+	}
 	m.prev = c
 	if b.Logprobs {
-		r.Signal = logprobSignal(r.Stats, b.Null, &m.det.CUSUM, m.p)
+		r.Signal = logprobSignal(r.Stats, ps, b.Null, &m.det.CUSUM, m.p)
 	} else {
 		r.Signal, r.PValue = m.blackBoxSignal(c, r.Stats, fdr)
 	}

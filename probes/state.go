@@ -61,7 +61,8 @@ type DriftState struct {
 	LastCycle   time.Time              `json:"last_cycle"`
 	Identity    *Identity              `json:"identity,omitempty"`
 	Prev        *Cycle                 `json:"prev,omitempty"`
-	// Recent are the last cycles of a black-box backend (the MMD sample).
+	// Recent are the last judged cycles: of a black-box backend, the MMD
+	// sample; of a logprob backend, the sampled persistence test's window.
 	Recent []*Cycle `json:"recent,omitempty"`
 	// TeacherCUSUM is the teacher-forced tier's CUSUM, when the baseline
 	// has that tier (its previous scores are Prev's).

@@ -197,3 +197,142 @@ func persistentProduct(b *Baseline, c, prev *Cycle) float64 {
 	}
 	return sum / float64(n)
 }
+
+// PersistWindow is how many previous judged cycles the sampled tier's
+// persistence test multiplies the current cycle's deltas with (their mean
+// delta at each position).
+const PersistWindow = 4
+
+// PathMargin multiplies the persistence the enrolment showed (P of
+// Persistence): a numeric path the enrolment did not see is as far from
+// the enrolment's mean as a seen one, or farther (for k seen paths of
+// exchangeable offsets, (k+1)/(k-1) times the squared distance: 3 for 2).
+const PathMargin = 3.0
+
+// Persistence is the sampled tier's persistence test of one cycle against
+// the previous ones (docs/DRIFT.md "The sampled tier's persistence test"):
+// with x_j = d_j(now) x dbar_j, dbar_j the mean delta of the previous
+// cycles (up to PersistWindow) at position j, over the positions aligned
+// with the mode in the current cycle and at least one previous one,
+//
+//	T = (mean x - B - 3 sB - P) / (sd x / sqrt(n)),  Shift = sign sqrt(|mean x - B - P|)
+//
+// where B and sB are the baseline's own squared error and its spread (from
+// the enrolment variance of each position, as in the teacher tier) and P
+// is the persistence the enrolment itself showed beyond this cycle's noise:
+// max(0, m_max - B - 3 se1) times PathMargin, m_max the largest leave-two-out
+// product of the S4 null (pairs of enrolment cycles that shared a numeric
+// path share offsets, and a later cycle on such a path shows them again).
+// T is self-normalised: the noise of this cycle and of the previous ones
+// is in both mean x and its standard error, so without a change T stays
+// about N(0, 1) or below whatever the noise level of any of them, while a
+// persistent shift delta adds about sqrt(n) delta^2 / (sd x).
+type Persistence struct {
+	T, Shift float64
+	// Own and Path are B and P, in nats^2.
+	Own, Path float64
+	N         int
+}
+
+// SampledPersistence is the persistence test of cycle c after prevs
+// (oldest first) against b; T and Shift are NaN without a previous cycle,
+// with fewer than 8 common positions, or for a baseline stored without
+// position variances (before the test existed: the CUSUM then runs on S4's
+// z as it did).
+func SampledPersistence(b *Baseline, c *Cycle, prevs []*Cycle) Persistence {
+	ps := Persistence{T: math.NaN(), Shift: math.NaN()}
+	if len(prevs) == 0 || !b.Logprobs || !c.hasLogprobs() {
+		return ps
+	}
+	own, spread := baselineOwnError(b)
+	ps.Own = own
+	if own == 0 {
+		return ps
+	}
+	var xs, x1s []float64 // against the mean of prevs, and the last one alone
+	last := len(prevs) - 1
+	for i := range b.Prompts {
+		pb := &b.Prompts[i]
+		a := c.Obs[i].Tokens
+		live := make([]bool, len(prevs)) // still aligned with the mode
+		for k, p := range prevs {
+			live[k] = p.Obs[i].HasLogprobs
+		}
+		for j := range pb.Positions {
+			if j >= len(a) {
+				break
+			}
+			sum, n := 0.0, 0
+			dl := math.NaN()
+			for k, p := range prevs {
+				if !live[k] {
+					continue
+				}
+				pt := p.Obs[i].Tokens
+				if j >= len(pt) {
+					live[k] = false
+					continue
+				}
+				d := lookup(&pt[j], pb.Mode[j]) - pb.Positions[j].Top1
+				if k == last {
+					dl = d
+				}
+				sum += d
+				n++
+				if pt[j].Token != pb.Mode[j] {
+					live[k] = false
+				}
+			}
+			if n == 0 {
+				break
+			}
+			da := lookup(&a[j], pb.Mode[j]) - pb.Positions[j].Top1
+			xs = append(xs, da*sum/float64(n))
+			if !math.IsNaN(dl) {
+				x1s = append(x1s, da*dl)
+			}
+			if a[j].Token != pb.Mode[j] {
+				break
+			}
+		}
+	}
+	ps.N = len(xs)
+	if len(xs) < 8 {
+		return ps
+	}
+	mean, se := meanSE(xs)
+	_, se1 := meanSE(x1s)
+	if !(se > 0) {
+		return ps
+	}
+	hi := math.Inf(-1)
+	for _, v := range b.Null.S4.Values {
+		hi = max(hi, v*math.Abs(v))
+	}
+	// the null's products are of pairs of cycles: their noise is that of
+	// a pair (se1), not of the mean over the window
+	if math.IsNaN(se1) {
+		se1 = se
+	}
+	ps.Path = PathMargin * max(0, hi-own-3*se1)
+	excess := mean - own - ps.Path
+	ps.T = (excess - 3*spread) / se
+	ps.Shift = signedSqrt(excess)
+	return ps
+}
+
+// meanSE is the mean of xs and its standard error (NaN for fewer than 2).
+func meanSE(xs []float64) (mean, se float64) {
+	if len(xs) < 2 {
+		return math.NaN(), math.NaN()
+	}
+	for _, x := range xs {
+		mean += x
+	}
+	mean /= float64(len(xs))
+	ss := 0.0
+	for _, x := range xs {
+		ss += (x - mean) * (x - mean)
+	}
+	return mean, math.Sqrt(ss/float64(len(xs)-1)) / math.Sqrt(float64(len(xs)))
+}

@@ -353,3 +353,54 @@ func TestNullStatDropsNaN(t *testing.T) {
 		t.Errorf("a baseline without an S2 null does not encode: %v", err)
 	}
 }
+
+func TestSampledPersistence(t *testing.T) {
+	const n = 12
+	mode := make([]string, n)
+	pos := make([]PositionBaseline, n)
+	for j := range n {
+		mode[j] = string(rune('a' + j))
+		pos[j] = PositionBaseline{Top1: -0.5, N: 16, Var: 1.6e-9} // B = 1e-10
+	}
+	b := &Baseline{Logprobs: true, Prompts: []PromptBaseline{{ID: "p", Kind: KindStable, Mode: mode, Positions: pos}}}
+	cyc := func(d func(j int) float64) *Cycle {
+		toks := make([]Token, n)
+		for j := range n {
+			toks[j] = tok(mode[j], -0.5+d(j))
+		}
+		return &Cycle{Obs: []Observation{{HasLogprobs: true, Tokens: toks}}}
+	}
+	// noise-like deltas of two cycles, then the same at 10 times the
+	// noise level: T does not move (self-normalised), Shift scales
+	now := func(k float64) *Cycle { return cyc(func(j int) float64 { return k * 0.01 * float64((j*7)%5-2) }) }
+	prev := func(k float64) *Cycle { return cyc(func(j int) float64 { return k * 0.01 * float64((j*3)%4-1) }) }
+	lo := SampledPersistence(b, now(1), []*Cycle{prev(1)})
+	hi := SampledPersistence(b, now(10), []*Cycle{prev(10)})
+	if math.IsNaN(lo.T) || math.Abs(lo.T-hi.T) > 1e-3*math.Max(1, math.Abs(lo.T)) {
+		t.Errorf("T at noise 1x %v and 10x %v: want equal", lo.T, hi.T)
+	}
+	if lo.N != n || lo.Path != 0 {
+		t.Errorf("N %d Path %v, want %d and 0 (no S4 null values)", lo.N, lo.Path, n)
+	}
+	// a shift shared by both cycles is seen
+	shift := func(c *Cycle) *Cycle {
+		for j := range c.Obs[0].Tokens {
+			c.Obs[0].Tokens[j].Logprob += 0.05
+		}
+		return c
+	}
+	if sh := SampledPersistence(b, shift(now(1)), []*Cycle{shift(prev(1))}); !(sh.T > lo.T+5) || !(sh.Shift > 0.04) {
+		t.Errorf("shared shift of 0.05: T %v (without %v), Shift %v", sh.T, lo.T, sh.Shift)
+	}
+	if ps := SampledPersistence(b, now(1), nil); !math.IsNaN(ps.T) {
+		t.Errorf("T without a previous cycle = %v, want NaN", ps.T)
+	}
+	// a baseline stored before the test (no variances): NaN, the CUSUM
+	// runs on S4's z
+	for j := range pos {
+		pos[j].Var = 0
+	}
+	if ps := SampledPersistence(b, now(1), []*Cycle{prev(1)}); !math.IsNaN(ps.T) || ps.Own != 0 {
+		t.Errorf("without variances: T %v Own %v, want NaN and 0", ps.T, ps.Own)
+	}
+}

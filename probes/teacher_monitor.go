@@ -140,6 +140,7 @@ func (m *Monitor) attachTeacher(b *Baseline, cycles []*Cycle) error {
 		pb.Samples = nil
 		for j := range pb.Positions {
 			pos := &pb.Positions[j]
+			pos.Var = 0 // the teacher tier's own, over fully aligned cycles
 			ss, n := 0.0, 0
 			for _, c := range tcs {
 				if toks := c.Obs[i].Tokens; j < len(toks) && aligned(toks, pb.Mode, j+1) {
@@ -294,6 +295,23 @@ func persistenceTest(b *Baseline, c, prev *Cycle) (t4, persist float64) {
 	if prev == nil {
 		return math.NaN(), math.NaN()
 	}
+	mean, se, n := productMoments(b, c, prev)
+	if n < 8 {
+		return math.NaN(), math.NaN()
+	}
+	own, spread := baselineOwnError(b)
+	excess := mean - own
+	if se == 0 {
+		return math.NaN(), signedSqrt(excess)
+	}
+	return (excess - 3*spread) / se, signedSqrt(excess)
+}
+
+// productMoments are the mean and standard error of the products x_j =
+// d_j(c) x d_j(prev) of the two cycles' top-1 deltas against b along the
+// positions aligned with the mode in both (up to and including the first
+// divergence), and their number.
+func productMoments(b *Baseline, c, prev *Cycle) (mean, se float64, n int) {
 	var xs []float64
 	for i := range b.Prompts {
 		pb := &b.Prompts[i]
@@ -310,10 +328,9 @@ func persistenceTest(b *Baseline, c, prev *Cycle) (t4, persist float64) {
 			}
 		}
 	}
-	if len(xs) < 8 {
-		return math.NaN(), math.NaN()
+	if len(xs) < 2 {
+		return math.NaN(), math.NaN(), len(xs)
 	}
-	mean := 0.0
 	for _, x := range xs {
 		mean += x
 	}
@@ -322,13 +339,8 @@ func persistenceTest(b *Baseline, c, prev *Cycle) (t4, persist float64) {
 	for _, x := range xs {
 		ss += (x - mean) * (x - mean)
 	}
-	se := math.Sqrt(ss/float64(len(xs)-1)) / math.Sqrt(float64(len(xs)))
-	own, spread := baselineOwnError(b)
-	excess := mean - own
-	if se == 0 {
-		return math.NaN(), signedSqrt(excess)
-	}
-	return (excess - 3*spread) / se, signedSqrt(excess)
+	se = math.Sqrt(ss/float64(len(xs)-1)) / math.Sqrt(float64(len(xs)))
+	return mean, se, len(xs)
 }
 
 // baselineOwnError is B and sB of TeacherStats: the expected mean squared

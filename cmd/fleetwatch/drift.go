@@ -194,6 +194,8 @@ func runDriftSim(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	nullOnly := fs.Bool("null-only", false, "run only the false-alarm measurement: --cycles null cycles per noise level, each count with its exact 95% upper bound")
 	workers := fs.Int("workers", runtime.GOMAXPROCS(0), "null backends run at once (the result does not depend on it)")
 	tier := fs.String("tier", "teacher", "what is judged: sampled (the sampled probes alone), teacher (teacher-forced scores for subtle changes, serve's default) or both (every rule of both tiers)")
+	noise := fs.String("noise", "independent", "noise model: independent (sigma 0.003, 0.03, 0.1 and the load regime) or correlated (those and the correlated level: numeric paths chosen by batch shape, shared by consecutive cycles)")
+	legacyS4 := fs.Bool("legacy-s4", false, "judge the sampled tier as before its persistence test (the CUSUM on S4's z), for comparison")
 	toolsOnly := fs.Bool("tools-only", false, "run only the tool-call probes' section (suite default-v1+tools-v1)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
@@ -204,12 +206,16 @@ func runDriftSim(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if *cycles < *backends || *backends < 1 || *trials < 1 || *enrol < 3 || *interval <= 0 || *enrolMin < 0 || *workers < 1 {
 		return fmt.Errorf("drift sim: need --cycles >= --backends >= 1, --trials >= 1, --enrol >= 3, --interval > 0, --enrol-min >= 0 and --workers >= 1")
 	}
+	if _, err := toylm.Levels(*noise); err != nil {
+		return fmt.Errorf("drift sim: --noise: %w", err)
+	}
 	if *nullOnly && *toolsOnly {
 		return fmt.Errorf("drift sim: --null-only and --tools-only exclude each other")
 	}
 	rs := toylm.ReportSettings{
 		Cycles: *cycles, Backends: *backends, Trials: *trials, MaxDelay: *maxDelay, PeerTrials: *peerTrials,
 		Seed: *seed, Enrol: *enrol, EnrolMin: *enrolMin, Interval: *interval, Workers: *workers, Tier: *tier,
+		Noise: *noise, LegacyS4: *legacyS4,
 	}
 	if *nullOnly {
 		return toylm.WriteFalseAlarms(ctx, stdout, rs)

@@ -21,10 +21,70 @@ var NoiseLevels = []float64{0.003, 0.03, 0.1}
 // between 0.003 and 0.1: a backend whose batch composition changes with load.
 const LoadRegime = -1.0
 
+// CorrelatedNoise, used as a sigma, is noise correlated across cycles: the
+// load regime's independent noise plus the fixed logit offsets of one of
+// CorrelatedPaths numeric paths (kernel choices by batch shape), the path a
+// Markov chain over cycles that keeps the previous cycle's path with
+// probability CorrelatedStay, so consecutive cycles share offsets. Each
+// backend has its own paths (seeded), the same for every artefact it
+// serves.
+const CorrelatedNoise = -2.0
+
+// The correlated-noise model: 4 paths, each a vector of independent
+// Gaussian logit offsets of standard deviation CorrelatedScale over the
+// vocabulary; a cycle keeps the previous cycle's path with probability
+// CorrelatedStay, and otherwise moves to one of the others at random.
+const (
+	CorrelatedPaths = 4
+	CorrelatedScale = 0.01
+	CorrelatedStay  = 0.8
+)
+
+// NoiseModels are the -noise choices of the harness: the independent
+// levels (NoiseLevels and LoadRegime), or those and CorrelatedNoise.
+var NoiseModels = []string{"independent", "correlated"}
+
+// Levels are the noise levels of noise model name ("" is "independent").
+func Levels(name string) ([]float64, error) {
+	levels := append(slices.Clone(NoiseLevels), LoadRegime)
+	switch name {
+	case "", "independent":
+		return levels, nil
+	case "correlated":
+		return append(levels, CorrelatedNoise), nil
+	}
+	return nil, fmt.Errorf("toylm: unknown noise model %q (one of %v)", name, NoiseModels)
+}
+
+// pathOffsets are backend seed's correlated-noise paths.
+func pathOffsets(seed uint64) [][]float64 {
+	r := rand.New(rand.NewPCG(seed, 0x9a7b))
+	out := make([][]float64, CorrelatedPaths)
+	for p := range out {
+		out[p] = make([]float64, 256)
+		for i := range out[p] {
+			out[p][i] = CorrelatedScale * r.NormFloat64()
+		}
+	}
+	return out
+}
+
+// noiseOptions adds what noise level sigma needs to o: the paths of the
+// correlated model.
+func noiseOptions(o Options, sigma float64) Options {
+	if sigma == CorrelatedNoise {
+		o.PathOffsets = pathOffsets(o.NoiseSeed)
+	}
+	return o
+}
+
 // SigmaName formats a sigma of the harness.
 func SigmaName(sigma float64) string {
 	if sigma == LoadRegime {
 		return "load"
+	}
+	if sigma == CorrelatedNoise {
+		return "correlated"
 	}
 	return fmt.Sprintf("%g", sigma)
 }
@@ -89,6 +149,11 @@ type Harness struct {
 	// Teacher is how the monitors judge teacher-forced scores (the suite's
 	// fixed texts). If empty, probes.TeacherOnly, serve's default.
 	Teacher probes.TeacherMode
+	// LegacyS4 makes the sampled tier judge as it did before its
+	// persistence test: each baseline's position variances are cleared
+	// after enrolment, as in a baseline stored before the test existed,
+	// and the CUSUM runs on S4's z against the enrolment null.
+	LegacyS4 bool
 }
 
 func (h *Harness) ref() *Model {
@@ -142,15 +207,24 @@ type backend struct {
 	models []*Model
 	sigma  float64
 	rng    *rand.Rand
+	path   int // the correlated model's current path
 }
 
 func (b *backend) setNoise() {
 	s := b.sigma
-	if s == LoadRegime {
+	if s == LoadRegime || s == CorrelatedNoise {
 		s = math.Exp(math.Log(0.003) + b.rng.Float64()*(math.Log(0.1)-math.Log(0.003)))
+	}
+	path := -1
+	if b.sigma == CorrelatedNoise {
+		if b.rng.Float64() >= CorrelatedStay {
+			b.path = (b.path + 1 + b.rng.IntN(CorrelatedPaths-1)) % CorrelatedPaths
+		}
+		path = b.path
 	}
 	for _, m := range b.models {
 		m.SetSigma(s)
+		m.SetPath(path)
 	}
 }
 
@@ -178,7 +252,19 @@ func (h *Harness) enrol(m *probes.Monitor, b *backend) (int, error) {
 			return 0, err
 		}
 		if r.Enrolled {
+			if h.LegacyS4 {
+				clearVariances(m.Baseline())
+			}
 			return i + 1, nil
+		}
+	}
+}
+
+// clearVariances zeroes the sampled positions' variances of b (LegacyS4).
+func clearVariances(b *probes.Baseline) {
+	for i := range b.Prompts {
+		for j := range b.Prompts[i].Positions {
+			b.Prompts[i].Positions[j].Var = 0
 		}
 	}
 }
@@ -244,7 +330,7 @@ func (h *Harness) Null(sigma float64, v *Variant, backends, cycles int, seed uin
 // nullBackend is backend k of Null: its enrolment and its cycles.
 func (h *Harness) nullBackend(sigma float64, v *Variant, k, cycles int, seed uint64) (NullResult, error) {
 	var res NullResult
-	o := Options{NoiseSeed: seed*1000003 + uint64(k)}
+	o := noiseOptions(Options{NoiseSeed: seed*1000003 + uint64(k)}, sigma)
 	ref := h.ref().With(o)
 	b := &backend{c: ref, models: []*Model{ref}, sigma: sigma, rng: rand.New(rand.NewPCG(seed, uint64(k)))}
 	m := h.monitor(fmt.Sprint("null-", k))
@@ -316,7 +402,7 @@ func (r PowerResult) DriftedWithin(n int) int {
 func (h *Harness) Power(v Variant, sigma float64, trials, maxCycles int, seed uint64) (PowerResult, error) {
 	res := PowerResult{Sigma: sigma, Variant: v.Name, Trials: trials}
 	for k := range trials {
-		o := Options{NoiseSeed: seed*7919 + uint64(k)}
+		o := noiseOptions(Options{NoiseSeed: seed*7919 + uint64(k)}, sigma)
 		ref := h.ref().With(o)
 		b := &backend{c: ref, models: []*Model{ref}, sigma: sigma, rng: rand.New(rand.NewPCG(seed, uint64(k)))}
 		m := h.monitor(fmt.Sprint("power-", k))
@@ -376,7 +462,7 @@ func (h *Harness) Peers(v Variant, sigma float64, n, trials int, seed uint64) (P
 	for k := range trials {
 		baselines := map[string]*probes.Baseline{}
 		for i := range n {
-			o := Options{NoiseSeed: seed*104729 + uint64(k*n+i)}
+			o := noiseOptions(Options{NoiseSeed: seed*104729 + uint64(k*n+i)}, sigma)
 			var b *backend
 			if i == n-1 {
 				c, ms := v.Build(h.ref(), o)

@@ -82,6 +82,10 @@ type Options struct {
 	// template's tokens. A different value mimics a different tokenizer or
 	// template.
 	PromptOverhead int
+	// PathOffsets are the fixed logit offsets of the backend's numeric
+	// paths (kernel choices by batch shape), one vector over the vocabulary
+	// per path; SetPath chooses the one later calls add (none by default).
+	PathOffsets [][]float64
 }
 
 // Model is a toy language model. It is safe for concurrent use.
@@ -96,6 +100,7 @@ type Model struct {
 
 	sigmaBits atomic.Uint64 // float64 bits of the current noise sigma
 	calls     atomic.Uint64 // numbers calls for the noise stream
+	path      atomic.Int64  // 1 + the index of the current numeric path (0: none)
 }
 
 // New builds the reference model of c.
@@ -179,6 +184,20 @@ func (m *Model) SetSigma(sigma float64) { m.sigmaBits.Store(math.Float64bits(sig
 
 // Sigma is the current logit noise.
 func (m *Model) Sigma() float64 { return math.Float64frombits(m.sigmaBits.Load()) }
+
+// SetPath makes later completions add Options.PathOffsets[p] to every
+// logit (the numeric path the batch shape chose; ScorePrompt does not);
+// p < 0 or out of range: none.
+func (m *Model) SetPath(p int) { m.path.Store(int64(p) + 1) }
+
+// pathOffsets is the offset vector of the current path, nil when none.
+func (m *Model) pathOffsets() []float64 {
+	p := int(m.path.Load()) - 1
+	if p < 0 || p >= len(m.opts.PathOffsets) {
+		return nil
+	}
+	return m.opts.PathOffsets[p]
+}
 
 // Swapped returns a different model behind the same name: new weights drawn
 // from seed, same vocabulary and context.
@@ -298,6 +317,7 @@ func (m *Model) Complete(req fakeai.CompletionRequest) fakeai.Completion {
 		maxTokens = 16
 	}
 	sigma := m.Sigma()
+	offsets := m.pathOffsets()
 	call := m.calls.Add(1)
 	noise := rand.New(rand.NewPCG(m.opts.NoiseSeed^0x9e3779b97f4a7c15, call))
 	s := m.promptState(req.Prompt)
@@ -311,6 +331,9 @@ func (m *Model) Complete(req fakeai.CompletionRequest) fakeai.Completion {
 	var text strings.Builder
 	for len(out.Tokens) < maxTokens {
 		m.logits(s, lp)
+		for i, o := range offsets[:min(len(offsets), len(lp))] {
+			lp[i] += o
+		}
 		if sigma > 0 {
 			for i := range lp {
 				lp[i] += sigma * noise.NormFloat64()

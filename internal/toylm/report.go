@@ -46,6 +46,13 @@ type ReportSettings struct {
 	// alone, the teacher-forced scores for subtle changes, or both. If
 	// empty, "teacher", serve's default.
 	Tier string
+	// Noise is the noise model (NoiseModels): "independent" (the default)
+	// measures NoiseLevels and LoadRegime, "correlated" adds
+	// CorrelatedNoise.
+	Noise string
+	// LegacyS4 judges the sampled tier as before its persistence test
+	// (Harness.LegacyS4), for comparison.
+	LegacyS4 bool
 }
 
 func (s ReportSettings) withDefaults() ReportSettings {
@@ -78,7 +85,7 @@ func (s ReportSettings) harness() (*Harness, error) {
 		return nil, err
 	}
 	h := &Harness{Suite: suite, Enrol: s.Enrol, EnrolMin: s.EnrolMin, Interval: s.Interval, Ref: New(Config{}),
-		Teacher: mode, Workers: s.Workers}
+		Teacher: mode, Workers: s.Workers, LegacyS4: s.LegacyS4}
 	if s.EnrolMin == 0 {
 		h.EnrolMin = -1
 	}
@@ -106,7 +113,10 @@ func WriteReport(ctx context.Context, w io.Writer, s ReportSettings) error {
 			fmt.Fprintf(w, "- %s: KL %.5f, top-1 agreement %.3f\n", v.Name, MeasureKL(ref, m), Top1Agreement(ref, m))
 		}
 	}
-	levels := append(slices.Clone(NoiseLevels), LoadRegime)
+	levels, err := Levels(s.Noise)
+	if err != nil {
+		return err
+	}
 	var fp16 Variant
 	for _, v := range variants {
 		if v.Name == "fp16" {
@@ -243,9 +253,17 @@ func WriteFalseAlarms(ctx context.Context, w io.Writer, s ReportSettings) error 
 	if err != nil {
 		return err
 	}
+	levels, err := Levels(s.Noise)
+	if err != nil {
+		return err
+	}
 	per := s.Cycles / s.Backends
-	fmt.Fprintf(w, "# fleetwatch drift sim --null-only (seed %d, suite %s, tier %s; a cycle every %v, enrolment of at least %d cycles over at least %v; %d backends of %d judged cycles per level, %d at once)\n\n",
-		s.Seed, h.Suite.Name, cmp.Or(s.Tier, "teacher"), s.Interval, s.Enrol, s.EnrolMin, s.Backends, per, max(s.Workers, 1))
+	legacy := ""
+	if s.LegacyS4 {
+		legacy = ", sampled tier on S4's z as before its persistence test"
+	}
+	fmt.Fprintf(w, "# fleetwatch drift sim --null-only (seed %d, suite %s, tier %s%s; a cycle every %v, enrolment of at least %d cycles over at least %v; %d backends of %d judged cycles per level, %d at once)\n\n",
+		s.Seed, h.Suite.Name, cmp.Or(s.Tier, "teacher"), legacy, s.Interval, s.Enrol, s.EnrolMin, s.Backends, per, max(s.Workers, 1))
 	fmt.Fprintln(w, "Rates per judged cycle; brackets: exact one-sided 95% Clopper-Pearson upper bound.")
 	fmt.Fprintln(w, "\n| sigma | cycles | gross signals | CUSUM suspects (ok -> suspect) | alarms (left ok) | drifted | gross vs 1e-3 | alarms vs 1e-4 |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
@@ -255,7 +273,7 @@ func WriteFalseAlarms(ctx context.Context, w io.Writer, s ReportSettings) error 
 			countUB(r.Gross, r.Cycles), countUB(r.Suspects, r.Cycles), countUB(r.Alarms, r.Cycles), countUB(r.Drifted, r.Cycles),
 			verdict(r.Gross, r.Cycles, GrossTarget), verdict(r.Alarms, r.Cycles, CUSUMTarget))
 	}
-	for _, sigma := range append(slices.Clone(NoiseLevels), LoadRegime) {
+	for _, sigma := range levels {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
