@@ -310,3 +310,41 @@ func FuzzReadTrace(f *testing.F) {
 		}
 	})
 }
+
+// TestReplayAzureSlice replays the first 15 minutes of the shared Azure
+// conversation trace at 3x through 16 routers: the file reads whole (19,366
+// requests, no line skipped, as its README says), every request of the
+// slice is served, and a policy that sees load (least-conn's own counts,
+// fleetwatch's published load) has a lower p99 TTFT than round-robin,
+// which ignores it.
+func TestReplayAzureSlice(t *testing.T) {
+	tr, err := ReadTraceFile(sharedTraces(t, "azure2023_conv.csv"), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Format != FormatAzure || len(tr.Requests) != 19366 || tr.SkippedTotal() != 0 {
+		t.Fatalf("read %s as %s: %d requests, skipped %s; want azure-csv, 19366, none", tr.Name, tr.Format, len(tr.Requests), tr.SkippedSummary())
+	}
+	n := 0
+	for n < len(tr.Requests) && tr.Requests[n].At < 15*time.Minute {
+		n++
+	}
+	tr.Requests = tr.Requests[:n]
+	tr.Span = tr.Requests[n-1].At
+	sc := TraceScenario(tr, TraceOptions{Speed: 3, Routers: 16, Policies: []string{RoundRobin, LeastConn, Fleetwatch}})
+	p99 := map[string]float64{}
+	for _, p := range sc.Policies {
+		r, err := Run(sc, p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Requests != n {
+			t.Errorf("%s: %d requests, want the slice's %d", p, r.Requests, n)
+		}
+		p99[p] = r.TTFTP99
+	}
+	t.Logf("%d requests, p99 TTFT %v", n, p99)
+	if p99[LeastConn] >= p99[RoundRobin] || p99[Fleetwatch] >= p99[RoundRobin] {
+		t.Errorf("p99 TTFT %v: least-conn and fleetwatch should beat round-robin", p99)
+	}
+}
