@@ -48,7 +48,7 @@ func startRouter(t testing.TB, natsURL string, s Settings) *testRouter {
 		s.Source = "test-route"
 	}
 	tr.events, err = NewOutcomePublisher(PublisherSettings{
-		Subject: fleetwatch.Subjects{}.Outcomes() + "." + SubjectToken(s.Source),
+		Subject: fleetwatch.Subjects{}.OutcomesFrom(s.Source),
 		Publish: nc.Publish,
 		Metrics: tr.set,
 	})

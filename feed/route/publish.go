@@ -3,7 +3,6 @@ package route
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -46,8 +45,8 @@ type OutcomePublisher struct {
 
 // PublisherSettings configure an OutcomePublisher.
 type PublisherSettings struct {
-	// Subject is where batches go: fleetwatch.Subjects.Outcomes() + "." +
-	// a source token (see SubjectToken). Required.
+	// Subject is where batches go: fleetwatch.Subjects.OutcomesFrom(source)
+	// ("fw.outcomes.<source>" as one token). Required.
 	Subject string
 	// Publish sends one batch; nats.Conn.Publish fits (it buffers while
 	// reconnecting and fails when its buffer is full, never blocking).
@@ -230,16 +229,4 @@ func (p *OutcomePublisher) Wait() {
 	if done != nil {
 		<-done
 	}
-}
-
-// SubjectToken makes s usable as one NATS subject token (the source token
-// of an outcome subject): '.', '*', '>' and white space become '_'.
-func SubjectToken(s string) string {
-	return strings.Map(func(r rune) rune {
-		switch r {
-		case '.', '*', '>', ' ', '\t', '\r', '\n':
-			return '_'
-		}
-		return r
-	}, s)
 }

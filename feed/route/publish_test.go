@@ -154,12 +154,6 @@ func TestNewOutcomePublisherNeedsSubjectAndPublish(t *testing.T) {
 	}
 }
 
-func TestSubjectToken(t *testing.T) {
-	if got := SubjectToken("edge 1.eu>*\t"); got != "edge_1_eu___" {
-		t.Errorf("SubjectToken = %q", got)
-	}
-}
-
 // Through a real NATS server: the batches arrive as NDJSON that decodes to
 // the events published, in order.
 func TestOutcomePublisherOverNATS(t *testing.T) {

@@ -125,7 +125,7 @@ func New(cfg *config.Config, opts Options) (*Router, error) {
 	}
 	subjects := fleetwatch.Subjects{Prefix: cfg.Prefix}
 	events, err := route.NewOutcomePublisher(route.PublisherSettings{
-		Subject: subjects.Outcomes() + "." + route.SubjectToken(opts.Source),
+		Subject: subjects.OutcomesFrom(opts.Source),
 		Publish: func(subject string, data []byte) error { return r.nc.Publish(subject, data) },
 		Metrics: r.set,
 	})
