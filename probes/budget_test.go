@@ -3,6 +3,7 @@ package probes_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -131,6 +132,14 @@ func TestProbeBudgetPaysTheCheapestTiersFirst(t *testing.T) {
 	if got := b.SkipNote(); got != note {
 		t.Errorf("note %q, want %q", got, note)
 	}
+	now := clock.Now()
+	rev := probes.BuildReview(now, now.Add(-24*time.Hour), nil, p.Statuses())
+	if want := fmt.Sprintf("probes spent %d tokens in the last 24 h (cost %.4g); 1 backend(s) skipped probe tiers for the budget", teacher, float64(teacher)*2/1e6); !strings.Contains(rev.Summary, want) {
+		t.Errorf("review summary %q lacks %q", rev.Summary, want)
+	}
+	if md := probes.RenderMarkdown(rev, p.Statuses()); !strings.Contains(md, fmt.Sprintf("| p | b | %d | %d | 0 | 0 | %d |", perDay, teacher, teacher)) || !strings.Contains(md, note) {
+		t.Errorf("review digest lacks the spend:\n%s", md)
+	}
 	var text bytes.Buffer
 	set.WritePrometheus(&text)
 	for _, series := range []string{
@@ -233,4 +242,65 @@ func slices2(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// TestProbeBudgetTeacherTierAloneCatchesAChange: with a budget that pays
+// the teacher tier alone, a quantized artefact is still caught, on the
+// teacher tier, and the alert says which tiers the budget skipped.
+func TestProbeBudgetTeacherTierAloneCatchesAChange(t *testing.T) {
+	ref := toylm.New(toylm.Config{})
+	q4, _ := ref.Quantized(toylm.KLQ4)
+	o := toylm.Options{Sigma: 0.03, NoiseSeed: 5}
+	sw := toylm.NewSwitch(ref.With(o))
+	_, hs := toyServer(t, sw, fakeai.Behavior{})
+	store := &mapStore{m: map[string][]byte{}}
+	clock := &manualClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	settings := func(perDay int64, sink probes.Sink) probes.Settings {
+		return probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL, BudgetTokensPerDay: perDay}},
+			Store: store, Sink: sink, Enrol: 4, EnrolMin: -1, Now: clock.Now, Jitter: -1}
+	}
+	enrol, err := probes.New(settings(0, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		clock.Add(time.Hour)
+		probeOnce(t, enrol)
+	}
+	fresh, err := probes.New(settings(1, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	est := fresh.Statuses()[0].Budget.Estimate // the suite's, before any run
+	sink := newSink()
+	p, err := probes.New(settings(int64(est[probes.TierTeacher]+est[probes.TierSampled]/4), sink))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw.Set(q4.With(o))
+	var drifted *fleetwatch.DriftAlert
+	for range 6 {
+		clock.Add(25 * time.Hour) // the window forgets the last day's spend
+		st := probeOnce(t, p)
+		if !slices2(st.Budget.Skipped, probes.TierSampled) || slices2(st.Budget.Skipped, probes.TierTeacher) {
+			t.Fatalf("skipped %v, want the sampled tier alone", st.Budget.Skipped)
+		}
+		for _, a := range sink.alertsFor("b") {
+			if a.Status == fleetwatch.DriftDrifted {
+				drifted = &a
+			}
+		}
+		if drifted != nil {
+			break
+		}
+	}
+	if drifted == nil {
+		t.Fatalf("q4-like not drifted within 6 teacher-only cycles: %+v", sink.alertsFor("b"))
+	}
+	if _, ok := drifted.Evidence.Extra["teacher_s2"]; !ok {
+		t.Errorf("evidence lacks the teacher tier: %v", drifted.Evidence.Extra)
+	}
+	if diff := cmp.Diff([]string{probes.TierSampled}, drifted.Evidence.Extra["skipped_by_budget"]); diff != "" {
+		t.Errorf("skipped_by_budget (-want +got):\n%s", diff)
+	}
 }
