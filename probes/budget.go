@@ -74,6 +74,20 @@ func newBudget(perDay int64) *budget {
 	return &budget{perDay: max(perDay, 0), estimate: map[string]float64{}, skipped: map[string]int{}}
 }
 
+// update takes a reloaded budget: the spend of the last 24 hours stays
+// and counts against the new budget, the bucket holds at most a day of it;
+// a new suite forgets the tiers' measured costs.
+func (b *budget) update(perDay int64, newSuite bool) {
+	if b.perDay == 0 {
+		b.at = time.Time{} // was unlimited: the bucket starts full
+	}
+	b.perDay = max(perDay, 0)
+	b.level = min(b.level, float64(b.perDay))
+	if newSuite {
+		b.estimate = map[string]float64{}
+	}
+}
+
 // refill adds what the bucket earned since the last call and drops the
 // spends older than budgetWindow.
 func (b *budget) refill(now time.Time) {

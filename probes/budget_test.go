@@ -304,3 +304,95 @@ func TestProbeBudgetTeacherTierAloneCatchesAChange(t *testing.T) {
 		t.Errorf("skipped_by_budget (-want +got):\n%s", diff)
 	}
 }
+
+// TestProbeCostOfTheDefaultSuites measures what a cycle of the built-in
+// suites costs per tier against the fake backend (whose usage counts one
+// token per word and leaves the tool definitions out), beside the static
+// estimates a budget starts from (four bytes a token, every answer at its
+// max_tokens, the tool definitions counted), and per day at the default
+// schedule (@every 5m: 288 cycles). docs/DRIFT.md "Probe cost" is its
+// output: go test -count=1 -run TestProbeCostOfTheDefaultSuites -v ./probes/
+func TestProbeCostOfTheDefaultSuites(t *testing.T) {
+	const perDay = 288
+	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 1})
+	_, hs := toyServer(t, m, fakeai.Behavior{})
+	var rows []string
+	for _, suite := range []string{"default-v1", "default-v1+tools-v1"} {
+		s, err := probes.LoadSuite(suite)
+		if err != nil {
+			t.Fatal(err)
+		}
+		clock := &manualClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+		p, err := probes.New(probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL}},
+			Suite: s, Enrol: 3, EnrolMin: -1, Now: clock.Now, Jitter: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		static := p.Statuses()[0].Budget.Estimate
+		var st probes.BackendStatus
+		for range 4 { // enrolled after 3: the 4th is a judged cycle
+			clock.Add(5 * time.Minute)
+			st = probeOnce(t, p)
+		}
+		if st.Enrolling {
+			t.Fatalf("%s: still enrolling", suite)
+		}
+		var total, totalStatic float64
+		for _, tier := range []string{probes.TierTeacher, probes.TierSampled, probes.TierTools} {
+			measured, est := st.Budget.Estimate[tier], static[tier]
+			if _, wanted := static[tier]; !wanted {
+				continue
+			}
+			if measured <= 0 {
+				t.Errorf("%s %s: no tokens measured", suite, tier)
+			}
+			total += measured
+			totalStatic += est
+			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.0f | %.0f | %.0f |", suite, probes.TierName(tier),
+				tierRequestsOf(s, tier), measured, est, measured*perDay, est*perDay))
+		}
+		rows = append(rows, fmt.Sprintf("| %s | all | | %.0f | %.0f | %.0f | %.0f |", suite, total, totalStatic, total*perDay, totalStatic*perDay))
+	}
+	t.Logf("\n| suite | tier | requests/cycle | tokens/cycle (fake) | tokens/cycle (estimate) | tokens/day (fake) | tokens/day (estimate) |\n|---|---|---|---|---|---|---|\n%s",
+		strings.Join(rows, "\n"))
+}
+
+func tierRequestsOf(s *probes.Suite, tier string) int {
+	switch tier {
+	case probes.TierTeacher:
+		return len(s.Teacher)
+	case probes.TierSampled:
+		return len(s.Prompts)
+	}
+	return len(s.Tools.Prompts)
+}
+
+// TestProbeBudgetFollowsAReload: a reload that gives a backend a budget
+// applies at its next cycle, with the spend of the last 24 hours counted
+// against it.
+func TestProbeBudgetFollowsAReload(t *testing.T) {
+	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 1})
+	_, hs := toyServer(t, m, fakeai.Behavior{})
+	store := &mapStore{m: map[string][]byte{}}
+	clock := &manualClock{t: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	costs := tierCosts(t, hs.URL, store, clock)
+	p := budgetProber(t, hs.URL, 0, store, clock, nil)
+	clock.Add(time.Minute)
+	if st := probeOnce(t, p); len(st.Budget.Skipped) != 0 || st.Budget.SpentTotal == 0 {
+		t.Fatalf("unlimited: %+v", st.Budget)
+	}
+	full := costs[probes.TierTeacher] + costs[probes.TierSampled] + costs[probes.TierTools]
+	s := probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: hs.URL, BudgetTokensPerDay: full + costs[probes.TierTeacher]}},
+		Suite: toolSuite(t), Store: store, Enrol: 3, EnrolMin: -1, Now: clock.Now, Jitter: -1}
+	if err := p.Update(s); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(time.Minute)
+	st := probeOnce(t, p)
+	if diff := cmp.Diff([]string{probes.TierSampled, probes.TierTools}, st.Budget.Skipped); diff != "" {
+		t.Errorf("after the reload, skipped (-want +got):\n%s", diff)
+	}
+	if st.Budget.TokensPerDay != full+costs[probes.TierTeacher] {
+		t.Errorf("budget %d after the reload", st.Budget.TokensPerDay)
+	}
+}
