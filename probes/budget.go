@@ -447,10 +447,9 @@ func (p *Prober) planTiers(st *backendState, now time.Time) tierPlan {
 	return pl
 }
 
-// charge records what the tiers of a cycle spent, in the budget and the
-// metrics.
-func (p *Prober) charge(st *backendState, pl tierPlan, use *cycleUsage) {
-	now := p.s.Now()
+// charge records what the tiers of the cycle of now spent, in the budget
+// and the metrics.
+func (p *Prober) charge(st *backendState, pl tierPlan, use *cycleUsage, now time.Time) {
 	for _, tier := range budgetTiers {
 		m := use.of(tier)
 		if !pl.runs(tier) || m.Requests == 0 {

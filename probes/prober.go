@@ -367,7 +367,7 @@ func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, 
 	if err == nil && pl.runs(TierTeacher) {
 		err = p.teach(withMeter(ctx, &use.teacher), st, cy, &caps)
 	}
-	p.charge(st, pl, &use)
+	p.charge(st, pl, &use, now)
 	if err != nil {
 		p.probeError(st, err, o)
 		return false, err
