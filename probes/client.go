@@ -77,6 +77,15 @@ type Target struct {
 	PreferModels []string
 	// Endpoint is EndpointChat (default) or EndpointCompletions.
 	Endpoint string
+	// BudgetTokensPerDay is the most tokens the probes of this backend may
+	// spend in any 24 hours (budget.go): the wiring resolves the backend's
+	// probe_budget_tokens_per_day, else its pool's, else
+	// probes.budget_tokens_per_day. If zero, unlimited.
+	BudgetTokensPerDay int64
+	// CostPerMTok is the backend's price per million tokens (its
+	// cost_per_mtok), for the spend in money. If nil, unknown: the spend is
+	// shown in tokens only.
+	CostPerMTok *float64
 }
 
 // Capabilities is what a backend was seen to support.
@@ -190,8 +199,54 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]by
 	if resp.StatusCode != http.StatusOK {
 		return data, &ProbeError{Kind: ErrKindStatus, Status: resp.StatusCode, Op: op, Err: errors.New(snippet(data))}
 	}
+	if m, ok := ctx.Value(meterKey{}).(*usageMeter); ok && method == http.MethodPost {
+		m.add(data)
+	}
 	return data, nil
 }
+
+// meterKey is the context key of the usageMeter that do adds the usage of
+// every answered POST to (withMeter).
+type meterKey struct{}
+
+// usageMeter adds up the usage the answers of a tier's requests report.
+// It is not safe for concurrent use: a cycle's requests are sequential.
+type usageMeter struct {
+	Requests   int // POSTs answered 200
+	Unmetered  int // of those, the ones without a usage object
+	Prompt     int64
+	Completion int64
+}
+
+// withMeter returns ctx carrying m: every POST answered 200 through it is
+// counted in m.
+func withMeter(ctx context.Context, m *usageMeter) context.Context {
+	if m == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, meterKey{}, m)
+}
+
+// add counts one answer's usage (OpenAI's usage.prompt_tokens and
+// usage.completion_tokens, in every endpoint's answer).
+func (m *usageMeter) add(body []byte) {
+	m.Requests++
+	var r struct {
+		Usage *struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(body, &r) != nil || r.Usage == nil {
+		m.Unmetered++
+		return
+	}
+	m.Prompt += max(r.Usage.PromptTokens, 0)
+	m.Completion += max(r.Usage.CompletionTokens, 0)
+}
+
+// Tokens is the metered total.
+func (m *usageMeter) Tokens() int64 { return m.Prompt + m.Completion }
 
 func snippet(b []byte) string {
 	s := strings.TrimSpace(string(b))
@@ -439,10 +494,28 @@ func (c *Client) identity(ctx context.Context, call func() (context.Context, con
 }
 
 // RunCycle probes every prompt of s once, in order, plus the identity tier
-// (/v1/models, /version, /metrics), and returns the cycle and what the backend was seen to
-// support. Any failed prompt fails the cycle: a partial cycle is never
-// judged. Each request gets timeout (0: only ctx).
+// (/v1/models, /version, /metrics) and the tool prompts, and returns the
+// cycle and what the backend was seen to support. Any failed prompt fails
+// the cycle: a partial cycle is never judged. Each request gets timeout (0:
+// only ctx).
 func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout time.Duration) (*Cycle, Capabilities, error) {
+	return c.RunTiers(ctx, s, now, timeout, Tiers{Sampled: true, Tools: true})
+}
+
+// Tiers selects what RunTiers probes besides the identity tier, which it
+// always reads (GET requests only: no tokens).
+type Tiers struct {
+	Sampled bool // the suite's prompts
+	Tools   bool // the suite's tool prompts (chat endpoint only)
+	// SampledUsage and ToolsUsage, when not nil, receive the usage the
+	// answers of each tier report (the probe budget's charge).
+	SampledUsage, ToolsUsage *usageMeter
+}
+
+// RunTiers is RunCycle of the tiers t selects: a cycle without the sampled
+// tier has no observations (and Capabilities says nothing of logprobs or
+// fingerprints); without the tool tier, no tool answers.
+func (c *Client) RunTiers(ctx context.Context, s *Suite, now time.Time, timeout time.Duration, t Tiers) (*Cycle, Capabilities, error) {
 	call := func() (context.Context, context.CancelFunc) {
 		if timeout > 0 {
 			return context.WithTimeout(ctx, timeout)
@@ -457,14 +530,39 @@ func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout 
 	}
 	cy.Identity = id
 	caps.Version = id.Version != ""
+	if t.Sampled {
+		if err := c.runSampled(withMeter(ctx, t.SampledUsage), timeout, model, s, cy, &caps); err != nil {
+			return nil, caps, err
+		}
+	}
+	if t.Tools && s.Tools != nil && c.t.Endpoint != EndpointCompletions {
+		tctx := withMeter(ctx, t.ToolsUsage)
+		tcall := func() (context.Context, context.CancelFunc) {
+			if timeout > 0 {
+				return context.WithTimeout(tctx, timeout)
+			}
+			return context.WithCancel(tctx)
+		}
+		if cy.Tools, err = c.runTools(tctx, tcall, model, s.Tools); err != nil {
+			return nil, caps, err
+		}
+	}
+	return cy, caps, nil
+}
+
+// runSampled probes every prompt of s once, in order, into cy.
+func (c *Client) runSampled(ctx context.Context, timeout time.Duration, model string, s *Suite, cy *Cycle, caps *Capabilities) error {
 	fps := map[string]int{}
 	caps.Logprobs = true
 	for _, p := range s.Prompts {
-		cctx, cancel := call()
+		cctx, cancel := context.WithCancel(ctx)
+		if timeout > 0 {
+			cctx, cancel = context.WithTimeout(ctx, timeout)
+		}
 		o, err := c.Probe(cctx, model, p)
 		cancel()
 		if err != nil {
-			return nil, caps, err
+			return err
 		}
 		caps.Logprobs = caps.Logprobs && o.HasLogprobs
 		for _, t := range o.Tokens {
@@ -482,10 +580,5 @@ func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout 
 		}
 	}
 	caps.Fingerprint = cy.Identity.Fingerprint != ""
-	if s.Tools != nil && c.t.Endpoint != EndpointCompletions {
-		if cy.Tools, err = c.runTools(ctx, call, model, s.Tools); err != nil {
-			return nil, caps, err
-		}
-	}
-	return cy, caps, nil
+	return nil
 }

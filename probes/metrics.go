@@ -49,6 +49,7 @@ func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
 				enrolling = 1
 			}
 			metrics.WriteGaugeUint64(w, "fleetwatch_probe_enrolling"+l, enrolling)
+			writeBudget(w, st)
 		}
 	})
 	return m
@@ -70,4 +71,47 @@ func (m *proberMetrics) fingerprintEvents(pool, backend, kind string) *metrics.C
 // alerts is the counter of drift alerts by status.
 func (m *proberMetrics) alerts(s fleetwatch.DriftStatus) *metrics.Counter {
 	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_alerts_total{status=%s}`, fleetwatch.QuoteLabel(string(s))))
+}
+
+// writeBudget writes a backend's probe budget gauges: the budget and the
+// bucket (budgeted backends only) and the spend of the last 24 hours by
+// tier, in tokens and, where the price is known, money.
+func writeBudget(w io.Writer, st BackendStatus) {
+	b := st.Budget
+	if b == nil {
+		return
+	}
+	l := fmt.Sprintf(`pool=%s,backend=%s`, fleetwatch.QuoteLabel(st.Pool), fleetwatch.QuoteLabel(st.Backend))
+	if b.TokensPerDay > 0 {
+		metrics.WriteGaugeUint64(w, "fleetwatch_probe_budget_tokens_per_day{"+l+"}", uint64(b.TokensPerDay))
+		metrics.WriteGaugeFloat64(w, "fleetwatch_probe_budget_available_tokens{"+l+"}", b.Available)
+	}
+	for _, tier := range budgetTiers {
+		tl := "{" + l + ",tier=" + fleetwatch.QuoteLabel(tier) + "}"
+		metrics.WriteGaugeUint64(w, "fleetwatch_probe_tokens_24h"+tl, uint64(b.Spent[tier]))
+		if b.Cost != nil {
+			metrics.WriteGaugeFloat64(w, "fleetwatch_probe_cost_24h"+tl, b.Cost[tier])
+		}
+	}
+}
+
+func (m *proberMetrics) backendTier(name, pool, backend, tier string) string {
+	return fmt.Sprintf(`%s{pool=%s,backend=%s,tier=%s}`, name,
+		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(tier))
+}
+
+// tokens is the counter of the tokens a backend's tier spent.
+func (m *proberMetrics) tokens(pool, backend, tier string) *metrics.Counter {
+	return m.set.GetOrCreateCounter(m.backendTier("fleetwatch_probe_tokens_total", pool, backend, tier))
+}
+
+// cost is the counter of what a backend's tier spent in the money of its
+// cost_per_mtok.
+func (m *proberMetrics) cost(pool, backend, tier string) *metrics.FloatCounter {
+	return m.set.GetOrCreateFloatCounter(m.backendTier("fleetwatch_probe_cost_total", pool, backend, tier))
+}
+
+// tierSkipped is the counter of a backend's tier skipped by the budget.
+func (m *proberMetrics) tierSkipped(pool, backend, tier string) *metrics.Counter {
+	return m.set.GetOrCreateCounter(m.backendTier("fleetwatch_probe_tier_skipped_total", pool, backend, tier))
 }

@@ -139,6 +139,8 @@ type backendState struct {
 	trafficFP string     // the fingerprint traffic showed in the last fingerprint event
 	queued    bool       // a cycle is queued on Prober.urgent
 
+	budget *budget // guarded by Prober.mu: the probe budget and spend (budget.go)
+
 	saveMu sync.Mutex // serialises the backend's state saves; guards saved
 	saved  []byte     // the state last written (or read) in States
 }
@@ -157,6 +159,8 @@ type Prober struct {
 	suite   *Suite
 	sched   cron.Schedule
 	metrics *proberMetrics
+	// estimates are the suite's tiers' costs before their first run.
+	estimates map[string]float64
 
 	mu       sync.Mutex // guards the mutable fields of backendState marked so, and closed/running/cancel
 	backends map[backendKey]*backendState
@@ -215,7 +219,8 @@ func New(s Settings) (*Prober, error) {
 		n1 := sched.Next(s.Now())
 		s.Jitter = min(sched.Next(n1).Sub(n1)/10, 5*time.Minute)
 	}
-	p := &Prober{s: s, suite: s.Suite, sched: sched, backends: map[backendKey]*backendState{}, urgent: make(chan backendKey, len(s.Targets))}
+	p := &Prober{s: s, suite: s.Suite, sched: sched, backends: map[backendKey]*backendState{}, urgent: make(chan backendKey, len(s.Targets)),
+		estimates: staticEstimates(s.Suite)}
 	for i, t := range s.Targets {
 		if t.Pool == "" || t.Backend == "" || t.URL == "" {
 			return nil, fmt.Errorf("probes: targets[%d]: pool, backend and url are required", i)
@@ -224,12 +229,20 @@ func New(s Settings) (*Prober, error) {
 			return nil, fmt.Errorf("%w: targets[%d] (%s/%s): endpoint %q: want %s or %s",
 				ErrInvalidTarget, i, t.Pool, t.Backend, t.Endpoint, EndpointChat, EndpointCompletions)
 		}
+		if t.BudgetTokensPerDay < 0 {
+			return nil, fmt.Errorf("%w: targets[%d] (%s/%s): budget %d tokens per day: must be >= 0 (0: unlimited)",
+				ErrInvalidTarget, i, t.Pool, t.Backend, t.BudgetTokensPerDay)
+		}
+		if c := t.CostPerMTok; c != nil && (!(*c >= 0) || math.IsInf(*c, 0)) {
+			return nil, fmt.Errorf("%w: targets[%d] (%s/%s): cost per million tokens %v: must be a finite number >= 0",
+				ErrInvalidTarget, i, t.Pool, t.Backend, *c)
+		}
 		k := backendKey{t.Pool, t.Backend}
 		if p.backends[k] != nil {
 			return nil, fmt.Errorf("probes: targets[%d]: %s/%s listed twice", i, t.Pool, t.Backend)
 		}
 		st := &backendState{t: t, client: NewClient(t, s.HTTPClient), reported: fleetwatch.DriftUnknown,
-			peer: fleetwatch.DriftOK, pvalue: math.NaN()}
+			peer: fleetwatch.DriftOK, pvalue: math.NaN(), budget: newBudget(t.BudgetTokensPerDay)}
 		if s.Jitter > 0 {
 			h := fnv.New64a()
 			h.Write([]byte(t.Pool + "\x00" + t.Backend))
@@ -240,6 +253,13 @@ func New(s Settings) (*Prober, error) {
 		p.order = append(p.order, k)
 	}
 	p.metrics = newProberMetrics(s.Metrics, p)
+	for _, t := range s.Targets {
+		if t.BudgetTokensPerDay > 0 {
+			for _, tier := range budgetTiers {
+				p.metrics.tierSkipped(t.Pool, t.Backend, tier) // present at 0 from the start
+			}
+		}
+	}
 	return p, nil
 }
 
@@ -339,14 +359,21 @@ func (p *Prober) cycle(ctx context.Context, st *backendState, o *outbox) (bool, 
 		p.probeError(st, err, o)
 		return false, err
 	}
-	cy, caps, err := st.client.RunCycle(ctx, p.suite, p.s.Now(), p.s.Timeout)
+	now := p.s.Now()
+	pl := p.planTiers(st, now)
+	var use cycleUsage
+	cy, caps, err := st.client.RunTiers(ctx, p.suite, now, p.s.Timeout, Tiers{Sampled: pl.runs(TierSampled), Tools: pl.runs(TierTools),
+		SampledUsage: &use.sampled, ToolsUsage: &use.tools})
+	if err == nil && pl.runs(TierTeacher) {
+		err = p.teach(withMeter(ctx, &use.teacher), st, cy, &caps)
+	}
+	p.charge(st, pl, &use, now)
 	if err != nil {
 		p.probeError(st, err, o)
 		return false, err
 	}
-	if err := p.teach(ctx, st, cy, &caps); err != nil {
-		p.probeError(st, err, o)
-		return false, err
+	if !pl.runs(TierSampled) {
+		return p.partialCycle(ctx, st, cy, pl, o), nil
 	}
 	p.mu.Lock()
 	cy.TrafficFingerprint = st.trafficFP
@@ -682,6 +709,8 @@ type BackendStatus struct {
 	LastErrorKind string       `json:"last_error_kind,omitempty"`
 	LastErrorAt   time.Time    `json:"last_error_at"`
 	Errors        int          `json:"errors"`
+	// Budget is the probe budget and what the probes spent (budget.go).
+	Budget *BudgetStatus `json:"budget,omitempty"`
 }
 
 // Statuses returns every target's drift state, in target order.
@@ -689,9 +718,12 @@ func (p *Prober) Statuses() []BackendStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]BackendStatus, 0, len(p.order))
+	now := p.s.Now()
 	for _, k := range p.order {
-		sn := p.backends[k].snap
+		st := p.backends[k]
+		sn := st.snap
 		sn.Quarantined = p.s.Quarantine && sn.Status == fleetwatch.DriftDrifted
+		sn.Budget = st.budget.status(now, st.t.CostPerMTok, p.estimates)
 		out = append(out, sn)
 	}
 	return out

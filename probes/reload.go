@@ -72,6 +72,9 @@ func (p *Prober) Update(s Settings) error {
 			st.mon = nil
 		}
 		st.run.Unlock()
+		p.mu.Lock()
+		st.budget.update(fresh.t.BudgetTokensPerDay, q.suite.Hash != p.suite.Hash) // the spend stays
+		p.mu.Unlock()
 		q.backends[k] = st
 	}
 	p.mu.Lock()
@@ -83,7 +86,7 @@ func (p *Prober) Update(s Settings) error {
 			st.reported = "" // tell the Sink whatever the status is
 		}
 	}
-	p.s, p.suite, p.sched = q.s, q.suite, q.sched
+	p.s, p.suite, p.sched, p.estimates = q.s, q.suite, q.sched, q.estimates
 	p.backends, p.order, p.urgent = q.backends, q.order, q.urgent
 	p.closed, p.cancel = false, nil
 	return nil

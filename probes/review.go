@@ -78,7 +78,79 @@ func BuildReview(now, since time.Time, alerts []fleetwatch.DriftAlert, statuses 
 	if errs > 0 {
 		r.Summary += fmt.Sprintf("; %d probe error(s) (not verdicts)", errs)
 	}
+	r.Summary += spendSummary(statuses)
 	return r
+}
+
+// spendSummary is the digest summary's part on the probes' spend of the
+// last 24 hours: tokens, money where every spending backend's price is
+// known, and the backends whose last cycle skipped tiers for the budget.
+func spendSummary(statuses []BackendStatus) string {
+	var tokens int64
+	var money float64
+	priced, spending, skipping := true, 0, 0
+	for _, s := range statuses {
+		b := s.Budget
+		if b == nil {
+			continue
+		}
+		if b.SpentTotal > 0 {
+			spending++
+			tokens += b.SpentTotal
+			if b.CostTotal != nil {
+				money += *b.CostTotal
+			} else {
+				priced = false
+			}
+		}
+		if b.SkipNote() != "" {
+			skipping++
+		}
+	}
+	if spending == 0 && skipping == 0 {
+		return ""
+	}
+	out := fmt.Sprintf("; probes spent %d tokens in the last 24 h", tokens)
+	if priced && spending > 0 {
+		out += fmt.Sprintf(" (cost %.4g)", money)
+	}
+	if skipping > 0 {
+		out += fmt.Sprintf("; %d backend(s) skipped probe tiers for the budget", skipping)
+	}
+	return out
+}
+
+// writeSpend writes the Markdown table of the probes' spend: per backend,
+// the budget, the tokens of the last 24 hours by tier, the money where
+// the price is known, and the tiers skipped.
+func writeSpend(b *strings.Builder, statuses []BackendStatus) {
+	var rows []BackendStatus
+	for _, s := range statuses {
+		if s.Budget != nil && (s.Budget.TokensPerDay > 0 || s.Budget.SpentTotal > 0) {
+			rows = append(rows, s)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	b.WriteString("\n## Probe spend (last 24 h)\n\n| pool | backend | budget/day | teacher | sampled | tool-call | total | cost | skipped |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, s := range rows {
+		bs := s.Budget
+		budget := "unlimited"
+		if bs.TokensPerDay > 0 {
+			budget = fmt.Sprint(bs.TokensPerDay)
+		}
+		cost := "-"
+		if bs.CostTotal != nil {
+			cost = fmt.Sprintf("%.4g", *bs.CostTotal)
+		}
+		skipped := "-"
+		if note := bs.SkipNote(); note != "" {
+			skipped = note
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %d | %d | %d | %d | %s | %s |\n", mdCell(s.Pool), mdCell(s.Backend), budget,
+			bs.Spent[TierTeacher], bs.Spent[TierSampled], bs.Spent[TierTools], bs.SpentTotal, cost, skipped)
+	}
 }
 
 // latestAlerts is each backend's most recent alert before now.
@@ -183,6 +255,7 @@ func RenderMarkdown(r fleetwatch.DriftReview, statuses []BackendStatus) string {
 				mdCell(s.LastError), fleetwatch.FormatTime(s.LastErrorAt))
 		}
 	}
+	writeSpend(&b, statuses)
 	return b.String()
 }
 

@@ -210,6 +210,10 @@
     return td;
   }
 
+  // budgetNotes maps pool NUL backend to what the probe budget skipped in
+  // the backend's last cycle (renderPools fills it from probe_budgets).
+  let budgetNotes = new Map();
+
   function backendRow(pool, b, nowMs) {
     const tr = el("tr");
     tr.dataset.pool = pool;
@@ -229,7 +233,8 @@
     fill.style.width = (Math.max(0, Math.min(1, b.weight)) * 100).toFixed(0) + "%";
     bar.appendChild(fill);
     wTd.append(bar, document.createTextNode(b.weight.toFixed(2)));
-    const drift = el("td", "drift", b.drift);
+    const note = budgetNotes.get(pool + "\u0000" + b.backend);
+    const drift = el("td", "drift", b.drift + (note ? " (" + note + ")" : ""));
     drift.dataset.drift = b.drift;
     const spark = el("td");
     spark.appendChild(sparkline(mergeSeries(pool + "\u0000" + b.backend, b.series)));
@@ -250,6 +255,7 @@
   }
 
   function renderPools(data) {
+    budgetNotes = new Map((data.probe_budgets || []).filter((x) => x.note).map((x) => [x.pool + "\u0000" + x.backend, x.note]));
     const main = $("pools");
     const filter = $("filter").value.trim().toLowerCase();
     const unhealthy = $("unhealthy").checked;
@@ -324,6 +330,12 @@
       return li;
     });
     $("alerts").replaceChildren(...(alerts.length ? alerts : [el("li", "muted", "no drift alerts")]));
+    const budgets = (data.probe_budgets || []).map((x) => {
+      const li = el("li", x.note ? "drift" : "", x.pool + " / " + x.backend + ": " + x.summary);
+      if (x.note) li.dataset.drift = "suspect";
+      return li;
+    });
+    $("budgets").replaceChildren(...(budgets.length ? budgets : [el("li", "muted", "no probe budget or spend")]));
 
     const tr = (data.transitions || []).map((t) => {
       const li = el("li", "", ago(t.at, nowMs) + " " + t.pool + " / " + t.backend + ": " + t.from + " → " + t.to + (t.reason ? " — " + t.reason : ""));

@@ -300,6 +300,11 @@ type PoolConfig struct {
 	// Shadow is the pool's shadow mode: off (default), breakers or
 	// observe (analyzer.PoolConfig.Shadow, route.Pool.Shadow).
 	Shadow string `yaml:"shadow"`
+
+	// ProbeBudgetTokensPerDay is the probe budget of each of the pool's
+	// backends (probes.Target.BudgetTokensPerDay); absent:
+	// probes.budget_tokens_per_day; 0: unlimited.
+	ProbeBudgetTokensPerDay *int64 `yaml:"probe_budget_tokens_per_day"`
 }
 
 // BackendConfig is one backend of a pool.
@@ -319,6 +324,11 @@ type BackendConfig struct {
 	// for its load (load.go): an http(s) URL, or "auto" for the url's
 	// host with the path /metrics. Empty: not read.
 	MetricsURL string `yaml:"metrics_url"`
+	// ProbeBudgetTokensPerDay is the most tokens the drift probes of this
+	// backend may spend in any 24 hours; absent: the pool's
+	// probe_budget_tokens_per_day, else probes.budget_tokens_per_day; 0:
+	// unlimited.
+	ProbeBudgetTokensPerDay *int64 `yaml:"probe_budget_tokens_per_day"`
 }
 
 // ProbesConfig configures drift probes.
@@ -330,6 +340,10 @@ type ProbesConfig struct {
 	Disabled   bool      `yaml:"disabled"`
 	Enrol      int       `yaml:"enrol"`     // enrolment cycles; default 8
 	EnrolMin   *Duration `yaml:"enrol_min"` // minimum enrolment span; default 2h
+	// BudgetTokensPerDay is the default probe budget of every backend:
+	// the most tokens its drift probes may spend in any 24 hours
+	// (docs/DRIFT.md "Probe budget"); default 0, unlimited.
+	BudgetTokensPerDay int64 `yaml:"budget_tokens_per_day"`
 }
 
 // ReviewConfig configures the drift review.
@@ -590,6 +604,9 @@ func (c *Config) validate(lines map[string]int, file string) error {
 	if c.Probes.Enrol < 0 {
 		return fail("probes.enrol", "%d: must be >= 0", c.Probes.Enrol)
 	}
+	if c.Probes.BudgetTokensPerDay < 0 {
+		return fail("probes.budget_tokens_per_day", "%d: must be >= 0 (0: unlimited)", c.Probes.BudgetTokensPerDay)
+	}
 	if c.Review.Schedule != "" {
 		if _, err := probes.ParseSchedule(c.Review.Schedule); err != nil {
 			return fail("review.schedule", "%q: %v", c.Review.Schedule, err)
@@ -623,6 +640,9 @@ func (c *Config) validatePools(fail func(key, format string, args ...any) error)
 		if v := p.LoadStale; v != nil && v.Duration <= 0 {
 			return fail(key+".load_stale", "%v: must be > 0", v.Duration)
 		}
+		if v := p.ProbeBudgetTokensPerDay; v != nil && *v < 0 {
+			return fail(key+".probe_budget_tokens_per_day", "%d: must be >= 0 (0: unlimited)", *v)
+		}
 		for j, m := range p.Models {
 			if other, dup := models[m]; dup && other != p.ID {
 				return fail(fmt.Sprintf("%s.models[%d]", key, j), "%q: already routed to pool %q", m, other)
@@ -630,10 +650,13 @@ func (c *Config) validatePools(fail func(key, format string, args ...any) error)
 			models[m] = p.ID
 		}
 		for j, b := range p.Backends {
+			bkey := fmt.Sprintf("%s.backends[%d]", key, j)
+			if v := b.ProbeBudgetTokensPerDay; v != nil && *v < 0 {
+				return fail(bkey+".probe_budget_tokens_per_day", "%d: must be >= 0 (0: unlimited)", *v)
+			}
 			if b.URL == "" {
 				continue
 			}
-			bkey := fmt.Sprintf("%s.backends[%d]", key, j)
 			if u, err := url.Parse(b.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 				return fail(bkey+".url", "%q: want an http(s) base URL", b.URL)
 			}

@@ -99,6 +99,10 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		{"bad prefix_from", "route:\n  prefix_from: user\n", "route.prefix_from", 2},
 		{"max attempts not a number", "route:\n  max_attempts: many\n", "route.max_attempts", 2},
 		{"bad cron", "probes:\n  schedule: every now and then\n", "probes.schedule", 2},
+		{"negative probe budget", "probes:\n  budget_tokens_per_day: -1\n", "probes.budget_tokens_per_day", 2},
+		{"negative pool probe budget", "pools:\n  - id: a\n    probe_budget_tokens_per_day: -5\n", "pools[0].probe_budget_tokens_per_day", 3},
+		{"negative backend probe budget", "pools:\n  - id: a\n    backends:\n      - id: b\n        probe_budget_tokens_per_day: -5\n", "pools[0].backends[0].probe_budget_tokens_per_day", 5},
+		{"probe budget not a number", "probes:\n  budget_tokens_per_day: lots\n", "probes.budget_tokens_per_day", 2},
 		{"bad review cron", "review:\n  schedule: \"61 * * * *\"\n", "review.schedule", 2},
 		{"bad prefix", "prefix: \"fw..x\"\n", "prefix", 1},
 		{"bad http listen", "http:\n  listen: localhost\n", "http.listen", 2},
@@ -211,6 +215,44 @@ func TestProbeTargetsFromConfig(t *testing.T) {
 	want := []probes.Target{{Pool: "p", Backend: "a", URL: "http://a", APIKey: "secret", PreferModels: []string{"m"}, Endpoint: "completions"}}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("targets (-want +got):\n%s", diff)
+	}
+}
+
+// TestProbeBudgetResolution: a backend's probe budget is its own key,
+// else its pool's, else probes.budget_tokens_per_day (an explicit 0 is
+// unlimited, overriding the pool's); cost_per_mtok goes along.
+func TestProbeBudgetResolution(t *testing.T) {
+	cfg, err := Parse([]byte(`probes:
+  budget_tokens_per_day: 1000
+pools:
+  - id: p
+    probe_budget_tokens_per_day: 2000
+    backends:
+      - {id: own, url: "http://a", probe_budget_tokens_per_day: 3000, cost_per_mtok: 0.5}
+      - {id: pooled, url: "http://b"}
+      - {id: unlimited, url: "http://c", probe_budget_tokens_per_day: 0}
+  - id: q
+    backends:
+      - {id: global, url: "http://d"}
+`), "fw.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]int64{}
+	var cost *float64
+	for _, tg := range cfg.ProbeTargets(func(string) string { return "" }) {
+		got[tg.Backend] = tg.BudgetTokensPerDay
+		if tg.Backend == "own" {
+			cost = tg.CostPerMTok
+		} else if tg.CostPerMTok != nil {
+			t.Errorf("%s: cost %v, want none", tg.Backend, *tg.CostPerMTok)
+		}
+	}
+	if diff := cmp.Diff(map[string]int64{"own": 3000, "pooled": 2000, "unlimited": 0, "global": 1000}, got); diff != "" {
+		t.Errorf("budgets (-want +got):\n%s", diff)
+	}
+	if cost == nil || *cost != 0.5 {
+		t.Errorf("cost of own = %v, want 0.5", cost)
 	}
 }
 

@@ -135,7 +135,12 @@ func (c *Config) ProbeTargets(getenv func(string) string) []probes.Target {
 				continue
 			}
 			t := probes.Target{Pool: p.ID, Backend: b.ID, URL: b.URL, PreferModels: p.Models,
-				Model: b.ProbeModel, Endpoint: b.ProbeEndpoint}
+				Model: b.ProbeModel, Endpoint: b.ProbeEndpoint, BudgetTokensPerDay: c.Probes.BudgetTokensPerDay}
+			setIf(&t.BudgetTokensPerDay, p.ProbeBudgetTokensPerDay)
+			setIf(&t.BudgetTokensPerDay, b.ProbeBudgetTokensPerDay)
+			if b.CostPerMTok != nil {
+				t.CostPerMTok = new(*b.CostPerMTok)
+			}
 			if b.APIKeyEnv != "" {
 				t.APIKey = getenv(b.APIKeyEnv)
 			}

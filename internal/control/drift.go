@@ -176,7 +176,9 @@ func storedStatuses(ctx context.Context, js jetstream.JetStream, subj fleetwatch
 }
 
 // WriteDriftStatus writes statuses as a table under a line naming their
-// source.
+// source, then a line per backend with a probe budget or probe spend. A
+// status whose last cycle skipped tiers for the budget says so beside
+// itself ("ok (sampled tier skipped by the probe budget)").
 func WriteDriftStatus(w io.Writer, source string, statuses []probes.BackendStatus) error {
 	fmt.Fprintf(w, "drift status from %s\n", source)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -201,9 +203,72 @@ func WriteDriftStatus(w io.Writer, source string, statuses []probes.BackendStatu
 		if s.Quarantined {
 			quarantined = "yes (weight 0)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3g/%.3g\t%s\t%s\t%s\n", s.Pool, s.Backend, s.Status, since, s.Score, s.Threshold, base, lastErr, quarantined)
+		status := string(s.Status)
+		if note := s.Budget.SkipNote(); note != "" {
+			status += " (" + note + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.3g/%.3g\t%s\t%s\t%s\n", s.Pool, s.Backend, status, since, s.Score, s.Threshold, base, lastErr, quarantined)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeBudgets(w, statuses)
+}
+
+// writeBudgets writes a line per backend with a probe budget or a spend
+// in the last 24 hours.
+func writeBudgets(w io.Writer, statuses []probes.BackendStatus) error {
+	var lines []string
+	for _, s := range statuses {
+		if b := s.Budget; b != nil && (b.TokensPerDay > 0 || b.SpentTotal > 0) {
+			lines = append(lines, s.Pool+"/"+s.Backend+": "+BudgetLine(b))
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, "probe budget (last 24 h):\n  %s\n", strings.Join(lines, "\n  "))
+	return err
+}
+
+// BudgetLine is a probe budget in words: the spend of the last 24 hours
+// against the budget, by tier, in money where the price is known, and the
+// tiers skipped.
+func BudgetLine(b *probes.BudgetStatus) string {
+	var sb strings.Builder
+	if b.TokensPerDay > 0 {
+		fmt.Fprintf(&sb, "%d of %d tokens", b.SpentTotal, b.TokensPerDay)
+	} else {
+		fmt.Fprintf(&sb, "%d tokens (no budget)", b.SpentTotal)
+	}
+	var parts []string
+	for _, tier := range []string{probes.TierTeacher, probes.TierSampled, probes.TierTools} {
+		if n := b.Spent[tier]; n > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", probes.TierName(tier), n))
+		}
+	}
+	if len(parts) > 0 {
+		sb.WriteString(" (" + strings.Join(parts, ", ") + ")")
+	}
+	if b.CostTotal != nil {
+		fmt.Fprintf(&sb, ", cost %.4g at %g per Mtok", *b.CostTotal, *b.CostPerMTok)
+	}
+	if b.TokensPerDay > 0 {
+		fmt.Fprintf(&sb, "; %.0f tokens available", max(b.Available, 0))
+	}
+	if note := b.SkipNote(); note != "" {
+		sb.WriteString("; last cycle: " + note)
+	}
+	var skips []string
+	for _, tier := range []string{probes.TierTeacher, probes.TierSampled, probes.TierTools} {
+		if n := b.SkippedTotal[tier]; n > 0 {
+			skips = append(skips, fmt.Sprintf("%s %d", probes.TierName(tier), n))
+		}
+	}
+	if len(skips) > 0 {
+		sb.WriteString("; skipped so far: " + strings.Join(skips, ", "))
+	}
+	return sb.String()
 }
 
 // Rebaseline asks a running serve to drop a backend's baseline and enrol

@@ -146,3 +146,37 @@ func TestRebaselineAsksServe(t *testing.T) {
 		t.Errorf("refused rebaseline: %v", err)
 	}
 }
+
+// TestDriftStatusShowsTheProbeBudget: a status whose last cycle skipped
+// tiers for the probe budget says so beside itself, and every backend with
+// a budget or a spend gets a line with the spend by tier and in money.
+func TestDriftStatusShowsTheProbeBudget(t *testing.T) {
+	price := 2.0
+	cost := 0.00077
+	st := []probes.BackendStatus{
+		{Pool: "p", Backend: "tight", Status: fleetwatch.DriftOK, Budget: &probes.BudgetStatus{TokensPerDay: 581,
+			Available: 196, Spent: map[string]int64{probes.TierTeacher: 385}, SpentTotal: 385, CostPerMTok: &price, CostTotal: &cost,
+			Skipped: []string{probes.TierSampled, probes.TierTools}, SkippedTotal: map[string]int{probes.TierSampled: 2, probes.TierTools: 2}}},
+		{Pool: "p", Backend: "free", Status: fleetwatch.DriftOK, Budget: &probes.BudgetStatus{
+			Spent: map[string]int64{probes.TierTeacher: 385, probes.TierSampled: 393}, SpentTotal: 778}},
+		{Pool: "p", Backend: "idle", Status: fleetwatch.DriftUnknown, Budget: &probes.BudgetStatus{}},
+	}
+	var out strings.Builder
+	if err := WriteDriftStatus(&out, "serve", st); err != nil {
+		t.Fatal(err)
+	}
+	text := out.String()
+	for _, want := range []string{
+		"ok (sampled and tool-call tiers skipped by the probe budget)",
+		"probe budget (last 24 h):",
+		"p/tight: 385 of 581 tokens (teacher 385), cost 0.00077 at 2 per Mtok; 196 tokens available; last cycle: sampled and tool-call tiers skipped by the probe budget; skipped so far: sampled 2, tool-call 2",
+		"p/free: 778 tokens (no budget) (teacher 385, sampled 393)",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("drift status lacks %q:\n%s", want, text)
+		}
+	}
+	if strings.Contains(text, "p/idle") {
+		t.Errorf("a backend without budget or spend has a budget line:\n%s", text)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
+	"github.com/fleetwatch/fleetwatch/probes"
 )
 
 const chromiumBin = "/usr/bin/chromium"
@@ -204,6 +205,9 @@ func startFleetFixture(t *testing.T) (*fleetFixture, *httptest.Server) {
 				{V: 1, Pool: "llama-3.1-70b", Backend: xssBackend, At: fleetwatch.At(time.Now().Add(-2 * time.Minute)), Status: fleetwatch.DriftSuspect, Previous: fleetwatch.DriftOK, Score: 3.1, Threshold: 3, Reason: xssBackend},
 			},
 			next: time.Now().Add(3 * time.Hour),
+			budgets: budgetsOf([]probes.BackendStatus{{Pool: "llama-3.1-70b", Backend: "vllm-b", Status: fleetwatch.DriftOK,
+				Budget: &probes.BudgetStatus{TokensPerDay: 581, Spent: map[string]int64{probes.TierTeacher: 385}, SpentTotal: 385,
+					Skipped: []string{probes.TierSampled, probes.TierTools}}}}),
 		},
 		hist:          newHistory(0),
 		stopped:       make(chan struct{}),
@@ -279,6 +283,11 @@ func TestStatusPageInBrowser(t *testing.T) {
 		t.Errorf("vllm-c's row data-override = %q, want drain", kind)
 	}
 
+	// The probe budget's note beside the drift status, never a bare "ok".
+	if d := evalIn[string](t, ctx, `document.querySelector("tr[data-backend='vllm-b'] td.drift").textContent`); !strings.HasSuffix(d, "(sampled and tool-call tiers skipped by the probe budget)") {
+		t.Errorf("vllm-b's drift cell = %q, want the tiers the budget skipped", d)
+	}
+
 	pools := evalIn[[]string](t, ctx, `[...document.querySelectorAll(".pool .name")].map(e => e.textContent)`)
 	if got, want := strings.Join(pools, ","), "llama-3.1-70b,meta-llama/Llama-3.1-8B-Instruct"; got != want {
 		t.Errorf("pools shown: %q, want %q", got, want)
@@ -301,7 +310,8 @@ func TestStatusPageInBrowser(t *testing.T) {
 	waitFor(t, ctx, "sparklines", `document.querySelectorAll("svg.spark path.ttft[d^='M']").length === 200`, 30*time.Second)
 	// The summary cards.
 	summary := evalIn[string](t, ctx, `document.getElementById("summary").textContent`)
-	for _, want := range []string{"ttft_ms out of range: 100", "vllm-c: ok → drifted", "next review"} {
+	for _, want := range []string{"ttft_ms out of range: 100", "vllm-c: ok → drifted", "next review",
+		"llama-3.1-70b / vllm-b: 385 of 581 tokens (teacher 385)"} {
 		if !strings.Contains(summary, want) {
 			t.Errorf("summary lacks %q:\n%s", want, summary)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/dashboards"
+	"github.com/fleetwatch/fleetwatch/probes"
 )
 
 // statusSource is what serve gives the status page (serve's daemon implements
@@ -24,6 +25,19 @@ type statusSource interface {
 	ingested() ingestCounts                    // collector counters since start
 	driftAlerts(n int) []fleetwatch.DriftAlert // latest n alerts, newest first (may be empty)
 	nextReview() time.Time                     // zero when no review scheduled
+	probeBudgets() []probeBudget               // backends with a probe budget or spend (may be empty)
+}
+
+// probeBudget is one backend's probe budget and spend on the page.
+type probeBudget struct {
+	Pool    string                 `json:"pool"`
+	Backend string                 `json:"backend"`
+	Status  fleetwatch.DriftStatus `json:"status"`
+	// Note says which tiers the last cycle skipped for the budget ("" when
+	// none); Summary is the spend in words (the line of drift status).
+	Note    string               `json:"note,omitempty"`
+	Summary string               `json:"summary"`
+	Budget  *probes.BudgetStatus `json:"budget"`
 }
 
 // ingestCounts are the collector's counters since the process started.
@@ -349,7 +363,10 @@ type statusResponse struct {
 	TopRejects  []rejectCount           `json:"top_rejects"`
 	DriftAlerts []fleetwatch.DriftAlert `json:"drift_alerts"`
 	NextReview  *fleetwatch.Time        `json:"next_review"`
-	Transitions []stateTransition       `json:"transitions"` // newest first
+	// ProbeBudgets are the backends with a probe budget or a probe spend
+	// in the last 24 hours.
+	ProbeBudgets []probeBudget     `json:"probe_budgets"`
+	Transitions  []stateTransition `json:"transitions"` // newest first
 }
 
 // status builds the page's view of snaps. Points recorded after call since
@@ -452,6 +469,9 @@ func statusRoutes(mux *http.ServeMux, src statusSource, h *history) {
 		resp.DriftAlerts = src.driftAlerts(statusDriftAlerts)
 		if resp.DriftAlerts == nil {
 			resp.DriftAlerts = []fleetwatch.DriftAlert{}
+		}
+		if resp.ProbeBudgets = src.probeBudgets(); resp.ProbeBudgets == nil {
+			resp.ProbeBudgets = []probeBudget{}
 		}
 		if next := src.nextReview(); !next.IsZero() {
 			resp.NextReview = new(fleetwatch.At(next))

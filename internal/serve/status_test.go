@@ -13,16 +13,24 @@ import (
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/probes"
 	"github.com/google/go-cmp/cmp"
 )
 
 // fixedStatus is a statusSource whose content the test sets.
 type fixedStatus struct {
-	mu     sync.Mutex // guards the fields below
-	snaps  []fleetwatch.Snapshot
-	ingest ingestCounts
-	alerts []fleetwatch.DriftAlert
-	next   time.Time
+	mu      sync.Mutex // guards the fields below
+	snaps   []fleetwatch.Snapshot
+	ingest  ingestCounts
+	alerts  []fleetwatch.DriftAlert
+	next    time.Time
+	budgets []probeBudget
+}
+
+func (f *fixedStatus) probeBudgets() []probeBudget {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.budgets
 }
 
 func (f *fixedStatus) set(snaps []fleetwatch.Snapshot) {
@@ -190,6 +198,9 @@ func TestStatusRoutes(t *testing.T) {
 		ingest: ingestCounts{Received: 10, Accepted: 7, Rejected: 3, RejectsByReason: map[string]int64{"unknown pool": 1, "bad json": 2}},
 		alerts: []fleetwatch.DriftAlert{{V: 1, Pool: "p", Backend: "b", At: fleetwatch.At(statusT0), Status: fleetwatch.DriftDrifted, Previous: fleetwatch.DriftOK, Score: 7.3, Threshold: 3}},
 		next:   statusT0.Add(time.Hour),
+		budgets: budgetsOf([]probes.BackendStatus{{Pool: "p", Backend: "b", Status: fleetwatch.DriftOK,
+			Budget: &probes.BudgetStatus{TokensPerDay: 581, Spent: map[string]int64{probes.TierTeacher: 385}, SpentTotal: 385,
+				Skipped: []string{probes.TierSampled}}}, {Pool: "p", Backend: "none", Budget: &probes.BudgetStatus{}}}),
 	}
 	now := time.Now()
 	src.set([]fleetwatch.Snapshot{
@@ -221,6 +232,7 @@ func TestStatusRoutes(t *testing.T) {
 		{"GET", "/api/status?points=0", 400, "", ""},
 		{"GET", "/api/status?since=0&points=1", 200, "application/json", `"max_points":1`},
 		{"GET", "/api/status", 200, "application/json", `"pool":"alpha"`},
+		{"GET", "/api/status", 200, "application/json", `"probe_budgets":[{"pool":"p","backend":"b","status":"ok","note":"sampled tier skipped by the probe budget","summary":"385 of 581 tokens (teacher 385)`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.method+" "+tc.path, func(t *testing.T) {

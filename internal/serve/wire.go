@@ -7,6 +7,7 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/probes"
 )
 
@@ -74,6 +75,32 @@ func (s *Server) nextReview() time.Time {
 		return time.Time{}
 	}
 	return sched.Next(time.Now())
+}
+
+// probeBudgets returns the running probes' budgets and spend: the
+// backends with a budget or a spend in the last 24 hours.
+func (s *Server) probeBudgets() []probeBudget {
+	s.mu.Lock()
+	d := s.drift
+	s.mu.Unlock()
+	if d == nil {
+		return nil
+	}
+	return budgetsOf(d.prober.Statuses())
+}
+
+// budgetsOf is the page's view of the statuses' budgets.
+func budgetsOf(statuses []probes.BackendStatus) []probeBudget {
+	var out []probeBudget
+	for _, st := range statuses {
+		b := st.Budget
+		if b == nil || b.TokensPerDay == 0 && b.SpentTotal == 0 {
+			continue
+		}
+		out = append(out, probeBudget{Pool: st.Pool, Backend: st.Backend, Status: st.Status, Note: b.SkipNote(),
+			Summary: control.BudgetLine(b), Budget: b})
+	}
+	return out
 }
 
 func (s *Server) statusRoutes(mux *http.ServeMux) { statusRoutes(mux, s, s.hist) }
