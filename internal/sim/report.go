@@ -22,36 +22,9 @@ func WriteTable(w io.Writer, sc Scenario, results []*Result) error {
 			fmt.Sprintf("%.3f", r.RetriesPerRequest), loadOf(r), fmt.Sprintf("%.3f", r.Oscillation), strconv.Itoa(r.Ejections),
 		})
 	}
-	widths := make([]int, len(cols))
-	for _, row := range rows {
-		for i, c := range row {
-			widths[i] = max(widths[i], len(c))
-		}
-	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "### %s\n\n%s (%s simulated, %d routers)\n\n", sc.Name, sc.Description, sc.Duration, max(sc.Routers, 1))
-	for i, row := range rows {
-		b.WriteString("|")
-		for j, c := range row {
-			if j == 0 {
-				fmt.Fprintf(&b, " %-*s |", widths[j], c)
-			} else {
-				fmt.Fprintf(&b, " %*s |", widths[j], c)
-			}
-		}
-		b.WriteString("\n")
-		if i == 0 {
-			b.WriteString("|")
-			for j := range row {
-				if j == 0 {
-					b.WriteString(" " + strings.Repeat("-", widths[j]) + " |")
-				} else {
-					b.WriteString(" " + strings.Repeat("-", widths[j]-1) + ": |")
-				}
-			}
-			b.WriteString("\n")
-		}
-	}
+	writeAligned(&b, rows)
 	b.WriteString("\n")
 	_, err := io.WriteString(w, b.String())
 	return err
