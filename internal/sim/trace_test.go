@@ -261,25 +261,11 @@ func TestReplayMooncakeSlice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
-	for n < len(tr.Requests) && tr.Requests[n].At < 20*time.Minute {
-		n++
-	}
-	tr.Requests = tr.Requests[:n]
-	tr.Span = tr.Requests[n-1].At
-	sc := TraceScenario(tr, TraceOptions{Speed: 2, Routers: 4, Policies: []string{RoundRobin, Fleetwatch, PrecisePrefix}})
 	hit := map[string]float64{}
-	for _, p := range sc.Policies {
-		r, err := Run(sc, p, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.Requests != n {
-			t.Errorf("%s: %d requests, want the slice's %d", p, r.Requests, n)
-		}
+	for p, r := range replaySlice(t, tr, 20*time.Minute, TraceOptions{Speed: 2, Routers: 4, Policies: []string{RoundRobin, Fleetwatch, PrecisePrefix}}) {
 		hit[p] = r.TokenHitRate
 	}
-	t.Logf("%d requests, token hit rates %v", n, hit)
+	t.Logf("token hit rates %v", hit)
 	if hit[PrecisePrefix] <= hit[RoundRobin] || hit[Fleetwatch] <= hit[RoundRobin] {
 		t.Errorf("token hit rates %v: precise-prefix and fleetwatch should beat round-robin", hit)
 	}
@@ -325,14 +311,29 @@ func TestReplayAzureSlice(t *testing.T) {
 	if tr.Format != FormatAzure || len(tr.Requests) != 19366 || tr.SkippedTotal() != 0 {
 		t.Fatalf("read %s as %s: %d requests, skipped %s; want azure-csv, 19366, none", tr.Name, tr.Format, len(tr.Requests), tr.SkippedSummary())
 	}
+	p99 := map[string]float64{}
+	for p, r := range replaySlice(t, tr, 15*time.Minute, TraceOptions{Speed: 3, Routers: 16, Policies: []string{RoundRobin, LeastConn, Fleetwatch}}) {
+		p99[p] = r.TTFTP99
+	}
+	t.Logf("p99 TTFT %v", p99)
+	if p99[LeastConn] >= p99[RoundRobin] || p99[Fleetwatch] >= p99[RoundRobin] {
+		t.Errorf("p99 TTFT %v: least-conn and fleetwatch should beat round-robin", p99)
+	}
+}
+
+// replaySlice replays tr's requests that arrive before until through o's
+// policies with seed 1, checking that every one of them is served, and
+// returns each policy's result.
+func replaySlice(t *testing.T, tr *Trace, until time.Duration, o TraceOptions) map[string]*Result {
+	t.Helper()
 	n := 0
-	for n < len(tr.Requests) && tr.Requests[n].At < 15*time.Minute {
+	for n < len(tr.Requests) && tr.Requests[n].At < until {
 		n++
 	}
 	tr.Requests = tr.Requests[:n]
 	tr.Span = tr.Requests[n-1].At
-	sc := TraceScenario(tr, TraceOptions{Speed: 3, Routers: 16, Policies: []string{RoundRobin, LeastConn, Fleetwatch}})
-	p99 := map[string]float64{}
+	sc := TraceScenario(tr, o)
+	out := map[string]*Result{}
 	for _, p := range sc.Policies {
 		r, err := Run(sc, p, 1)
 		if err != nil {
@@ -341,10 +342,7 @@ func TestReplayAzureSlice(t *testing.T) {
 		if r.Requests != n {
 			t.Errorf("%s: %d requests, want the slice's %d", p, r.Requests, n)
 		}
-		p99[p] = r.TTFTP99
+		out[p] = r
 	}
-	t.Logf("%d requests, p99 TTFT %v", n, p99)
-	if p99[LeastConn] >= p99[RoundRobin] || p99[Fleetwatch] >= p99[RoundRobin] {
-		t.Errorf("p99 TTFT %v: least-conn and fleetwatch should beat round-robin", p99)
-	}
+	return out
 }
