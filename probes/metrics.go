@@ -115,3 +115,11 @@ func (m *proberMetrics) cost(pool, backend, tier string) *metrics.FloatCounter {
 func (m *proberMetrics) tierSkipped(pool, backend, tier string) *metrics.Counter {
 	return m.set.GetOrCreateCounter(m.backendTier("fleetwatch_probe_tier_skipped_total", pool, backend, tier))
 }
+
+// finite maps NaN and infinities to 0 so that a score always encodes.
+func finite(x float64) float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return 0
+	}
+	return x
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // probeDeps is what startProbes needs from serve.
@@ -61,12 +62,12 @@ type probeDeps struct {
 // tracker costs one lock per batch that carries fingerprints.
 type fingerprintSink struct {
 	an      collector.RefusingSink
-	tracker *probes.Fingerprints
-	handler atomic.Pointer[func([]probes.FingerprintEvent)] // nil while the probes do not run
+	tracker *drift.Fingerprints
+	handler atomic.Pointer[func([]drift.FingerprintEvent)] // nil while the probes do not run
 }
 
 func newFingerprintSink(an collector.RefusingSink) *fingerprintSink {
-	return &fingerprintSink{an: an, tracker: probes.NewFingerprints(probes.FingerprintSettings{})}
+	return &fingerprintSink{an: an, tracker: drift.NewFingerprints(drift.FingerprintSettings{})}
 }
 
 func (f *fingerprintSink) track(batch []fleetwatch.Event) {
@@ -169,7 +170,7 @@ func startProbes(ctx context.Context, d probeDeps) (*driftProbes, error) {
 	d.defaults()
 	cfg := d.cfg
 	subj := fleetwatch.Subjects{Prefix: d.prefix}
-	suite, err := probes.LoadSuite(cfg.Probes.Suite)
+	suite, err := drift.LoadSuite(cfg.Probes.Suite)
 	if err != nil {
 		return nil, err
 	}

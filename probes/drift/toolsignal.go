@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"fmt"
@@ -32,9 +32,9 @@ type ToolParams struct {
 }
 
 // DefaultToolParams are the tool tier's thresholds with every default.
-func DefaultToolParams() ToolParams { return ToolParams{}.withDefaults() }
+func DefaultToolParams() ToolParams { return ToolParams{}.WithDefaults() }
 
-func (p ToolParams) withDefaults() ToolParams {
+func (p ToolParams) WithDefaults() ToolParams {
 	def := func(v *float64, d float64) {
 		if *v == 0 {
 			*v = d
@@ -90,7 +90,7 @@ func MeasureTools(b *ToolBaseline, obs []ToolObservation, p ToolParams) ToolStat
 // compareCounts tests counts c against the rates of base: the exact
 // one-sided binomial test of c's failures under base's failure rate.
 func compareCounts(base, c ToolCounts, p ToolParams) ToolStats {
-	p = p.withDefaults()
+	p = p.WithDefaults()
 	st := ToolStats{Counts: c, Baseline: base,
 		ValidRate: c.ValidRate(), BaseValid: base.ValidRate(),
 		NoCallRate: c.NoCallRate(), BaseNoCall: base.NoCallRate(),
@@ -161,7 +161,7 @@ func probit(p float64) float64 {
 // rules of the logprob tier: a gross change at once, a one-sided CUSUM on
 // z with an absolute floor on the mean fall, confirmation at ConfirmZ.
 func toolSignal(st ToolStats, cu *CUSUM, p Params) Signal {
-	tp := p.Tools.withDefaults()
+	tp := p.Tools.WithDefaults()
 	cp := p
 	cp.CUSUMThreshold = tp.CUSUMThreshold
 	alarm := cu.Update(st.Z, st.Fall, tp.MinFall, cp)

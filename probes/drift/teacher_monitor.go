@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"fmt"
@@ -409,10 +409,10 @@ func teacherLogprobSignal(st *TeacherStats, null NullModel, cu *CUSUM, p Params)
 	return s
 }
 
-// decidingCUSUM is the teacher tier's CUSUM when it, not the sampled one,
+// DecidingCUSUM is the teacher tier's CUSUM when it, not the sampled one,
 // decides subtle changes (TeacherOnly with a teacher tier): what the
 // status and the fleetwatch_drift_cusum gauge show.
-func (m *Monitor) decidingCUSUM() (CUSUM, bool) {
+func (m *Monitor) DecidingCUSUM() (CUSUM, bool) {
 	if m.baseline == nil || m.baseline.Teacher == nil || m.teacherMode() != TeacherOnly {
 		return CUSUM{}, false
 	}

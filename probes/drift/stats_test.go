@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"math"
@@ -128,7 +128,7 @@ func TestNullStatMAD(t *testing.T) {
 }
 
 func TestCUSUM(t *testing.T) {
-	p := Params{}.withDefaults()
+	p := Params{}.WithDefaults()
 	type step struct {
 		z, excess float64
 		wantC     float64
@@ -163,7 +163,7 @@ func TestCUSUM(t *testing.T) {
 }
 
 func TestDetectorTransitions(t *testing.T) {
-	p := Params{}.withDefaults()
+	p := Params{}.WithDefaults()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	gross := Signal{Gross: true}
 	alarm := Signal{Alarm: true, Confirm: true}
@@ -199,7 +199,7 @@ func TestDetectorTransitions(t *testing.T) {
 }
 
 func TestDetectorResetsCUSUMWithCooldown(t *testing.T) {
-	p := Params{}.withDefaults()
+	p := Params{}.WithDefaults()
 	d := Detector{Status: fleetwatch.DriftSuspect}
 	d.CUSUM.C = 20
 	tr, ok := d.Step(time.Unix(100, 0), Signal{Alarm: true, Confirm: true}, p)
