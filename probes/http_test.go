@@ -425,7 +425,7 @@ func TestProberRejectsBadSettings(t *testing.T) {
 	}
 }
 
-// mapStore is a BaselineStore in a map, shared between two Probers to
+// mapStore is a baseline Store in a map, shared between two Probers to
 // play a restart.
 type mapStore struct {
 	mu sync.Mutex
@@ -592,7 +592,7 @@ func TestCUSUMContinuesAcrossARestart(t *testing.T) {
 	sw, url := serve()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	settings := func(url string, states probes.StateStore, sink probes.Sink) probes.Settings {
+	settings := func(url string, states probes.Store, sink probes.Sink) probes.Settings {
 		return probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: url}},
 			Store: &mapStore{m: map[string][]byte{}}, States: states, Sink: sink, Enrol: 8, EnrolMin: -1, Now: clock}
 	}

@@ -17,7 +17,7 @@ type proberMetrics struct {
 	set    *metrics.Set
 	cycles *metrics.Counter
 	// stateSaves and stateErrors count drift state writes to the
-	// StateStore and the ones that failed.
+	// state Store and the ones that failed.
 	stateSaves, stateErrors *metrics.Counter
 	// identityChecks counts the identity-tier checks at start.
 	identityChecks *metrics.Counter

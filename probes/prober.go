@@ -55,12 +55,12 @@ type Settings struct {
 	// Suite is the prompt suite. If nil, the built-in default-v1.
 	Suite *drift.Suite
 	// Store persists baselines. If nil, they live in memory only.
-	Store BaselineStore
+	Store Store
 	// States persists each backend's drift state (status, CUSUM, cooldown,
 	// last alert, quarantine) whenever it changes, so that a restart or a
 	// new owner continues where the last one stopped. If nil, it lives in
 	// memory only.
-	States StateStore
+	States Store
 	// Quarantine records that the wiring gives drifted backends weight 0
 	// (the analyzer does it); it is shown in the statuses and stored in
 	// the state. The Prober itself does nothing else with it.
@@ -965,7 +965,7 @@ func (discardSink) Alert(fleetwatch.DriftAlert)                   {}
 func (discardSink) Status(string, string, fleetwatch.DriftStatus) {}
 func (discardSink) ProbeError(string, string, error)              {}
 
-// memStore is the in-memory BaselineStore used when none is given.
+// memStore is the in-memory baseline Store used when none is given.
 type memStore struct {
 	mu sync.Mutex // guards m
 	m  map[backendKey][]byte

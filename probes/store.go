@@ -11,30 +11,24 @@ import (
 	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
-// BaselineStore persists baselines, one per pool and backend. Load returns
-// ErrNoBaseline when there is none. The cmd wiring implements it on the
-// JetStream KV bucket fw_probe_baselines.
-type BaselineStore interface {
+// Store persists one value per pool and backend. The Prober keeps the
+// baselines in one (Settings.Store: Load returns ErrNoBaseline when there
+// is none; the wiring implements it on the JetStream KV bucket
+// fw_probe_baselines) and each backend's drift state (drift.DriftState) in
+// another (Settings.States: Load returns ErrNoState, or ErrNoBaseline, when
+// nothing is stored; the bucket fw_drift).
+type Store interface {
 	Load(ctx context.Context, pool, backend string) ([]byte, error)
 	Save(ctx context.Context, pool, backend string, data []byte) error
 }
 
-// ErrNoBaseline is returned by a BaselineStore's Load when nothing is stored.
+// ErrNoBaseline is returned by a baseline Store's Load when nothing is stored.
 var ErrNoBaseline = errors.New("probes: no baseline")
 
-// StateStore persists each backend's drift state (DriftState), one value
-// per pool and backend. Load returns ErrNoState (or ErrNoBaseline) when
-// nothing is stored. The serve wiring implements it on the JetStream KV
-// bucket fw_drift.
-type StateStore interface {
-	Load(ctx context.Context, pool, backend string) ([]byte, error)
-	Save(ctx context.Context, pool, backend string, data []byte) error
-}
-
-// ErrNoState is returned by a StateStore's Load when nothing is stored.
+// ErrNoState is returned by a state Store's Load when nothing is stored.
 var ErrNoState = errors.New("probes: no drift state")
 
-// memStates is the in-memory StateStore used when none is given.
+// memStates is the in-memory state Store used when none is given.
 type memStates struct{ memStore }
 
 func (s *memStates) Load(ctx context.Context, pool, backend string) ([]byte, error) {

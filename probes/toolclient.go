@@ -66,11 +66,11 @@ type toolChatResponse struct {
 	} `json:"choices"`
 }
 
-// ParseToolCalls reads the tool calls of a chat completion body:
+// parseToolCalls reads the tool calls of a chat completion body:
 // choices[0].message.tool_calls[].function.{name,arguments}. Arguments
 // that are a JSON string are unquoted; any other JSON value is kept as its
 // text with NotString set.
-func ParseToolCalls(body []byte) ([]drift.ToolCall, error) {
+func parseToolCalls(body []byte) ([]drift.ToolCall, error) {
 	var r toolChatResponse
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, fmt.Errorf("%w: %v", drift.ErrBadResponse, err)
@@ -105,7 +105,7 @@ func (c *Client) ProbeTool(ctx context.Context, model string, t *drift.ToolSuite
 	if err != nil {
 		return drift.ToolObservation{}, err
 	}
-	calls, err := ParseToolCalls(data)
+	calls, err := parseToolCalls(data)
 	if err != nil {
 		return drift.ToolObservation{}, &drift.ProbeError{Kind: drift.ErrKindMalformed, Op: "POST " + path, Err: err}
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 func TestParseToolCalls(t *testing.T) {
-	got, err := ParseToolCalls([]byte(`{"choices":[{"message":{"content":null,"tool_calls":[
+	got, err := parseToolCalls([]byte(`{"choices":[{"message":{"content":null,"tool_calls":[
 		{"id":"c1","type":"function","function":{"name":"a","arguments":"{\"x\":1}"}},
 		{"id":"c2","type":"function","function":{"name":"b","arguments":{"y":2}}}]}}]}`))
 	if err != nil {
@@ -20,11 +20,11 @@ func TestParseToolCalls(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
-	if calls, err := ParseToolCalls([]byte(`{"choices":[{"message":{"content":"hi"}}]}`)); err != nil || len(calls) != 0 {
+	if calls, err := parseToolCalls([]byte(`{"choices":[{"message":{"content":"hi"}}]}`)); err != nil || len(calls) != 0 {
 		t.Errorf("text answer: %v %v", calls, err)
 	}
 	for _, bad := range []string{`{"choices":[]}`, `{"choices":[{}]}`, `nope`} {
-		if _, err := ParseToolCalls([]byte(bad)); !errors.Is(err, drift.ErrBadResponse) {
+		if _, err := parseToolCalls([]byte(bad)); !errors.Is(err, drift.ErrBadResponse) {
 			t.Errorf("%s: %v", bad, err)
 		}
 	}

@@ -265,8 +265,8 @@ func (d *probeDeps) defaults() {
 // driftStores are the probes' JetStream stores (all nil without
 // JetStream: baselines and states in memory, no alerts kept).
 type driftStores struct {
-	baselines probes.BaselineStore
-	states    probes.StateStore
+	baselines probes.Store
+	states    probes.Store
 	stream    jetstream.Stream
 }
 

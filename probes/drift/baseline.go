@@ -90,7 +90,7 @@ type NullModel struct {
 	S4 NullStat `json:"s4"`
 }
 
-// Marshal encodes b for a BaselineStore.
+// Marshal encodes b for a baseline store (probes.Store).
 func (b *Baseline) Marshal() ([]byte, error) { return json.Marshal(b) }
 
 // UnmarshalBaseline decodes a stored baseline.

@@ -157,7 +157,7 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 		return r, err
 	}
 	r.Stats = Measure(b, c)
-	r.Stats.S4 = PersistentDelta(b, c, m.prev)
+	r.Stats.S4 = persistentDelta(b, c, m.prev)
 	var ps Persistence
 	if b.Logprobs {
 		if len(m.recent) == 0 && m.prev != nil {
@@ -267,7 +267,7 @@ func (m *Monitor) blackBoxSignal(c *Cycle, st Stats, fdr func(float64) bool) (Si
 				y = append(y, Sample{Prompt: i, Seq: rc.Obs[i].Sequence()})
 			}
 		}
-		_, p = MMDTest(x, y, m.p.Permutations, uint64(c.At.UnixNano()))
+		_, p = mmdTest(x, y, m.p.Permutations, uint64(c.At.UnixNano()))
 		rejected := p <= m.p.FDR
 		if fdr != nil {
 			rejected = fdr(p)

@@ -281,10 +281,10 @@ func TestMMDTest(t *testing.T) {
 			other = append(other, Sample{p, []string{"x", "y", "c"}})
 		}
 	}
-	if _, p := MMDTest(same, same, 99, 1); p < 0.5 {
+	if _, p := mmdTest(same, same, 99, 1); p < 0.5 {
 		t.Errorf("identical samples: p = %v, want large", p)
 	}
-	stat, p := MMDTest(same, other, 99, 1)
+	stat, p := mmdTest(same, other, 99, 1)
 	if p != 0.01 || stat <= 0 {
 		t.Errorf("disjoint samples: stat %v p %v, want > 0 and 1/(1+99)", stat, p)
 	}
@@ -328,14 +328,14 @@ func TestPersistentDeltaHandComputed(t *testing.T) {
 	}
 	// deltas now (-0.1, -0.1), before (0.05, -0.2): products -0.005 and
 	// 0.02, mean 0.0075, S4 = sqrt(0.0075)
-	if got, want := PersistentDelta(b, cyc(-0.2, -0.3), cyc(-0.05, -0.4)), math.Sqrt(0.0075); math.Abs(got-want) > 1e-12 {
+	if got, want := persistentDelta(b, cyc(-0.2, -0.3), cyc(-0.05, -0.4)), math.Sqrt(0.0075); math.Abs(got-want) > 1e-12 {
 		t.Errorf("S4 = %v, want %v", got, want)
 	}
 	// opposite shifts: a negative mean product gives a negative S4
-	if got, want := PersistentDelta(b, cyc(-0.2, -0.3), cyc(0, -0.1)), -math.Sqrt(0.01); math.Abs(got-want) > 1e-12 {
+	if got, want := persistentDelta(b, cyc(-0.2, -0.3), cyc(0, -0.1)), -math.Sqrt(0.01); math.Abs(got-want) > 1e-12 {
 		t.Errorf("S4 = %v, want %v", got, want)
 	}
-	if got := PersistentDelta(b, cyc(-0.2, -0.3), nil); !math.IsNaN(got) {
+	if got := persistentDelta(b, cyc(-0.2, -0.3), nil); !math.IsNaN(got) {
 		t.Errorf("S4 without a previous cycle = %v, want NaN", got)
 	}
 }

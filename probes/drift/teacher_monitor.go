@@ -178,7 +178,7 @@ func (m *Monitor) teacherSignal(c *Cycle, s Signal) (Signal, *TeacherStats) {
 	}
 	tc := teacherCycle(c)
 	ts := &TeacherStats{Stats: Measure(tb, tc)}
-	ts.S4 = PersistentDelta(tb, tc, m.tch.Prev)
+	ts.S4 = persistentDelta(tb, tc, m.tch.Prev)
 	ts.T4, ts.Persist = persistenceTest(tb, tc, m.tch.Prev)
 	m.tch.Prev = tc
 	ts.MeanLogprob, ts.BaselineMeanLogprob = map[string]float64{}, map[string]float64{}

@@ -156,12 +156,12 @@ func TestBinomialUpper(t *testing.T) {
 		k, n int
 		q    float64
 	}{{0, 10, 0.1}, {1, 10, 0.1}, {3, 24, 0.05}, {10, 40, 0.0625}, {40, 40, 0.5}, {5, 48, 0.01}} {
-		got, want := BinomialUpper(tc.k, tc.n, tc.q), direct(tc.k, tc.n, tc.q)
+		got, want := binomialUpper(tc.k, tc.n, tc.q), direct(tc.k, tc.n, tc.q)
 		if math.Abs(got-want) > 1e-12*max(1, want) && math.Abs(got-want)/want > 1e-9 {
 			t.Errorf("P(X >= %d | n %d, q %g) = %g, want %g", tc.k, tc.n, tc.q, got, want)
 		}
 	}
-	if BinomialUpper(11, 10, 0.5) != 0 || BinomialUpper(3, 10, 0) != 0 || BinomialUpper(3, 10, 1) != 1 {
+	if binomialUpper(11, 10, 0.5) != 0 || binomialUpper(3, 10, 0) != 0 || binomialUpper(3, 10, 1) != 1 {
 		t.Error("edge cases")
 	}
 	if z := probit(0.001); math.Abs(z-3.0902) > 1e-3 {

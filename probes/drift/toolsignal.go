@@ -81,9 +81,9 @@ type ToolResult struct {
 	Bad *ToolObservation `json:"bad_call,omitempty"`
 }
 
-// MeasureTools compares one cycle's judged tool observations with the
+// measureTools compares one cycle's judged tool observations with the
 // baseline.
-func MeasureTools(b *ToolBaseline, obs []ToolObservation, p ToolParams) ToolStats {
+func measureTools(b *ToolBaseline, obs []ToolObservation, p ToolParams) ToolStats {
 	return compareCounts(b.Counts, CountTools(obs), p)
 }
 
@@ -99,13 +99,13 @@ func compareCounts(base, c ToolCounts, p ToolParams) ToolStats {
 	if c.ShouldCall > 0 && base.ShouldCall > 0 {
 		tests++
 		q0 := max(1-st.BaseValid, p.MinFailure)
-		st.PValid = BinomialUpper(c.ShouldCall-c.ArgsValid, c.ShouldCall, q0)
+		st.PValid = binomialUpper(c.ShouldCall-c.ArgsValid, c.ShouldCall, q0)
 		st.Fall = st.BaseValid - st.ValidRate
 	}
 	if c.ShouldNotCall > 0 && base.ShouldNotCall > 0 {
 		tests++
 		q0 := max(1-st.BaseNoCall, p.MinFailure)
-		st.PNoCall = BinomialUpper(c.ShouldNotCall-c.NoCall, c.ShouldNotCall, q0)
+		st.PNoCall = binomialUpper(c.ShouldNotCall-c.NoCall, c.ShouldNotCall, q0)
 		st.Fall = max(st.Fall, st.BaseNoCall-st.NoCallRate)
 	}
 	st.P = min(1, float64(max(tests, 1))*min(st.PValid, st.PNoCall))
@@ -121,9 +121,9 @@ func compareCounts(base, c ToolCounts, p ToolParams) ToolStats {
 	return st
 }
 
-// BinomialUpper is P(X >= k) for X ~ Binomial(n, q): the one-sided exact
+// binomialUpper is P(X >= k) for X ~ Binomial(n, q): the one-sided exact
 // p-value of k failures or more.
-func BinomialUpper(k, n int, q float64) float64 {
+func binomialUpper(k, n int, q float64) float64 {
 	switch {
 	case k <= 0:
 		return 1
@@ -220,7 +220,7 @@ func (m *Monitor) toolTier(c *Cycle, s Signal) (*ToolResult, Signal) {
 	if b == nil || b.Tools == nil || !b.Tools.Supported || m.suite.Tools == nil || len(c.Tools) != len(m.suite.Tools.Prompts) {
 		return nil, s
 	}
-	st := MeasureTools(b.Tools, c.Tools, m.p.Tools)
+	st := measureTools(b.Tools, c.Tools, m.p.Tools)
 	ts := toolSignal(st, &m.det.ToolCUSUM, m.p)
 	r := &ToolResult{ToolStats: st, CUSUM: m.det.ToolCUSUM.C}
 	best := -1
