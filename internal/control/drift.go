@@ -275,7 +275,7 @@ func BudgetLine(b *probes.BudgetStatus) string {
 // Rebaseline asks a running serve to drop a backend's baseline and enrol
 // it again; it returns the re-baseline alert and whether serve did it.
 // When no serve answers, it clears the stored baseline itself and records
-// a re-baseline alert (of the suite named suite, see probes.LoadSuite) in
+// a re-baseline alert (of the suite named suite, see drift.LoadSuite) in
 // FW_DRIFT.
 func Rebaseline(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj fleetwatch.Subjects, req RebaselineRequest, suite string, now time.Time) (alert fleetwatch.DriftAlert, byServe bool, err error) {
 	data, _ := json.Marshal(req)

@@ -64,7 +64,7 @@ func OpenBaselines(ctx context.Context, js jetstream.JetStream, subj fleetwatch.
 }
 
 // BucketDriftState is the JetStream KV bucket of each backend's drift state
-// (probes.DriftState) under subj's prefix: fw_drift for the default one.
+// (drift.DriftState) under subj's prefix: fw_drift for the default one.
 func BucketDriftState(subj fleetwatch.Subjects) string {
 	return strings.TrimSuffix(subj.BucketBaselines(), "_probe_baselines") + "_drift"
 }

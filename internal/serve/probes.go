@@ -56,7 +56,7 @@ type probeDeps struct {
 
 // fingerprintSink is the collector's sink in serve: the analyzer (through
 // the partitions' sink with JetStream), plus a
-// probes.Fingerprints tracker that follows the system_fingerprint of
+// drift.Fingerprints tracker that follows the system_fingerprint of
 // outcome events and hands its events (rare: a change, a disagreement with
 // the pool) to the running probes. The analyzer stays free of it; the
 // tracker costs one lock per batch that carries fingerprints.

@@ -128,7 +128,7 @@ func Variants(ref *Model) []Variant {
 	}
 }
 
-// Harness drives probes.Monitor with toy backends in process, the same
+// Harness drives drift.Monitor with toy backends in process, the same
 // statistics and decisions that serve runs, without HTTP.
 type Harness struct {
 	Suite  *drift.Suite
@@ -147,7 +147,7 @@ type Harness struct {
 	// Workers is how many backends Null runs at once. If zero, 1.
 	Workers int
 	// Teacher is how the monitors judge teacher-forced scores (the suite's
-	// fixed texts). If empty, probes.TeacherOnly, serve's default.
+	// fixed texts). If empty, drift.TeacherOnly, serve's default.
 	Teacher drift.TeacherMode
 	// LegacyS4 makes the sampled tier judge as it did before its
 	// persistence test: each baseline's position variances are cleared

@@ -14,7 +14,7 @@ import (
 
 // The tool-call tier's harness: tool answers come from fakeai.ToolModel
 // (the fake backend's own function-calling model) and are judged by
-// probes.JudgeTool, cycle after cycle, through probes.Monitor, the code
+// drift.JudgeTool, cycle after cycle, through drift.Monitor, the code
 // serve runs. The text prompts of the suite are answered by the noiseless
 // reference, so that only the tool tier can move.
 
