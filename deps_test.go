@@ -26,7 +26,8 @@ var allowed = map[string][]string{
 	"feed/p2c":      {"."},
 	"feed/route":    {".", "feed", "feed/p2c"},
 	"feed/feedtest": {".", "feed"},
-	"probes":        {"."},
+	"probes":        {".", "probes/drift"},
+	"probes/drift":  {"."},
 	"dashboards":    {},
 	// The one mapping from the YAML file to every component's Settings,
 	// the leaf adapters' included (they do not import it back).
@@ -34,7 +35,7 @@ var allowed = map[string][]string{
 		"internal/alert", "internal/haproxyctl", "internal/ingest", "internal/natsrv"},
 	// The operator side: request and reply types, the JetStream stores, the
 	// CLI's clients and text views.
-	"internal/control": {".", "probes"},
+	"internal/control": {".", "probes", "probes/drift"},
 	// `fleetwatch route` as a value: the one assembly of the router.
 	"internal/router": {".", "feed", "feed/p2c", "feed/route", "internal/config"},
 	// Helpers shared by tests; imported only from _test.go files.
@@ -51,7 +52,7 @@ var testOnly = []string{"internal/testkit", "feed/feedtest"}
 // stdlibOnly are the packages that must not import anything outside the
 // standard library and the project: the shared vocabulary and the pure
 // decision logic, which run unchanged in the simulator and in routers.
-var stdlibOnly = []string{".", "analyzer", "feed/p2c"}
+var stdlibOnly = []string{".", "analyzer", "feed/p2c", "probes/drift"}
 
 // natsServerOK may import nats-server (feedtest is the documented exception:
 // a test helper that embeds a server).
@@ -299,6 +300,8 @@ func TestDepsRuleCatchesViolations(t *testing.T) {
 		{"collector", module + "/feed"},
 		{"feed", module + "/probes"},
 		{"probes", "github.com/nats-io/nats-server/v2/server"},
+		{"probes/drift", module + "/probes"},
+		{"probes/drift", "github.com/VictoriaMetrics/metrics"},
 		{"internal/sim", module + "/cmd/fleetwatch"},
 		{"internal/serve", module + "/internal/testkit"},
 		{"internal/config", module + "/internal/serve"},

@@ -5,20 +5,20 @@ import (
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // benchCycles returns n cycles of the default suite from the toy model at
 // logit noise 0.03, an hour apart.
-func benchCycles(b *testing.B, n int) (*probes.Suite, []*probes.Cycle) {
+func benchCycles(b *testing.B, n int) (*drift.Suite, []*drift.Cycle) {
 	b.Helper()
-	s, err := probes.LoadSuite("")
+	s, err := drift.LoadSuite("")
 	if err != nil {
 		b.Fatal(err)
 	}
 	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.03, NoiseSeed: 1})
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	out := make([]*probes.Cycle, n)
+	out := make([]*drift.Cycle, n)
 	for i := range out {
 		out[i] = toylm.Cycle(s, m, t0.Add(time.Duration(i)*time.Hour))
 	}
@@ -29,13 +29,13 @@ func benchCycles(b *testing.B, n int) (*probes.Suite, []*probes.Cycle) {
 // baseline for BenchmarkObserve.
 func BenchmarkMeasure(b *testing.B) {
 	s, cycles := benchCycles(b, 17)
-	base, err := probes.BuildBaseline(s, cycles[:16], 0.002)
+	base, err := drift.BuildBaseline(s, cycles[:16], 0.002)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		probes.Measure(base, cycles[16])
+		drift.Measure(base, cycles[16])
 	}
 }
 
@@ -43,7 +43,7 @@ func BenchmarkMeasure(b *testing.B) {
 // machine (what a probe cycle costs besides its HTTP requests).
 func BenchmarkObserve(b *testing.B) {
 	s, cycles := benchCycles(b, 18)
-	mon := probes.NewMonitor("p", "b", probes.MonitorSettings{Suite: s, Enrol: 16, EnrolMin: -1}, nil)
+	mon := drift.NewMonitor("p", "b", drift.MonitorSettings{Suite: s, Enrol: 16, EnrolMin: -1}, nil)
 	for _, c := range cycles[:16] {
 		if _, err := mon.Observe(c, nil); err != nil {
 			b.Fatal(err)
@@ -67,7 +67,7 @@ func BenchmarkBuildBaseline(b *testing.B) {
 	s, cycles := benchCycles(b, 16)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := probes.BuildBaseline(s, cycles, 0.002); err != nil {
+		if _, err := drift.BuildBaseline(s, cycles, 0.002); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // manualClock is a clock the test moves.
@@ -318,7 +319,7 @@ func TestProbeCostOfTheDefaultSuites(t *testing.T) {
 	_, hs := toyServer(t, m, fakeai.Behavior{})
 	var rows []string
 	for _, suite := range []string{"default-v1", "default-v1+tools-v1"} {
-		s, err := probes.LoadSuite(suite)
+		s, err := drift.LoadSuite(suite)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +358,7 @@ func TestProbeCostOfTheDefaultSuites(t *testing.T) {
 		strings.Join(rows, "\n"))
 }
 
-func tierRequestsOf(s *probes.Suite, tier string) int {
+func tierRequestsOf(s *drift.Suite, tier string) int {
 	switch tier {
 	case probes.TierTeacher:
 		return len(s.Teacher)

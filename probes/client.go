@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // Endpoints a probe can use.
@@ -19,49 +21,6 @@ const (
 	EndpointChat        = "chat"        // POST /v1/chat/completions
 	EndpointCompletions = "completions" // POST /v1/completions
 )
-
-// Probe error kinds, the `kind` label of the probe error metric.
-const (
-	ErrKindTimeout    = "timeout"
-	ErrKindTransport  = "transport"
-	ErrKindStatus     = "status"
-	ErrKindMalformed  = "malformed"
-	ErrKindNoLogprobs = "no_logprobs"
-	ErrKindOther      = "other"
-)
-
-// ProbeError is a failed probe request or cycle. It is never a drift
-// verdict.
-type ProbeError struct {
-	Kind   string // one of the ErrKind constants
-	Status int    // HTTP status for ErrKindStatus
-	Op     string // what was being done, e.g. "POST /v1/chat/completions"
-	Err    error
-}
-
-func (e *ProbeError) Error() string {
-	if e.Status != 0 {
-		return fmt.Sprintf("probes: %s: HTTP %d: %v", e.Op, e.Status, e.Err)
-	}
-	return fmt.Sprintf("probes: %s: %s: %v", e.Op, e.Kind, e.Err)
-}
-
-func (e *ProbeError) Unwrap() error { return e.Err }
-
-// ErrBadResponse is wrapped by ProbeErrors of kind malformed.
-var ErrBadResponse = errors.New("probes: malformed response")
-
-// ErrorKind returns the kind of a probe error (ErrKindOther for others).
-func ErrorKind(err error) string {
-	var pe *ProbeError
-	if errors.As(err, &pe) {
-		return pe.Kind
-	}
-	if errors.Is(err, ErrNoLogprobs) {
-		return ErrKindNoLogprobs
-	}
-	return ErrKindOther
-}
 
 // Target is one backend to probe.
 type Target struct {
@@ -148,8 +107,8 @@ type canonicalCompletion struct {
 
 // RequestBody is the canonical request of a prompt: temperature 0, top_p 1,
 // max_tokens <= 20, logprobs with 5 alternatives, seed 1.
-func RequestBody(endpoint, model string, p Prompt) []byte {
-	maxTokens := min(max(p.MaxTokens, 1), MaxProbeTokens)
+func RequestBody(endpoint, model string, p drift.Prompt) []byte {
+	maxTokens := min(max(p.MaxTokens, 1), drift.MaxProbeTokens)
 	var v any
 	if endpoint == EndpointCompletions {
 		v = canonicalCompletion{Model: model, Prompt: p.Text, TopP: 1, MaxTokens: maxTokens, Logprobs: 5, Seed: 1}
@@ -169,7 +128,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]by
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rd)
 	if err != nil {
-		return nil, &ProbeError{Kind: ErrKindOther, Op: op, Err: err}
+		return nil, &drift.ProbeError{Kind: drift.ErrKindOther, Op: op, Err: err}
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -180,24 +139,24 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) ([]by
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		kind := ErrKindTransport
+		kind := drift.ErrKindTransport
 		var ne net.Error
 		if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
-			kind = ErrKindTimeout
+			kind = drift.ErrKindTimeout
 		}
-		return nil, &ProbeError{Kind: kind, Op: op, Err: err}
+		return nil, &drift.ProbeError{Kind: kind, Op: op, Err: err}
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
 	if err != nil {
-		kind := ErrKindTransport
+		kind := drift.ErrKindTransport
 		if errors.Is(err, context.DeadlineExceeded) {
-			kind = ErrKindTimeout
+			kind = drift.ErrKindTimeout
 		}
-		return nil, &ProbeError{Kind: kind, Op: op, Err: err}
+		return nil, &drift.ProbeError{Kind: kind, Op: op, Err: err}
 	}
 	if resp.StatusCode != http.StatusOK {
-		return data, &ProbeError{Kind: ErrKindStatus, Status: resp.StatusCode, Op: op, Err: errors.New(snippet(data))}
+		return data, &drift.ProbeError{Kind: drift.ErrKindStatus, Status: resp.StatusCode, Op: op, Err: errors.New(snippet(data))}
 	}
 	if m, ok := ctx.Value(meterKey{}).(*usageMeter); ok && method == http.MethodPost {
 		m.add(data)
@@ -277,7 +236,7 @@ func (c *Client) Models(ctx context.Context) (ModelsInfo, error) {
 		} `json:"data"`
 	}
 	if err := json.Unmarshal(data, &body); err != nil {
-		return ModelsInfo{}, &ProbeError{Kind: ErrKindMalformed, Op: "GET /v1/models", Err: fmt.Errorf("%w: %w", ErrBadResponse, err)}
+		return ModelsInfo{}, &drift.ProbeError{Kind: drift.ErrKindMalformed, Op: "GET /v1/models", Err: fmt.Errorf("%w: %w", drift.ErrBadResponse, err)}
 	}
 	var mi ModelsInfo
 	for _, d := range body.Data {
@@ -294,8 +253,8 @@ func (c *Client) Models(ctx context.Context) (ModelsInfo, error) {
 // error.
 func (c *Client) Version(ctx context.Context) (string, error) {
 	data, err := c.do(ctx, http.MethodGet, "/version", nil)
-	var pe *ProbeError
-	if errors.As(err, &pe) && pe.Kind == ErrKindStatus && pe.Status == http.StatusNotFound {
+	var pe *drift.ProbeError
+	if errors.As(err, &pe) && pe.Kind == drift.ErrKindStatus && pe.Status == http.StatusNotFound {
 		return "", nil
 	}
 	if err != nil {
@@ -358,7 +317,7 @@ type completionResponse struct {
 // Probe sends prompt p's canonical request and records the response. A
 // response without logprobs is recorded (HasLogprobs false), not an error;
 // the Monitor decides what that means.
-func (c *Client) Probe(ctx context.Context, model string, p Prompt) (Observation, error) {
+func (c *Client) Probe(ctx context.Context, model string, p drift.Prompt) (drift.Observation, error) {
 	path := "/v1/chat/completions"
 	if c.t.Endpoint == EndpointCompletions {
 		path = "/v1/completions"
@@ -366,12 +325,12 @@ func (c *Client) Probe(ctx context.Context, model string, p Prompt) (Observation
 	op := "POST " + path
 	data, err := c.do(ctx, http.MethodPost, path, RequestBody(c.t.Endpoint, model, p))
 	if err != nil {
-		return Observation{}, err
+		return drift.Observation{}, err
 	}
 	bad := func(format string, args ...any) error {
-		return &ProbeError{Kind: ErrKindMalformed, Op: op, Err: fmt.Errorf("%w: "+format, append([]any{ErrBadResponse}, args...)...)}
+		return &drift.ProbeError{Kind: drift.ErrKindMalformed, Op: op, Err: fmt.Errorf("%w: "+format, append([]any{drift.ErrBadResponse}, args...)...)}
 	}
-	o := Observation{Prompt: p.ID}
+	o := drift.Observation{Prompt: p.ID}
 	if c.t.Endpoint == EndpointCompletions {
 		var r completionResponse
 		if err := json.Unmarshal(data, &r); err != nil {
@@ -391,10 +350,10 @@ func (c *Client) Probe(ctx context.Context, model string, p Prompt) (Observation
 			}
 			o.HasLogprobs = true
 			for i, tok := range lp.Tokens {
-				t := Token{Token: tok, Logprob: lp.TokenLogprobs[i]}
+				t := drift.Token{Token: tok, Logprob: lp.TokenLogprobs[i]}
 				if i < len(lp.TopLogprobs) {
 					for alt, v := range lp.TopLogprobs[i] {
-						t.Top = append(t.Top, Alt{Token: alt, Logprob: v})
+						t.Top = append(t.Top, drift.Alt{Token: alt, Logprob: v})
 					}
 					sortAlts(t.Top)
 				}
@@ -418,9 +377,9 @@ func (c *Client) Probe(ctx context.Context, model string, p Prompt) (Observation
 	if ch.Logprobs != nil && len(ch.Logprobs.Content) > 0 {
 		o.HasLogprobs = true
 		for _, c := range ch.Logprobs.Content {
-			t := Token{Token: c.Token, Logprob: c.Logprob}
+			t := drift.Token{Token: c.Token, Logprob: c.Logprob}
 			for _, a := range c.TopLogprobs {
-				t.Top = append(t.Top, Alt{Token: a.Token, Logprob: a.Logprob})
+				t.Top = append(t.Top, drift.Alt{Token: a.Token, Logprob: a.Logprob})
 			}
 			sortAlts(t.Top)
 			o.Tokens = append(o.Tokens, t)
@@ -430,14 +389,14 @@ func (c *Client) Probe(ctx context.Context, model string, p Prompt) (Observation
 		// whitespace-separated word keeps exact match and the MMD test
 		// meaningful
 		for _, w := range strings.Fields(o.Text) {
-			o.Tokens = append(o.Tokens, Token{Token: w})
+			o.Tokens = append(o.Tokens, drift.Token{Token: w})
 		}
 	}
 	return o, nil
 }
 
-func sortAlts(a []Alt) {
-	slices.SortFunc(a, func(x, y Alt) int {
+func sortAlts(a []drift.Alt) {
+	slices.SortFunc(a, func(x, y drift.Alt) int {
 		switch {
 		case x.Logprob > y.Logprob:
 			return -1
@@ -452,7 +411,7 @@ func sortAlts(a []Alt) {
 // GET /metrics (vLLM's configuration info), each bounded by timeout (0:
 // only ctx). It is what the Prober checks at start, before a backend's
 // first cycle.
-func (c *Client) Identity(ctx context.Context, timeout time.Duration) (Identity, error) {
+func (c *Client) Identity(ctx context.Context, timeout time.Duration) (drift.Identity, error) {
 	id, _, err := c.identity(ctx, func() (context.Context, context.CancelFunc) {
 		if timeout > 0 {
 			return context.WithTimeout(ctx, timeout)
@@ -463,8 +422,8 @@ func (c *Client) Identity(ctx context.Context, timeout time.Duration) (Identity,
 }
 
 // identity reads the identity tier and picks the model to probe.
-func (c *Client) identity(ctx context.Context, call func() (context.Context, context.CancelFunc)) (Identity, string, error) {
-	var id Identity
+func (c *Client) identity(ctx context.Context, call func() (context.Context, context.CancelFunc)) (drift.Identity, string, error) {
+	var id drift.Identity
 	cctx, cancel := call()
 	mi, err := c.Models(cctx)
 	cancel()
@@ -498,7 +457,7 @@ func (c *Client) identity(ctx context.Context, call func() (context.Context, con
 // cycle and what the backend was seen to support. Any failed prompt fails
 // the cycle: a partial cycle is never judged. Each request gets timeout (0:
 // only ctx).
-func (c *Client) RunCycle(ctx context.Context, s *Suite, now time.Time, timeout time.Duration) (*Cycle, Capabilities, error) {
+func (c *Client) RunCycle(ctx context.Context, s *drift.Suite, now time.Time, timeout time.Duration) (*drift.Cycle, Capabilities, error) {
 	return c.RunTiers(ctx, s, now, timeout, Tiers{Sampled: true, Tools: true})
 }
 
@@ -515,14 +474,14 @@ type Tiers struct {
 // RunTiers is RunCycle of the tiers t selects: a cycle without the sampled
 // tier has no observations (and Capabilities says nothing of logprobs or
 // fingerprints); without the tool tier, no tool answers.
-func (c *Client) RunTiers(ctx context.Context, s *Suite, now time.Time, timeout time.Duration, t Tiers) (*Cycle, Capabilities, error) {
+func (c *Client) RunTiers(ctx context.Context, s *drift.Suite, now time.Time, timeout time.Duration, t Tiers) (*drift.Cycle, Capabilities, error) {
 	call := func() (context.Context, context.CancelFunc) {
 		if timeout > 0 {
 			return context.WithTimeout(ctx, timeout)
 		}
 		return context.WithCancel(ctx)
 	}
-	cy := &Cycle{At: now}
+	cy := &drift.Cycle{At: now}
 	var caps Capabilities
 	id, model, err := c.identity(ctx, call)
 	if err != nil {
@@ -551,7 +510,7 @@ func (c *Client) RunTiers(ctx context.Context, s *Suite, now time.Time, timeout 
 }
 
 // runSampled probes every prompt of s once, in order, into cy.
-func (c *Client) runSampled(ctx context.Context, timeout time.Duration, model string, s *Suite, cy *Cycle, caps *Capabilities) error {
+func (c *Client) runSampled(ctx context.Context, timeout time.Duration, model string, s *drift.Suite, cy *drift.Cycle, caps *Capabilities) error {
 	fps := map[string]int{}
 	caps.Logprobs = true
 	for _, p := range s.Prompts {

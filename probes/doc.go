@@ -3,28 +3,12 @@
 //
 // Every cycle (cron-scheduled, jittered per backend) the Prober sends a fixed,
 // versioned suite of byte-identical greedy requests (temperature 0, top_p 1,
-// seed 1, top_logprobs 5) to each backend and compares the answers with that
-// backend's own enrolment baseline, following docs/DRIFT.md:
+// seed 1, top_logprobs 5) to each backend and hands the answers to the
+// detector of package probes/drift, which compares them with that backend's
+// own enrolment baseline, following docs/DRIFT.md. This package is the I/O
+// shell around it: the OpenAI-compatible probe client, the cron schedule,
+// the probe budget, the metrics and the review digest.
 //
-//   - S1, greedy mismatch: the share of stable prompts whose token sequence
-//     differs from the baseline's modal sequence (evidence only);
-//   - S2, the primary statistic: the mean |lp_now - lp_base| of the
-//     baseline's top-1 token over positions up to the first divergence
-//     (logprob tracking, Chauvin et al., ICLR 2026);
-//   - S3, the first-token statistic over the union of both top-k sets.
-//
-// Each statistic is standardised against a leave-one-out null from the
-// enrolment cycles (sigma = 1.4826 x MAD, floored). A gross change (12 sigma
-// and 0.1 nats) fires at once; subtle changes accumulate in a one-sided Page
-// CUSUM (Page, 1954) with an absolute floor on the mean excess. A backend is
-// `suspect` first and `drifted` when the next cycle confirms or the change
-// is gross. Peers of a pool are compared baseline against baseline to name
-// an outlier. Backends without logprobs fall back to greedy exact match and
-// the MMD two-sample test with a Hamming kernel and permutation p-values of
-// Model Equality Testing (Gao, Liang, Guestrin, ICLR 2025), with
-// Benjamini-Hochberg (1995) control of the false discovery rate across
-// backends.
-//
-// The package does no NATS I/O: baselines go through a BaselineStore and
-// results through a Sink, both provided by the caller.
+// The package does no NATS I/O: baselines and drift states go through
+// stores and results through a Sink, all provided by the caller.
 package probes

@@ -21,6 +21,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // toyServer serves c over real HTTP through the fake OpenAI-compatible
@@ -33,9 +34,9 @@ func toyServer(t *testing.T, c fakeai.Completer, b fakeai.Behavior) (*fakeai.Ser
 	return fs, hs
 }
 
-func defaultSuite(t *testing.T) *probes.Suite {
+func defaultSuite(t *testing.T) *drift.Suite {
 	t.Helper()
-	s, err := probes.LoadSuite("")
+	s, err := drift.LoadSuite("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +55,7 @@ func TestClientCycleMatchesTheModel(t *testing.T) {
 	if diff := cmp.Diff(probes.Capabilities{Logprobs: true, TopLogprobsCap: 5, Fingerprint: true, Version: true}, caps); diff != "" {
 		t.Errorf("capabilities (-want +got):\n%s", diff)
 	}
-	wantID := probes.Identity{Fingerprint: "fp_toy", ModelIDs: []string{"toy-model"}, ModelRoot: "/models/toy-model", MaxModelLen: 4096,
+	wantID := drift.Identity{Fingerprint: "fp_toy", ModelIDs: []string{"toy-model"}, ModelRoot: "/models/toy-model", MaxModelLen: 4096,
 		Version: "fakeai-1", InfoMeasured: true, Info: map[string]string{
 			"vllm:cache_config_info.cache_dtype":       "auto",
 			"vllm:model_config_info.dtype":             "bfloat16",
@@ -89,7 +90,7 @@ var floatTolerance = cmp.Comparer(func(a, b float64) bool { return a == b || (a-
 func TestCompletionsEndpoint(t *testing.T) {
 	_, hs := toyServer(t, toylm.New(toylm.Config{}), fakeai.Behavior{})
 	c := probes.NewClient(probes.Target{URL: hs.URL, Endpoint: probes.EndpointCompletions}, nil)
-	o, err := c.Probe(t.Context(), "fake-model", probes.Prompt{ID: "x", Text: "hello there", MaxTokens: 6})
+	o, err := c.Probe(t.Context(), "fake-model", drift.Prompt{ID: "x", Text: "hello there", MaxTokens: 6})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func TestCompletionsEndpoint(t *testing.T) {
 		t.Fatalf("observation %+v: want 6 tokens with 5 alternatives", o)
 	}
 	for _, tk := range o.Tokens {
-		if !slices.IsSortedFunc(tk.Top, func(a, b probes.Alt) int {
+		if !slices.IsSortedFunc(tk.Top, func(a, b drift.Alt) int {
 			switch {
 			case a.Logprob > b.Logprob:
 				return -1
@@ -112,7 +113,7 @@ func TestCompletionsEndpoint(t *testing.T) {
 }
 
 func TestRequestBodyIsCanonical(t *testing.T) {
-	p := probes.Prompt{ID: "x", Kind: probes.KindStable, Text: "Say \"hi\"", MaxTokens: 50}
+	p := drift.Prompt{ID: "x", Kind: drift.KindStable, Text: "Say \"hi\"", MaxTokens: 50}
 	want := `{"model":"m","messages":[{"role":"user","content":"Say \"hi\""}],"temperature":0,"top_p":1,"max_tokens":20,"logprobs":true,"top_logprobs":5,"seed":1}`
 	if got := string(probes.RequestBody(probes.EndpointChat, "m", p)); got != want {
 		t.Errorf("chat body\n got %s\nwant %s", got, want)
@@ -156,22 +157,22 @@ func TestClientErrors(t *testing.T) {
 		kind   string
 		status int
 	}{
-		{"500", fail.URL, probes.ErrKindStatus, 500},
-		{"hang", hang.URL, probes.ErrKindTimeout, 0},
-		{"malformed JSON", bad.URL, probes.ErrKindMalformed, 0},
-		{"connection refused", "http://127.0.0.1:1", probes.ErrKindTransport, 0},
+		{"500", fail.URL, drift.ErrKindStatus, 500},
+		{"hang", hang.URL, drift.ErrKindTimeout, 0},
+		{"malformed JSON", bad.URL, drift.ErrKindMalformed, 0},
+		{"connection refused", "http://127.0.0.1:1", drift.ErrKindTransport, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := probes.NewClient(probes.Target{URL: tc.url}, nil)
 			_, _, err := c.RunCycle(t.Context(), s, time.Now(), 200*time.Millisecond)
-			var pe *probes.ProbeError
+			var pe *drift.ProbeError
 			if !errors.As(err, &pe) {
 				t.Fatalf("err = %v, want a *ProbeError", err)
 			}
 			if pe.Kind != tc.kind || pe.Status != tc.status {
 				t.Errorf("kind %q status %d, want %q %d (%v)", pe.Kind, pe.Status, tc.kind, tc.status, err)
 			}
-			if tc.kind == probes.ErrKindMalformed && !errors.Is(err, probes.ErrBadResponse) {
+			if tc.kind == drift.ErrKindMalformed && !errors.Is(err, drift.ErrBadResponse) {
 				t.Errorf("malformed: %v does not wrap ErrBadResponse", err)
 			}
 		})
@@ -274,7 +275,7 @@ func TestBadBackendsNeverGiveVerdictsNorStopOthers(t *testing.T) {
 			t.Errorf("%s: alerts %+v, want none", b, sink.alertsFor(b))
 		}
 	}
-	if got := len(sink.errs["lost-logprobs"]); got != 2 || !errors.Is(sink.errs["lost-logprobs"][0], probes.ErrNoLogprobs) {
+	if got := len(sink.errs["lost-logprobs"]); got != 2 || !errors.Is(sink.errs["lost-logprobs"][0], drift.ErrNoLogprobs) {
 		t.Errorf("lost-logprobs: errors %v, want 2 x ErrNoLogprobs", sink.errs["lost-logprobs"])
 	}
 	var buf bytes.Buffer
@@ -383,7 +384,7 @@ func TestBlackBoxBackendSwapIsCaught(t *testing.T) {
 	_, hs := toyServer(t, sw, fakeai.Behavior{})
 	sink := newSink()
 	p, err := probes.New(probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "bb", URL: hs.URL}},
-		Sink: sink, Enrol: 4, EnrolMin: -1, Params: probes.Params{Permutations: 199}})
+		Sink: sink, Enrol: 4, EnrolMin: -1, Params: drift.Params{Permutations: 199}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -424,7 +425,7 @@ func TestProberRejectsBadSettings(t *testing.T) {
 	}
 }
 
-// mapStore is a BaselineStore in a map, shared between two Probers to
+// mapStore is a baseline Store in a map, shared between two Probers to
 // play a restart.
 type mapStore struct {
 	mu sync.Mutex
@@ -473,7 +474,7 @@ func TestBaselinesSurviveARestart(t *testing.T) {
 		t.Errorf("after a restart, before any cycle: %+v (sink %s), want the stored baseline, ok", s, sink.statuses["b"])
 	}
 	// a different suite forces enrolment again
-	other, err := probes.ParseSuite([]byte(`{"name":"other","prompts":[{"id":"a","kind":"stable","text":"Say hi."}]}`))
+	other, err := drift.ParseSuite([]byte(`{"name":"other","prompts":[{"id":"a","kind":"stable","text":"Say hi."}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -591,7 +592,7 @@ func TestCUSUMContinuesAcrossARestart(t *testing.T) {
 	sw, url := serve()
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	clock := func() time.Time { return now }
-	settings := func(url string, states probes.StateStore, sink probes.Sink) probes.Settings {
+	settings := func(url string, states probes.Store, sink probes.Sink) probes.Settings {
 		return probes.Settings{Targets: []probes.Target{{Pool: "p", Backend: "b", URL: url}},
 			Store: &mapStore{m: map[string][]byte{}}, States: states, Sink: sink, Enrol: 8, EnrolMin: -1, Now: clock}
 	}
@@ -749,7 +750,7 @@ func TestStateSavedAtShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := probes.UnmarshalState(data)
+	st, err := drift.UnmarshalState(data)
 	if err != nil || st.Status != fleetwatch.DriftDrifted {
 		t.Errorf("stored state %+v (%v), want drifted", st, err)
 	}

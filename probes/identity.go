@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// InfoLabels are the labels of vLLM's configuration info gauges on
+// infoLabels are the labels of vLLM's configuration info gauges on
 // /metrics that belong to a backend's identity tier: what the weights are
 // and how they are computed, not how much memory or traffic there is.
 // vLLM exports each configuration object as a gauge set to 1 whose labels
@@ -20,7 +20,7 @@ import (
 // (ModelConfig: model, dtype, quantization, max_model_len, ...). Labels
 // that follow the load or the GPU (num_gpu_blocks, gpu_memory_utilization)
 // are left out on purpose: they change on a restart of the same artefact.
-var InfoLabels = map[string][]string{
+var infoLabels = map[string][]string{
 	"vllm:model_config_info": {"model", "served_model_name", "quantization", "dtype", "revision", "tokenizer", "max_model_len"},
 	"vllm:cache_config_info": {"cache_dtype"},
 }
@@ -29,7 +29,7 @@ var InfoLabels = map[string][]string{
 // KB with many LoRA adapters or engines.
 const maxMetricsBytes = 4 << 20
 
-// InfoMetrics reads GET /metrics and returns the InfoLabels found, keyed
+// InfoMetrics reads GET /metrics and returns the infoLabels found, keyed
 // "<metric>.<label>". measured is false when /metrics is absent or not
 // readable (any error, status or timeout): the identity tier then skips
 // the info labels this cycle, it is never a probe error.
@@ -77,7 +77,7 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 var errMetricsTooLarge = errors.New("probes: /metrics too large")
 
 // ParseInfoMetrics reads Prometheus text exposition and returns the labels
-// of InfoLabels found, keyed "<metric>.<label>". Other series are
+// of infoLabels found, keyed "<metric>.<label>". Other series are
 // skipped; a malformed info series is skipped too (an exposition is not
 // ours to validate).
 func ParseInfoMetrics(r *bufio.Reader) (map[string]string, error) {
@@ -108,7 +108,7 @@ func parseInfoLine(line []byte, info map[string]string) {
 	if brace < 0 {
 		return
 	}
-	labels, ok := InfoLabels[string(line[:brace])]
+	labels, ok := infoLabels[string(line[:brace])]
 	if !ok {
 		return
 	}

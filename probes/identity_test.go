@@ -15,6 +15,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 func TestParseInfoMetrics(t *testing.T) {
@@ -75,27 +76,27 @@ func FuzzParseInfoMetrics(f *testing.F) {
 }
 
 func TestTierChanges(t *testing.T) {
-	base := probes.Identity{ModelIDs: []string{"llama"}, ModelRoot: "/m/llama", MaxModelLen: 8192, Version: "0.11.0",
+	base := drift.Identity{ModelIDs: []string{"llama"}, ModelRoot: "/m/llama", MaxModelLen: 8192, Version: "0.11.0",
 		Info: map[string]string{"vllm:model_config_info.quantization": "None"}, InfoMeasured: true, Fingerprint: "fp_1"}
-	with := func(f func(*probes.Identity)) probes.Identity {
+	with := func(f func(*drift.Identity)) drift.Identity {
 		i := base
 		f(&i)
 		return i
 	}
 	for _, tc := range []struct {
 		name string
-		now  probes.Identity
-		want []probes.IdentityChange
+		now  drift.Identity
+		want []drift.IdentityChange
 	}{
 		{"same", base, nil},
-		{"fingerprint alone is not the identity tier", with(func(i *probes.Identity) { i.Fingerprint = "fp_2" }), nil},
-		{"metrics not read this cycle", with(func(i *probes.Identity) { i.Info, i.InfoMeasured = nil, false }), nil},
-		{"quantization", with(func(i *probes.Identity) { i.Info = map[string]string{"vllm:model_config_info.quantization": "awq"} }),
-			[]probes.IdentityChange{{Field: "vllm:model_config_info.quantization", Before: "None", After: "awq"}}},
-		{"info label gone", with(func(i *probes.Identity) { i.Info = map[string]string{} }),
-			[]probes.IdentityChange{{Field: "vllm:model_config_info.quantization", Before: "None", After: ""}}},
-		{"models, root, length, version", probes.Identity{ModelIDs: []string{"llama", "mistral"}, ModelRoot: "/m/mistral", MaxModelLen: 4096, Version: "0.12.0"},
-			[]probes.IdentityChange{
+		{"fingerprint alone is not the identity tier", with(func(i *drift.Identity) { i.Fingerprint = "fp_2" }), nil},
+		{"metrics not read this cycle", with(func(i *drift.Identity) { i.Info, i.InfoMeasured = nil, false }), nil},
+		{"quantization", with(func(i *drift.Identity) { i.Info = map[string]string{"vllm:model_config_info.quantization": "awq"} }),
+			[]drift.IdentityChange{{Field: "vllm:model_config_info.quantization", Before: "None", After: "awq"}}},
+		{"info label gone", with(func(i *drift.Identity) { i.Info = map[string]string{} }),
+			[]drift.IdentityChange{{Field: "vllm:model_config_info.quantization", Before: "None", After: ""}}},
+		{"models, root, length, version", drift.Identity{ModelIDs: []string{"llama", "mistral"}, ModelRoot: "/m/mistral", MaxModelLen: 4096, Version: "0.12.0"},
+			[]drift.IdentityChange{
 				{Field: "model_ids", Before: "llama", After: "llama,mistral"},
 				{Field: "model_root", Before: "/m/llama", After: "/m/mistral"},
 				{Field: "max_model_len", Before: "8192", After: "4096"},
@@ -109,7 +110,7 @@ func TestTierChanges(t *testing.T) {
 		})
 	}
 	// a baseline without a version (not vLLM) does not compare it
-	if ch := (probes.Identity{}).TierChanges(probes.Identity{Version: "1"}); len(ch) != 0 {
+	if ch := (drift.Identity{}).TierChanges(drift.Identity{Version: "1"}); len(ch) != 0 {
 		t.Errorf("version compared without one in the baseline: %v", ch)
 	}
 }
@@ -119,11 +120,11 @@ func TestTierChanges(t *testing.T) {
 func TestIdentityChangeNotConfirmed(t *testing.T) {
 	s := defaultSuite(t)
 	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 3})
-	mon := probes.NewMonitor("p", "b", probes.MonitorSettings{Suite: s, Enrol: 3, EnrolMin: -1}, nil)
-	id := probes.Identity{ModelIDs: []string{"toy"}, Version: "v1", InfoMeasured: true,
+	mon := drift.NewMonitor("p", "b", drift.MonitorSettings{Suite: s, Enrol: 3, EnrolMin: -1}, nil)
+	id := drift.Identity{ModelIDs: []string{"toy"}, Version: "v1", InfoMeasured: true,
 		Info: map[string]string{"vllm:model_config_info.quantization": "None"}}
 	at := time.Unix(1e9, 0)
-	observe := func(id probes.Identity) probes.Result {
+	observe := func(id drift.Identity) drift.Result {
 		t.Helper()
 		at = at.Add(5 * time.Minute)
 		cy := toylm.Cycle(s, m, at)
@@ -143,7 +144,7 @@ func TestIdentityChangeNotConfirmed(t *testing.T) {
 	if r.Alert == nil || r.Alert.Status != fleetwatch.DriftSuspect || len(r.IdentityTier) != 1 {
 		t.Fatalf("identity change: %+v, want a suspect alert", r)
 	}
-	want := []probes.IdentityChange{{Field: "vllm:model_config_info.quantization", Before: "None", After: "fp8"}}
+	want := []drift.IdentityChange{{Field: "vllm:model_config_info.quantization", Before: "None", After: "fp8"}}
 	if diff := cmp.Diff(want, r.Alert.Evidence.Extra["identity_changes"]); diff != "" {
 		t.Errorf("alert evidence identity_changes (-want +got):\n%s", diff)
 	}
@@ -185,7 +186,7 @@ func TestIdentityTierOverHTTP(t *testing.T) {
 	if len(alerts) != 2 || alerts[0].Status != fleetwatch.DriftSuspect || alerts[1].Status != fleetwatch.DriftDrifted {
 		t.Fatalf("alerts %+v, want suspect then drifted", alerts)
 	}
-	want := []probes.IdentityChange{
+	want := []drift.IdentityChange{
 		{Field: "model_root", Before: "/models/llama", After: "/models/llama-awq"},
 		{Field: "vllm:model_config_info.model", Before: "/models/llama", After: "/models/llama-awq"},
 		{Field: "vllm:model_config_info.quantization", Before: "None", After: "AWQ"},

@@ -17,7 +17,7 @@ type proberMetrics struct {
 	set    *metrics.Set
 	cycles *metrics.Counter
 	// stateSaves and stateErrors count drift state writes to the
-	// StateStore and the ones that failed.
+	// state Store and the ones that failed.
 	stateSaves, stateErrors *metrics.Counter
 	// identityChecks counts the identity-tier checks at start.
 	identityChecks *metrics.Counter
@@ -114,4 +114,12 @@ func (m *proberMetrics) cost(pool, backend, tier string) *metrics.FloatCounter {
 // tierSkipped is the counter of a backend's tier skipped by the budget.
 func (m *proberMetrics) tierSkipped(pool, backend, tier string) *metrics.Counter {
 	return m.set.GetOrCreateCounter(m.backendTier("fleetwatch_probe_tier_skipped_total", pool, backend, tier))
+}
+
+// finite maps NaN and infinities to 0 so that a score always encodes.
+func finite(x float64) float64 {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return 0
+	}
+	return x
 }

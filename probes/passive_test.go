@@ -14,6 +14,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 func fpEvent(pool, backend, fp string, at time.Time) fleetwatch.Event {
@@ -23,11 +24,11 @@ func fpEvent(pool, backend, fp string, at time.Time) fleetwatch.Event {
 func TestFingerprints(t *testing.T) {
 	t0 := time.Unix(1e9, 0)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	f := probes.NewFingerprints(probes.FingerprintSettings{})
+	f := drift.NewFingerprints(drift.FingerprintSettings{})
 	steps := []struct {
 		name  string
 		batch []fleetwatch.Event
-		want  []probes.FingerprintEvent
+		want  []drift.FingerprintEvent
 	}{
 		{"first sight is no event; events without a fingerprint are skipped", []fleetwatch.Event{
 			fpEvent("p", "a", "fp_1", at(0)), fpEvent("p", "b", "fp_1", at(0)), fpEvent("p", "c", "", at(0)),
@@ -35,18 +36,18 @@ func TestFingerprints(t *testing.T) {
 		}, nil},
 		{"the same again", []fleetwatch.Event{fpEvent("p", "a", "fp_1", at(1)), fpEvent("p", "a", "fp_1", at(1))}, nil},
 		{"c appears with another fingerprint: it disagrees with the majority of two", []fleetwatch.Event{fpEvent("p", "c", "fp_2", at(2))},
-			[]probes.FingerprintEvent{{Pool: "p", Backend: "c", Kind: probes.FingerprintDisagrees, Before: "fp_1", After: "fp_2", At: at(2)}}},
+			[]drift.FingerprintEvent{{Pool: "p", Backend: "c", Kind: drift.FingerprintDisagrees, Before: "fp_1", After: "fp_2", At: at(2)}}},
 		{"c still disagrees: no new event", []fleetwatch.Event{fpEvent("p", "c", "fp_2", at(3))}, nil},
 		{"a changes: a change; now nobody has a majority", []fleetwatch.Event{fpEvent("p", "a", "fp_3", at(4))},
-			[]probes.FingerprintEvent{{Pool: "p", Backend: "a", Kind: probes.FingerprintChanged, Before: "fp_1", After: "fp_3", At: at(4), Changes: 1}}},
+			[]drift.FingerprintEvent{{Pool: "p", Backend: "a", Kind: drift.FingerprintChanged, Before: "fp_1", After: "fp_3", At: at(4), Changes: 1}}},
 		{"a flaps within the minute: counted, not told", []fleetwatch.Event{fpEvent("p", "a", "fp_1", at(10)), fpEvent("p", "a", "fp_3", at(11))}, nil},
 		{"a minute later it is told again, and c disagrees with the majority of a and b again", []fleetwatch.Event{fpEvent("p", "a", "fp_1", at(70))},
-			[]probes.FingerprintEvent{
-				{Pool: "p", Backend: "a", Kind: probes.FingerprintChanged, Before: "fp_3", After: "fp_1", At: at(70), Changes: 4},
-				{Pool: "p", Backend: "c", Kind: probes.FingerprintDisagrees, Before: "fp_1", After: "fp_2", At: at(70)},
+			[]drift.FingerprintEvent{
+				{Pool: "p", Backend: "a", Kind: drift.FingerprintChanged, Before: "fp_3", After: "fp_1", At: at(70), Changes: 4},
+				{Pool: "p", Backend: "c", Kind: drift.FingerprintDisagrees, Before: "fp_1", After: "fp_2", At: at(70)},
 			}},
 		{"two backends that differ blame nobody", []fleetwatch.Event{fpEvent("q", "y", "fp_7", at(80))},
-			[]probes.FingerprintEvent{{Pool: "q", Backend: "y", Kind: probes.FingerprintChanged, Before: "fp_8", After: "fp_7", At: at(80), Changes: 1}}},
+			[]drift.FingerprintEvent{{Pool: "q", Backend: "y", Kind: drift.FingerprintChanged, Before: "fp_8", After: "fp_7", At: at(80), Changes: 1}}},
 	}
 	for _, s := range steps {
 		if diff := cmp.Diff(s.want, f.Observe(s.batch)); diff != "" {
@@ -99,8 +100,8 @@ func TestTrafficFingerprintWithProbeEvidence(t *testing.T) {
 		}
 	}()
 	before := p.Statuses()[0].LastCycle
-	p.Fingerprint([]probes.FingerprintEvent{{Pool: "p", Backend: "b", Kind: probes.FingerprintChanged, Before: "fp_1", After: "fp_2", Changes: 1},
-		{Pool: "p", Backend: "not-a-target", Kind: probes.FingerprintChanged, After: "x"}})
+	p.Fingerprint([]drift.FingerprintEvent{{Pool: "p", Backend: "b", Kind: drift.FingerprintChanged, Before: "fp_1", After: "fp_2", Changes: 1},
+		{Pool: "p", Backend: "not-a-target", Kind: drift.FingerprintChanged, After: "x"}})
 	deadline := time.Now().Add(20 * time.Second)
 	for len(sink.alertsFor("b")) == 0 {
 		if time.Now().After(deadline) {
@@ -113,7 +114,7 @@ func TestTrafficFingerprintWithProbeEvidence(t *testing.T) {
 		t.Errorf("status after the event: %+v", s)
 	}
 	a := sink.alertsFor("b")[0]
-	want := []probes.IdentityChange{{Field: "system_fingerprint", Before: "fp_1", After: "fp_2"}}
+	want := []drift.IdentityChange{{Field: "system_fingerprint", Before: "fp_1", After: "fp_2"}}
 	if a.Status != fleetwatch.DriftSuspect || a.Evidence.Extra["traffic_fingerprint"] != "fp_2" || !cmp.Equal(want, a.Evidence.Extra["identity_changes"]) {
 		t.Errorf("alert %+v, evidence %+v: want suspect on the fingerprint", a, a.Evidence.Extra)
 	}
@@ -132,7 +133,7 @@ func TestTrafficFingerprintWithProbeEvidence(t *testing.T) {
 // BenchmarkFingerprintsObserve is the hot path: a batch of 256 events of
 // one pool, every one with the (interned) fingerprint its backend had.
 func BenchmarkFingerprintsObserve(b *testing.B) {
-	f := probes.NewFingerprints(probes.FingerprintSettings{})
+	f := drift.NewFingerprints(drift.FingerprintSettings{})
 	fp := "fp_44d7f2"
 	backends := []string{"vllm-a", "vllm-b", "vllm-c", "vllm-d"}
 	batch := make([]fleetwatch.Event, 256)
@@ -157,7 +158,7 @@ func FuzzUnmarshalState(f *testing.F) {
 	f.Add([]byte(`{"v":2}`))
 	f.Add([]byte(`{"v":1,"prev":{"At":"2026-01-01T00:00:00Z","Obs":[{"Prompt":"a","Tokens":[{"Token":"x","Logprob":-0.1,"Top":[{"t":"x","l":-0.1}]}]}]}}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		s, err := probes.UnmarshalState(data)
+		s, err := drift.UnmarshalState(data)
 		if err != nil {
 			return
 		}
@@ -165,7 +166,7 @@ func FuzzUnmarshalState(f *testing.F) {
 		if err != nil {
 			return // e.g. a NaN can not come from JSON, but stay safe
 		}
-		again, err := probes.UnmarshalState(enc)
+		again, err := drift.UnmarshalState(enc)
 		if err != nil {
 			t.Fatalf("re-decode of %s: %v", enc, err)
 		}

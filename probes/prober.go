@@ -16,6 +16,7 @@ import (
 	"github.com/robfig/cron/v3"
 
 	fleetwatch "github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // Sink receives what the Prober finds. Its methods are called without any
@@ -52,14 +53,14 @@ type Settings struct {
 	// unique together.
 	Targets []Target
 	// Suite is the prompt suite. If nil, the built-in default-v1.
-	Suite *Suite
+	Suite *drift.Suite
 	// Store persists baselines. If nil, they live in memory only.
-	Store BaselineStore
+	Store Store
 	// States persists each backend's drift state (status, CUSUM, cooldown,
 	// last alert, quarantine) whenever it changes, so that a restart or a
 	// new owner continues where the last one stopped. If nil, it lives in
 	// memory only.
-	States StateStore
+	States Store
 	// Quarantine records that the wiring gives drifted backends weight 0
 	// (the analyzer does it); it is shown in the statuses and stored in
 	// the state. The Prober itself does nothing else with it.
@@ -81,7 +82,7 @@ type Settings struct {
 	// EnrolMin is the minimum enrolment span. If zero, 2h; negative: none.
 	EnrolMin time.Duration
 	// Params are the decision thresholds (zero fields take defaults).
-	Params Params
+	Params drift.Params
 	// HTTPClient sends the probes. If nil, a client with its own transport.
 	HTTPClient *http.Client
 	// Metrics receives the probe metrics. If nil, a private set.
@@ -125,8 +126,8 @@ type backendState struct {
 	client *Client
 	offset time.Duration // jitter
 
-	run sync.Mutex // serialises this backend's cycles and re-baselines
-	mon *Monitor   // guarded by run; nil until the baseline was loaded
+	run sync.Mutex     // serialises this backend's cycles and re-baselines
+	mon *drift.Monitor // guarded by run; nil until the baseline was loaded
 
 	// guarded by Prober.mu
 	peer      fleetwatch.DriftStatus
@@ -135,9 +136,9 @@ type backendState struct {
 	snap      BackendStatus
 	pvalue    float64
 	lastAlert *fleetwatch.DriftAlert
-	monState  DriftState // the monitor's part of the state, copied by refreshLocked
-	trafficFP string     // the fingerprint traffic showed in the last fingerprint event
-	queued    bool       // a cycle is queued on Prober.urgent
+	monState  drift.DriftState // the monitor's part of the state, copied by refreshLocked
+	trafficFP string           // the fingerprint traffic showed in the last fingerprint event
+	queued    bool             // a cycle is queued on Prober.urgent
 
 	budget *budget // guarded by Prober.mu: the probe budget and spend (budget.go)
 
@@ -156,7 +157,7 @@ type backendState struct {
 // Update also reopens a closed Prober.
 type Prober struct {
 	s       Settings
-	suite   *Suite
+	suite   *drift.Suite
 	sched   cron.Schedule
 	metrics *proberMetrics
 	// estimates are the suite's tiers' costs before their first run.
@@ -177,7 +178,7 @@ type Prober struct {
 // New validates s and returns a Prober. It does no I/O.
 func New(s Settings) (*Prober, error) {
 	if s.Suite == nil {
-		def, err := LoadSuite(DefaultSuite)
+		def, err := drift.LoadSuite(drift.DefaultSuite)
 		if err != nil {
 			return nil, err
 		}
@@ -210,7 +211,7 @@ func New(s Settings) (*Prober, error) {
 	if s.Logf == nil {
 		s.Logf = func(string, ...any) {}
 	}
-	s.Params = s.Params.withDefaults()
+	s.Params = s.Params.WithDefaults()
 	sched, err := ParseSchedule(s.Schedule)
 	if err != nil {
 		return nil, fmt.Errorf("probes: schedule %q: %w", s.Schedule, err)
@@ -264,7 +265,7 @@ func New(s Settings) (*Prober, error) {
 }
 
 // Suite is the prompt suite in use.
-func (p *Prober) Suite() *Suite { return p.suite }
+func (p *Prober) Suite() *drift.Suite { return p.suite }
 
 func (p *Prober) state(pool, backend string) (*backendState, error) {
 	st := p.backends[backendKey{pool, backend}]
@@ -291,14 +292,14 @@ func (p *Prober) loadMonitor(ctx context.Context, st *backendState, o *outbox) (
 	if st.mon != nil {
 		return false, nil
 	}
-	var b *Baseline
+	var b *drift.Baseline
 	data, err := p.s.Store.Load(ctx, st.t.Pool, st.t.Backend)
 	switch {
 	case errors.Is(err, ErrNoBaseline), err == nil && len(data) == 0:
 	case err != nil:
 		return false, fmt.Errorf("probes: load baseline of %s/%s: %w", st.t.Pool, st.t.Backend, err)
 	default:
-		if b, err = UnmarshalBaseline(data); err != nil {
+		if b, err = drift.UnmarshalBaseline(data); err != nil {
 			p.s.Logf("probes: %s/%s: stored baseline unusable, enrolling again: %v", st.t.Pool, st.t.Backend, err)
 			b = nil
 		} else if b.SuiteHash != p.suite.Hash {
@@ -306,10 +307,10 @@ func (p *Prober) loadMonitor(ctx context.Context, st *backendState, o *outbox) (
 			b = nil
 		}
 	}
-	st.mon = NewMonitor(st.t.Pool, st.t.Backend, MonitorSettings{Suite: p.suite, Enrol: p.s.Enrol, EnrolMin: p.s.EnrolMin, Params: p.s.Params}, b)
-	var restored *DriftState
+	st.mon = drift.NewMonitor(st.t.Pool, st.t.Backend, drift.MonitorSettings{Suite: p.suite, Enrol: p.s.Enrol, EnrolMin: p.s.EnrolMin, Params: p.s.Params}, b)
+	var restored *drift.DriftState
 	if b != nil {
-		if ds := p.loadState(ctx, st); ds != nil && st.mon.importState(ds) {
+		if ds := p.loadState(ctx, st); ds != nil && st.mon.ImportState(ds) {
 			restored = ds
 			p.s.Logf("probes: %s/%s: drift state restored: %s since %s (peers %s), CUSUM %.2f, cooldown %d",
 				st.t.Pool, st.t.Backend, ds.Status, fleetwatch.FormatTime(ds.Since), ds.Peers, ds.CUSUM.C, ds.CUSUM.Cooldown)
@@ -433,11 +434,11 @@ func (p *Prober) fdr(st *backendState, pv float64) bool {
 			ps = append(ps, b.pvalue)
 		}
 	}
-	return self >= 0 && BenjaminiHochberg(ps, p.s.Params.FDR)[self]
+	return self >= 0 && drift.BenjaminiHochberg(ps, p.s.Params.FDR)[self]
 }
 
 func (p *Prober) probeError(st *backendState, err error, o *outbox) {
-	kind := ErrorKind(err)
+	kind := drift.ErrorKind(err)
 	p.metrics.probeErrors(st.t.Pool, st.t.Backend, kind).Inc()
 	p.mu.Lock()
 	st.snap.LastError, st.snap.LastErrorKind, st.snap.LastErrorAt = err.Error(), kind, p.s.Now()
@@ -481,7 +482,7 @@ func (p *Prober) refreshLocked(st *backendState) {
 	sn.Baseline, sn.Since = m.Status()
 	b := m.Baseline()
 	sn.Enrolling = b == nil
-	sn.EnrolCycles = len(m.enrolling)
+	sn.EnrolCycles = m.EnrolCycles()
 	sn.Logprobs = b != nil && b.Logprobs
 	if b != nil {
 		sn.BaselineCycles, sn.BaselineCreated = b.Cycles, b.Created
@@ -492,15 +493,15 @@ func (p *Prober) refreshLocked(st *backendState) {
 	if b != nil && b.Logprobs && !last.Enrolled && !last.Enrolling && !last.At.IsZero() {
 		sn.Z = b.Null.S2.Z(last.Stats.S2)
 	}
-	sn.CUSUM = m.det.CUSUM.C
-	sn.Cooldown = m.det.CUSUM.Cooldown
-	if cu, ok := m.decidingCUSUM(); ok {
+	sn.CUSUM = m.Detector().CUSUM.C
+	sn.Cooldown = m.Detector().CUSUM.Cooldown
+	if cu, ok := m.DecidingCUSUM(); ok {
 		sn.CUSUM, sn.Cooldown = cu.C, cu.Cooldown
 	}
 	sn.Tools = last.Tools
-	sn.IdentityPending = m.det.IdentityPending
+	sn.IdentityPending = m.Detector().IdentityPending
 	sn.BaselineSince = sn.Since
-	st.monState = m.exportState()
+	st.monState = m.ExportState()
 	combineLocked(st)
 }
 
@@ -529,7 +530,7 @@ func worse(a, b fleetwatch.DriftStatus) fleetwatch.DriftStatus {
 // comparePeers compares the baselines of a pool's backends and emits
 // alerts against peers for backends whose peer status changed.
 func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
-	baselines := map[string]*Baseline{}
+	baselines := map[string]*drift.Baseline{}
 	var states []*backendState
 	for _, k := range p.order {
 		if k.pool != pool {
@@ -552,13 +553,13 @@ func (p *Prober) comparePeers(ctx context.Context, pool string, o *outbox) {
 		}
 		// not loaded yet (the start) or busy: what is stored
 		if data, err := p.s.Store.Load(ctx, k.pool, k.backend); err == nil && len(data) > 0 {
-			if b, err := UnmarshalBaseline(data); err == nil && b.SuiteHash == p.suite.Hash {
+			if b, err := drift.UnmarshalBaseline(data); err == nil && b.SuiteHash == p.suite.Hash {
 				baselines[k.backend] = b
 			}
 		}
 	}
-	v := ComparePeers(baselines, p.s.Params)
-	tv := CompareToolPeers(baselines, p.s.Params) // toolpeers.go
+	v := drift.ComparePeers(baselines, p.s.Params)
+	tv := drift.CompareToolPeers(baselines, p.s.Params) // toolpeers.go
 	now := p.s.Now()
 	var alerts []fleetwatch.DriftAlert
 	p.mu.Lock()
@@ -651,7 +652,7 @@ func (p *Prober) Rebaseline(ctx context.Context, pool, backend, by string) (flee
 
 // RebaselineAlert is the record of an operator's re-baseline: status
 // "unknown" (the backend enrols again), Extra action "rebaseline".
-func RebaselineAlert(pool, backend string, s *Suite, prev fleetwatch.DriftStatus, by string, now time.Time) fleetwatch.DriftAlert {
+func RebaselineAlert(pool, backend string, s *drift.Suite, prev fleetwatch.DriftStatus, by string, now time.Time) fleetwatch.DriftAlert {
 	if by == "" {
 		by = "an operator"
 	}
@@ -696,19 +697,19 @@ type BackendStatus struct {
 	Quarantined bool `json:"quarantined"`
 	// TrafficFingerprint is the system_fingerprint the backend's traffic
 	// showed in its last fingerprint event; FingerprintEvents counts them.
-	TrafficFingerprint   string            `json:"traffic_fingerprint,omitempty"`
-	FingerprintEvents    int               `json:"fingerprint_events"`
-	LastFingerprintEvent *FingerprintEvent `json:"last_fingerprint_event,omitempty"`
+	TrafficFingerprint   string                  `json:"traffic_fingerprint,omitempty"`
+	FingerprintEvents    int                     `json:"fingerprint_events"`
+	LastFingerprintEvent *drift.FingerprintEvent `json:"last_fingerprint_event,omitempty"`
 	// LastAlert is the backend's last drift alert, with its evidence.
 	LastAlert *fleetwatch.DriftAlert `json:"last_alert,omitempty"`
 	// Tools is the last cycle's tool-call tier (nil without tool probes).
-	Tools         *ToolResult  `json:"tools,omitempty"`
-	Caps          Capabilities `json:"capabilities"`
-	LastCycle     time.Time    `json:"last_cycle"`
-	LastError     string       `json:"last_error,omitempty"`
-	LastErrorKind string       `json:"last_error_kind,omitempty"`
-	LastErrorAt   time.Time    `json:"last_error_at"`
-	Errors        int          `json:"errors"`
+	Tools         *drift.ToolResult `json:"tools,omitempty"`
+	Caps          Capabilities      `json:"capabilities"`
+	LastCycle     time.Time         `json:"last_cycle"`
+	LastError     string            `json:"last_error,omitempty"`
+	LastErrorKind string            `json:"last_error_kind,omitempty"`
+	LastErrorAt   time.Time         `json:"last_error_at"`
+	Errors        int               `json:"errors"`
 	// Budget is the probe budget and what the probes spent (budget.go).
 	Budget *BudgetStatus `json:"budget,omitempty"`
 }
@@ -881,7 +882,7 @@ func (p *Prober) runUrgent(ctx context.Context) {
 // traffic showed is evidence for the cycles that follow (see
 // Cycle.TrafficFingerprint). Events of backends that are not targets are
 // ignored. It never blocks: it may be called from the ingest path.
-func (p *Prober) Fingerprint(events []FingerprintEvent) {
+func (p *Prober) Fingerprint(events []drift.FingerprintEvent) {
 	for _, e := range events {
 		k := backendKey{e.Pool, e.Backend}
 		st := p.backends[k]
@@ -915,7 +916,7 @@ func (p *Prober) Fingerprint(events []FingerprintEvent) {
 // read, waits for its first cycle (which reports any error).
 func (p *Prober) checkIdentity(ctx context.Context, st *backendState) {
 	st.run.Lock()
-	var b *Baseline
+	var b *drift.Baseline
 	if st.mon != nil {
 		b = st.mon.Baseline()
 	}
@@ -964,7 +965,7 @@ func (discardSink) Alert(fleetwatch.DriftAlert)                   {}
 func (discardSink) Status(string, string, fleetwatch.DriftStatus) {}
 func (discardSink) ProbeError(string, string, error)              {}
 
-// memStore is the in-memory BaselineStore used when none is given.
+// memStore is the in-memory baseline Store used when none is given.
 type memStore struct {
 	mu sync.Mutex // guards m
 	m  map[backendKey][]byte

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // Teacher-forced probes (docs/DRIFT.md "Teacher-forced probes"): where the
@@ -19,56 +21,6 @@ import (
 // instead of sampling continuations. Every cycle then measures the model at
 // the same positions in the same contexts: no greedy path can diverge, so
 // the statistic follows the model and not the path.
-
-// KindTeacher is the kind of the pseudo-prompts a teacher baseline is built
-// over (one per fixed text).
-const KindTeacher = "teacher"
-
-// MaxTeacherTexts and MaxTeacherTextBytes bound a suite's teacher section.
-const (
-	MaxTeacherTexts     = 32
-	MaxTeacherTextBytes = 4096
-)
-
-// ErrKindNoPromptLogprobs is the probe error kind of a backend enrolled with
-// teacher-forced scores that stops returning prompt logprobs.
-const ErrKindNoPromptLogprobs = "no_prompt_logprobs"
-
-// ErrNoPromptLogprobs is wrapped by the ProbeError of a backend that does
-// not score prompts: it answered the echo request with 400, 404, 422 or
-// 501, or answered without the prompt's logprobs (it ignored echo). At
-// enrolment it means "not supported: sampled probes only"; after an
-// enrolment with teacher scores it fails the cycle.
-var ErrNoPromptLogprobs = errors.New("probes: backend does not return prompt logprobs")
-
-// TeacherText is one fixed text of a suite's teacher section.
-type TeacherText struct {
-	ID   string `json:"id"`
-	Text string `json:"text"`
-}
-
-// validateTeacher checks a suite's teacher section: at most
-// MaxTeacherTexts texts with unique, non-empty ids and non-empty texts of
-// at most MaxTeacherTextBytes bytes, each of at least two words (the first
-// token has no logprob).
-func validateTeacher(ts []TeacherText) error {
-	if len(ts) > MaxTeacherTexts {
-		return fmt.Errorf("%w: %d teacher texts, want at most %d", ErrSuite, len(ts), MaxTeacherTexts)
-	}
-	seen := map[string]bool{}
-	for i, t := range ts {
-		switch {
-		case t.ID == "" || seen[t.ID]:
-			return fmt.Errorf("%w: teacher[%d].id %q is empty or repeated", ErrSuite, i, t.ID)
-		case len(strings.Fields(t.Text)) < 2:
-			return fmt.Errorf("%w: teacher[%d].text needs at least two words", ErrSuite, i)
-		case len(t.Text) > MaxTeacherTextBytes:
-			return fmt.Errorf("%w: teacher[%d].text is %d bytes, want at most %d", ErrSuite, i, len(t.Text), MaxTeacherTextBytes)
-		}
-		seen[t.ID] = true
-	}
-	return nil
-}
 
 // canonicalTeacher is the request that scores a fixed text: the text is
 // the prompt, echoed with its logprobs; one token is generated (and
@@ -120,7 +72,7 @@ type teacherResponse struct {
 // TeacherScore is what a backend said about one fixed text: the logprob of
 // every prompt token but the first (which has none), in order.
 type TeacherScore struct {
-	Tokens       []Token
+	Tokens       []drift.Token
 	PromptTokens int
 	Model        string
 	Fingerprint  string
@@ -135,46 +87,46 @@ type TeacherScore struct {
 func DecodeTeacherResponse(data []byte) (TeacherScore, error) {
 	var r teacherResponse
 	if err := json.Unmarshal(data, &r); err != nil {
-		return TeacherScore{}, fmt.Errorf("%w: %v", ErrBadResponse, err)
+		return TeacherScore{}, fmt.Errorf("%w: %v", drift.ErrBadResponse, err)
 	}
 	if len(r.Choices) == 0 {
-		return TeacherScore{}, fmt.Errorf("%w: no choices", ErrBadResponse)
+		return TeacherScore{}, fmt.Errorf("%w: no choices", drift.ErrBadResponse)
 	}
 	if r.Usage == nil || r.Usage.PromptTokens < 2 {
-		return TeacherScore{}, fmt.Errorf("%w: usage.prompt_tokens missing or < 2", ErrNoPromptLogprobs)
+		return TeacherScore{}, fmt.Errorf("%w: usage.prompt_tokens missing or < 2", drift.ErrNoPromptLogprobs)
 	}
 	n := r.Usage.PromptTokens
 	sc := TeacherScore{PromptTokens: n, Model: r.Model, Fingerprint: r.SystemFingerprint}
 	ch := r.Choices[0]
 	check := func(j int, v float64) error {
 		if math.IsNaN(v) || math.IsInf(v, 0) || v > 1e-6 {
-			return fmt.Errorf("%w: prompt token %d has logprob %v", ErrBadResponse, j, v)
+			return fmt.Errorf("%w: prompt token %d has logprob %v", drift.ErrBadResponse, j, v)
 		}
 		return nil
 	}
 	if lp := ch.Logprobs; lp != nil && len(lp.TokenLogprobs) > 0 && lp.TokenLogprobs[0] == nil {
 		if len(lp.Tokens) != len(lp.TokenLogprobs) {
-			return TeacherScore{}, fmt.Errorf("%w: %d tokens but %d token_logprobs", ErrBadResponse, len(lp.Tokens), len(lp.TokenLogprobs))
+			return TeacherScore{}, fmt.Errorf("%w: %d tokens but %d token_logprobs", drift.ErrBadResponse, len(lp.Tokens), len(lp.TokenLogprobs))
 		}
 		if len(lp.TokenLogprobs) < n {
-			return TeacherScore{}, fmt.Errorf("%w: %d token_logprobs for %d prompt tokens", ErrNoPromptLogprobs, len(lp.TokenLogprobs), n)
+			return TeacherScore{}, fmt.Errorf("%w: %d token_logprobs for %d prompt tokens", drift.ErrNoPromptLogprobs, len(lp.TokenLogprobs), n)
 		}
 		for j := 1; j < n; j++ {
 			v := lp.TokenLogprobs[j]
 			if v == nil {
-				return TeacherScore{}, fmt.Errorf("%w: prompt token %d has no logprob", ErrBadResponse, j)
+				return TeacherScore{}, fmt.Errorf("%w: prompt token %d has no logprob", drift.ErrBadResponse, j)
 			}
 			if err := check(j, *v); err != nil {
 				return TeacherScore{}, err
 			}
-			sc.Tokens = append(sc.Tokens, Token{Token: lp.Tokens[j], Logprob: min(*v, 0)})
+			sc.Tokens = append(sc.Tokens, drift.Token{Token: lp.Tokens[j], Logprob: min(*v, 0)})
 		}
 		return sc, nil
 	}
 	if pl := ch.PromptLogprobs; len(pl) >= n && pl[0] == nil {
 		for j := 1; j < n; j++ {
 			if len(pl[j]) != 1 {
-				return TeacherScore{}, fmt.Errorf("%w: prompt_logprobs[%d] holds %d tokens, want the prompt token alone", ErrNoPromptLogprobs, j, len(pl[j]))
+				return TeacherScore{}, fmt.Errorf("%w: prompt_logprobs[%d] holds %d tokens, want the prompt token alone", drift.ErrNoPromptLogprobs, j, len(pl[j]))
 			}
 			for id, e := range pl[j] {
 				if err := check(j, e.Logprob); err != nil {
@@ -184,12 +136,12 @@ func DecodeTeacherResponse(data []byte) (TeacherScore, error) {
 				if tok == "" {
 					tok = "id:" + id
 				}
-				sc.Tokens = append(sc.Tokens, Token{Token: tok, Logprob: min(e.Logprob, 0)})
+				sc.Tokens = append(sc.Tokens, drift.Token{Token: tok, Logprob: min(e.Logprob, 0)})
 			}
 		}
 		return sc, nil
 	}
-	return TeacherScore{}, fmt.Errorf("%w: the answer carries no prompt logprobs (echo ignored?)", ErrNoPromptLogprobs)
+	return TeacherScore{}, fmt.Errorf("%w: the answer carries no prompt logprobs (echo ignored?)", drift.ErrNoPromptLogprobs)
 }
 
 // Score sends a fixed text's scoring request to POST /v1/completions,
@@ -197,31 +149,31 @@ func DecodeTeacherResponse(data []byte) (TeacherScore, error) {
 // does not have). A 400, 404, 422 or 501 answer, or an answer without
 // prompt logprobs, is a ProbeError of kind ErrKindNoPromptLogprobs wrapping
 // ErrNoPromptLogprobs.
-func (c *Client) Score(ctx context.Context, model string, t TeacherText) (Observation, error) {
+func (c *Client) Score(ctx context.Context, model string, t drift.TeacherText) (drift.Observation, error) {
 	const op = "POST /v1/completions (echo)"
 	data, err := c.do(ctx, http.MethodPost, "/v1/completions", TeacherRequestBody(model, t.Text))
-	var pe *ProbeError
-	if errors.As(err, &pe) && pe.Kind == ErrKindStatus && slices.Contains([]int{http.StatusBadRequest,
+	var pe *drift.ProbeError
+	if errors.As(err, &pe) && pe.Kind == drift.ErrKindStatus && slices.Contains([]int{http.StatusBadRequest,
 		http.StatusNotFound, http.StatusUnprocessableEntity, http.StatusNotImplemented}, pe.Status) {
-		return Observation{}, &ProbeError{Kind: ErrKindNoPromptLogprobs, Status: pe.Status, Op: op, Err: fmt.Errorf("%w: %w", ErrNoPromptLogprobs, pe.Err)}
+		return drift.Observation{}, &drift.ProbeError{Kind: drift.ErrKindNoPromptLogprobs, Status: pe.Status, Op: op, Err: fmt.Errorf("%w: %w", drift.ErrNoPromptLogprobs, pe.Err)}
 	}
 	if err != nil {
-		return Observation{}, err
+		return drift.Observation{}, err
 	}
 	sc, err := DecodeTeacherResponse(data)
 	switch {
-	case errors.Is(err, ErrNoPromptLogprobs):
-		return Observation{}, &ProbeError{Kind: ErrKindNoPromptLogprobs, Op: op, Err: err}
+	case errors.Is(err, drift.ErrNoPromptLogprobs):
+		return drift.Observation{}, &drift.ProbeError{Kind: drift.ErrKindNoPromptLogprobs, Op: op, Err: err}
 	case err != nil:
-		return Observation{}, &ProbeError{Kind: ErrKindMalformed, Op: op, Err: err}
+		return drift.Observation{}, &drift.ProbeError{Kind: drift.ErrKindMalformed, Op: op, Err: err}
 	}
 	return sc.Observation(t.ID), nil
 }
 
 // Observation records a teacher score like a probe response: the scored
 // tokens as its sequence (always the text's own), with logprobs.
-func (sc TeacherScore) Observation(id string) Observation {
-	o := Observation{Prompt: id, Tokens: sc.Tokens, HasLogprobs: true, Model: sc.Model,
+func (sc TeacherScore) Observation(id string) drift.Observation {
+	o := drift.Observation{Prompt: id, Tokens: sc.Tokens, HasLogprobs: true, Model: sc.Model,
 		Fingerprint: sc.Fingerprint, PromptTokens: sc.PromptTokens}
 	var b strings.Builder
 	for _, t := range sc.Tokens {
@@ -233,8 +185,8 @@ func (sc TeacherScore) Observation(id string) Observation {
 
 // ScoreTexts scores every text of ts in order, each request bounded by
 // timeout (0: only ctx). The first failure ends it.
-func (c *Client) ScoreTexts(ctx context.Context, model string, ts []TeacherText, timeout time.Duration) ([]Observation, error) {
-	out := make([]Observation, 0, len(ts))
+func (c *Client) ScoreTexts(ctx context.Context, model string, ts []drift.TeacherText, timeout time.Duration) ([]drift.Observation, error) {
+	out := make([]drift.Observation, 0, len(ts))
 	for _, t := range ts {
 		cctx, cancel := ctx, context.CancelFunc(func() {})
 		if timeout > 0 {
@@ -274,12 +226,12 @@ func teacherModel(t Target, ids []string) string {
 // scores, and the Monitor either enrols the backend on its sampled probes
 // alone or, when its baseline has a teacher tier, fails the cycle with a
 // probe error of kind ErrKindNoPromptLogprobs. Called with st.run held.
-func (p *Prober) teach(ctx context.Context, st *backendState, cy *Cycle, caps *Capabilities) error {
+func (p *Prober) teach(ctx context.Context, st *backendState, cy *drift.Cycle, caps *Capabilities) error {
 	if !st.mon.WantsTeacher() {
 		return nil
 	}
 	obs, err := st.client.ScoreTexts(ctx, teacherModel(st.t, cy.Identity.ModelIDs), p.suite.Teacher, p.s.Timeout)
-	if errors.Is(err, ErrNoPromptLogprobs) {
+	if errors.Is(err, drift.ErrNoPromptLogprobs) {
 		// enrolling: judged on the sampled probes from now on; enrolled
 		// with scores: the monitor fails the cycle (after its own check
 		// that the sampled probes still carry logprobs)

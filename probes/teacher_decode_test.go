@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // vLLM's answer to {"prompt":"Hello big world","echo":true,"logprobs":1,
@@ -27,27 +28,27 @@ func TestDecodeTeacherResponse(t *testing.T) {
 		err  error
 	}{
 		{"vLLM echo", vllmEcho, probes.TeacherScore{PromptTokens: 3, Model: "m",
-			Tokens: []probes.Token{{Token: " big", Logprob: -7.25}, {Token: " world", Logprob: -2.5}}}, nil},
+			Tokens: []drift.Token{{Token: " big", Logprob: -7.25}, {Token: " world", Logprob: -2.5}}}, nil},
 		{"vLLM prompt_logprobs 0", `{"model":"m","choices":[{"text":"!","logprobs":null,"prompt_logprobs":[null,
 			{"1234":{"logprob":-7.25,"rank":9,"decoded_token":" big"}},{"99":{"logprob":-2.5,"rank":1,"decoded_token":" world"}}]}],
 			"usage":{"prompt_tokens":3}}`, probes.TeacherScore{PromptTokens: 3, Model: "m",
-			Tokens: []probes.Token{{Token: " big", Logprob: -7.25}, {Token: " world", Logprob: -2.5}}}, nil},
+			Tokens: []drift.Token{{Token: " big", Logprob: -7.25}, {Token: " world", Logprob: -2.5}}}, nil},
 		{"echo ignored", `{"choices":[{"text":"!","logprobs":{"tokens":["!"],"token_logprobs":[-0.75]}}],"usage":{"prompt_tokens":3}}`,
-			probes.TeacherScore{}, probes.ErrNoPromptLogprobs},
-		{"no logprobs", `{"choices":[{"text":"Hello big world!"}],"usage":{"prompt_tokens":3}}`, probes.TeacherScore{}, probes.ErrNoPromptLogprobs},
-		{"no usage", `{"choices":[{"logprobs":{"tokens":["a","b"],"token_logprobs":[null,-1]}}]}`, probes.TeacherScore{}, probes.ErrNoPromptLogprobs},
+			probes.TeacherScore{}, drift.ErrNoPromptLogprobs},
+		{"no logprobs", `{"choices":[{"text":"Hello big world!"}],"usage":{"prompt_tokens":3}}`, probes.TeacherScore{}, drift.ErrNoPromptLogprobs},
+		{"no usage", `{"choices":[{"logprobs":{"tokens":["a","b"],"token_logprobs":[null,-1]}}]}`, probes.TeacherScore{}, drift.ErrNoPromptLogprobs},
 		{"too few logprobs", `{"choices":[{"logprobs":{"tokens":["a","b"],"token_logprobs":[null,-1]}}],"usage":{"prompt_tokens":3}}`,
-			probes.TeacherScore{}, probes.ErrNoPromptLogprobs},
+			probes.TeacherScore{}, drift.ErrNoPromptLogprobs},
 		{"prompt_logprobs with alternatives", `{"choices":[{"prompt_logprobs":[null,{"1":{"logprob":-1},"2":{"logprob":-0.5}}]}],"usage":{"prompt_tokens":2}}`,
-			probes.TeacherScore{}, probes.ErrNoPromptLogprobs},
+			probes.TeacherScore{}, drift.ErrNoPromptLogprobs},
 		{"null inside", `{"choices":[{"logprobs":{"tokens":["a","b","c"],"token_logprobs":[null,null,-1]}}],"usage":{"prompt_tokens":3}}`,
-			probes.TeacherScore{}, probes.ErrBadResponse},
+			probes.TeacherScore{}, drift.ErrBadResponse},
 		{"positive logprob", `{"choices":[{"logprobs":{"tokens":["a","b"],"token_logprobs":[null,0.5]}}],"usage":{"prompt_tokens":2}}`,
-			probes.TeacherScore{}, probes.ErrBadResponse},
+			probes.TeacherScore{}, drift.ErrBadResponse},
 		{"arrays differ", `{"choices":[{"logprobs":{"tokens":["a"],"token_logprobs":[null,-1]}}],"usage":{"prompt_tokens":2}}`,
-			probes.TeacherScore{}, probes.ErrBadResponse},
-		{"no choices", `{"choices":[],"usage":{"prompt_tokens":2}}`, probes.TeacherScore{}, probes.ErrBadResponse},
-		{"not JSON", `<html>`, probes.TeacherScore{}, probes.ErrBadResponse},
+			probes.TeacherScore{}, drift.ErrBadResponse},
+		{"no choices", `{"choices":[],"usage":{"prompt_tokens":2}}`, probes.TeacherScore{}, drift.ErrBadResponse},
+		{"not JSON", `<html>`, probes.TeacherScore{}, drift.ErrBadResponse},
 	}
 	for _, tt := range tests {
 		got, err := probes.DecodeTeacherResponse([]byte(tt.body))
@@ -103,7 +104,7 @@ func FuzzDecodeTeacherResponse(f *testing.F) {
 					t.Fatalf("logprob %v decoded", tk.Logprob)
 				}
 			}
-		} else if !errors.Is(err, probes.ErrBadResponse) && !errors.Is(err, probes.ErrNoPromptLogprobs) {
+		} else if !errors.Is(err, drift.ErrBadResponse) && !errors.Is(err, drift.ErrNoPromptLogprobs) {
 			t.Fatalf("error %v is neither ErrBadResponse nor ErrNoPromptLogprobs", err)
 		}
 		// round trip of a well-formed score
@@ -115,7 +116,7 @@ func FuzzDecodeTeacherResponse(f *testing.F) {
 		}
 		valid := func(s string) string { return strings.ToValidUTF8(s, "\uFFFD") } // what JSON can carry
 		want := probes.TeacherScore{PromptTokens: 3, Model: "m", Fingerprint: "fp",
-			Tokens: []probes.Token{{Token: valid(tok1), Logprob: clamp(lp1)}, {Token: valid(tok2), Logprob: clamp(lp2)}}}
+			Tokens: []drift.Token{{Token: valid(tok1), Logprob: clamp(lp1)}, {Token: valid(tok2), Logprob: clamp(lp2)}}}
 		got, err := probes.DecodeTeacherResponse(echoBody(first, want))
 		if err != nil {
 			t.Fatalf("decode(encode(%+v)): %v", want, err)

@@ -16,6 +16,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // The default suite's fixed texts are scored over HTTP exactly as the toy
@@ -57,13 +58,13 @@ func enrolTeacher(t *testing.T, c fakeai.Completer, store *mapStore) (*probes.Pr
 	return p, fs, sink
 }
 
-func storedBaseline(t *testing.T, store *mapStore) *probes.Baseline {
+func storedBaseline(t *testing.T, store *mapStore) *drift.Baseline {
 	t.Helper()
 	data, err := store.Load(t.Context(), "p", "b")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := probes.UnmarshalBaseline(data)
+	b, err := drift.UnmarshalBaseline(data)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +176,7 @@ func TestProberFallsBackToSampledProbes(t *testing.T) {
 		t.Cleanup(hs.Close)
 		c := probes.NewClient(probes.Target{Pool: "p", Backend: "b", URL: hs.URL}, nil)
 		_, err := c.Score(t.Context(), "fake-model", s.Teacher[0])
-		if !errors.Is(err, probes.ErrNoPromptLogprobs) || probes.ErrorKind(err) != probes.ErrKindNoPromptLogprobs {
+		if !errors.Is(err, drift.ErrNoPromptLogprobs) || drift.ErrorKind(err) != drift.ErrKindNoPromptLogprobs {
 			t.Errorf("score from a server ignoring echo: %v, want ErrNoPromptLogprobs", err)
 		}
 	})
@@ -189,12 +190,12 @@ func TestLostPromptLogprobsIsAProbeError(t *testing.T) {
 	p, _, sink := enrolTeacher(t, sw, &mapStore{m: map[string][]byte{}})
 	sw.Set(ref.With(toylm.Options{NoPromptLogprobs: true}))
 	err := p.ProbeBackend(t.Context(), "p", "b")
-	if !errors.Is(err, probes.ErrNoPromptLogprobs) {
+	if !errors.Is(err, drift.ErrNoPromptLogprobs) {
 		t.Fatalf("cycle error %v, want ErrNoPromptLogprobs", err)
 	}
 	st := p.Statuses()[0]
-	if st.LastErrorKind != probes.ErrKindNoPromptLogprobs || st.Status != fleetwatch.DriftOK || len(sink.alertsFor("b")) != 0 {
-		t.Errorf("status %+v alerts %v: want a %s probe error and no verdict", st, sink.alertsFor("b"), probes.ErrKindNoPromptLogprobs)
+	if st.LastErrorKind != drift.ErrKindNoPromptLogprobs || st.Status != fleetwatch.DriftOK || len(sink.alertsFor("b")) != 0 {
+		t.Errorf("status %+v alerts %v: want a %s probe error and no verdict", st, sink.alertsFor("b"), drift.ErrKindNoPromptLogprobs)
 	}
 }
 
@@ -221,15 +222,15 @@ func TestSuiteTeacherSection(t *testing.T) {
 		{"unknown field", `,"teacher":[{"id":"t1","text":"one two","x":1}]`, false},
 	}
 	for _, tt := range tests {
-		s, err := probes.ParseSuite([]byte(base + tt.teacher + `}`))
+		s, err := drift.ParseSuite([]byte(base + tt.teacher + `}`))
 		if tt.ok != (err == nil) {
 			t.Errorf("%s: error %v, want ok %v", tt.name, err, tt.ok)
 		}
-		if err != nil && !errors.Is(err, probes.ErrSuite) {
+		if err != nil && !errors.Is(err, drift.ErrSuite) {
 			t.Errorf("%s: error %v is not ErrSuite", tt.name, err)
 		}
 		if tt.name == "two texts" && err == nil {
-			plain, _ := probes.ParseSuite([]byte(base + `}`))
+			plain, _ := drift.ParseSuite([]byte(base + `}`))
 			if s.Hash == plain.Hash {
 				t.Errorf("teacher texts do not change the suite's hash")
 			}

@@ -13,11 +13,12 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
-func toolSuite(t *testing.T) *probes.Suite {
+func toolSuite(t *testing.T) *drift.Suite {
 	t.Helper()
-	s, err := probes.LoadSuite("default-v1+tools-v1")
+	s, err := drift.LoadSuite("default-v1+tools-v1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,8 +48,8 @@ func TestToolCycleOverHTTP(t *testing.T) {
 			t.Errorf("%s: %d calls of %q, want one of %s", o.Prompt, o.Calls, o.Name, o.Expect)
 		}
 	}
-	c0 := probes.CountTools(cy.Tools)
-	want := probes.ToolCounts{ShouldCall: 40, Called: 40, RightName: 40, ArgsParse: 40, ArgsValid: 40, ShouldNotCall: 8, NoCall: 8}
+	c0 := drift.CountTools(cy.Tools)
+	want := drift.ToolCounts{ShouldCall: 40, Called: 40, RightName: 40, ArgsParse: 40, ArgsValid: 40, ShouldNotCall: 8, NoCall: 8}
 	if c0 != want {
 		t.Errorf("counts %+v, want %+v", c0, want)
 	}
@@ -87,7 +88,7 @@ func TestProberCatchesBrokenToolCallsOverHTTP(t *testing.T) {
 	if before, after := ev["valid_call_rate_before"].(float64), ev["valid_call_rate_after"].(float64); before != 1 || after > 0.8 {
 		t.Errorf("valid-call rate %v -> %v, want 1 -> at most 0.8", before, after)
 	}
-	bad, ok := ev["bad_call"].(*probes.ToolObservation)
+	bad, ok := ev["bad_call"].(*drift.ToolObservation)
 	if !ok || bad.Correct || !bad.ArgsParse || bad.ArgsValid || !strings.Contains(bad.Problem, "missing required field") {
 		t.Errorf("bad call %+v", ev["bad_call"])
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // canonicalToolChat is the request body of a tool probe; fields in a fixed
@@ -35,7 +37,7 @@ type toolFunction struct {
 // ToolRequestBody is the canonical request of tool prompt i of t: every
 // function of the suite offered in OpenAI's `tools` format, the prompt's
 // tool_choice, temperature 0, top_p 1, seed 1.
-func ToolRequestBody(model string, t *ToolSuite, i int) []byte {
+func ToolRequestBody(model string, t *drift.ToolSuite, i int) []byte {
 	p := t.Prompts[i]
 	tools := make([]toolEntry, len(t.Functions))
 	for k, f := range t.Functions {
@@ -43,7 +45,7 @@ func ToolRequestBody(model string, t *ToolSuite, i int) []byte {
 	}
 	choice := p.ToolChoice
 	if choice == "" {
-		choice = ToolChoiceAuto
+		choice = drift.ToolChoiceAuto
 	}
 	b, _ := json.Marshal(canonicalToolChat{Model: model, Messages: []chatMessage{{Role: "user", Content: p.Text}},
 		Tools: tools, ToolChoice: choice, TopP: 1, MaxTokens: t.MaxTokens, Seed: 1})
@@ -64,21 +66,21 @@ type toolChatResponse struct {
 	} `json:"choices"`
 }
 
-// ParseToolCalls reads the tool calls of a chat completion body:
+// parseToolCalls reads the tool calls of a chat completion body:
 // choices[0].message.tool_calls[].function.{name,arguments}. Arguments
 // that are a JSON string are unquoted; any other JSON value is kept as its
 // text with NotString set.
-func ParseToolCalls(body []byte) ([]ToolCall, error) {
+func parseToolCalls(body []byte) ([]drift.ToolCall, error) {
 	var r toolChatResponse
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadResponse, err)
+		return nil, fmt.Errorf("%w: %v", drift.ErrBadResponse, err)
 	}
 	if len(r.Choices) == 0 || r.Choices[0].Message == nil {
-		return nil, fmt.Errorf("%w: no choices[0].message", ErrBadResponse)
+		return nil, fmt.Errorf("%w: no choices[0].message", drift.ErrBadResponse)
 	}
-	var calls []ToolCall
+	var calls []drift.ToolCall
 	for _, tc := range r.Choices[0].Message.ToolCalls {
-		c := ToolCall{Name: tc.Function.Name}
+		c := drift.ToolCall{Name: tc.Function.Name}
 		var s string
 		if err := json.Unmarshal(tc.Function.Arguments, &s); err == nil {
 			c.Arguments = s
@@ -93,26 +95,26 @@ func ParseToolCalls(body []byte) ([]ToolCall, error) {
 // ProbeTool sends tool prompt i of t and judges the answer. A 400 answer
 // (a backend that does not take tools) is recorded as rejected, not an
 // error; any other failure is a probe error.
-func (c *Client) ProbeTool(ctx context.Context, model string, t *ToolSuite, i int) (ToolObservation, error) {
+func (c *Client) ProbeTool(ctx context.Context, model string, t *drift.ToolSuite, i int) (drift.ToolObservation, error) {
 	const path = "/v1/chat/completions"
 	data, err := c.do(ctx, http.MethodPost, path, ToolRequestBody(model, t, i))
-	var pe *ProbeError
-	if errors.As(err, &pe) && pe.Kind == ErrKindStatus && pe.Status == http.StatusBadRequest {
-		return JudgeTool(t, i, nil, true), nil
+	var pe *drift.ProbeError
+	if errors.As(err, &pe) && pe.Kind == drift.ErrKindStatus && pe.Status == http.StatusBadRequest {
+		return drift.JudgeTool(t, i, nil, true), nil
 	}
 	if err != nil {
-		return ToolObservation{}, err
+		return drift.ToolObservation{}, err
 	}
-	calls, err := ParseToolCalls(data)
+	calls, err := parseToolCalls(data)
 	if err != nil {
-		return ToolObservation{}, &ProbeError{Kind: ErrKindMalformed, Op: "POST " + path, Err: err}
+		return drift.ToolObservation{}, &drift.ProbeError{Kind: drift.ErrKindMalformed, Op: "POST " + path, Err: err}
 	}
-	return JudgeTool(t, i, calls, false), nil
+	return drift.JudgeTool(t, i, calls, false), nil
 }
 
 // runTools probes every tool prompt once, in order.
-func (c *Client) runTools(ctx context.Context, call func() (context.Context, context.CancelFunc), model string, t *ToolSuite) ([]ToolObservation, error) {
-	out := make([]ToolObservation, 0, len(t.Prompts))
+func (c *Client) runTools(ctx context.Context, call func() (context.Context, context.CancelFunc), model string, t *drift.ToolSuite) ([]drift.ToolObservation, error) {
+	out := make([]drift.ToolObservation, 0, len(t.Prompts))
 	for i := range t.Prompts {
 		cctx, cancel := call()
 		o, err := c.ProbeTool(cctx, model, t, i)

@@ -54,7 +54,7 @@ var directKeys = map[string]func(c *Config) any{
 	"http.tls_key":          func(c *Config) any { return c.HTTP.TLSKey },
 	"http.insecure":         func(c *Config) any { return c.HTTP.Insecure },
 	"probes.disabled":       func(c *Config) any { return c.Probes.Disabled },
-	"probes.suite":          func(c *Config) any { return c.Probes.Suite }, // probes.LoadSuite(name)
+	"probes.suite":          func(c *Config) any { return c.Probes.Suite }, // drift.LoadSuite(name)
 }
 
 func poolsField(c *Config, f func(PoolConfig) any) any {

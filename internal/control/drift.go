@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // This file is the drift control requests that serve's probes answer and
@@ -163,11 +164,11 @@ func storedStatuses(ctx context.Context, js jetstream.JetStream, subj fleetwatch
 		if err != nil || len(e.Value()) == 0 {
 			continue // deleted, or cleared by a re-baseline
 		}
-		st, err := probes.UnmarshalState(e.Value())
+		st, err := drift.UnmarshalState(e.Value())
 		if err != nil {
 			continue
 		}
-		out = append(out, st.BackendStatus())
+		out = append(out, probes.StoredStatus(st))
 	}
 	slices.SortFunc(out, func(a, b probes.BackendStatus) int {
 		return strings.Compare(a.Pool+"\x00"+a.Backend, b.Pool+"\x00"+b.Backend)
@@ -274,7 +275,7 @@ func BudgetLine(b *probes.BudgetStatus) string {
 // Rebaseline asks a running serve to drop a backend's baseline and enrol
 // it again; it returns the re-baseline alert and whether serve did it.
 // When no serve answers, it clears the stored baseline itself and records
-// a re-baseline alert (of the suite named suite, see probes.LoadSuite) in
+// a re-baseline alert (of the suite named suite, see drift.LoadSuite) in
 // FW_DRIFT.
 func Rebaseline(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj fleetwatch.Subjects, req RebaselineRequest, suite string, now time.Time) (alert fleetwatch.DriftAlert, byServe bool, err error) {
 	data, _ := json.Marshal(req)
@@ -312,7 +313,7 @@ func Rebaseline(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, subj
 		if _, err := EnsureDriftStream(ctx, js, subj); err != nil {
 			return fleetwatch.DriftAlert{}, false, err
 		}
-		s, err := probes.LoadSuite(suite)
+		s, err := drift.LoadSuite(suite)
 		if err != nil {
 			return fleetwatch.DriftAlert{}, false, err
 		}

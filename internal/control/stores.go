@@ -34,7 +34,7 @@ func Key(pool, backend string) string {
 	return pool + "." + base64.RawURLEncoding.EncodeToString([]byte(backend))
 }
 
-// Load implements probes.BaselineStore.
+// Load implements probes.Store.
 func (s KVBaselines) Load(ctx context.Context, pool, backend string) ([]byte, error) {
 	e, err := s.KV.Get(ctx, Key(pool, backend))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -46,7 +46,7 @@ func (s KVBaselines) Load(ctx context.Context, pool, backend string) ([]byte, er
 	return e.Value(), nil
 }
 
-// Save implements probes.BaselineStore; nil data clears the baseline.
+// Save implements probes.Store; nil data clears the baseline.
 func (s KVBaselines) Save(ctx context.Context, pool, backend string, data []byte) error {
 	_, err := s.KV.Put(ctx, Key(pool, backend), data)
 	return err
@@ -64,7 +64,7 @@ func OpenBaselines(ctx context.Context, js jetstream.JetStream, subj fleetwatch.
 }
 
 // BucketDriftState is the JetStream KV bucket of each backend's drift state
-// (probes.DriftState) under subj's prefix: fw_drift for the default one.
+// (drift.DriftState) under subj's prefix: fw_drift for the default one.
 func BucketDriftState(subj fleetwatch.Subjects) string {
 	return strings.TrimSuffix(subj.BucketBaselines(), "_probe_baselines") + "_drift"
 }
@@ -73,7 +73,7 @@ func BucketDriftState(subj fleetwatch.Subjects) string {
 // same keys as the baselines ("<pool>.<base64url(backend)>").
 type KVStates struct{ KV jetstream.KeyValue }
 
-// Load implements probes.StateStore.
+// Load implements probes.Store.
 func (s KVStates) Load(ctx context.Context, pool, backend string) ([]byte, error) {
 	e, err := s.KV.Get(ctx, Key(pool, backend))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -85,7 +85,7 @@ func (s KVStates) Load(ctx context.Context, pool, backend string) ([]byte, error
 	return e.Value(), nil
 }
 
-// Save implements probes.StateStore; nil data clears the state.
+// Save implements probes.Store; nil data clears the state.
 func (s KVStates) Save(ctx context.Context, pool, backend string, data []byte) error {
 	_, err := s.KV.Put(ctx, Key(pool, backend), data)
 	return err

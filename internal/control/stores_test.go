@@ -51,8 +51,8 @@ func TestStoresRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var baselines probes.BaselineStore = KVBaselines{KV: bkv}
-	var states probes.StateStore = KVStates{KV: skv}
+	var baselines probes.Store = KVBaselines{KV: bkv}
+	var states probes.Store = KVStates{KV: skv}
 	if _, err := baselines.Load(t.Context(), "p", "b"); !errors.Is(err, probes.ErrNoBaseline) {
 		t.Errorf("baseline of a new backend: %v, want probes.ErrNoBaseline", err)
 	}

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // The tool-call scenario: every backend is probed with function-calling
@@ -30,7 +30,7 @@ const demoToolPrompts = 16
 // writeToolSuite writes the demo's tool suite into dir and returns the
 // probes.suite value that adds it to default-v1.
 func writeToolSuite(dir string) (string, error) {
-	full, err := probes.LoadSuite("default-v1+tools-v1")
+	full, err := drift.LoadSuite("default-v1+tools-v1")
 	if err != nil {
 		return "", err
 	}
@@ -54,7 +54,7 @@ func writeToolSuite(dir string) (string, error) {
 	if err := os.WriteFile(path, data, 0o600); err != nil {
 		return "", err
 	}
-	return probes.DefaultSuite + "+" + path, nil
+	return drift.DefaultSuite + "+" + path, nil
 }
 
 // toolIncident is the script step that breaks vllm-d's tool calls.

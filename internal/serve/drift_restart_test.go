@@ -18,6 +18,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"github.com/fleetwatch/fleetwatch/internal/toylm"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // statusOf is backend's entry in a drift-status reply (zero while no serve
@@ -209,7 +210,7 @@ review: {schedule: "@every 1h"}
 	// the collector's subscriptions may reorder the two publishes: the
 	// change is one way or the other
 	e := st.LastFingerprintEvent
-	if e == nil || st.TrafficFingerprint != e.After || e.Kind != probes.FingerprintChanged ||
+	if e == nil || st.TrafficFingerprint != e.After || e.Kind != drift.FingerprintChanged ||
 		!(e.Before == "fp_1" && e.After == "fp_2" || e.Before == "fp_2" && e.After == "fp_1") {
 		t.Errorf("drift status of a: traffic fingerprint %q, last event %+v", st.TrafficFingerprint, e)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/control"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // probeDeps is what startProbes needs from serve.
@@ -55,18 +56,18 @@ type probeDeps struct {
 
 // fingerprintSink is the collector's sink in serve: the analyzer (through
 // the partitions' sink with JetStream), plus a
-// probes.Fingerprints tracker that follows the system_fingerprint of
+// drift.Fingerprints tracker that follows the system_fingerprint of
 // outcome events and hands its events (rare: a change, a disagreement with
 // the pool) to the running probes. The analyzer stays free of it; the
 // tracker costs one lock per batch that carries fingerprints.
 type fingerprintSink struct {
 	an      collector.RefusingSink
-	tracker *probes.Fingerprints
-	handler atomic.Pointer[func([]probes.FingerprintEvent)] // nil while the probes do not run
+	tracker *drift.Fingerprints
+	handler atomic.Pointer[func([]drift.FingerprintEvent)] // nil while the probes do not run
 }
 
 func newFingerprintSink(an collector.RefusingSink) *fingerprintSink {
-	return &fingerprintSink{an: an, tracker: probes.NewFingerprints(probes.FingerprintSettings{})}
+	return &fingerprintSink{an: an, tracker: drift.NewFingerprints(drift.FingerprintSettings{})}
 }
 
 func (f *fingerprintSink) track(batch []fleetwatch.Event) {
@@ -169,7 +170,7 @@ func startProbes(ctx context.Context, d probeDeps) (*driftProbes, error) {
 	d.defaults()
 	cfg := d.cfg
 	subj := fleetwatch.Subjects{Prefix: d.prefix}
-	suite, err := probes.LoadSuite(cfg.Probes.Suite)
+	suite, err := drift.LoadSuite(cfg.Probes.Suite)
 	if err != nil {
 		return nil, err
 	}
@@ -264,8 +265,8 @@ func (d *probeDeps) defaults() {
 // driftStores are the probes' JetStream stores (all nil without
 // JetStream: baselines and states in memory, no alerts kept).
 type driftStores struct {
-	baselines probes.BaselineStore
-	states    probes.StateStore
+	baselines probes.Store
+	states    probes.Store
 	stream    jetstream.Stream
 }
 

@@ -19,6 +19,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // Reloading the configuration (docs/OPERATIONS.md "Changing the
@@ -193,7 +194,7 @@ func (s *Server) reload() (ReloadResult, error) {
 	probesChanged := !reflect.DeepEqual(prev.ProbeSettings(getenv), next.ProbeSettings(getenv)) ||
 		!reflect.DeepEqual(prev.Probes, next.Probes) || prev.Review != next.Review
 	if probesChanged && !next.Probes.Disabled {
-		suite, err := probes.LoadSuite(next.Probes.Suite)
+		suite, err := drift.LoadSuite(next.Probes.Suite)
 		if err != nil {
 			return res, &config.Error{File: file, Key: "probes.suite", Msg: err.Error()}
 		}

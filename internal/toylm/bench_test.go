@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // BenchmarkComplete is one 20-token greedy completion with top-5 logprobs;
@@ -32,7 +32,7 @@ func BenchmarkCompleteNoTop(b *testing.B) {
 // BenchmarkHarnessCycle is one probe cycle of the suite against the toy
 // model plus its evaluation by an enrolled Monitor.
 func BenchmarkHarnessCycle(b *testing.B) {
-	s, err := probes.LoadSuite("")
+	s, err := drift.LoadSuite("")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 
 	fleetwatch "github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // NoiseLevels are the run-to-run logit noise sigmas of docs/DRIFT.md.
@@ -128,11 +128,11 @@ func Variants(ref *Model) []Variant {
 	}
 }
 
-// Harness drives probes.Monitor with toy backends in process, the same
+// Harness drives drift.Monitor with toy backends in process, the same
 // statistics and decisions that serve runs, without HTTP.
 type Harness struct {
-	Suite  *probes.Suite
-	Params probes.Params
+	Suite  *drift.Suite
+	Params drift.Params
 	// Enrol is the minimum number of enrolment cycles. If zero, 8.
 	Enrol int
 	// Interval is the time between cycles. If zero, 5m (serve's default
@@ -147,8 +147,8 @@ type Harness struct {
 	// Workers is how many backends Null runs at once. If zero, 1.
 	Workers int
 	// Teacher is how the monitors judge teacher-forced scores (the suite's
-	// fixed texts). If empty, probes.TeacherOnly, serve's default.
-	Teacher probes.TeacherMode
+	// fixed texts). If empty, drift.TeacherOnly, serve's default.
+	Teacher drift.TeacherMode
 	// LegacyS4 makes the sampled tier judge as it did before its
 	// persistence test: each baseline's position variances are cleared
 	// after enrolment, as in a baseline stored before the test existed,
@@ -164,8 +164,8 @@ func (h *Harness) ref() *Model {
 }
 
 // Cycle probes completer c once with the suite's canonical requests.
-func Cycle(s *probes.Suite, c fakeai.Completer, at time.Time) *probes.Cycle {
-	cy := &probes.Cycle{At: at}
+func Cycle(s *drift.Suite, c fakeai.Completer, at time.Time) *drift.Cycle {
+	cy := &drift.Cycle{At: at}
 	seed := int64(1)
 	for _, p := range s.Prompts {
 		comp := c.Complete(fakeai.CompletionRequest{
@@ -182,17 +182,17 @@ func Cycle(s *probes.Suite, c fakeai.Completer, at time.Time) *probes.Cycle {
 }
 
 // Observe converts a completion into the probe's record of it.
-func Observe(promptID string, c fakeai.Completion) probes.Observation {
-	o := probes.Observation{
+func Observe(promptID string, c fakeai.Completion) drift.Observation {
+	o := drift.Observation{
 		Prompt: promptID, Text: c.Text, HasLogprobs: !c.NoLogprobs, Fingerprint: c.Fingerprint,
 		Model: "toy", FinishReason: c.FinishReason, PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens,
 	}
 	for _, t := range c.Tokens {
-		tok := probes.Token{Token: t.Token}
+		tok := drift.Token{Token: t.Token}
 		if !c.NoLogprobs {
 			tok.Logprob = t.Logprob
 			for _, a := range t.Top {
-				tok.Top = append(tok.Top, probes.Alt{Token: a.Token, Logprob: a.Logprob})
+				tok.Top = append(tok.Top, drift.Alt{Token: a.Token, Logprob: a.Logprob})
 			}
 		}
 		o.Tokens = append(o.Tokens, tok)
@@ -228,8 +228,8 @@ func (b *backend) setNoise() {
 	}
 }
 
-func (h *Harness) monitor(id string) *probes.Monitor {
-	return probes.NewMonitor("sim", id, probes.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: h.EnrolMin, Params: h.Params, Teacher: h.Teacher}, nil)
+func (h *Harness) monitor(id string) *drift.Monitor {
+	return drift.NewMonitor("sim", id, drift.MonitorSettings{Suite: h.Suite, Enrol: h.Enrol, EnrolMin: h.EnrolMin, Params: h.Params, Teacher: h.Teacher}, nil)
 }
 
 // at is the time of cycle i.
@@ -244,7 +244,7 @@ func (h *Harness) at(i int) time.Time {
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // enrol runs cycles until m has a baseline and returns the next cycle index.
-func (h *Harness) enrol(m *probes.Monitor, b *backend) (int, error) {
+func (h *Harness) enrol(m *drift.Monitor, b *backend) (int, error) {
 	for i := 0; ; i++ {
 		b.setNoise()
 		r, err := m.Observe(h.cycle(m, b.c, h.at(i)), nil)
@@ -261,7 +261,7 @@ func (h *Harness) enrol(m *probes.Monitor, b *backend) (int, error) {
 }
 
 // clearVariances zeroes the sampled positions' variances of b (LegacyS4).
-func clearVariances(b *probes.Baseline) {
+func clearVariances(b *drift.Baseline) {
 	for i := range b.Prompts {
 		for j := range b.Prompts[i].Positions {
 			b.Prompts[i].Positions[j].Var = 0
@@ -411,7 +411,7 @@ func (h *Harness) Power(v Variant, sigma float64, trials, maxCycles int, seed ui
 			return res, err
 		}
 		b.c, b.models = v.Build(h.ref(), o)
-		sus, dr, err := delays(maxCycles, func(i int) (probes.Result, error) {
+		sus, dr, err := delays(maxCycles, func(i int) (drift.Result, error) {
 			b.setNoise()
 			return m.Observe(h.cycle(m, b.c, h.at(start+i)), nil)
 		})
@@ -427,7 +427,7 @@ func (h *Harness) Power(v Variant, sigma float64, trials, maxCycles int, seed ui
 // delays observes cycles 1 to maxCycles until one makes the backend
 // drifted, and returns the first cycle that left ok and the one that made
 // it drifted (0: none within maxCycles).
-func delays(maxCycles int, observe func(i int) (probes.Result, error)) (suspect, drifted int, err error) {
+func delays(maxCycles int, observe func(i int) (drift.Result, error)) (suspect, drifted int, err error) {
 	for i := 1; i <= maxCycles && drifted == 0; i++ {
 		r, err := observe(i)
 		if err != nil {
@@ -460,7 +460,7 @@ type PeerResult struct {
 func (h *Harness) Peers(v Variant, sigma float64, n, trials int, seed uint64) (PeerResult, error) {
 	res := PeerResult{Sigma: sigma, Variant: v.Name, Trials: trials}
 	for k := range trials {
-		baselines := map[string]*probes.Baseline{}
+		baselines := map[string]*drift.Baseline{}
 		for i := range n {
 			o := noiseOptions(Options{NoiseSeed: seed*104729 + uint64(k*n+i)}, sigma)
 			var b *backend
@@ -479,7 +479,7 @@ func (h *Harness) Peers(v Variant, sigma float64, n, trials int, seed uint64) (P
 			}
 			baselines[id] = m.Baseline()
 		}
-		pv := probes.ComparePeers(baselines, h.Params)
+		pv := drift.ComparePeers(baselines, h.Params)
 		switch pv.Outlier {
 		case fmt.Sprintf("b%d", n-1):
 			res.Named++

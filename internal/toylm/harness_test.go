@@ -4,7 +4,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // Seeded harness runs, small enough for CI. `fleetwatch drift sim` runs the
@@ -22,14 +22,14 @@ var variantsOnce = sync.OnceValue(func() map[string]Variant {
 
 func testHarness(t *testing.T) (*Harness, map[string]Variant) {
 	t.Helper()
-	s, err := probes.LoadSuite("")
+	s, err := drift.LoadSuite("")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// serve's defaults: a cycle every 5 minutes, enrolment over 2 hours;
 	// the sampled tier alone (teacher_test.go tests the teacher tier, which
 	// costs three times as much per cycle)
-	return &Harness{Suite: s, Ref: New(Config{}), Teacher: probes.TeacherOff}, variantsOnce()
+	return &Harness{Suite: s, Ref: New(Config{}), Teacher: drift.TeacherOff}, variantsOnce()
 }
 
 func TestSwapCaughtInOneCycleAtEveryNoiseLevel(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // ReportSettings configure WriteReport. The zero value is the run of
@@ -76,7 +76,7 @@ func (s ReportSettings) withDefaults() ReportSettings {
 // harness is the Harness of s (defaults applied), over the default suite,
 // judging s.Tier with s.Workers null backends at once.
 func (s ReportSettings) harness() (*Harness, error) {
-	suite, err := probes.LoadSuite("")
+	suite, err := drift.LoadSuite("")
 	if err != nil {
 		return nil, err
 	}
@@ -195,13 +195,13 @@ func variantModel(v Variant, ref *Model) (*Model, bool) {
 
 // rateCP formats k/n as a rate with its 95% Clopper-Pearson interval.
 func rateCP(k, n int) string {
-	lo, hi := probes.ClopperPearson(k, n, 0.05)
+	lo, hi := drift.ClopperPearson(k, n, 0.05)
 	return fmt.Sprintf("%.2g [%.2g, %.2g]", float64(k)/float64(n), lo, hi)
 }
 
 // propCP formats k of n with its 95% Clopper-Pearson interval.
 func propCP(k, n int) string {
-	lo, hi := probes.ClopperPearson(k, n, 0.05)
+	lo, hi := drift.ClopperPearson(k, n, 0.05)
 	return fmt.Sprintf("%d/%d [%.2f, %.2f]", k, n, lo, hi)
 }
 
@@ -309,6 +309,6 @@ func verdict(k, n int, target float64) string {
 // 90% interval. For k = 0 it is 1 - 0.05^(1/n), about 3/n (1.0e-4 for
 // 30,000 cycles); for k >= n, or n <= 0, it is 1.
 func UpperBound95(k, n int) float64 {
-	_, hi := probes.ClopperPearson(k, n, 0.10)
+	_, hi := drift.ClopperPearson(k, n, 0.10)
 	return hi
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // Teacher-forced scoring (docs/DRIFT.md "Teacher-forced probes"). The toy
@@ -102,12 +103,12 @@ func (s *Switch) ScorePrompt(req fakeai.CompletionRequest) ([]fakeai.TokenLogpro
 // probe's client records them over HTTP (probes.Client.Score): the tokens
 // after the first, with their logprobs. It returns nil when c does not
 // score prompts.
-func TeacherScores(s *probes.Suite, c fakeai.Completer) []probes.Observation {
+func TeacherScores(s *drift.Suite, c fakeai.Completer) []drift.Observation {
 	ps, ok := c.(fakeai.PromptScorer)
 	if !ok || len(s.Teacher) == 0 {
 		return nil
 	}
-	out := make([]probes.Observation, 0, len(s.Teacher))
+	out := make([]drift.Observation, 0, len(s.Teacher))
 	for _, t := range s.Teacher {
 		toks, ok := ps.ScorePrompt(fakeai.CompletionRequest{Model: "toy", Prompt: t.Text, MaxTokens: 1, Logprobs: true, TopLogprobs: 1})
 		if !ok {
@@ -115,7 +116,7 @@ func TeacherScores(s *probes.Suite, c fakeai.Completer) []probes.Observation {
 		}
 		sc := probes.TeacherScore{PromptTokens: len(toks), Model: "toy"}
 		for _, tl := range toks[min(1, len(toks)):] {
-			sc.Tokens = append(sc.Tokens, probes.Token{Token: tl.Token, Logprob: tl.Logprob})
+			sc.Tokens = append(sc.Tokens, drift.Token{Token: tl.Token, Logprob: tl.Logprob})
 		}
 		out = append(out, sc.Observation(t.ID))
 	}
@@ -124,7 +125,7 @@ func TeacherScores(s *probes.Suite, c fakeai.Completer) []probes.Observation {
 
 // cycle is one probe cycle of completer c for monitor m: the suite's
 // prompts, and its fixed texts when m wants them (as the Prober does).
-func (h *Harness) cycle(m *probes.Monitor, c fakeai.Completer, at time.Time) *probes.Cycle {
+func (h *Harness) cycle(m *drift.Monitor, c fakeai.Completer, at time.Time) *drift.Cycle {
 	cy := Cycle(h.Suite, c, at)
 	if m.WantsTeacher() {
 		cy.Teacher = TeacherScores(h.Suite, c)
@@ -142,14 +143,14 @@ var TierNames = []string{"sampled", "teacher", "both"}
 
 // TierMode maps a tier name ("" is "teacher") to the monitors'
 // TeacherMode.
-func TierMode(tier string) (probes.TeacherMode, error) {
+func TierMode(tier string) (drift.TeacherMode, error) {
 	switch tier {
 	case "sampled":
-		return probes.TeacherOff, nil
+		return drift.TeacherOff, nil
 	case "", "teacher":
-		return probes.TeacherOnly, nil
+		return drift.TeacherOnly, nil
 	case "both":
-		return probes.TeacherBoth, nil
+		return drift.TeacherBoth, nil
 	}
 	return "", fmt.Errorf("toylm: tier %q: want one of %s", tier, strings.Join(TierNames, ", "))
 }

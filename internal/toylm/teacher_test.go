@@ -7,7 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 func TestScorePrompt(t *testing.T) {
@@ -62,7 +62,7 @@ func TestScorePrompt(t *testing.T) {
 }
 
 func TestTeacherScoresFollowSwitchAndMix(t *testing.T) {
-	s, err := probes.LoadSuite("")
+	s, err := drift.LoadSuite("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,8 +86,8 @@ func TestTeacherScoresFollowSwitchAndMix(t *testing.T) {
 }
 
 func TestTierMode(t *testing.T) {
-	for tier, want := range map[string]probes.TeacherMode{"": probes.TeacherOnly, "both": probes.TeacherBoth,
-		"teacher": probes.TeacherOnly, "sampled": probes.TeacherOff} {
+	for tier, want := range map[string]drift.TeacherMode{"": drift.TeacherOnly, "both": drift.TeacherBoth,
+		"teacher": drift.TeacherOnly, "sampled": drift.TeacherOff} {
 		if got, err := TierMode(tier); err != nil || got != want {
 			t.Errorf("TierMode(%q) = %q, %v; want %q", tier, got, err, want)
 		}
@@ -146,6 +146,6 @@ func teacherHarness(t *testing.T) (*Harness, map[string]Variant) {
 	s := *h.Suite
 	s.Prompts = s.Prompts[:1]
 	s.Hash += "-one-prompt"
-	h.Suite, h.Teacher = &s, probes.TeacherOnly
+	h.Suite, h.Teacher = &s, drift.TeacherOnly
 	return h, vs
 }

@@ -9,12 +9,12 @@ import (
 
 	fleetwatch "github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 // The tool-call tier's harness: tool answers come from fakeai.ToolModel
 // (the fake backend's own function-calling model) and are judged by
-// probes.JudgeTool, cycle after cycle, through probes.Monitor, the code
+// drift.JudgeTool, cycle after cycle, through drift.Monitor, the code
 // serve runs. The text prompts of the suite are answered by the noiseless
 // reference, so that only the tool tier can move.
 
@@ -36,14 +36,14 @@ type ToolHarness struct {
 	// Tool is the reference tool artefact. If zero, ToolReference.
 	Tool fakeai.ToolSettings
 
-	text     []probes.Observation // the noiseless reference's answers
+	text     []drift.Observation  // the noiseless reference's answers
 	requests []fakeai.ToolRequest // per tool prompt
 }
 
 // ToolOnlySuite is s with its first text prompt only: the tool harness's
 // suite, whose text part (answered the same every cycle) costs little at
 // enrolment.
-func ToolOnlySuite(s *probes.Suite) *probes.Suite {
+func ToolOnlySuite(s *drift.Suite) *drift.Suite {
 	out := *s
 	out.Prompts = s.Prompts[:1]
 	return &out
@@ -58,10 +58,10 @@ func (h *ToolHarness) tool() fakeai.ToolSettings {
 
 // ToolRequest is the fake backend's view of the suite's tools: what a
 // request built by probes.ToolRequestBody carries.
-func ToolRequest(t *probes.ToolSuite, i int) fakeai.ToolRequest {
+func ToolRequest(t *drift.ToolSuite, i int) fakeai.ToolRequest {
 	tr := fakeai.ToolRequest{Choice: t.Prompts[i].ToolChoice}
 	if tr.Choice == "" {
-		tr.Choice = probes.ToolChoiceAuto
+		tr.Choice = drift.ToolChoiceAuto
 	}
 	for _, f := range t.Functions {
 		var params map[string]any
@@ -74,20 +74,20 @@ func ToolRequest(t *probes.ToolSuite, i int) fakeai.ToolRequest {
 // ToolCycle is one cycle of the suite: the text answers given, the tool
 // prompts answered by m and judged; requests are ToolRequest of each tool
 // prompt.
-func ToolCycle(s *probes.Suite, text []probes.Observation, requests []fakeai.ToolRequest, m *fakeai.ToolModel, at time.Time) *probes.Cycle {
-	cy := &probes.Cycle{At: at, Obs: text}
+func ToolCycle(s *drift.Suite, text []drift.Observation, requests []fakeai.ToolRequest, m *fakeai.ToolModel, at time.Time) *drift.Cycle {
+	cy := &drift.Cycle{At: at, Obs: text}
 	for i, p := range s.Tools.Prompts {
-		var calls []probes.ToolCall
+		var calls []drift.ToolCall
 		for _, c := range m.Answer("user: "+p.Text, requests[i]) {
-			calls = append(calls, probes.ToolCall{Name: c.Name, Arguments: c.Arguments})
+			calls = append(calls, drift.ToolCall{Name: c.Name, Arguments: c.Arguments})
 		}
-		cy.Tools = append(cy.Tools, probes.JudgeTool(s.Tools, i, calls, false))
+		cy.Tools = append(cy.Tools, drift.JudgeTool(s.Tools, i, calls, false))
 	}
 	return cy
 }
 
 // cycle is ToolCycle of m at cycle index i.
-func (h *ToolHarness) cycle(m *fakeai.ToolModel, i int) *probes.Cycle {
+func (h *ToolHarness) cycle(m *fakeai.ToolModel, i int) *drift.Cycle {
 	if h.text == nil {
 		h.text = Cycle(h.Suite, h.ref(), epoch).Obs
 		for k := range h.Suite.Tools.Prompts {
@@ -119,7 +119,7 @@ func (h *ToolHarness) ExpectedValidRate() float64 {
 
 // toolEnrol runs enrolment cycles of the reference until m has a baseline
 // and returns the next cycle index.
-func (h *ToolHarness) toolEnrol(m *probes.Monitor, tm *fakeai.ToolModel) (int, error) {
+func (h *ToolHarness) toolEnrol(m *drift.Monitor, tm *fakeai.ToolModel) (int, error) {
 	for i := 0; ; i++ {
 		r, err := m.Observe(h.cycle(tm, i), nil)
 		if err != nil {
@@ -189,7 +189,7 @@ func (h *ToolHarness) ToolPower(fall float64, modes []string, trials, maxCycles 
 			return res, err
 		}
 		broken := h.model(s^0xb4ea, brk, modes)
-		sus, dr, err := delays(maxCycles, func(i int) (probes.Result, error) {
+		sus, dr, err := delays(maxCycles, func(i int) (drift.Result, error) {
 			return m.Observe(h.cycle(broken, start+i), nil)
 		})
 		if err != nil {
@@ -207,7 +207,7 @@ func (h *ToolHarness) ToolPower(fall float64, modes []string, trials, maxCycles 
 func (h *ToolHarness) ToolPeers(fall float64, n, trials int, seed uint64) (named, wrong int, err error) {
 	brk := min(fall/h.ExpectedValidRate(), 1)
 	for k := range trials {
-		baselines := map[string]*probes.Baseline{}
+		baselines := map[string]*drift.Baseline{}
 		for i := range n {
 			b := 0.0
 			if i == n-1 {
@@ -221,7 +221,7 @@ func (h *ToolHarness) ToolPeers(fall float64, n, trials int, seed uint64) (named
 			}
 			baselines[id] = m.Baseline()
 		}
-		v := probes.CompareToolPeers(baselines, h.Params)
+		v := drift.CompareToolPeers(baselines, h.Params)
 		switch v.Outlier {
 		case fmt.Sprintf("b%d", n-1):
 			named++
@@ -243,7 +243,7 @@ type ToolReportSettings = ReportSettings
 // (by every break mode, and by each one), and peers.
 func WriteToolReport(ctx context.Context, w io.Writer, s ToolReportSettings) error {
 	s = s.withDefaults()
-	suite, err := probes.LoadSuite("default-v1+tools-v1")
+	suite, err := drift.LoadSuite("default-v1+tools-v1")
 	if err != nil {
 		return err
 	}
@@ -257,7 +257,7 @@ func WriteToolReport(ctx context.Context, w io.Writer, s ToolReportSettings) err
 			calls++
 		}
 	}
-	p := probes.DefaultToolParams()
+	p := drift.DefaultToolParams()
 	fmt.Fprintf(w, "\n## Tool-call probes (suite %s: %d tool prompts, %d expecting a call; seed %d)\n\n", suite.Name, len(suite.Tools.Prompts), calls, s.Seed)
 	iid := &ToolHarness{Harness: h.Harness, Tool: ToolReferenceIID}
 	refs := []struct {

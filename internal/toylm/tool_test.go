@@ -5,12 +5,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fleetwatch/fleetwatch/probes"
+	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
 
 func toolHarness(t *testing.T) *ToolHarness {
 	t.Helper()
-	s, err := probes.LoadSuite("default-v1+tools-v1")
+	s, err := drift.LoadSuite("default-v1+tools-v1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"crypto/sha256"
@@ -65,7 +65,7 @@ type Identity struct {
 	Version      string   `json:"version,omitempty"`       // GET /version (vLLM)
 	PromptTokens []int    `json:"prompt_tokens,omitempty"` // usage.prompt_tokens per prompt
 	// Info holds the identity labels of vLLM's configuration info gauges
-	// on /metrics, keyed "<metric>.<label>" (InfoLabels lists them).
+	// on /metrics, keyed "<metric>.<label>" (probes' infoLabels lists them).
 	Info map[string]string `json:"info,omitempty"`
 	// InfoMeasured is false when /metrics could not be read this cycle:
 	// Info is then unknown, not empty.

@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"errors"
@@ -64,7 +64,7 @@ type Monitor struct {
 // NewMonitor returns a monitor that starts enrolling, or continues from b
 // when b is a baseline of the same suite (nil: enrol).
 func NewMonitor(pool, backend string, s MonitorSettings, b *Baseline) *Monitor {
-	m := &Monitor{Pool: pool, Backend: backend, suite: s.Suite, enrol: s.Enrol, enrolMin: s.EnrolMin, p: s.Params.withDefaults(), teacherSetting: s.Teacher}
+	m := &Monitor{Pool: pool, Backend: backend, suite: s.Suite, enrol: s.Enrol, enrolMin: s.EnrolMin, p: s.Params.WithDefaults(), teacherSetting: s.Teacher}
 	if m.enrol == 0 {
 		m.enrol = 8
 	}
@@ -91,6 +91,13 @@ func (m *Monitor) Status() (fleetwatch.DriftStatus, time.Time) { return m.det.St
 
 // Last is the result of the last observed cycle.
 func (m *Monitor) Last() Result { return m.last }
+
+// EnrolCycles is the number of cycles collected towards the baseline.
+func (m *Monitor) EnrolCycles() int { return len(m.enrolling) }
+
+// Detector is the detector's state: the status, the CUSUM and a pending
+// identity suspicion.
+func (m *Monitor) Detector() Detector { return m.det }
 
 // Rebaseline drops the baseline and restarts enrolment.
 func (m *Monitor) Rebaseline(now time.Time) {
@@ -150,7 +157,7 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 		return r, err
 	}
 	r.Stats = Measure(b, c)
-	r.Stats.S4 = PersistentDelta(b, c, m.prev)
+	r.Stats.S4 = persistentDelta(b, c, m.prev)
 	var ps Persistence
 	if b.Logprobs {
 		if len(m.recent) == 0 && m.prev != nil {
@@ -260,7 +267,7 @@ func (m *Monitor) blackBoxSignal(c *Cycle, st Stats, fdr func(float64) bool) (Si
 				y = append(y, Sample{Prompt: i, Seq: rc.Obs[i].Sequence()})
 			}
 		}
-		_, p = MMDTest(x, y, m.p.Permutations, uint64(c.At.UnixNano()))
+		_, p = mmdTest(x, y, m.p.Permutations, uint64(c.At.UnixNano()))
 		rejected := p <= m.p.FDR
 		if fdr != nil {
 			rejected = fdr(p)

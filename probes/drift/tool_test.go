@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"encoding/json"
@@ -139,27 +139,6 @@ func TestJudgeTool(t *testing.T) {
 	}
 }
 
-func TestParseToolCalls(t *testing.T) {
-	got, err := ParseToolCalls([]byte(`{"choices":[{"message":{"content":null,"tool_calls":[
-		{"id":"c1","type":"function","function":{"name":"a","arguments":"{\"x\":1}"}},
-		{"id":"c2","type":"function","function":{"name":"b","arguments":{"y":2}}}]}}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []ToolCall{{Name: "a", Arguments: `{"x":1}`}, {Name: "b", Arguments: `{"y":2}`, NotString: true}}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("(-want +got):\n%s", diff)
-	}
-	if calls, err := ParseToolCalls([]byte(`{"choices":[{"message":{"content":"hi"}}]}`)); err != nil || len(calls) != 0 {
-		t.Errorf("text answer: %v %v", calls, err)
-	}
-	for _, bad := range []string{`{"choices":[]}`, `{"choices":[{}]}`, `nope`} {
-		if _, err := ParseToolCalls([]byte(bad)); !errors.Is(err, ErrBadResponse) {
-			t.Errorf("%s: %v", bad, err)
-		}
-	}
-}
-
 func TestBinomialUpper(t *testing.T) {
 	// against the direct sum of the probability mass function
 	direct := func(k, n int, q float64) float64 {
@@ -177,12 +156,12 @@ func TestBinomialUpper(t *testing.T) {
 		k, n int
 		q    float64
 	}{{0, 10, 0.1}, {1, 10, 0.1}, {3, 24, 0.05}, {10, 40, 0.0625}, {40, 40, 0.5}, {5, 48, 0.01}} {
-		got, want := BinomialUpper(tc.k, tc.n, tc.q), direct(tc.k, tc.n, tc.q)
+		got, want := binomialUpper(tc.k, tc.n, tc.q), direct(tc.k, tc.n, tc.q)
 		if math.Abs(got-want) > 1e-12*max(1, want) && math.Abs(got-want)/want > 1e-9 {
 			t.Errorf("P(X >= %d | n %d, q %g) = %g, want %g", tc.k, tc.n, tc.q, got, want)
 		}
 	}
-	if BinomialUpper(11, 10, 0.5) != 0 || BinomialUpper(3, 10, 0) != 0 || BinomialUpper(3, 10, 1) != 1 {
+	if binomialUpper(11, 10, 0.5) != 0 || binomialUpper(3, 10, 0) != 0 || binomialUpper(3, 10, 1) != 1 {
 		t.Error("edge cases")
 	}
 	if z := probit(0.001); math.Abs(z-3.0902) > 1e-3 {
@@ -198,7 +177,7 @@ func toolCounts(valid, calls, noCall, none int) ToolCounts {
 }
 
 func TestToolSignalRules(t *testing.T) {
-	p := Params{}.withDefaults()
+	p := Params{}.WithDefaults()
 	base := toolCounts(16*38, 16*40, 16*8, 16*8) // 95% valid, every no-call right
 	for _, tc := range []struct {
 		name                string

@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"encoding/json"
@@ -18,7 +18,7 @@ const weatherSchema = `{"type":"object","description":"where","properties":{
 	"required":["city","unit"],"additionalProperties":false}`
 
 func TestSchemaValidate(t *testing.T) {
-	s, err := ParseSchema([]byte(weatherSchema))
+	s, err := parseSchema([]byte(weatherSchema))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestSchemaValidate(t *testing.T) {
 }
 
 func TestSchemaAdditionalPropertiesAllowedByDefault(t *testing.T) {
-	s, err := ParseSchema([]byte(`{"type":"object","properties":{"a":{"type":"integer"}}}`))
+	s, err := parseSchema([]byte(`{"type":"object","properties":{"a":{"type":"integer"}}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +84,7 @@ func TestParseSchemaRejectsWhatItCannotCheck(t *testing.T) {
 		`[]`,
 		`{`,
 	} {
-		if _, err := ParseSchema([]byte(tc)); !errors.Is(err, ErrSchema) {
+		if _, err := parseSchema([]byte(tc)); !errors.Is(err, ErrSchema) {
 			t.Errorf("%s: err %v, want ErrSchema", tc, err)
 		}
 	}
@@ -99,7 +99,7 @@ func FuzzSchemaValidate(f *testing.F) {
 	f.Add([]byte(`{"enum":["a",1,true,null]}`), `null`)
 	f.Add([]byte(`{"type":["number","string"]}`), `"x"`)
 	f.Fuzz(func(t *testing.T, schema []byte, args string) {
-		s, err := ParseSchema(schema)
+		s, err := parseSchema(schema)
 		if err != nil {
 			if !errors.Is(err, ErrSchema) {
 				t.Fatalf("parse error %v does not wrap ErrSchema", err)

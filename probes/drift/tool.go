@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"crypto/sha256"
@@ -57,14 +57,14 @@ type ToolSuite struct {
 	MaxTokens int `json:"max_tokens,omitempty"`
 }
 
-// MaxToolPrompts caps the tool prompts of a suite.
-const MaxToolPrompts = 64
+// maxToolPrompts caps the tool prompts of a suite.
+const maxToolPrompts = 64
 
 // validate checks the tool suite and parses its schemas.
 func (t *ToolSuite) validate() error {
-	if len(t.Functions) == 0 || len(t.Prompts) == 0 || len(t.Prompts) > MaxToolPrompts {
+	if len(t.Functions) == 0 || len(t.Prompts) == 0 || len(t.Prompts) > maxToolPrompts {
 		return fmt.Errorf("%w: tools: %d functions and %d prompts, want at least 1 function and 1 to %d prompts",
-			ErrSuite, len(t.Functions), len(t.Prompts), MaxToolPrompts)
+			ErrSuite, len(t.Functions), len(t.Prompts), maxToolPrompts)
 	}
 	if t.MaxTokens == 0 {
 		t.MaxTokens = 128
@@ -82,7 +82,7 @@ func (t *ToolSuite) validate() error {
 		if len(f.Parameters) == 0 {
 			f.Parameters = json.RawMessage(`{"type":"object","properties":{}}`)
 		}
-		s, err := ParseSchema(f.Parameters)
+		s, err := parseSchema(f.Parameters)
 		if err != nil {
 			return fmt.Errorf("%w: tools.functions[%d] (%s).parameters: %w", ErrSuite, i, f.Name, err)
 		}

@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"fmt"
@@ -178,7 +178,7 @@ func (m *Monitor) teacherSignal(c *Cycle, s Signal) (Signal, *TeacherStats) {
 	}
 	tc := teacherCycle(c)
 	ts := &TeacherStats{Stats: Measure(tb, tc)}
-	ts.S4 = PersistentDelta(tb, tc, m.tch.Prev)
+	ts.S4 = persistentDelta(tb, tc, m.tch.Prev)
 	ts.T4, ts.Persist = persistenceTest(tb, tc, m.tch.Prev)
 	m.tch.Prev = tc
 	ts.MeanLogprob, ts.BaselineMeanLogprob = map[string]float64{}, map[string]float64{}
@@ -409,10 +409,10 @@ func teacherLogprobSignal(st *TeacherStats, null NullModel, cu *CUSUM, p Params)
 	return s
 }
 
-// decidingCUSUM is the teacher tier's CUSUM when it, not the sampled one,
+// DecidingCUSUM is the teacher tier's CUSUM when it, not the sampled one,
 // decides subtle changes (TeacherOnly with a teacher tier): what the
 // status and the fleetwatch_drift_cusum gauge show.
-func (m *Monitor) decidingCUSUM() (CUSUM, bool) {
+func (m *Monitor) DecidingCUSUM() (CUSUM, bool) {
 	if m.baseline == nil || m.baseline.Teacher == nil || m.teacherMode() != TeacherOnly {
 		return CUSUM{}, false
 	}

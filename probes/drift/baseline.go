@@ -1,10 +1,8 @@
-package probes
+package drift
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -14,17 +12,6 @@ import (
 
 // BaselineVersion is the version of the stored baseline format.
 const BaselineVersion = 1
-
-// BaselineStore persists baselines, one per pool and backend. Load returns
-// ErrNoBaseline when there is none. The cmd wiring implements it on the
-// JetStream KV bucket fw_probe_baselines.
-type BaselineStore interface {
-	Load(ctx context.Context, pool, backend string) ([]byte, error)
-	Save(ctx context.Context, pool, backend string, data []byte) error
-}
-
-// ErrNoBaseline is returned by a BaselineStore's Load when nothing is stored.
-var ErrNoBaseline = errors.New("probes: no baseline")
 
 // Baseline is what a backend is compared with: per prompt, the modal greedy
 // sequence and the mean top-k logprobs along it, plus the leave-one-out null
@@ -103,7 +90,7 @@ type NullModel struct {
 	S4 NullStat `json:"s4"`
 }
 
-// Marshal encodes b for a BaselineStore.
+// Marshal encodes b for a baseline store (probes.Store).
 func (b *Baseline) Marshal() ([]byte, error) { return json.Marshal(b) }
 
 // UnmarshalBaseline decodes a stored baseline.

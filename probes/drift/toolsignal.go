@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"fmt"
@@ -32,9 +32,9 @@ type ToolParams struct {
 }
 
 // DefaultToolParams are the tool tier's thresholds with every default.
-func DefaultToolParams() ToolParams { return ToolParams{}.withDefaults() }
+func DefaultToolParams() ToolParams { return ToolParams{}.WithDefaults() }
 
-func (p ToolParams) withDefaults() ToolParams {
+func (p ToolParams) WithDefaults() ToolParams {
 	def := func(v *float64, d float64) {
 		if *v == 0 {
 			*v = d
@@ -81,16 +81,16 @@ type ToolResult struct {
 	Bad *ToolObservation `json:"bad_call,omitempty"`
 }
 
-// MeasureTools compares one cycle's judged tool observations with the
+// measureTools compares one cycle's judged tool observations with the
 // baseline.
-func MeasureTools(b *ToolBaseline, obs []ToolObservation, p ToolParams) ToolStats {
+func measureTools(b *ToolBaseline, obs []ToolObservation, p ToolParams) ToolStats {
 	return compareCounts(b.Counts, CountTools(obs), p)
 }
 
 // compareCounts tests counts c against the rates of base: the exact
 // one-sided binomial test of c's failures under base's failure rate.
 func compareCounts(base, c ToolCounts, p ToolParams) ToolStats {
-	p = p.withDefaults()
+	p = p.WithDefaults()
 	st := ToolStats{Counts: c, Baseline: base,
 		ValidRate: c.ValidRate(), BaseValid: base.ValidRate(),
 		NoCallRate: c.NoCallRate(), BaseNoCall: base.NoCallRate(),
@@ -99,13 +99,13 @@ func compareCounts(base, c ToolCounts, p ToolParams) ToolStats {
 	if c.ShouldCall > 0 && base.ShouldCall > 0 {
 		tests++
 		q0 := max(1-st.BaseValid, p.MinFailure)
-		st.PValid = BinomialUpper(c.ShouldCall-c.ArgsValid, c.ShouldCall, q0)
+		st.PValid = binomialUpper(c.ShouldCall-c.ArgsValid, c.ShouldCall, q0)
 		st.Fall = st.BaseValid - st.ValidRate
 	}
 	if c.ShouldNotCall > 0 && base.ShouldNotCall > 0 {
 		tests++
 		q0 := max(1-st.BaseNoCall, p.MinFailure)
-		st.PNoCall = BinomialUpper(c.ShouldNotCall-c.NoCall, c.ShouldNotCall, q0)
+		st.PNoCall = binomialUpper(c.ShouldNotCall-c.NoCall, c.ShouldNotCall, q0)
 		st.Fall = max(st.Fall, st.BaseNoCall-st.NoCallRate)
 	}
 	st.P = min(1, float64(max(tests, 1))*min(st.PValid, st.PNoCall))
@@ -121,9 +121,9 @@ func compareCounts(base, c ToolCounts, p ToolParams) ToolStats {
 	return st
 }
 
-// BinomialUpper is P(X >= k) for X ~ Binomial(n, q): the one-sided exact
+// binomialUpper is P(X >= k) for X ~ Binomial(n, q): the one-sided exact
 // p-value of k failures or more.
-func BinomialUpper(k, n int, q float64) float64 {
+func binomialUpper(k, n int, q float64) float64 {
 	switch {
 	case k <= 0:
 		return 1
@@ -161,7 +161,7 @@ func probit(p float64) float64 {
 // rules of the logprob tier: a gross change at once, a one-sided CUSUM on
 // z with an absolute floor on the mean fall, confirmation at ConfirmZ.
 func toolSignal(st ToolStats, cu *CUSUM, p Params) Signal {
-	tp := p.Tools.withDefaults()
+	tp := p.Tools.WithDefaults()
 	cp := p
 	cp.CUSUMThreshold = tp.CUSUMThreshold
 	alarm := cu.Update(st.Z, st.Fall, tp.MinFall, cp)
@@ -220,7 +220,7 @@ func (m *Monitor) toolTier(c *Cycle, s Signal) (*ToolResult, Signal) {
 	if b == nil || b.Tools == nil || !b.Tools.Supported || m.suite.Tools == nil || len(c.Tools) != len(m.suite.Tools.Prompts) {
 		return nil, s
 	}
-	st := MeasureTools(b.Tools, c.Tools, m.p.Tools)
+	st := measureTools(b.Tools, c.Tools, m.p.Tools)
 	ts := toolSignal(st, &m.det.ToolCUSUM, m.p)
 	r := &ToolResult{ToolStats: st, CUSUM: m.det.ToolCUSUM.C}
 	best := -1

@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"sort"
@@ -66,7 +66,7 @@ type PeerVerdict struct {
 // PeerMinNats and >= PeerRatio x the others' median pairwise distance; with
 // 2 it reports that the pair differs.
 func ComparePeers(baselines map[string]*Baseline, p Params) PeerVerdict {
-	p = p.withDefaults()
+	p = p.WithDefaults()
 	var ids []string
 	for id, b := range baselines {
 		if b != nil && b.Logprobs {

@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"fmt"
@@ -54,7 +54,7 @@ type Params struct {
 	Tools ToolParams
 }
 
-func (p Params) withDefaults() Params {
+func (p Params) WithDefaults() Params {
 	def := func(v *float64, d float64) {
 		if *v == 0 {
 			*v = d
@@ -84,7 +84,7 @@ func (p Params) withDefaults() Params {
 	if p.MMDWindow == 0 {
 		p.MMDWindow = 4
 	}
-	p.Tools = p.Tools.withDefaults()
+	p.Tools = p.Tools.WithDefaults()
 	return p
 }
 

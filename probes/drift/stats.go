@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"math"
@@ -19,7 +19,7 @@ type Stats struct {
 	// logprobs.
 	S3 float64
 	// S4 is the persistent delta against the previous cycle
-	// (PersistentDelta); NaN on the first cycle or without logprobs.
+	// (persistentDelta); NaN on the first cycle or without logprobs.
 	S4 float64
 	// Positions is how many positions S2 averaged.
 	Positions int
@@ -149,7 +149,7 @@ func median(xs []float64) float64 {
 
 func nan() float64 { return math.NaN() }
 
-// PersistentDelta is S4, the part of the aligned top-1 delta that persists
+// persistentDelta is S4, the part of the aligned top-1 delta that persists
 // from one cycle to the next: with d_t = lp_now - lp_base at each position
 // aligned with the mode in both cycles c and prev, m = mean(d_t x d_{t-1})
 // and S4 = sign(m) sqrt(|m|), in nats: the root mean square of the shift the
@@ -161,13 +161,13 @@ func nan() float64 { return math.NaN() }
 // baseline's own squared error, about v/n for n enrolment cycles of noise
 // variance v; the leave-two-out null rescales its products by (n-2)/n so
 // that its mean is that of the full baseline. NaN without common positions.
-func PersistentDelta(b *Baseline, c, prev *Cycle) float64 {
+func persistentDelta(b *Baseline, c, prev *Cycle) float64 {
 	return signedSqrt(persistentProduct(b, c, prev))
 }
 
 func signedSqrt(m float64) float64 { return math.Copysign(math.Sqrt(math.Abs(m)), m) }
 
-// persistentProduct is the m of PersistentDelta, in nats^2.
+// persistentProduct is the m of persistentDelta, in nats^2.
 func persistentProduct(b *Baseline, c, prev *Cycle) float64 {
 	if prev == nil || !b.Logprobs {
 		return math.NaN()
@@ -203,11 +203,11 @@ func persistentProduct(b *Baseline, c, prev *Cycle) float64 {
 // delta at each position).
 const PersistWindow = 4
 
-// PathMargin multiplies the persistence the enrolment showed (P of
+// pathMargin multiplies the persistence the enrolment showed (P of
 // Persistence): a numeric path the enrolment did not see is as far from
 // the enrolment's mean as a seen one, or farther (for k seen paths of
 // exchangeable offsets, (k+1)/(k-1) times the squared distance: 3 for 2).
-const PathMargin = 3.0
+const pathMargin = 3.0
 
 // Persistence is the sampled tier's persistence test of one cycle against
 // the previous ones (docs/DRIFT.md "The sampled tier's persistence test"):
@@ -220,7 +220,7 @@ const PathMargin = 3.0
 // where B and sB are the baseline's own squared error and its spread (from
 // the enrolment variance of each position, as in the teacher tier) and P
 // is the persistence the enrolment itself showed beyond this cycle's noise:
-// max(0, m_max - B - 3 se1) times PathMargin, m_max the largest leave-two-out
+// max(0, m_max - B - 3 se1) times pathMargin, m_max the largest leave-two-out
 // product of the S4 null (pairs of enrolment cycles that shared a numeric
 // path share offsets, and a later cycle on such a path shows them again).
 // T is self-normalised: the noise of this cycle and of the previous ones
@@ -314,7 +314,7 @@ func SampledPersistence(b *Baseline, c *Cycle, prevs []*Cycle) Persistence {
 	if math.IsNaN(se1) {
 		se1 = se
 	}
-	ps.Path = PathMargin * max(0, hi-own-3*se1)
+	ps.Path = pathMargin * max(0, hi-own-3*se1)
 	excess := mean - own - ps.Path
 	ps.T = (excess - 3*spread) / se
 	ps.Shift = signedSqrt(excess)

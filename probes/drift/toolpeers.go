@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"fmt"
@@ -33,7 +33,7 @@ type ToolPeerVerdict struct {
 // GrossZ is the outlier; with 2, the pair differs when either is worse
 // than the other by that rule.
 func CompareToolPeers(baselines map[string]*Baseline, p Params) ToolPeerVerdict {
-	p = p.withDefaults()
+	p = p.WithDefaults()
 	tp := p.Tools
 	var ids []string
 	for id, b := range baselines {

@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"sort"
@@ -204,3 +204,6 @@ func (f *Fingerprints) Current() []FingerprintEvent {
 	})
 	return out
 }
+
+// backendKey names one backend of one pool.
+type backendKey struct{ pool, backend string }

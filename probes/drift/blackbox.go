@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"math"
@@ -65,13 +65,13 @@ func mmd2(k [][]float64, inY []bool) float64 {
 	return sxx/float64(nx*(nx-1)) + syy/float64(ny*(ny-1)) - 2*sxy/float64(nx*ny)
 }
 
-// MMDTest is the two-sample test of Model Equality Testing (Gao, Liang,
+// mmdTest is the two-sample test of Model Equality Testing (Gao, Liang,
 // Guestrin, ICLR 2025): the unbiased MMD^2 with the Hamming kernel between
 // x (the enrolment sample) and y (recent completions), and its permutation
 // p-value (1 + #{perm >= observed}) / (1 + permutations). Labels are
 // permuted within each prompt, so both sides keep their prompt mix. The
 // permutations are drawn from seed.
-func MMDTest(x, y []Sample, permutations int, seed uint64) (stat, p float64) {
+func mmdTest(x, y []Sample, permutations int, seed uint64) (stat, p float64) {
 	all := append(slices.Clone(x), y...)
 	k := make([][]float64, len(all))
 	for i := range all {

@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"bytes"
@@ -31,7 +31,7 @@ var ErrToolArgs = errors.New("probes: invalid tool arguments")
 //   - enum (strings, numbers, booleans, null) for any type.
 //
 // description, title and default are accepted and ignored. Any other
-// keyword ($ref, oneOf, pattern, minimum, ...) makes ParseSchema fail with
+// keyword ($ref, oneOf, pattern, minimum, ...) makes parseSchema fail with
 // ErrSchema rather than be silently ignored: a probe must not call
 // arguments valid that a stricter reader would reject.
 type Schema struct {
@@ -48,8 +48,8 @@ var schemaIgnored = map[string]bool{"description": true, "title": true, "default
 
 var schemaTypes = []string{"object", "string", "number", "integer", "boolean", "array", "null"}
 
-// ParseSchema decodes a schema of the supported subset.
-func ParseSchema(data []byte) (*Schema, error) {
+// parseSchema decodes a schema of the supported subset.
+func parseSchema(data []byte) (*Schema, error) {
 	v, err := decodeJSONValue(data)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrSchema, err)

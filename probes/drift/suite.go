@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"crypto/sha256"

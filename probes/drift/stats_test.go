@@ -1,4 +1,4 @@
-package probes
+package drift
 
 import (
 	"math"
@@ -128,7 +128,7 @@ func TestNullStatMAD(t *testing.T) {
 }
 
 func TestCUSUM(t *testing.T) {
-	p := Params{}.withDefaults()
+	p := Params{}.WithDefaults()
 	type step struct {
 		z, excess float64
 		wantC     float64
@@ -163,7 +163,7 @@ func TestCUSUM(t *testing.T) {
 }
 
 func TestDetectorTransitions(t *testing.T) {
-	p := Params{}.withDefaults()
+	p := Params{}.WithDefaults()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	gross := Signal{Gross: true}
 	alarm := Signal{Alarm: true, Confirm: true}
@@ -199,7 +199,7 @@ func TestDetectorTransitions(t *testing.T) {
 }
 
 func TestDetectorResetsCUSUMWithCooldown(t *testing.T) {
-	p := Params{}.withDefaults()
+	p := Params{}.WithDefaults()
 	d := Detector{Status: fleetwatch.DriftSuspect}
 	d.CUSUM.C = 20
 	tr, ok := d.Step(time.Unix(100, 0), Signal{Alarm: true, Confirm: true}, p)
@@ -281,10 +281,10 @@ func TestMMDTest(t *testing.T) {
 			other = append(other, Sample{p, []string{"x", "y", "c"}})
 		}
 	}
-	if _, p := MMDTest(same, same, 99, 1); p < 0.5 {
+	if _, p := mmdTest(same, same, 99, 1); p < 0.5 {
 		t.Errorf("identical samples: p = %v, want large", p)
 	}
-	stat, p := MMDTest(same, other, 99, 1)
+	stat, p := mmdTest(same, other, 99, 1)
 	if p != 0.01 || stat <= 0 {
 		t.Errorf("disjoint samples: stat %v p %v, want > 0 and 1/(1+99)", stat, p)
 	}
@@ -328,14 +328,14 @@ func TestPersistentDeltaHandComputed(t *testing.T) {
 	}
 	// deltas now (-0.1, -0.1), before (0.05, -0.2): products -0.005 and
 	// 0.02, mean 0.0075, S4 = sqrt(0.0075)
-	if got, want := PersistentDelta(b, cyc(-0.2, -0.3), cyc(-0.05, -0.4)), math.Sqrt(0.0075); math.Abs(got-want) > 1e-12 {
+	if got, want := persistentDelta(b, cyc(-0.2, -0.3), cyc(-0.05, -0.4)), math.Sqrt(0.0075); math.Abs(got-want) > 1e-12 {
 		t.Errorf("S4 = %v, want %v", got, want)
 	}
 	// opposite shifts: a negative mean product gives a negative S4
-	if got, want := PersistentDelta(b, cyc(-0.2, -0.3), cyc(0, -0.1)), -math.Sqrt(0.01); math.Abs(got-want) > 1e-12 {
+	if got, want := persistentDelta(b, cyc(-0.2, -0.3), cyc(0, -0.1)), -math.Sqrt(0.01); math.Abs(got-want) > 1e-12 {
 		t.Errorf("S4 = %v, want %v", got, want)
 	}
-	if got := PersistentDelta(b, cyc(-0.2, -0.3), nil); !math.IsNaN(got) {
+	if got := persistentDelta(b, cyc(-0.2, -0.3), nil); !math.IsNaN(got) {
 		t.Errorf("S4 without a previous cycle = %v, want NaN", got)
 	}
 }
