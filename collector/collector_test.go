@@ -103,13 +103,7 @@ func startCollector(t testing.TB, nc *nats.Conn, sink Sink, s Settings) (c *Coll
 // waitFor polls cond until it holds, failing the test after 15 seconds.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.EventuallyEvery(t, 15*time.Second, 2*time.Millisecond, what, cond)
 }
 
 var t0 = time.Date(2026, 12, 2, 7, 50, 0, 123e6, time.UTC)

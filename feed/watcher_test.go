@@ -49,13 +49,7 @@ func startWatcher(t *testing.T, nc *nats.Conn, s WatcherSettings) *Watcher {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.EventuallyEvery(t, 15*time.Second, 2*time.Millisecond, what, cond)
 }
 
 // seqOf is the (epoch, seq) a view holds, "" when none.

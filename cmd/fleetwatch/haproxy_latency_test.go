@@ -165,11 +165,5 @@ func TestHAProxyFailoverLatency(t *testing.T) {
 // measurement's resolution.
 func pollFine(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.EventuallyEvery(t, timeout, time.Millisecond, what, cond)
 }

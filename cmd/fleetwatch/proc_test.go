@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // The fleetwatch binary is built once per test process and shared.
@@ -173,11 +175,5 @@ func (p *proc) stop() error {
 // bounds here are generous liveness limits, never performance assertions.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.Eventually(t, timeout, what, cond)
 }

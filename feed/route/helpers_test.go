@@ -14,6 +14,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // llamaPool is one pool "llama" (model alias "llama-3.1-70b") over the fakes.
@@ -92,11 +93,5 @@ func (tr *testRouter) metricsText() string {
 // timeout.
 func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.EventuallyEvery(t, timeout, 10*time.Millisecond, what, cond)
 }

@@ -65,13 +65,7 @@ func (s *sink) received() [][]byte {
 // (the test asserts what arrives, never how fast).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.EventuallyEvery(t, 10*time.Second, 5*time.Millisecond, what, cond)
 }
 
 // start runs a notifier for s until the test ends.

@@ -53,12 +53,20 @@ func ArtifactDir(t testing.TB) string {
 // bounds are generous liveness limits, never performance assertions.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	EventuallyEvery(t, timeout, 20*time.Millisecond, what, cond)
+}
+
+// EventuallyEvery is Eventually polling every interval: the one polling
+// loop of the tests (a short interval where a test waits on many small
+// steps).
+func EventuallyEvery(t testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		time.Sleep(interval)
 	}
 }
 
