@@ -148,8 +148,14 @@ func buildProfile(s *Suite, cycles []*Cycle, logprobs bool) []PromptBaseline {
 // the cycles still aligned with it (same prefix so far).
 func positionMeans(mode []string, cycles []*Cycle, prompt int) []PositionBaseline {
 	pos := make([]PositionBaseline, len(mode))
+	// sums holds each token shown at the position so far with the sum of
+	// its logprobs, in the order first seen; seen marks those this cycle
+	// showed. A few dozen tokens at most: slices, not maps (this is most of
+	// an enrolment's time).
+	var sums []Alt
+	var seen []bool
 	for j := range mode {
-		sums := map[string]float64{}
+		sums = sums[:0]
 		var top1, top1sq, floor float64
 		n := 0
 		for _, cy := range cycles {
@@ -164,19 +170,27 @@ func positionMeans(mode []string, cycles []*Cycle, prompt int) []PositionBaselin
 			top1sq += lp * lp
 			fl := floorOf(t)
 			floor += fl
-			seen := map[string]bool{t.Token: true}
-			sums[t.Token] += t.Logprob
-			for _, a := range t.Top {
-				if !seen[a.Token] {
-					seen[a.Token] = true
-					sums[a.Token] += a.Logprob
+			seen = append(seen[:0], make([]bool, len(sums))...)
+			mark := func(tok string, v float64) {
+				i := slices.IndexFunc(sums, func(a Alt) bool { return a.Token == tok })
+				if i < 0 {
+					sums, seen = append(sums, Alt{Token: tok}), append(seen, false)
+					i = len(sums) - 1
 				}
+				if !seen[i] {
+					seen[i] = true
+					sums[i].Logprob += v
+				}
+			}
+			mark(t.Token, t.Logprob)
+			for _, a := range t.Top {
+				mark(a.Token, a.Logprob)
 			}
 			// a token shown in other cycles but not this one counts at
 			// this cycle's floor
-			for tok := range sums {
-				if !seen[tok] {
-					sums[tok] += fl
+			for i := range sums {
+				if !seen[i] {
+					sums[i].Logprob += fl
 				}
 			}
 		}
@@ -188,8 +202,9 @@ func positionMeans(mode []string, cycles []*Cycle, prompt int) []PositionBaselin
 		if n > 1 {
 			pb.Var = max(0, (top1sq-top1*top1/float64(n))/float64(n-1))
 		}
-		for tok, sum := range sums {
-			pb.Alts = append(pb.Alts, Alt{Token: tok, Logprob: sum / float64(n)})
+		pb.Alts = make([]Alt, len(sums))
+		for i, a := range sums {
+			pb.Alts[i] = Alt{Token: a.Token, Logprob: a.Logprob / float64(n)}
 		}
 		slices.SortFunc(pb.Alts, func(a, b Alt) int {
 			return cmp.Or(cmp.Compare(b.Logprob, a.Logprob), strings.Compare(a.Token, b.Token))
