@@ -253,3 +253,33 @@ func TestIdentityCheckedAtStart(t *testing.T) {
 		t.Errorf("alerts %v, want suspect, drifted", statuses)
 	}
 }
+
+// TestEnrolmentKeepsTheMinimumSpan: with serve's defaults (8 cycles, 2
+// hours) and a cycle every 5 minutes, the baseline is built from every
+// cycle of the 2 hours (25), not the newest 16: the numeric paths load
+// moves through in that span are in it (docs/DRIFT.md "The sampled tier
+// under load noise"). Without a minimum span it keeps 2 x enrol.
+func TestEnrolmentKeepsTheMinimumSpan(t *testing.T) {
+	s := defaultSuite(t)
+	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 3})
+	for _, tc := range []struct {
+		min  time.Duration
+		want int
+	}{{2 * time.Hour, 25}, {-1, 8}} {
+		mon := drift.NewMonitor("p", "b", drift.MonitorSettings{Suite: s, Enrol: 8, EnrolMin: tc.min}, nil)
+		at := time.Unix(1e9, 0)
+		for mon.Baseline() == nil {
+			r, err := mon.Observe(toylm.Cycle(s, m, at), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !r.Enrolled && !r.Enrolling {
+				t.Fatalf("neither enrolling nor enrolled: %+v", r)
+			}
+			at = at.Add(5 * time.Minute)
+		}
+		if got := mon.Baseline().Cycles; got != tc.want {
+			t.Errorf("enrol_min %v: baseline of %d cycles, want %d", tc.min, got, tc.want)
+		}
+	}
+}

@@ -207,14 +207,21 @@ func (m *Monitor) Observe(c *Cycle, fdr func(p float64) bool) (Result, error) {
 	return r, nil
 }
 
+// maxEnrolKeep bounds the enrolment cycles kept (a minimum span at a short
+// schedule would otherwise keep hundreds).
+const maxEnrolKeep = 48
+
 func (m *Monitor) enrolCycle(c *Cycle, r Result) (Result, error) {
 	if len(m.enrolling) == 0 {
 		m.enrolStart = c.At
 	}
 	m.enrolling = append(m.enrolling, c)
 	m.teacherEnrolCycle(c)
-	if len(m.enrolling) > 2*m.enrol { // keep the newest, bounded
-		m.enrolling = m.enrolling[len(m.enrolling)-2*m.enrol:]
+	// Keep the newest, bounded: at least 2 x enrol cycles, and every cycle
+	// of the last enrolMin (the baseline then sees the whole minimum span,
+	// so the numeric paths load moves through in it), at most maxEnrolKeep.
+	for len(m.enrolling) > 2*m.enrol && (len(m.enrolling) > maxEnrolKeep || c.At.Sub(m.enrolling[0].At) > m.enrolMin) {
+		m.enrolling = m.enrolling[1:]
 	}
 	r.Enrolling = true
 	if len(m.enrolling) < m.enrol || (m.enrolMin > 0 && c.At.Sub(m.enrolStart) < m.enrolMin) {

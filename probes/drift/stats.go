@@ -220,7 +220,8 @@ const pathMargin = 3.0
 // where B and sB are the baseline's own squared error and its spread (from
 // the enrolment variance of each position, as in the teacher tier) and P
 // is the persistence the enrolment itself showed beyond this cycle's noise:
-// max(0, m_max - B - 3 se1) times pathMargin, m_max the largest leave-two-out
+// max(0, m_max - B - z se1) times pathMargin (z = sqrt(2 ln N), at least
+// 3, for the N pairs of the null), m_max the largest leave-two-out
 // product of the S4 null (pairs of enrolment cycles that shared a numeric
 // path share offsets, and a later cycle on such a path shows them again).
 // T is self-normalised: the noise of this cycle and of the previous ones
@@ -314,7 +315,13 @@ func SampledPersistence(b *Baseline, c *Cycle, prevs []*Cycle) Persistence {
 	if math.IsNaN(se1) {
 		se1 = se
 	}
-	ps.Path = pathMargin * max(0, hi-own-3*se1)
+	// the largest of N pairs' noise is about sqrt(2 ln N) of them: 3.1
+	// for the 120 pairs of 16 enrolment cycles, 3.4 for the 300 of 25
+	z := 3.0
+	if n := len(b.Null.S4.Values); n > 1 {
+		z = max(z, math.Sqrt(2*math.Log(float64(n))))
+	}
+	ps.Path = pathMargin * max(0, hi-own-z*se1)
 	excess := mean - own - ps.Path
 	ps.T = (excess - 3*spread) / se
 	ps.Shift = signedSqrt(excess)
