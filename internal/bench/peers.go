@@ -244,20 +244,19 @@ func (p *peerRun) startBalancers(ctx context.Context) ([][]string, error) {
 		return nil, err
 	}
 	for i := range p.s.Routers {
-		for b, start := range []func(context.Context, int) (string, error){
-			1: func(ctx context.Context, i int) (string, error) { return p.startHAProxy(ctx, false, i) },
-			2: func(ctx context.Context, i int) (string, error) { return p.startHAProxy(ctx, true, i) },
-			3: p.startNginx,
-		} {
-			if start == nil {
-				continue
-			}
-			u, err := start(ctx, i)
-			if err != nil {
-				return nil, err
-			}
-			urls[b] = append(urls[b], u)
+		ha, err := p.startHAProxy(ctx, false, i)
+		if err != nil {
+			return nil, err
 		}
+		haRetry, err := p.startHAProxy(ctx, true, i)
+		if err != nil {
+			return nil, err
+		}
+		ng, err := p.startNginx(ctx, i)
+		if err != nil {
+			return nil, err
+		}
+		urls[1], urls[2], urls[3] = append(urls[1], ha), append(urls[2], haRetry), append(urls[3], ng)
 	}
 	return urls, nil
 }
