@@ -1,6 +1,7 @@
 package analyzer
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 )
@@ -141,11 +142,9 @@ func (in *ruleInput) failureRate(rows *[]RuleCheck, r *ruleResult) {
 				rf, s.FailureRate, fmtDur(in.recentSpan()), n, fr, fmtDur(s.Window)),
 			severity: rf / s.FailureRate}
 	}
-	for _, t := range []*trip{tw, tq} {
-		if t != nil {
-			r.want[gateFailureRate] = true
-			r.add(*t)
-		}
+	if t := cmp.Or(tw, tq); t != nil { // at most one of them
+		r.want[gateFailureRate] = true
+		r.add(*t)
 	}
 	if rows == nil {
 		return
