@@ -338,3 +338,31 @@ func benchLeastConnScan(b *testing.B, n int) {
 func BenchmarkLeastConnScan8(b *testing.B)    { benchLeastConnScan(b, 8) }
 func BenchmarkLeastConnScan100(b *testing.B)  { benchLeastConnScan(b, 100) }
 func BenchmarkLeastConnScan1000(b *testing.B) { benchLeastConnScan(b, 1000) }
+
+// benchThreeChoiceFloor is the least any pick over three random choices
+// does, for the ratio at small pools: three uniform draws (not distinct, no
+// weights), the three in-flight loads, the lowest, and the in-flight
+// increment and decrement of the scan. No clock, score, EWMA or breaker.
+func benchThreeChoiceFloor(b *testing.B, n int) {
+	p, _ := benchDefaultPicker(b, n)
+	st := p.state.Load()
+	r := rand.New(rand.NewPCG(1, 2))
+	b.ReportAllocs()
+	for b.Loop() {
+		best, bestLoad := -1, int64(0)
+		for range 3 {
+			i := uniformInt(r.Uint64(), len(st.entries))
+			if l := st.entries[i].local.inFlight.Load(); best < 0 || l < bestLoad {
+				best, bestLoad = i, l
+			}
+		}
+		l := st.entries[best].local
+		l.inFlight.Add(1)
+		sink = Choice{Backend: st.entries[best].id, Index: best}
+		l.inFlight.Add(-1)
+	}
+}
+
+func BenchmarkThreeChoiceFloor8(b *testing.B)    { benchThreeChoiceFloor(b, 8) }
+func BenchmarkThreeChoiceFloor100(b *testing.B)  { benchThreeChoiceFloor(b, 100) }
+func BenchmarkThreeChoiceFloor1000(b *testing.B) { benchThreeChoiceFloor(b, 1000) }

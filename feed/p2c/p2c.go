@@ -68,6 +68,7 @@ package p2c
 import (
 	"errors"
 	"math"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -254,19 +255,23 @@ func (c *Choice) Done(outcome fleetwatch.Outcome, ttftMs float64, cold bool) {
 // Picker chooses backends for one pool. All methods are safe for concurrent
 // use; Pick, Choose and Choice.Done take no lock.
 type Picker struct {
-	score      Score
-	costWeight float64
-	tolerance  float64      // 0: from the snapshot
-	loadFactor float64      // <= 0: no bound
-	slowFactor float64      // <= 0: no outlier guard
-	total      atomic.Int64 // requests in flight over all backends
-	unbalanced atomic.Int64 // Done calls that found a count at zero
-	alpha      float64
-	now        func() time.Time
-	budget     *Budget
-	unbudgeted bool
-	choices    int
-	loadStale  time.Duration // < 0: a published load never goes stale
+	score Score
+	// inFlightRank: score.Rank is inFlightRank (the in-flight and load
+	// scores), which scoreOf computes inline.
+	inFlightRank bool
+	costWeight   float64
+	tolerance    float64      // 0: from the snapshot
+	loadFactor   float64      // <= 0: no bound
+	slowFactor   float64      // <= 0: no outlier guard
+	total        atomic.Int64 // requests in flight over all backends
+	unbalanced   atomic.Int64 // Done calls that found a count at zero
+	alpha        float64
+	now          func() time.Time
+	budget       *Budget
+	unbudgeted   bool
+	choices      int
+	loadStale    time.Duration // < 0: a published load never goes stale
+	decay        decayTable    // exp(-d / loadStale), when loadStale > 0
 	// fleet is this router's share of the snapshot's fleet-wide retry
 	// budget: it accrues retry_budget.per_sec / routers a second.
 	fleet *Budget
@@ -302,11 +307,13 @@ func New(s Settings) *Picker {
 	if p.score.Rank == nil {
 		p.score = DefaultScore
 	}
+	p.inFlightRank = reflect.ValueOf(p.score.Rank).Pointer() == reflect.ValueOf(inFlightRank).Pointer()
 	p.choices = min(max(s.Choices, 0), maxChoices) // 0: by the snapshot's routers
 	p.loadStale = s.LoadStale
 	if p.loadStale == 0 {
 		p.loadStale = DefaultLoadStale
 	}
+	p.decay = newDecayTable(p.loadStale)
 	if p.costWeight == 0 {
 		p.costWeight = math.Inf(1)
 	}

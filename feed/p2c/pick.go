@@ -466,7 +466,19 @@ func (p *Picker) best(st *state, cands []int, stale bool, now int64) int {
 // cache for loadDecayed.
 func (p *Picker) scoreOf(st *state, i int, ewma float64, stale bool, now int64, decay *float64) float64 {
 	e := &st.entries[i]
-	sc := p.score.Rank(p.loadDecayed(st, e, stale, now, decay), ewma, e.cost, p.costWeight) * p.slowPenalty(st, ewma)
+	load := p.loadDecayed(st, e, stale, now, decay)
+	var sc float64
+	if p.inFlightRank {
+		// inFlightRank inline, its cost term's first division taken at
+		// the snapshot: the same operations, so the same bits.
+		sc = load + 1
+		if e.costPerMs != 0 {
+			sc += e.costPerMs / ewma
+		}
+	} else {
+		sc = p.score.Rank(load, ewma, e.cost, p.costWeight)
+	}
+	sc *= p.slowPenalty(st, ewma)
 	if p.score.Weighted && !stale && e.weight > 0 && e.weight < 1 {
 		sc /= e.weight
 	}
@@ -504,11 +516,12 @@ func (p *Picker) loadDecayed(st *state, e *entry, stale bool, now int64, decay *
 	// it, and R x the router's own count is the other estimate of the
 	// same load. exp(-age/LoadStale) is the entry's decay at the snapshot
 	// (state build) times the decay since, which is the same for every
-	// candidate: one exp per pick rather than one per candidate.
+	// candidate and is read from the picker's table (decay.go): no exp
+	// on the pick path.
 	var w float64
 	if since := now - st.at; since >= 0 {
 		if math.IsNaN(*decay) {
-			*decay = math.Exp(-float64(since) / float64(p.loadStale))
+			*decay = p.decay.at(since)
 		}
 		w = *decay * e.loadDecay
 	} else { // a snapshot from the future (clock skew): the exact age

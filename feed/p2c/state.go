@@ -19,6 +19,7 @@ type entry struct {
 	priority  int
 	feedEWMA  float64 // NaN when the snapshot has none
 	cost      float64 // 0 when the snapshot has none
+	costPerMs float64 // cost / Settings.CostWeightPerMs: the in-flight rank's cost term times ewma
 	openUntil int64   // unix ns; for open backends, math.MaxInt64 when unknown
 	// The published load (Score.FleetLoad): pubLoad is NaN when the
 	// snapshot has none; it goes stale at loadStaleAt (unix ns); atSnap is
@@ -230,6 +231,7 @@ func (p *Picker) entryOf(b *fleetwatch.Backend, snapAt fleetwatch.Time, at int64
 	}
 	if b.CostPerMTok != nil {
 		e.cost = *b.CostPerMTok
+		e.costPerMs = e.cost / p.costWeight
 	}
 	if e.state == fleetwatch.StateOpen {
 		e.openUntil = math.MaxInt64
