@@ -35,6 +35,12 @@ const (
 	// FWV1 is the picker as it was before the load score: the in-flight
 	// score, two choices and the per-router retry budget.
 	FWV1 = "fw-v1"
+	// FWChoices4 and FWOwn4 are the steady-state experiments of
+	// docs/EVALUATION.md ("The steady-state cells"): fleetwatch with 4
+	// choices at every router count, and the same over the router's own
+	// in-flight counts (the in-flight score).
+	FWChoices4 = "fw-choices4"
+	FWOwn4     = "fw-own4"
 )
 
 // FleetwatchAnalyzer are the analyzer settings of the feed policies other
@@ -87,6 +93,8 @@ var pickerPolicies = map[string]pickerPolicy{
 	FLoad3Fleet:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}},
 	FLoad3Fleet25:     {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, spareFree: 0.25},
 	FLoad3NoBudget:    {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, RetryRatio: -1}},
+	FWChoices4:        {settings: p2c.Settings{Choices: 4}},
+	FWOwn4:            {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 4}},
 }
 
 // weightedLoadScore is the load score divided by the backend's weight.
@@ -108,6 +116,8 @@ var PolicyDescriptions = map[string]string{
 	FWSqrt:            "feed/p2c with (inFlight+1) x sqrt(EWMA)",
 	FWUnbudgeted:      "feed/p2c, default score, no retry budget",
 	FWNoGuard:         "fleetwatch without the picker's slow-outlier guard",
+	FWChoices4:        "fleetwatch with 4 choices at every router count",
+	FWOwn4:            "fleetwatch with the in-flight score (the router's own counts, no published load) and 4 choices",
 	FWDefaultAnalyzer: "fleetwatch with every analyzer default, including the slow rule (slow_factor 5)",
 }
 
