@@ -59,12 +59,7 @@ func startCountingBackend(t *testing.T, name string) *countingBackend {
 
 // toolPath finds a tool on PATH, or returns its Debian path for
 // testkit.RequireTool to report missing.
-func toolPath(name string) string {
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	return "/usr/bin/" + name
-}
+func toolPath(name string) string { return testkit.ToolPath(name) }
 
 // nodeRouterDir copies examples/node-router (without node_modules) into a
 // temporary directory and runs `npm ci` there.

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -87,6 +88,10 @@ type PeersSettings struct {
 	Routers int
 	// Logf receives progress messages. If nil, nothing is logged.
 	Logf func(format string, args ...any)
+	// Portkey is the start script of Portkey's open-source gateway (see
+	// PortkeyScript), run as a fifth balancer under node; empty: not run.
+	// Node is the node binary; if empty, "node" on the PATH.
+	Portkey, Node string
 	// Config is the configuration fleetwatch's serve and routers start
 	// from (its analyzer and route blocks); the benchmark sets the NATS,
 	// HTTP, data, probes and pool parts. If nil, config.Default().
@@ -117,6 +122,9 @@ func (s PeersSettings) withDefaults() PeersSettings {
 	}
 	if s.Routers <= 0 {
 		s.Routers = 1
+	}
+	if s.Node == "" {
+		s.Node = "node"
 	}
 	return s
 }
@@ -151,12 +159,16 @@ type PeerRow struct {
 
 // PeersReport is what RunPeers measured.
 type PeersReport struct {
-	Settings PeersSettings
-	Rows     []PeerRow
+	Settings  PeersSettings
+	Balancers []string // in report order, fleetwatch first
+	Rows      []PeerRow
 }
 
+// maxPeers bounds the balancers of one run: peerNames and Portkey.
+const maxPeers = 5
+
 // attemptCounts are the attempts each backend saw, by balancer and phase.
-type attemptCounts [4][4][numPeerBackends]atomic.Int64
+type attemptCounts [maxPeers][4][numPeerBackends]atomic.Int64
 
 // countingBackend serves one fake backend and counts the generation
 // attempts each balancer sends it in each phase.
@@ -166,7 +178,7 @@ type countingBackend struct {
 	counts *attemptCounts
 }
 
-var digits = []string{"0", "1", "2", "3"}
+var digits = []string{"0", "1", "2", "3", "4"}
 
 func (c *countingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
@@ -181,6 +193,7 @@ func (c *countingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // peerRun is one RunPeers in progress: what it started, to stop it.
 type peerRun struct {
 	s       PeersSettings
+	names   []string // the balancers, in report order
 	dir     string
 	fakes   []*fakeai.Server
 	normal  fakeai.Behavior
@@ -205,12 +218,24 @@ func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 			return nil, fmt.Errorf("bench peers: %w", err)
 		}
 	}
+	names := slices.Clone(peerNames)
+	if s.Portkey != "" {
+		script, err := PortkeyScript(s.Portkey)
+		if err != nil {
+			return nil, err
+		}
+		if s.Node, err = exec.LookPath(s.Node); err != nil {
+			return nil, fmt.Errorf("bench peers: portkey: %w", err)
+		}
+		s.Portkey = script
+		names = append(names, PeerPortkey)
+	}
 	dir, err := os.MkdirTemp("", "fleetwatch-peers-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	p := &peerRun{s: s, dir: dir, normal: fakeai.Behavior{
+	p := &peerRun{s: s, names: names, dir: dir, normal: fakeai.Behavior{
 		TTFT: 40 * time.Millisecond, TokenTime: 5 * time.Millisecond, Model: peerModel, RetryAfter: time.Second,
 	}}
 	defer p.stopAll()
@@ -224,11 +249,14 @@ func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 	for i, us := range urls {
 		for _, u := range us {
 			if err := waitListening(ctx, u, 10*time.Second); err != nil {
-				return nil, fmt.Errorf("bench peers: %s: %w", peerNames[i], err)
+				return nil, fmt.Errorf("bench peers: %s: %w", names[i], err)
 			}
 		}
 	}
-	results := p.drive(ctx, urls)
+	results, err := p.drive(ctx, urls)
+	if err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -236,9 +264,9 @@ func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 }
 
 // startBalancers starts Routers instances of each balancer and returns
-// their base URLs by balancer, in peerNames' order.
+// their base URLs by balancer, in p.names' order.
 func (p *peerRun) startBalancers(ctx context.Context) ([][]string, error) {
-	urls := make([][]string, len(peerNames))
+	urls := make([][]string, len(p.names))
 	var err error
 	if urls[0], err = p.startFleetwatch(ctx); err != nil {
 		return nil, err
@@ -257,6 +285,13 @@ func (p *peerRun) startBalancers(ctx context.Context) ([][]string, error) {
 			return nil, err
 		}
 		urls[1], urls[2], urls[3] = append(urls[1], ha), append(urls[2], haRetry), append(urls[3], ng)
+		if p.s.Portkey != "" {
+			pk, err := p.startPortkey(ctx, i)
+			if err != nil {
+				return nil, err
+			}
+			urls[4] = append(urls[4], pk)
+		}
 	}
 	return urls, nil
 }
@@ -353,8 +388,12 @@ func freePort() (int, error) {
 // peerClient is the load generator's client for one balancer: its
 // instances' base URLs, taken in turn.
 type peerClient struct {
-	bases []string
-	idx   int
+	bases  []string
+	idx    int
+	header map[string]string // extra request headers (Portkey's config)
+	// plain: send the request without "stream" and take a 200 with
+	// choices as complete (Portkey, see portkeyHeaders).
+	plain bool
 	http  *http.Client
 }
 
@@ -368,12 +407,19 @@ type peerResult struct {
 // drive runs the script: every 1/Rate seconds one request goes to every
 // balancer at once (to its instances in turn); the phase changes every
 // Phase. It returns the results per balancer.
-func (p *peerRun) drive(ctx context.Context, urls [][]string) [][]peerResult {
+func (p *peerRun) drive(ctx context.Context, urls [][]string) ([][]peerResult, error) {
 	clients := make([]*peerClient, len(urls))
 	for i, us := range urls {
 		tr := &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 512, IdleConnTimeout: 30 * time.Second}
 		clients[i] = &peerClient{bases: us, idx: i, http: &http.Client{Transport: tr, Timeout: p.s.ClientTimeout}}
 		defer tr.CloseIdleConnections()
+		if p.names[i] == PeerPortkey {
+			h, err := p.portkeyHeaders()
+			if err != nil {
+				return nil, err
+			}
+			clients[i].header, clients[i].plain = h, true
+		}
 	}
 	var mu sync.Mutex // guards results
 	results := make([][]peerResult, len(urls))
@@ -394,9 +440,14 @@ func (p *peerRun) drive(ctx context.Context, urls [][]string) [][]peerResult {
 			p.enterPhase(ph)
 		}
 		body := fmt.Appendf(nil, `{"model":%q,"stream":true,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
+		plain := fmt.Appendf(nil, `{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
 		phase := current
 		for _, c := range clients {
 			base := c.bases[n%len(c.bases)]
+			body := body
+			if c.plain {
+				body = plain
+			}
 			wg.Go(func() {
 				r := c.do(ctx, base, body, phase)
 				mu.Lock()
@@ -411,7 +462,7 @@ func (p *peerRun) drive(ctx context.Context, urls [][]string) [][]peerResult {
 	}
 	p.enterPhase(-1) // back to healthy: hanging requests end at their timeouts
 	wg.Wait()
-	return results
+	return results, nil
 }
 
 // enterPhase makes the fakes behave as phase ph says (-1: all healthy).
@@ -428,8 +479,8 @@ func (p *peerRun) enterPhase(ph int) {
 	}
 }
 
-// do sends one streaming chat completion and reads it to the end: ok is a
-// 200 whose stream ends with [DONE].
+// do sends one chat completion and reads it to the end: ok is a 200 whose
+// stream ends with [DONE] (or, for a plain client, a 200 with choices).
 func (c *peerClient) do(ctx context.Context, base string, body []byte, phase int) peerResult {
 	start := time.Now()
 	res := peerResult{phase: phase}
@@ -440,11 +491,18 @@ func (c *peerClient) do(ctx context.Context, base string, body []byte, phase int
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(balancerHeader, digits[c.idx])
 	req.Header.Set(phaseHeader, digits[phase])
+	for k, v := range c.header {
+		req.Header.Set(k, v)
+	}
 	resp, err := c.http.Do(req)
 	if err == nil {
 		data, rerr := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		res.ok = rerr == nil && resp.StatusCode == http.StatusOK && bytes.Contains(data, []byte("[DONE]"))
+		end := []byte("[DONE]")
+		if c.plain {
+			end = []byte(`"choices":[{`)
+		}
+		res.ok = rerr == nil && resp.StatusCode == http.StatusOK && bytes.Contains(data, end)
 	}
 	res.ms = float64(time.Since(start)) / float64(time.Millisecond)
 	return res
@@ -453,9 +511,9 @@ func (c *peerClient) do(ctx context.Context, base string, body []byte, phase int
 // report turns the results and the backends' counts into rows, phase by
 // phase.
 func (p *peerRun) report(results [][]peerResult) *PeersReport {
-	r := &PeersReport{Settings: p.s}
+	r := &PeersReport{Settings: p.s, Balancers: p.names}
 	for ph, phase := range peerPhases {
-		for b, name := range peerNames {
+		for b, name := range p.names {
 			row := PeerRow{Phase: phase.name, Balancer: name, HasBroken: phase.broken >= 0}
 			var ms []float64
 			for _, res := range results[b] {
@@ -508,6 +566,10 @@ func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(&b, "%d instances of each balancer, the requests spread over them in turn (%.1f/s each): %d nginx and %d HAProxy processes of each kind that each learn alone, %d fleetwatch routers sharing one serve.\n\n",
 			s.Routers, s.Rate/float64(s.Routers), s.Routers, s.Routers, s.Routers)
 	}
+	if slices.Contains(r.Balancers, PeerPortkey) {
+		fmt.Fprintf(&b, "%s: %d node process(es) of @portkey-ai/gateway, each request load-balanced over four fallback chains of three backends (on 408, 429 and 5xx), request_timeout %s; the same requests without stream (its streaming fails on Node 20, see internal/bench/peers_portkey.go).\n\n",
+			PeerPortkey, s.Routers, s.FirstByte)
+	}
 	b.WriteString(PeersTableHeader + "\n")
 	b.WriteString("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, row := range r.Rows {
@@ -532,7 +594,7 @@ func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(&b, " %s:", ph.name)
-		for _, name := range peerNames[1:] {
+		for _, name := range r.Balancers[1:] {
 			fmt.Fprintf(&b, " %s %.2fx", name, r.ShareVs(ph.name, name))
 		}
 		b.WriteString(";")

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,15 +19,17 @@ import (
 // phase (its requests reached the backends). Times are not checked.
 func TestRunPeersShort(t *testing.T) {
 	for _, routers := range []int{1, 2} {
-		t.Run(strconv.Itoa(routers), func(t *testing.T) { runPeersShort(t, routers) })
+		t.Run(strconv.Itoa(routers), func(t *testing.T) { runPeersShort(t, routers, "") })
 	}
 }
 
-func runPeersShort(t *testing.T, routers int) {
+// runPeersShort is the short run with routers instances of each balancer,
+// and Portkey's gateway too when portkey (its install) is set.
+func runPeersShort(t *testing.T, routers int, portkey string) {
 	haproxy := testkit.RequireTool(t, "/usr/sbin/haproxy", "haproxy")
 	nginx := testkit.RequireTool(t, "/usr/sbin/nginx", "nginx")
 	r, err := RunPeers(t.Context(), PeersSettings{
-		HAProxy: haproxy, Nginx: nginx,
+		HAProxy: haproxy, Nginx: nginx, Portkey: portkey,
 		Phase: time.Second, Rate: 20, FirstByte: 300 * time.Millisecond, ClientTimeout: 5 * time.Second,
 		Routers: routers, Logf: t.Logf,
 	})
@@ -68,9 +71,16 @@ func runPeersShort(t *testing.T, routers int) {
 	if header != PeersTableHeader {
 		t.Errorf("header %q, want %q", header, PeersTableHeader)
 	}
+	balancers := peerNames
+	if portkey != "" {
+		balancers = append(slices.Clone(peerNames), PeerPortkey)
+	}
+	if diff := cmp.Diff(balancers, r.Balancers); diff != "" {
+		t.Errorf("balancers (-want +got):\n%s", diff)
+	}
 	var want [][2]string
 	for _, ph := range peerPhases {
-		for _, b := range peerNames {
+		for _, b := range balancers {
 			want = append(want, [2]string{ph.name, b})
 		}
 	}
@@ -84,6 +94,9 @@ func runPeersShort(t *testing.T, routers int) {
 		t.Errorf("the table lacks the shares' ratios")
 	}
 	for _, row := range r.Rows {
+		if row.Phase == peerPhases[0].name && row.Errors > row.Requests/2 {
+			t.Errorf("%s / %s: %d client errors of %d requests with every backend healthy", row.Phase, row.Balancer, row.Errors, row.Requests)
+		}
 		if row.Attempts < int64(row.Requests) {
 			t.Errorf("%s / %s: %d attempts for %d requests: some requests never reached a backend", row.Phase, row.Balancer, row.Attempts, row.Requests)
 		}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -34,6 +35,15 @@ func RequireTool(t testing.TB, path, pkg string) string {
 		t.Skipf("%s not found: install the Debian package %s to run this test (it is required when CI is set)", path, pkg)
 	}
 	return path
+}
+
+// ToolPath is name's path on the PATH, or /usr/bin/name (for
+// RequireTool's message) when it is not there.
+func ToolPath(name string) string {
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	return "/usr/bin/" + name
 }
 
 // ArtifactDir is where tests leave files for people to look at:
