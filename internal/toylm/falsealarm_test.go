@@ -94,6 +94,7 @@ func TestNullWorkersDoNotChangeTheResult(t *testing.T) {
 }
 
 func TestWriteFalseAlarms(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	var out bytes.Buffer
 	err := WriteFalseAlarms(t.Context(), &out, ReportSettings{Cycles: 6, Backends: 2, Enrol: 3, Seed: 22, Workers: 2})

@@ -33,6 +33,7 @@ func testHarness(t *testing.T) (*Harness, map[string]Variant) {
 }
 
 func TestSwapCaughtInOneCycleAtEveryNoiseLevel(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, vs := testHarness(t)
 	for _, sigma := range append(NoiseLevels, LoadRegime) {
@@ -47,10 +48,11 @@ func TestSwapCaughtInOneCycleAtEveryNoiseLevel(t *testing.T) {
 }
 
 func TestQ4CaughtInOneCycle(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, vs := testHarness(t)
 	for _, sigma := range NoiseLevels {
-		r, err := h.Power(vs["q4-like"], sigma, raceFewer(3), 1, 12)
+		r, err := h.Power(vs["q4-like"], sigma, 3, 1, 12)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -61,6 +63,7 @@ func TestQ4CaughtInOneCycle(t *testing.T) {
 }
 
 func TestQ8CaughtWithinThreeCyclesAtSigma003(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, vs := testHarness(t)
 	r, err := h.Power(vs["q8-like"], 0.03, 4, 3, 13)
@@ -73,6 +76,7 @@ func TestQ8CaughtWithinThreeCyclesAtSigma003(t *testing.T) {
 }
 
 func TestFP16NeverAlarms(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, vs := testHarness(t)
 	fp16 := vs["fp16"]
@@ -88,10 +92,11 @@ func TestFP16NeverAlarms(t *testing.T) {
 }
 
 func TestUnchangedBackendStaysOK(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, _ := testHarness(t)
 	for _, sigma := range append(NoiseLevels, LoadRegime) {
-		r, err := h.Null(sigma, nil, raceFewer(2), nullCycles, 15)
+		r, err := h.Null(sigma, nil, 2, nullCycles, 15)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,6 +107,7 @@ func TestUnchangedBackendStaysOK(t *testing.T) {
 }
 
 func TestQ4PeerAmongThreeIsNamed(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, vs := testHarness(t)
 	for _, sigma := range NoiseLevels {
@@ -121,3 +127,20 @@ func TestQ4PeerAmongThreeIsNamed(t *testing.T) {
 		t.Errorf("fp16 peer: an outlier was named in %d of %d trials", r.Named+r.WrongName, r.Trials)
 	}
 }
+
+// statistical marks a test of the toy model's statistics: under the race
+// detector it skips and TestStatisticsWithoutTheRaceDetector runs it in a
+// plain test binary (race_test.go).
+func statistical(t *testing.T) {
+	t.Helper()
+	if raceDetector {
+		t.Skipf("single-goroutine statistics: run without the race detector by TestStatisticsWithoutTheRaceDetector (or: go test -run '^%s$' ./internal/toylm)", t.Name())
+	}
+}
+
+// nullCycles is how many unchanged cycles the null tests run; `fleetwatch
+// drift sim` runs thousands.
+const nullCycles = 100
+
+// calibrationTargets are the KL targets whose calibration the tests check.
+var calibrationTargets = []float64{KLQ8, KLQ6, KLQ4}

@@ -30,6 +30,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
@@ -98,6 +99,8 @@ type Model struct {
 	tokens        []string
 	opts          Options
 
+	cache *logitCache // shared by the copies With makes (same weights)
+
 	sigmaBits atomic.Uint64 // float64 bits of the current noise sigma
 	calls     atomic.Uint64 // numbers calls for the noise stream
 	path      atomic.Int64  // 1 + the index of the current numeric path (0: none)
@@ -126,6 +129,7 @@ func New(c Config) *Model {
 	m.weights = gaussianMatrix(c.Vocab, c.Hidden, c.WeightSeed, 0x5eed)
 	m.embed = gaussianMatrix(c.Vocab, c.Hidden, c.ContextSeed, 0xe1b)
 	m.tokens = renderVocab(c.Vocab)
+	m.cache = new(logitCache)
 	return m
 }
 
@@ -164,7 +168,7 @@ func renderVocab(n int) []string {
 func (m *Model) derive(weights []float64) *Model {
 	d := &Model{
 		vocab: m.vocab, hidden: m.hidden, scale: m.scale, contextSeed: m.contextSeed,
-		weights: weights, embed: m.embed, tokens: m.tokens, opts: m.opts,
+		weights: weights, embed: m.embed, tokens: m.tokens, opts: m.opts, cache: new(logitCache),
 	}
 	d.sigmaBits.Store(m.sigmaBits.Load())
 	return d
@@ -173,6 +177,7 @@ func (m *Model) derive(weights []float64) *Model {
 // With returns a copy of m with the serving options o (weights shared).
 func (m *Model) With(o Options) *Model {
 	d := m.derive(m.weights)
+	d.cache = m.cache
 	d.opts = o
 	d.sigmaBits.Store(math.Float64bits(o.Sigma))
 	return d
@@ -242,10 +247,12 @@ func (m *Model) quantizeRows(step float64) []float64 {
 	return w
 }
 
-// state is the hidden state of one context.
+// state is the hidden state of one context. key identifies the context
+// (the prompt, then every token fed in) for the logit cache.
 type state struct {
 	h    []float64
 	gain float64
+	key  uint64
 }
 
 // promptState seeds the hidden state from the prompt text. The gain sets how
@@ -253,17 +260,19 @@ type state struct {
 func (m *Model) promptState(prompt string) state {
 	f := fnv.New64a()
 	f.Write([]byte(prompt))
-	r := rand.New(rand.NewPCG(f.Sum64(), m.contextSeed))
+	key := f.Sum64()
+	r := rand.New(rand.NewPCG(key, m.contextSeed))
 	h := make([]float64, m.hidden)
 	for i := range h {
 		h[i] = r.NormFloat64()
 	}
 	normalize(h)
-	return state{h: h, gain: 0.55 + 1.1*r.Float64()}
+	return state{h: h, gain: 0.55 + 1.1*r.Float64(), key: key}
 }
 
 // advance feeds the chosen token into the recurrence.
-func (m *Model) advance(s state, tok int) {
+func (m *Model) advance(s *state, tok int) {
+	s.key = mix64(s.key ^ (uint64(tok)+1)*0x9e3779b97f4a7c15)
 	e := m.embed[tok*m.hidden : (tok+1)*m.hidden]
 	for i := range s.h {
 		s.h[i] = 0.6*s.h[i] + 0.8*e[i]/math.Sqrt(float64(m.hidden))*3
@@ -283,6 +292,14 @@ func normalize(h []float64) {
 }
 
 // logits writes the noiseless logits of state s into out.
+//
+// The race detector does not instrument it (go:norace): it reads the
+// weights, which never change after New, and writes out, which its caller
+// owns, and it is most of every completion's time, which the
+// instrumentation made about 14 times longer in the tests that serve this
+// model over HTTP (the race detector still checks everything around it).
+//
+//go:norace
 func (m *Model) logits(s state, out []float64) {
 	k := m.scale * s.gain
 	for r := 0; r < m.vocab; r++ {
@@ -294,6 +311,57 @@ func (m *Model) logits(s state, out []float64) {
 		out[r] = k * dot
 	}
 	out[eos] -= 2 // completions mostly run to max_tokens, as probes expect
+}
+
+// contextLogits writes the noiseless logits of state s into out, from
+// the cache when this context was seen before: probes ask the same prompts
+// every cycle, so most contexts recur, and the product is most of a
+// completion's time (more still under the race detector). The cached
+// values are the same bits logits computes.
+func (m *Model) contextLogits(s state, out []float64) {
+	if m.cache.get(s.key, out) {
+		return
+	}
+	m.logits(s, out)
+	m.cache.put(s.key, out)
+}
+
+// logitCache maps a context's key to its noiseless logits. When full it
+// starts again empty: the contexts probes repeat come back at once.
+type logitCache struct {
+	mu sync.Mutex
+	m  map[uint64][]float64 // never changed once stored
+}
+
+// logitCacheMax bounds the entries (2 KiB each at the default vocabulary).
+const logitCacheMax = 4096
+
+func (c *logitCache) get(key uint64, out []float64) bool {
+	c.mu.Lock()
+	v, ok := c.m[key]
+	c.mu.Unlock()
+	if ok {
+		copy(out, v)
+	}
+	return ok
+}
+
+func (c *logitCache) put(key uint64, v []float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= logitCacheMax {
+		c.m = make(map[uint64][]float64)
+	}
+	c.m[key] = slices.Clone(v)
+}
+
+// mix64 is splitmix64's finalizer: the context key of a token sequence.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // logSoftmax turns logits into log probabilities in place.
@@ -330,7 +398,7 @@ func (m *Model) Complete(req fakeai.CompletionRequest) fakeai.Completion {
 	}
 	var text strings.Builder
 	for len(out.Tokens) < maxTokens {
-		m.logits(s, lp)
+		m.contextLogits(s, lp)
 		for i, o := range offsets[:min(len(offsets), len(lp))] {
 			lp[i] += o
 		}
@@ -354,7 +422,7 @@ func (m *Model) Complete(req fakeai.CompletionRequest) fakeai.Completion {
 		}
 		out.Tokens = append(out.Tokens, tl)
 		text.WriteString(m.tokens[tok])
-		m.advance(s, tok)
+		m.advance(&s, tok)
 	}
 	out.Text = text.String()
 	out.CompletionTokens = len(out.Tokens)

@@ -2,17 +2,44 @@
 
 package toylm
 
-// nullCycles is how many unchanged cycles the null tests run: the race
-// detector slows the toy model's arithmetic (single-goroutine code it has
-// nothing to check in) about tenfold, so the README's race suite runs a
-// quarter of them; a plain `go test` and `fleetwatch drift sim` run more.
-const nullCycles = 25
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
 
-// raceFewer is one fewer trial (or null backend) under the race detector,
-// at least one.
-func raceFewer(n int) int { return max(1, n-1) }
+// raceDetector: this test binary runs under the race detector. The
+// statistical tests (statistical) skip here and run in a plain test binary
+// of this package that TestStatisticsWithoutTheRaceDetector starts: they
+// are single-goroutine arithmetic, which the race detector slows about
+// tenfold with nothing to find in it (the whole package took 257 s under
+// it with a quarter of the null cycles, and takes 34 s without it at full
+// counts). The tests with goroutines (Null's workers, the artefact cache,
+// the HTTP server) run here, under the race detector.
+const raceDetector = true
 
-// calibrationTargets are the KL targets whose calibration the tests check:
-// under the race detector the q4-like one only (the search is the same for
-// all three).
-var calibrationTargets = []float64{KLQ4}
+// TestStatisticsWithoutTheRaceDetector runs this package's tests in a test
+// binary built without the race detector, so that `go test -race ./...`
+// still runs every statistical test, at full counts.
+func TestStatisticsWithoutTheRaceDetector(t *testing.T) {
+	t.Parallel()
+	cmd := exec.CommandContext(t.Context(), "go", "test", "-count=1", ".")
+	cmd.Env = append(os.Environ(), "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go test -count=1 ./internal/toylm (without the race detector): %v\n%s", err, out)
+	}
+	t.Logf("without the race detector: %s", strings.TrimSpace(string(out)))
+}
+
+// withoutRace drops -race from a GOFLAGS value.
+func withoutRace(flags string) string {
+	var keep []string
+	for _, f := range strings.Fields(flags) {
+		if f != "-race" && f != "-race=true" {
+			keep = append(keep, f)
+		}
+	}
+	return strings.Join(keep, " ")
+}

@@ -45,6 +45,7 @@ func TestMedianOf(t *testing.T) {
 }
 
 func TestVariantModel(t *testing.T) {
+	statistical(t)
 	ref := New(Config{})
 	plain := 0
 	for _, v := range variantsOnce() { // calibrated from New(Config{}) once for the package's tests

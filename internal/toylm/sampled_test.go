@@ -13,6 +13,7 @@ import (
 // regime) the old statistic raises false drifted verdicts at this seed and
 // the persistence test none.
 func TestSampledTierCorrelatedNull(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, _ := testHarness(t)
 	const seed, backends, cycles = 34, 2, 300
@@ -38,6 +39,7 @@ func TestSampledTierCorrelatedNull(t *testing.T) {
 // TestSampledTierKeepsQ8Power: q8-like at sigma 0.1 still leaves ok within
 // 10 cycles in nearly every trial (the old statistic: 6 of these 8).
 func TestSampledTierKeepsQ8Power(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, vs := testHarness(t)
 	r, err := h.Power(vs["q8-like"], 0.1, 8, 10, 1)
@@ -52,6 +54,7 @@ func TestSampledTierKeepsQ8Power(t *testing.T) {
 // TestCorrelatedNoiseDeterministic: the correlated level is a function of
 // the seed.
 func TestCorrelatedNoiseDeterministic(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, _ := testHarness(t)
 	a, err := h.Null(CorrelatedNoise, nil, 1, 20, 5)

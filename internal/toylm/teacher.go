@@ -55,9 +55,9 @@ func (m *Model) ScorePrompt(req fakeai.CompletionRequest) ([]fakeai.TokenLogprob
 	s := m.promptState(strings.TrimSpace(words[0]))
 	lp := make([]float64, m.vocab)
 	out := []fakeai.TokenLogprob{{Token: words[0]}}
-	m.advance(s, ids[0])
+	m.advance(&s, ids[0])
 	for i := 1; i < len(words); i++ {
-		m.logits(s, lp)
+		m.contextLogits(s, lp)
 		if sigma > 0 {
 			for k := range lp {
 				lp[k] += sigma * noise.NormFloat64()
@@ -69,7 +69,7 @@ func (m *Model) ScorePrompt(req fakeai.CompletionRequest) ([]fakeai.TokenLogprob
 			t.Top = m.topK(lp, req.TopLogprobs)
 		}
 		out = append(out, t)
-		m.advance(s, ids[i])
+		m.advance(&s, ids[i])
 	}
 	return out, true
 }

@@ -102,12 +102,13 @@ func TestTierMode(t *testing.T) {
 // tier alone (the sampled probes alone take 8 cycles in the median and
 // miss 7 of 50 trials), and reaches drifted.
 func TestTeacherQ8CaughtWithinTenCyclesAtSigma01(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, vs := teacherHarness(t)
 	// no gross rule: with one sampled prompt S3 is one noisy position and
 	// would catch q8-like at once; the teacher CUSUM must do it alone
 	h.Params.GrossZ = math.Inf(1)
-	r, err := h.Power(vs["q8-like"], 0.1, raceFewer(2), 10, 21)
+	r, err := h.Power(vs["q8-like"], 0.1, 2, 10, 21)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +120,11 @@ func TestTeacherQ8CaughtWithinTenCyclesAtSigma01(t *testing.T) {
 
 // Unchanged and fp16-rounded backends stay ok on the teacher tier, at a
 // fixed noise level and in the load regime.
+// teacherNullLevels are the noise levels TestTeacherNullStaysOK runs.
+var teacherNullLevels = []float64{0.1, LoadRegime}
+
 func TestTeacherNullStaysOK(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h, vs := teacherHarness(t)
 	fp16 := vs["fp16"]

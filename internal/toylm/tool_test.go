@@ -21,9 +21,10 @@ func toolHarness(t *testing.T) *ToolHarness {
 // runs the evaluation reported in docs/DRIFT.md.
 
 func TestToolFallOfTwentyPointsCaughtWithinTwoCycles(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h := toolHarness(t)
-	r, err := h.ToolPower(0.2, nil, raceFewer(20), 2, 21)
+	r, err := h.ToolPower(0.2, nil, 20, 2, 21)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,13 +36,14 @@ func TestToolFallOfTwentyPointsCaughtWithinTwoCycles(t *testing.T) {
 }
 
 func TestToolNullIsQuiet(t *testing.T) {
+	statistical(t)
 	t.Parallel()
 	h := toolHarness(t)
-	r, err := h.ToolNull(2, raceFewer(100), 22)
+	r, err := h.ToolNull(2, 100, 22)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Cycles != 2*raceFewer(100) || r.Gross > 0 || r.Drifted > 0 || r.Alarms > 1 {
+	if r.Cycles != 2*100 || r.Gross > 0 || r.Drifted > 0 || r.Alarms > 1 {
 		t.Errorf("null %+v, want no gross signal, no verdict, at most one suspect", r)
 	}
 }

@@ -1,6 +1,7 @@
 package toylm
 
 import (
+	"fmt"
 	"math"
 	"testing"
 
@@ -13,6 +14,7 @@ import (
 // quantization-like variant's KL against the reference, measured, is within
 // 5% of its target; fp16 rounding is about zero and a swap is far.
 func TestCalibrationByMeasuredKL(t *testing.T) {
+	statistical(t)
 	ref := New(Config{})
 	for _, target := range calibrationTargets {
 		v, kl := ref.Quantized(target)
@@ -136,5 +138,23 @@ func TestTopKMatchesASort(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("topK (-want +got):\n%s", diff)
+	}
+}
+
+// The logit cache gives the bits the product gives: the same completions,
+// noise and sampling included, from a model whose cache is warm and from
+// one that computes every context afresh.
+func TestLogitCacheChangesNothing(t *testing.T) {
+	m := New(Config{}).With(Options{Sigma: 0.05, NoiseSeed: 3})
+	for _, temp := range []float64{0, 0.7} {
+		for i := range 6 {
+			req := fakeai.CompletionRequest{Prompt: fmt.Sprintf("prompt %d", i%3), MaxTokens: 12, TopLogprobs: 5, Temperature: temp}
+			warm := m.Complete(req)
+			fresh := m.derive(m.weights) // its own empty cache
+			fresh.calls.Store(m.calls.Load() - 1)
+			if diff := cmp.Diff(warm, fresh.Complete(req)); diff != "" {
+				t.Fatalf("temperature %g, call %d (-cached +fresh):\n%s", temp, i, diff)
+			}
+		}
 	}
 }

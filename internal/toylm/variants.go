@@ -26,7 +26,7 @@ func MeasureKL(ref, variant *Model) float64 {
 		steps := r.IntN(16)
 		for range steps {
 			ref.logits(s, p)
-			ref.advance(s, argmax(p))
+			ref.advance(&s, argmax(p))
 		}
 		ref.logits(s, p)
 		variant.logits(s, q)
@@ -124,7 +124,7 @@ func Top1Agreement(ref, variant *Model) float64 {
 		s := ref.promptState(fmt.Sprintf("calibration prompt %d", r.Uint64()))
 		for range r.IntN(16) {
 			ref.logits(s, p)
-			ref.advance(s, argmax(p))
+			ref.advance(&s, argmax(p))
 		}
 		ref.logits(s, p)
 		variant.logits(s, q)
