@@ -319,3 +319,28 @@ func (l *EventLog) Messages(subject string) int {
 	defer l.mu.Unlock()
 	return l.subjects[subject]
 }
+
+// RunWithoutRace runs the tests of the package in the working directory
+// (a test's own package) in a test binary built without the race
+// detector, and fails t with their output if they fail. A package whose
+// long tests are single-goroutine arithmetic (the simulator, the toy
+// model's statistics) skips them under -race, where they run tens of
+// times slower with nothing for the detector to find, and calls this from
+// a test built only with -race, so that `go test -race ./...` still runs
+// them.
+func RunWithoutRace(t *testing.T) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), "go", "test", "-count=1", ".")
+	var keep []string
+	for _, f := range strings.Fields(os.Getenv("GOFLAGS")) {
+		if f != "-race" && f != "-race=true" {
+			keep = append(keep, f)
+		}
+	}
+	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.Join(keep, " "))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("go test -count=1 . (without the race detector): %v\n%s", err, out)
+	}
+	t.Logf("without the race detector: %s", strings.TrimSpace(string(out)))
+}

@@ -3,10 +3,9 @@
 package toylm
 
 import (
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // raceDetector: this test binary runs under the race detector. The
@@ -24,22 +23,5 @@ const raceDetector = true
 // still runs every statistical test, at full counts.
 func TestStatisticsWithoutTheRaceDetector(t *testing.T) {
 	t.Parallel()
-	cmd := exec.CommandContext(t.Context(), "go", "test", "-count=1", ".")
-	cmd.Env = append(os.Environ(), "GOFLAGS="+withoutRace(os.Getenv("GOFLAGS")))
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("go test -count=1 ./internal/toylm (without the race detector): %v\n%s", err, out)
-	}
-	t.Logf("without the race detector: %s", strings.TrimSpace(string(out)))
-}
-
-// withoutRace drops -race from a GOFLAGS value.
-func withoutRace(flags string) string {
-	var keep []string
-	for _, f := range strings.Fields(flags) {
-		if f != "-race" && f != "-race=true" {
-			keep = append(keep, f)
-		}
-	}
-	return strings.Join(keep, " ")
+	testkit.RunWithoutRace(t)
 }
