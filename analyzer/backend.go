@@ -186,6 +186,8 @@ func (b *backend) step(s *Settings, outcome fleetwatch.Outcome, retryAfterMs flo
 				// the heartbeat, not at every failure.
 				return b.holdReason == ""
 			}
+		case outcome == fleetwatch.OutcomeThrottled && retryAfterMs <= 0 && s.ThrottledRunCounts != RunCountsAll:
+			b.run429 = 0 // a bare 429: a full queue, not a quota
 		case outcome == fleetwatch.OutcomeThrottled:
 			b.run429++
 			if s.ConsecutiveThrottled > 0 && b.run429 >= s.ConsecutiveThrottled && b.latch429 == 0 {
@@ -197,7 +199,8 @@ func (b *backend) step(s *Settings, outcome fleetwatch.Outcome, retryAfterMs flo
 		}
 		// throttled, canceled and client_error neither extend nor reset
 		// the run of failures; failures, canceled and client_error neither
-		// extend nor reset the run of 429s.
+		// extend nor reset the run of 429s (a 429 without a retry hint
+		// ends it, unless ThrottledRunCounts is RunCountsAll).
 	case fleetwatch.StateHalfOpen:
 		if b.verdict != verdictNone {
 			return false

@@ -273,7 +273,11 @@ func (in *ruleInput) throttledRunRow(rows *[]RuleCheck, runFires, byRun, poolHol
 	s := in.s
 	c := RuleCheck{Rule: RuleThrottledRun, Value: float64(max(in.latch.run429, in.latch.latch429)), Threshold: float64(s.ConsecutiveThrottled),
 		HasValue: true, Fires: runFires}
-	c.Detail = fmt.Sprintf("%d 429s in a row (opens at %d)", int(c.Value), s.ConsecutiveThrottled)
+	kind := "429s with a retry hint"
+	if s.ThrottledRunCounts == RunCountsAll {
+		kind = "429s"
+	}
+	c.Detail = fmt.Sprintf("%d %s in a row (opens at %d)", int(c.Value), kind, s.ConsecutiveThrottled)
 	switch {
 	case s.ConsecutiveThrottled <= 0:
 		c.Detail, c.HasValue = "off (consecutive_throttled < 0)", false

@@ -8,11 +8,12 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 )
 
-// TestConsecutiveThrottled: with consecutive_throttled set (it is off by
-// default), a run of that many 429s opens a
-// backend at once, once it has min_requests counted requests, unless its
-// peers answer 429 too; an ok ends the run, and a run the gate or the
-// pool's hold kept from opening the backend must happen again.
+// TestConsecutiveThrottled: a run of consecutive_throttled (5 by default)
+// 429s with a retry hint opens a backend at once, once it has min_requests
+// counted requests, unless its peers answer 429 too; an ok or a bare 429
+// (no hint: a full queue) ends the run, bare 429s count only with
+// throttled_run_counts: all, and a run the gate or the pool's hold kept
+// from opening the backend must happen again.
 func TestConsecutiveThrottled(t *testing.T) {
 	now := at(12 * time.Second)
 	run := func(n int, from time.Duration) []fleetwatch.Event {
@@ -21,6 +22,9 @@ func TestConsecutiveThrottled(t *testing.T) {
 			evs[i].RetryAfterMs = 2000
 		}
 		return evs
+	}
+	bare := func(n int, from time.Duration) []fleetwatch.Event {
+		return series("p", "x", throttled, n, at(from), 500*time.Millisecond, 0)
 	}
 	tests := []struct {
 		name     string
@@ -35,6 +39,14 @@ func TestConsecutiveThrottled(t *testing.T) {
 		{name: "an ok ends the run", events: concat(healthy(200, "a", "b", "x"), run(4, 10*time.Second),
 			series("p", "x", ok, 1, at(10900*time.Millisecond), 0, 200), run(4, 11*time.Second)),
 			state: fleetwatch.StateClosed},
+		{name: "bare 429s do not open it", events: concat(healthy(200, "a", "b", "x"), bare(5, 11*time.Second)),
+			state: fleetwatch.StateClosed},
+		{name: "a bare 429 ends the run", events: concat(healthy(200, "a", "b", "x"), run(4, 10*time.Second),
+			bare(1, 10900*time.Millisecond), run(4, 11*time.Second)),
+			state: fleetwatch.StateClosed},
+		{name: "bare 429s count with throttled_run_counts all", settings: Settings{ThrottledRunCounts: RunCountsAll},
+			events: concat(healthy(200, "a", "b", "x"), bare(5, 11*time.Second)),
+			state:  fleetwatch.StateOpen, reason: "5 consecutive 429s"},
 		{name: "off", settings: Settings{ConsecutiveThrottled: -1}, events: concat(healthy(200, "a", "b", "x"), run(5, 11*time.Second)),
 			state: fleetwatch.StateClosed},
 		{name: "held while a peer answers 429s too",
@@ -46,11 +58,7 @@ func TestConsecutiveThrottled(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st := tt.settings
-			if st.ConsecutiveThrottled == 0 {
-				st.ConsecutiveThrottled = 5 // off by default
-			}
-			a := newAnalyzer(t, Config{Settings: noJitter(st)})
+			a := newAnalyzer(t, Config{Settings: noJitter(tt.settings)})
 			urgent := a.Observe(tt.events)
 			e, found := a.Explain("p", "x", now)
 			if !found {
@@ -87,7 +95,7 @@ func TestConsecutiveThrottled(t *testing.T) {
 
 	// A run the gate held must happen again: the next 429 alone does not
 	// open the backend once it has the requests.
-	a := newAnalyzer(t, Config{Settings: noJitter(Settings{ConsecutiveThrottled: 5})})
+	a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
 	a.Observe(concat(healthy(200, "a", "b"), series("p", "x", ok, 10, t0, 5*time.Second, 200), run(5, 6*time.Second)))
 	a.Evaluate(at(7 * time.Second))
 	a.Observe(series("p", "x", ok, 15, at(7*time.Second), 2*time.Second, 200))

@@ -35,6 +35,12 @@ func (e *SettingError) Error() string {
 // Unwrap returns the sentinel error.
 func (e *SettingError) Unwrap() error { return e.Err }
 
+// The values of Settings.ThrottledRunCounts.
+const (
+	RunCountsHinted = "hinted" // 429s with a retry hint
+	RunCountsAll    = "all"    // every 429
+)
+
 // Defaults of DESIGN.md "Configuration", analyzer block.
 const (
 	DefaultWindow               = 30 * time.Second
@@ -43,7 +49,7 @@ const (
 	DefaultFailureRate          = 0.5
 	DefaultConsecutiveFailures  = 5
 	DefaultConsecutiveStalls    = 2
-	DefaultConsecutiveThrottled = -1
+	DefaultConsecutiveThrottled = 5
 	DefaultThrottleRate         = 0.5
 	DefaultSlowFactor           = 5.0
 	DefaultEWMAAlpha            = 0.2
@@ -58,6 +64,7 @@ const (
 	DefaultExpiry               = 10 * time.Minute
 	DefaultMaxWeightStep        = 0.25
 	DefaultOpenJitter           = 0.1
+	DefaultThrottledRunCounts   = RunCountsHinted
 	DefaultRecentMinRequests    = 10
 	DefaultPoolThrottleHold     = 0.25
 	DefaultLoadMaxAge           = 3 * time.Second
@@ -97,19 +104,30 @@ type Settings struct {
 	// is used; it only ever opens sooner than ConsecutiveFailures.
 	ConsecutiveStalls int
 	// ConsecutiveThrottled, when positive, opens a breaker ("throttled")
-	// after this many 429s in a row (an ok ends the run; errors and client
-	// errors neither end nor extend it) once the backend has MinRequests
-	// counted requests, unless a peer answered 429s over the newest two
-	// buckets (at least PoolThrottleHold/5 of its requests): one backend
-	// out of quota is out at once instead of after the newest quarter
-	// fills with requests, which at a few requests per second per backend
-	// takes seconds. Off by default: at the start of a pool-wide overload
-	// the first backends whose queues fill answer runs of 429s before any
-	// peer does, and 5 opened 0-2 backends per seed in the simulator's
-	// overload, which opens none without it (docs/EVALUATION.md "Real
-	// peers"). For pools whose 429s mean a quota (hosted API deployments)
-	// 5 is a good value. If zero, -1 (off) is used.
+	// after this many 429s in a row that carry a retry hint (retry_after_ms
+	// > 0; see ThrottledRunCounts) once the backend has MinRequests counted
+	// requests, unless a peer answered 429s over the newest two buckets (at
+	// least PoolThrottleHold/5 of its requests). An ok or a 429 without a
+	// hint ends the run; errors and client errors neither end nor extend
+	// it. One backend out of quota is out at once instead of after the
+	// newest quarter fills with requests, which at a few requests per
+	// second per backend takes seconds. Only hinted 429s count by default
+	// because they are the two kinds a pool sees: a quota (hosted APIs
+	// send Retry-After, retry-after-ms or x-ratelimit-reset-* with it) and
+	// a full queue (an inference server's admission limit, such as text-
+	// generation-inference's max_concurrent_requests, answers a bare 429).
+	// At the start of a pool-wide overload the first backends whose queues
+	// fill answer runs of bare 429s before any peer does; counting those
+	// opened 0-2 backends per seed in the simulator's overload
+	// (docs/EVALUATION.md "Real peers"). If zero, 5 is used; a negative
+	// value turns the rule off.
 	ConsecutiveThrottled int
+	// ThrottledRunCounts says which 429s make the run of
+	// ConsecutiveThrottled: RunCountsHinted (those with a retry hint; a
+	// bare 429 ends the run) or RunCountsAll (every 429, for pools whose
+	// 429s are always quotas but whose events carry no hint, such as
+	// access logs). If empty, RunCountsHinted is used.
+	ThrottledRunCounts string
 	// ThrottleRate opens a breaker ("throttled") when the 429 rate >= it;
 	// below it the 429 rate lowers the weight. If zero, 0.5 is used.
 	ThrottleRate float64
@@ -212,6 +230,7 @@ func (Settings) defaults() Settings {
 		ConsecutiveFailures:  DefaultConsecutiveFailures,
 		ConsecutiveStalls:    DefaultConsecutiveStalls,
 		ConsecutiveThrottled: DefaultConsecutiveThrottled,
+		ThrottledRunCounts:   DefaultThrottledRunCounts,
 		ThrottleRate:         DefaultThrottleRate,
 		SlowFactor:           DefaultSlowFactor,
 		EWMAAlpha:            DefaultEWMAAlpha,
@@ -244,6 +263,7 @@ func (s Settings) Override(pool Settings) Settings {
 	pick(&s.ConsecutiveFailures, pool.ConsecutiveFailures)
 	pick(&s.ConsecutiveStalls, pool.ConsecutiveStalls)
 	pick(&s.ConsecutiveThrottled, pool.ConsecutiveThrottled)
+	pick(&s.ThrottledRunCounts, pool.ThrottledRunCounts)
 	pick(&s.ThrottleRate, pool.ThrottleRate)
 	pick(&s.SlowFactor, pool.SlowFactor)
 	pick(&s.EWMAAlpha, pool.EWMAAlpha)
@@ -363,6 +383,12 @@ func (s Settings) validate(prefix string) error {
 			return nil
 		},
 		func() error { return fraction("client_error_margin", s.ClientErrorMargin, false) },
+		func() error {
+			if s.ThrottledRunCounts != RunCountsHinted && s.ThrottledRunCounts != RunCountsAll {
+				return settingErr(prefix, "throttled_run_counts", s.ThrottledRunCounts, "must be "+RunCountsHinted+" or "+RunCountsAll)
+			}
+			return nil
+		},
 	}
 	for _, check := range checks {
 		if err := check(); err != nil {

@@ -239,7 +239,8 @@ type AnalyzerConfig struct {
 	FailureRate          *float64  `yaml:"failure_rate"`
 	ConsecutiveFailures  *int      `yaml:"consecutive_failures"`
 	ConsecutiveStalls    *int      `yaml:"consecutive_stalls"`    // stalled outcomes in one run of failures that open a breaker; default 2
-	ConsecutiveThrottled *int      `yaml:"consecutive_throttled"` // 429s in a row that open a breaker (held while a peer answers 429s too); default off (-1); 5 for pools whose 429s mean a quota
+	ConsecutiveThrottled *int      `yaml:"consecutive_throttled"` // 429s with a retry hint in a row that open a breaker (held while a peer answers 429s too); default 5; negative: off
+	ThrottledRunCounts   *string   `yaml:"throttled_run_counts"`  // which 429s make that run: hinted (default; a bare 429 is a full queue and ends it) or all
 	ThrottleRate         *float64  `yaml:"throttle_rate"`
 	SlowFactor           *float64  `yaml:"slow_factor"`
 	EWMAAlpha            *float64  `yaml:"ewma_alpha"`
@@ -732,6 +733,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"consecutive_failures", a.ConsecutiveFailures != nil && *a.ConsecutiveFailures == 0},
 		{"consecutive_stalls", a.ConsecutiveStalls != nil && *a.ConsecutiveStalls == 0},
 		{"consecutive_throttled", a.ConsecutiveThrottled != nil && *a.ConsecutiveThrottled == 0},
+		{"throttled_run_counts", a.ThrottledRunCounts != nil && *a.ThrottledRunCounts == ""},
 		{"half_open_successes", a.HalfOpenSuccesses != nil && *a.HalfOpenSuccesses == 0},
 		{"failure_rate", a.FailureRate != nil && *a.FailureRate == 0},
 		{"throttle_rate", a.ThrottleRate != nil && *a.ThrottleRate == 0},

@@ -45,6 +45,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setIf(&s.ConsecutiveFailures, a.ConsecutiveFailures)
 	setIf(&s.ConsecutiveStalls, a.ConsecutiveStalls)
 	setIf(&s.ConsecutiveThrottled, a.ConsecutiveThrottled)
+	setIf(&s.ThrottledRunCounts, a.ThrottledRunCounts)
 	setIf(&s.HalfOpenSuccesses, a.HalfOpenSuccesses)
 	setIf(&s.RecentMinRequests, a.RecentMinRequests)
 	setIf(&s.FailureRate, a.FailureRate)

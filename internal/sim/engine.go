@@ -108,6 +108,7 @@ type attempt struct {
 	queued     bool
 	cacheHit   bool
 	stalled    bool
+	quota      bool // a 429 of a Throttle incident (a quota, with a retry hint), not of a full queue
 	status     int
 	outcome    fleetwatch.Outcome
 }

@@ -42,10 +42,21 @@ const (
 // for the comparison in docs/EVALUATION.md.
 const FWOldDetection = "fw-old-detection"
 
+// FWNo429Run is fleetwatch without the run-of-429s rule (the default
+// before it counted hinted 429s), and FW429RunAll with it counting every
+// 429, bare ones (a full queue) included: the comparison of
+// docs/EVALUATION.md "The 429 breaker".
+const (
+	FWNo429Run  = "fw-no-429-run"
+	FW429RunAll = "fw-429-run-all"
+)
+
 // fwAnalyzerVariants are fleetwatch (the real picker) with other analyzer
 // settings.
 var fwAnalyzerVariants = map[string]analyzer.Settings{
-	FWOldDetection: {SlowFactor: FleetwatchAnalyzer.SlowFactor, RecentMinRequests: -1, PoolThrottleHold: -1},
+	FWOldDetection: {SlowFactor: FleetwatchAnalyzer.SlowFactor, RecentMinRequests: -1, PoolThrottleHold: -1, ConsecutiveThrottled: -1},
+	FWNo429Run:     {SlowFactor: FleetwatchAnalyzer.SlowFactor, ConsecutiveThrottled: -1},
+	FW429RunAll:    {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottledRunCounts: analyzer.RunCountsAll},
 }
 
 // FleetLoadPolicies are the fleet-load variants, in report order.
@@ -77,7 +88,9 @@ func init() {
 		FLoad3NoBudget: "fl-load3 without a retry budget",
 		FLoad3Fleet25:  "fl-load3-fleet with retries free while a quarter of the capacity is idle",
 		FLoad3Exact:    "fl-load3 with every backend's true load at the snapshot (a perfect scrape)",
-		FWOldDetection: "fleetwatch with the analyzer's newest-quarter trip and pool-wide 429 hold off (the detection before them)",
+		FWOldDetection: "fleetwatch with the analyzer's newest-quarter trip, pool-wide 429 hold and run of 429s off (the detection before them)",
+		FWNo429Run:     "fleetwatch with the run of 429s off (consecutive_throttled: -1, the default before)",
+		FW429RunAll:    "fleetwatch with the run of 429s counting bare 429s too (throttled_run_counts: all)",
 	} {
 		PolicyDescriptions[name] = d
 	}

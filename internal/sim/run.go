@@ -381,6 +381,7 @@ func (s *sim) admit(att *attempt) {
 			case in.Kind == FailFast:
 				s.answer(att, 500, 1)
 			case in.Kind == Throttle:
+				att.quota = true
 				s.answer(att, 429, 1)
 			case in.Status != 0:
 				s.answer(att, in.Status, 1)
@@ -572,7 +573,11 @@ func (s *sim) observe(att *attempt, ttft float64) {
 		ev.TTFTMs, ev.HasTTFT = ttft, true
 		ev.OutputTokens = int64(att.req.outputTokens)
 	}
-	if att.outcome == fleetwatch.OutcomeThrottled {
+	if att.quota {
+		// A quota's 429 carries a retry hint, as hosted APIs send one; a
+		// full queue answers a bare 429, as an inference server's
+		// admission limit does (text-generation-inference's
+		// max_concurrent_requests, for one).
 		ev.RetryAfterMs = 1000
 	}
 	s.evBuf = append(s.evBuf[:0], ev)

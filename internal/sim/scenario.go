@@ -72,7 +72,8 @@ type BackendSpec struct {
 	// Slots is the concurrency limit. If zero, 8 is used.
 	Slots int
 	// Queue is how many requests may wait for a slot; one more is answered
-	// 429. If zero, 4 x Slots is used.
+	// a bare 429 (no retry hint: a full queue, not a quota). If zero, 4 x
+	// Slots is used.
 	Queue int
 	// PrefillBaseMs is the fixed part of prefill. If zero, 20 is used.
 	PrefillBaseMs float64
@@ -167,8 +168,8 @@ const (
 	FailFast IncidentKind = iota + 1
 	// Stall accepts requests and never answers; clients time out.
 	Stall
-	// Throttle answers 429 at once for a share Rate of requests (or
-	// Count requests).
+	// Throttle answers 429 at once, with a retry hint (a quota), for a
+	// share Rate of requests (or Count requests).
 	Throttle
 	// Slow multiplies the backend's times by Factor, reached linearly over
 	// Ramp from From (a slow degradation when Ramp > 0).
