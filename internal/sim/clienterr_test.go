@@ -13,6 +13,7 @@ import (
 // answering fastest, draws more than its quarter: the test fails without
 // the rule.
 func TestWrongModelReplica(t *testing.T) {
+	long(t)
 	for _, routers := range []int{1, 4, 16} {
 		t.Run(fmt.Sprintf("%d routers", routers), func(t *testing.T) {
 			sc := withRouters(scenario(t, WrongModel), routers)
@@ -48,6 +49,7 @@ func TestWrongModelReplica(t *testing.T) {
 // by sending time without the buckets in seed 1, so
 // this fails without the second-by-second comparison by sending time.
 func TestBadRequestFloodOpensNothing(t *testing.T) {
+	long(t)
 	for _, rate := range []float64{0.3, 0.7, 1} {
 		for _, routers := range []int{1, 4, 16} {
 			t.Run(fmt.Sprintf("%.0f%% bad, %d routers", 100*rate, routers), func(t *testing.T) {

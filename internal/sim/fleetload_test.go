@@ -33,6 +33,7 @@ func long(t *testing.T) {
 // (FWOldDetection), and 11-13 s at 16 routers with the whole window as the
 // guard, so the test fails without either.
 func TestThrottleDetection(t *testing.T) {
+	long(t)
 	for _, c := range []struct {
 		routers int
 		limit   float64
@@ -92,6 +93,7 @@ func TestThrottledRun(t *testing.T) {
 // No false trips: in the steady-state scenarios the analyzer with the new
 // rules opens no breaker, at 4 and 16 routers.
 func TestNoFalseTrips(t *testing.T) {
+	long(t)
 	for _, name := range []string{MixedEqual, MixedUnequal} {
 		for _, routers := range []int{4, 16} {
 			t.Run(fmt.Sprintf("%s/%d routers", name, routers), func(t *testing.T) {

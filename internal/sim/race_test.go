@@ -13,10 +13,10 @@ import (
 // TestLongSimulationsWithoutTheRaceDetector starts.
 const raceEnabled = true
 
-// TestLongSimulationsWithoutTheRaceDetector runs this package's tests in a
-// test binary built without the race detector, so that `go test -race
-// ./...` still checks every claim the long simulations assert.
+// TestLongSimulationsWithoutTheRaceDetector runs this package's long
+// tests in a test binary built without the race detector, so that `go test
+// -race ./...` still checks every claim the long simulations assert.
 func TestLongSimulationsWithoutTheRaceDetector(t *testing.T) {
 	t.Parallel()
-	testkit.RunWithoutRace(t)
+	testkit.RunWithoutRace(t, "long")
 }

@@ -88,6 +88,7 @@ func TestDeterministic(t *testing.T) {
 // Mixed-cost steady state: fleetwatch's p99 TTFT is at most half of
 // round-robin's, with equal and with unequal backend speeds.
 func TestMixedCost(t *testing.T) {
+	long(t)
 	for _, name := range []string{MixedEqual, MixedUnequal} {
 		t.Run(name, func(t *testing.T) {
 			// The full 10 minutes: round-robin's p99 over 4 minutes
@@ -127,6 +128,7 @@ func TestFastFailureTrap(t *testing.T) {
 // The herd: with 16 routers and one backend turning fast, fleetwatch's
 // per-backend shares oscillate at most a third as much as latency-greedy's.
 func TestHerd(t *testing.T) {
+	long(t)
 	res := runs(t, scenario(t, Herd), LatencyGreedy, Fleetwatch)
 	for i, seed := range seeds {
 		greedy, fw := res[LatencyGreedy][i], res[Fleetwatch][i]
@@ -160,6 +162,7 @@ func TestLowTrafficSingleFailure(t *testing.T) {
 // follows the snapshot, see TestFleetRetryBudget) keeps its retries within
 // its limit, while unbudgeted retries multiply the load.
 func TestRetryBudget(t *testing.T) {
+	long(t)
 	res := runs(t, scenario(t, RetryStorm), FWV1, FWUnbudgeted, Random)
 	for i, seed := range seeds {
 		fw, unb, rnd := res[FWV1][i], res[FWUnbudgeted][i], res[Random][i]

@@ -17,6 +17,7 @@ import (
 // deadline (StallFloor < 0) the routers learn of the stall only from the
 // clients' 30 s timeouts, so the test fails without the deadline.
 func TestStallDetection(t *testing.T) {
+	long(t)
 	for _, routers := range []int{4, 16} {
 		t.Run(fmt.Sprintf("%d routers", routers), func(t *testing.T) {
 			sc := withRouters(scenario(t, StallScenario), routers)

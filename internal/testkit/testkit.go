@@ -9,10 +9,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -321,16 +325,24 @@ func (l *EventLog) Messages(subject string) int {
 }
 
 // RunWithoutRace runs the tests of the package in the working directory
-// (a test's own package) in a test binary built without the race
-// detector, and fails t with their output if they fail. A package whose
-// long tests are single-goroutine arithmetic (the simulator, the toy
-// model's statistics) skips them under -race, where they run tens of
-// times slower with nothing for the detector to find, and calls this from
-// a test built only with -race, so that `go test -race ./...` still runs
-// them.
-func RunWithoutRace(t *testing.T) {
+// (a test's own package) that call marker, such as long(t), in a test
+// binary built without the race detector, and fails t with their output if
+// they fail. A package whose long tests are single-goroutine arithmetic
+// (the simulator, the toy model's statistics) skips them under -race,
+// where they run tens of times slower with nothing for the detector to
+// find, and calls this from a test built only with -race, so that
+// `go test -race ./...` still runs them. The tests are found in the
+// package's _test.go files: every Test function whose body calls marker.
+func RunWithoutRace(t *testing.T, marker string) {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), "go", "test", "-count=1", ".")
+	names, err := testsCalling(".", marker)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(names) == 0 {
+		t.Fatalf("no test of this package calls %s", marker)
+	}
+	cmd := exec.CommandContext(t.Context(), "go", "test", "-count=1", "-run", "^("+strings.Join(names, "|")+")$", ".")
 	var keep []string
 	for _, f := range strings.Fields(os.Getenv("GOFLAGS")) {
 		if f != "-race" && f != "-race=true" {
@@ -340,7 +352,43 @@ func RunWithoutRace(t *testing.T) {
 	cmd.Env = append(os.Environ(), "GOFLAGS="+strings.Join(keep, " "))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("go test -count=1 . (without the race detector): %v\n%s", err, out)
+		t.Fatalf("go test -count=1 -run '%s' . (without the race detector): %v\n%s", strings.Join(names, "|"), err, out)
 	}
-	t.Logf("without the race detector: %s", strings.TrimSpace(string(out)))
+	t.Logf("%d tests without the race detector: %s", len(names), strings.TrimSpace(string(out)))
+}
+
+// testsCalling lists the Test functions of dir's _test.go files whose
+// bodies call the function named marker.
+func testsCalling(dir, marker string) ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	fset := token.NewFileSet()
+	for _, file := range files {
+		f, err := parser.ParseFile(fset, file, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil || fn.Body == nil || !strings.HasPrefix(fn.Name.Name, "Test") {
+				continue
+			}
+			calls := false
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				if c, ok := n.(*ast.CallExpr); ok {
+					if id, ok := c.Fun.(*ast.Ident); ok && id.Name == marker {
+						calls = true
+					}
+				}
+				return !calls
+			})
+			if calls {
+				names = append(names, fn.Name.Name)
+			}
+		}
+	}
+	return names, nil
 }

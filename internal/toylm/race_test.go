@@ -18,10 +18,10 @@ import (
 // the HTTP server) run here, under the race detector.
 const raceDetector = true
 
-// TestStatisticsWithoutTheRaceDetector runs this package's tests in a test
-// binary built without the race detector, so that `go test -race ./...`
-// still runs every statistical test, at full counts.
+// TestStatisticsWithoutTheRaceDetector runs this package's statistical
+// tests in a test binary built without the race detector, so that `go test
+// -race ./...` still runs every one of them, at full counts.
 func TestStatisticsWithoutTheRaceDetector(t *testing.T) {
 	t.Parallel()
-	testkit.RunWithoutRace(t)
+	testkit.RunWithoutRace(t, "statistical")
 }
