@@ -92,6 +92,7 @@ func tierCosts(t *testing.T, url string, store *mapStore, clock *manualClock) ma
 // still judges the teacher tier; the bucket refills over the (injected)
 // day, and the skipped tiers run again when it holds their cost.
 func TestProbeBudgetPaysTheCheapestTiersFirst(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 1})
 	fs, hs := toyServer(t, m, fakeai.Behavior{})
 	store := &mapStore{m: map[string][]byte{}}
@@ -249,6 +250,7 @@ func slices2(s []string, v string) bool {
 // the teacher tier alone, a quantized artefact is still caught, on the
 // teacher tier, and the alert says which tiers the budget skipped.
 func TestProbeBudgetTeacherTierAloneCatchesAChange(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	ref := toylm.New(toylm.Config{})
 	q4, _ := ref.Quantized(toylm.KLQ4)
 	o := toylm.Options{Sigma: 0.03, NoiseSeed: 5}
@@ -314,6 +316,7 @@ func TestProbeBudgetTeacherTierAloneCatchesAChange(t *testing.T) {
 // schedule (@every 5m: 288 cycles). docs/DRIFT.md "Probe cost" is its
 // output: go test -count=1 -run TestProbeCostOfTheDefaultSuites -v ./probes/
 func TestProbeCostOfTheDefaultSuites(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	const perDay = 288
 	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 1})
 	_, hs := toyServer(t, m, fakeai.Behavior{})
@@ -372,6 +375,7 @@ func tierRequestsOf(s *drift.Suite, tier string) int {
 // applies at its next cycle, with the spend of the last 24 hours counted
 // against it.
 func TestProbeBudgetFollowsAReload(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 1})
 	_, hs := toyServer(t, m, fakeai.Behavior{})
 	store := &mapStore{m: map[string][]byte{}}

@@ -314,6 +314,7 @@ func (c *fakeClock) Now() time.Time {
 }
 
 func TestProberDetectsAChangeOverHTTP(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	ref := toylm.New(toylm.Config{})
 	q4, _ := ref.Quantized(toylm.KLQ4)
 	o := toylm.Options{Sigma: 0.03, NoiseSeed: 3, Fingerprint: "fp_a"}
@@ -578,6 +579,7 @@ func keepState(s probes.BackendStatus) any {
 // status, CUSUM, cooldown, score, alerts. A restart that forgot the CUSUM,
 // the cooldown or the previous cycle (S4 needs it) would lag behind.
 func TestCUSUMContinuesAcrossARestart(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	ref := toylm.New(toylm.Config{})
 	q8, _ := ref.Quantized(toylm.KLQ8)
 	noise := toylm.Options{Sigma: 0.003, NoiseSeed: 1}

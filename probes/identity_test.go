@@ -260,6 +260,7 @@ func TestIdentityCheckedAtStart(t *testing.T) {
 // moves through in that span are in it (docs/DRIFT.md "The sampled tier
 // under load noise"). Without a minimum span it keeps 2 x enrol.
 func TestEnrolmentKeepsTheMinimumSpan(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	s := defaultSuite(t)
 	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 3})
 	for _, tc := range []struct {

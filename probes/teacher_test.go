@@ -74,6 +74,7 @@ func storedBaseline(t *testing.T, store *mapStore) *drift.Baseline {
 // A backend that scores prompts enrols a teacher tier; a later change is
 // judged on it too, and the alert carries its figures.
 func TestProberEnrolsTeacherTierAndJudgesIt(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	ref := toylm.New(toylm.Config{})
 	q6, _ := ref.Quantized(toylm.KLQ6)
 	o := toylm.Options{Sigma: 0.03, NoiseSeed: 5}

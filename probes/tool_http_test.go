@@ -58,6 +58,7 @@ func TestToolCycleOverHTTP(t *testing.T) {
 // A backend that breaks half of its tool calls after enrolment is caught by
 // the scheduled cycles, with the tool-call evidence in the alert.
 func TestProberCatchesBrokenToolCallsOverHTTP(t *testing.T) {
+	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	s := toolSuite(t)
 	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 2})
 	fs, hs := toyServer(t, m, fakeai.Behavior{})
