@@ -135,6 +135,7 @@ func TestDriftReviewWithoutStream(t *testing.T) {
 // `drift review` against a daemon running in process whose probes enrol a
 // fake backend.
 func TestDriftCLIAgainstServe(t *testing.T) {
+	t.Parallel() // its own servers and processes: overlaps the rest of the package
 	fake := httptest.NewServer(fakeai.New(fakeai.Settings{Name: "vllm-a"}))
 	t.Cleanup(fake.Close)
 	cfg := config.Default()

@@ -98,6 +98,7 @@ var nodeRouterListen = regexp.MustCompile(`node-router: listening on (http://\S+
 // reach the analyzer (a backend failing through it is opened), and it
 // follows the decisions (the open backend gets no requests).
 func TestNodeRouterExample(t *testing.T) {
+	t.Parallel() // its own servers and processes: overlaps the rest of the package
 	node := testkit.RequireTool(t, toolPath("node"), "nodejs")
 	npm := testkit.RequireTool(t, toolPath("npm"), "npm")
 	dir := nodeRouterDir(t, npm)

@@ -179,6 +179,7 @@ func (g *loadGen) count(phase int) (total, failed int, byBackend map[string]int)
 // sending several hundred streaming and non-streaming requests through
 // scripted incidents.
 func TestRouteEndToEnd(t *testing.T) {
+	t.Parallel() // its own servers and processes: overlaps the rest of the package
 	if testing.Short() {
 		t.Skip("end-to-end: builds the binary and runs for several seconds")
 	}

@@ -251,6 +251,7 @@ func secureClientOptions(pki testkit.PKI, extra ...nats.Option) []nats.Option {
 // an nkey plus a client certificate where the server verifies client
 // certificates, in the embedded server and in Debian's nats-server.
 func TestNATSTLSAndCredentials(t *testing.T) {
+	t.Parallel() // its own servers and processes: overlaps the rest of the package
 	if testing.Short() {
 		t.Skip("runs several commands end to end")
 	}
