@@ -220,13 +220,18 @@ func (o *overrides) sweep(ctx context.Context) {
 			}
 		}
 		o.mu.Unlock()
+		// A delete and its audit entry are one step: a shutdown that comes
+		// between them must not leave an expiry that nobody audited (the
+		// watch sees the delete at once), so neither follows ctx's end;
+		// each is bounded by its own timeout, and Run waits for work.
+		step := context.WithoutCancel(ctx)
 		for _, so := range expired {
-			dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			dctx, cancel := context.WithTimeout(step, 5*time.Second)
 			err := o.kv.Delete(dctx, control.Key(so.o.Pool, so.o.Backend), jetstream.LastRevision(so.rev))
 			cancel()
 			if err == nil {
 				ov := so.o.Override
-				o.audit(ctx, control.AuditEntry{At: fleetwatch.At(now), Action: "expire", Pool: so.o.Pool, Backend: so.o.Backend,
+				o.audit(step, control.AuditEntry{At: fleetwatch.At(now), Action: "expire", Pool: so.o.Pool, Backend: so.o.Backend,
 					Who: ov.Who, Reason: ov.Reason, Override: &ov, Via: "expiry"})
 			}
 		}
