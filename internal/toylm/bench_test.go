@@ -30,7 +30,9 @@ func BenchmarkCompleteNoTop(b *testing.B) {
 }
 
 // BenchmarkHarnessCycle is one probe cycle of the suite against the toy
-// model plus its evaluation by an enrolled Monitor.
+// model (the sampled prompts and, as serve's default teacher tier wants,
+// the fixed texts' teacher-forced scores) plus its evaluation by an
+// enrolled Monitor.
 func BenchmarkHarnessCycle(b *testing.B) {
 	s, err := drift.LoadSuite("")
 	if err != nil {
@@ -46,7 +48,7 @@ func BenchmarkHarnessCycle(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		if _, err := mon.Observe(Cycle(s, m, epoch.Add(time.Duration(100+i)*time.Hour)), nil); err != nil {
+		if _, err := mon.Observe(h.cycle(mon, m, epoch.Add(time.Duration(100+i)*time.Hour)), nil); err != nil {
 			b.Fatal(err)
 		}
 	}
