@@ -118,8 +118,8 @@ type Settings struct {
 	// generation-inference's max_concurrent_requests, answers a bare 429).
 	// At the start of a pool-wide overload the first backends whose queues
 	// fill answer runs of bare 429s before any peer does; counting those
-	// opened 0-2 backends per seed in the simulator's overload
-	// (docs/EVALUATION.md "Real peers"). If zero, 5 is used; a negative
+	// opened 0-6 backends per seed in the simulator's overload
+	// (docs/EVALUATION.md "The 429 breaker"). If zero, 5 is used; a negative
 	// value turns the rule off.
 	ConsecutiveThrottled int
 	// ThrottledRunCounts says which 429s make the run of

@@ -439,15 +439,10 @@ func (p *peerRun) drive(ctx context.Context, urls [][]string) ([][]peerResult, e
 			current = ph
 			p.enterPhase(ph)
 		}
-		body := fmt.Appendf(nil, `{"model":%q,"stream":true,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
-		plain := fmt.Appendf(nil, `{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
 		phase := current
 		for _, c := range clients {
 			base := c.bases[n%len(c.bases)]
-			body := body
-			if c.plain {
-				body = plain
-			}
+			body := chatBody(n, !c.plain)
 			wg.Go(func() {
 				r := c.do(ctx, base, body, phase)
 				mu.Lock()
@@ -463,6 +458,15 @@ func (p *peerRun) drive(ctx context.Context, urls [][]string) ([][]peerResult, e
 	p.enterPhase(-1) // back to healthy: hanging requests end at their timeouts
 	wg.Wait()
 	return results, nil
+}
+
+// chatBody is the n-th request of the script: a chat completion of 8
+// tokens, streamed or not.
+func chatBody(n int, stream bool) []byte {
+	if stream {
+		return fmt.Appendf(nil, `{"model":%q,"stream":true,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
+	}
+	return fmt.Appendf(nil, `{"model":%q,"max_tokens":8,"messages":[{"role":"user","content":"request %d"}]}`, peerModel, n)
 }
 
 // enterPhase makes the fakes behave as phase ph says (-1: all healthy).
