@@ -344,6 +344,7 @@ func checkDeployPermissions(t *testing.T, url string) {
 // events and publish decisions that the router user reads from the KV
 // bucket, without a single permissions violation.
 func TestDeployNATSWithServe(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	conf := filepath.Join(repoRoot(t), "deploy", "nats", "nats.conf")
 	url := startDebianDeployNATS(t, conf)
 	p := startServeProcessEnv(t, "prefix: fw\n",

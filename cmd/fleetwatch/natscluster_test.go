@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,6 +24,16 @@ import (
 type natsCluster struct{ nodes []*natsProc }
 
 func startNATSCluster(t *testing.T, bin string) *natsCluster {
+	t.Helper()
+	c := newNATSCluster(t, bin)
+	for _, n := range c.nodes {
+		n.startPort()
+	}
+	return c
+}
+
+// newNATSCluster configures the three nodes without starting them.
+func newNATSCluster(t *testing.T, bin string) *natsCluster {
 	t.Helper()
 	var clients, routes []string
 	for range 3 {
@@ -61,9 +72,6 @@ cluster {
 			}
 		})
 		c.nodes = append(c.nodes, n)
-	}
-	for _, n := range c.nodes {
-		n.startPort()
 	}
 	return c
 }
@@ -169,11 +177,41 @@ func TestServeRidesOutTheLeaseStreamLeaderLoss(t *testing.T) {
 	}
 }
 
+// TestServeWaitsForAFormingCluster starts serve (assets with three
+// replicas) while two of the cluster's three nodes run, as when a whole
+// deployment comes up at once: its lease bucket finds no suitable peers
+// until the third node joins. serve must wait for it and then publish, not
+// exit.
+func TestServeWaitsForAFormingCluster(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
+	cluster := newNATSCluster(t, natsServerBinary(t))
+	cluster.nodes[0].startPort()
+	cluster.nodes[1].startPort()
+	cluster.waitJetStream(t) // a meta leader with two of three
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "fleetwatch.yaml")
+	if err := os.WriteFile(cfg, []byte(clusterServeConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := startProc(t, false, "serve", "--config", cfg, "--nats", cluster.urls(), "--http", "127.0.0.1:0",
+		"--data", filepath.Join(dir, "data"), "--no-probes")
+	p.waitOutput(regexp.MustCompile(`creating the lease bucket: .*no suitable peers.*trying again`), "serve to wait for the lease bucket's third peer")
+	cluster.nodes[2].startPort()
+	p.waitOutput(httpLineRe, "serve to start once the third node joined")
+	nc, snaps := watchSnapshots(t, cluster.urls())
+	publishEvents(t, nc, "chat", "a", "b")
+	testkit.Eventually(t, 30*time.Second, "a snapshot of chat", func() bool {
+		_, ok := snaps.since("chat", time.Time{})
+		return ok
+	})
+}
+
 // TestServeRecoversFromAWholeClusterRestart stops every node of the
 // cluster (SIGTERM, and SIGKILL), starts them again on their stores, and
 // checks that serve publishes again within the lease TTL and a heartbeat of
 // the cluster's JetStream answering again.
 func TestServeRecoversFromAWholeClusterRestart(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		t.Run(sig.String(), func(t *testing.T) {
 			t.Parallel()

@@ -291,6 +291,7 @@ func serveWithTraffic(t *testing.T, ns *natsProc) (*serveProcess, *snapshotTimes
 // server's return, says so on /healthz, and reports the publish age; with
 // the current server (SIGTERM and SIGKILL) and with Debian's 2.9.
 func TestServeRecoversFromNATSRestart(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	cases := []struct {
 		name string
 		bin  func(testing.TB) string

@@ -102,6 +102,7 @@ func TestServeRestartWithoutAmnesia(t *testing.T) {
 // uses the real nats CLI as the proxy and the router, exactly as the README
 // shows.
 func TestServeWithDebianNATSServer(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	natsServer := lookPathOrSkip(t, "nats-server")
 	natsCLI := lookPathOrSkip(t, "nats")
 	url := startNATSServerProcess(t, natsServer, nil, "-js", "-sd", t.TempDir())
@@ -156,6 +157,7 @@ func fileExists(p string) bool {
 // the same address events flow into decisions again. A SIGTERM while NATS
 // is down still ends serve.
 func TestServeSurvivesNATSOutage(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	store := t.TempDir()
 	url, srv := feedtest.NewServer(t, feedtest.WithStoreDir(store))
 	port := feedtest.Port(srv)
@@ -195,6 +197,7 @@ func TestServeSurvivesNATSOutage(t *testing.T) {
 // TestServeStopsWithNATSGone: SIGTERM while the server is unreachable ends
 // serve without waiting on drains that cannot happen.
 func TestServeStopsWithNATSGone(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
 	url, srv := feedtest.NewServer(t)
 	p := startProc(t, true, "serve", "--nats", url, "--http", "127.0.0.1:0", "--data", t.TempDir(), "--no-probes")
 	srv.Shutdown()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch/internal/control"
@@ -101,6 +102,52 @@ func (h *ha) leaseFloor(ctx context.Context) uint64 {
 	}
 	return floor
 }
+
+// startWait bounds how long serve's start waits for a JetStream cluster that
+// cannot place its resources yet (a cluster still forming, or electing its
+// meta leader): past it the start fails with the last error.
+const startWait = 30 * time.Second
+
+// placeAtStart runs do, the creation of one of the resources serve needs
+// before it runs, and runs it again a second later while it fails the way
+// a forming cluster fails (transientJS), for at most startWait. A cluster
+// and its serve started together (a whole deployment coming up) must not
+// leave serve exited because its lease bucket found two peers of three.
+func (s *Server) placeAtStart(what string, do func(context.Context) error) error {
+	deadline := time.Now().Add(startWait)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := do(ctx)
+		cancel()
+		if err == nil || !transientJS(err) || time.Now().Add(time.Second).After(deadline) {
+			return err
+		}
+		s.logf("jetstream: creating the %s: %v (the cluster is not ready: trying again in 1s, for up to %v from the start)", what, err, startWait)
+		time.Sleep(time.Second)
+	}
+}
+
+// transientJS reports whether err is what a JetStream cluster answers while
+// it forms or elects a leader: no suitable peers for placement (fewer
+// peers known than the replicas asked), the system temporarily
+// unavailable, no responder or no answer.
+func transientJS(err error) bool {
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode {
+		case jsNoSuitablePeers, jsClusterNotAvailable:
+			return true
+		}
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
+}
+
+// The JetStream API's error codes for a cluster not ready (nats-server's
+// errors.json: JSClusterNoPeersErrF and JSClusterNotAvailErr).
+const (
+	jsNoSuitablePeers     jetstream.ErrorCode = 10005
+	jsClusterNotAvailable jetstream.ErrorCode = 10008
+)
 
 // ensureBucket binds the lease bucket, creating it when the server does not
 // have it, and applies the configured TTL to one that exists. It is called

@@ -287,10 +287,10 @@ func (s *Server) build() error {
 	s.ha = newHA(s)
 	s.ovr = newOverrides(s)
 	if s.js != nil {
-		if err := s.ha.ensureBucket(ctx); err != nil {
+		if err := s.placeAtStart("lease bucket", s.ha.ensureBucket); err != nil {
 			return err
 		}
-		if err := s.ovr.open(ctx, s.js); err != nil {
+		if err := s.placeAtStart("overrides bucket", func(ctx context.Context) error { return s.ovr.open(ctx, s.js) }); err != nil {
 			return err
 		}
 	}
