@@ -240,6 +240,7 @@ func startFleetFixture(t *testing.T) (*fleetFixture, *httptest.Server) {
 }
 
 func TestStatusPageInBrowser(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	ctx, problems := newBrowser(t)
 	fixture, srv := startFleetFixture(t)
 
@@ -356,6 +357,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 // fed with outcome events over NATS, and watches a backend's breaker open
 // when its events turn to errors.
 func TestStatusPageWithServe(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	ctx, problems := newBrowser(t)
 	p := startServer(t, "prefix: fw\nprobes: {disabled: true}\n", Options{})
 	traffic := &testkit.OutcomeTraffic{Pool: "llama-3.1-70b", Backends: []string{"vllm-a", "vllm-b", "vllm-c", xssBackend}}

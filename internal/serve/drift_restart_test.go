@@ -58,6 +58,7 @@ func backendIn(s *Server, pool, backend string) (fleetwatch.Backend, bool) {
 // says "ok"). Then a takeover: the analyzer forgets the status and
 // restoreDrift brings it back.
 func TestDriftStateSurvivesServeRestart(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	ref := toylm.New(toylm.Config{})
 	noise := toylm.Options{Sigma: 0.003, NoiseSeed: 1, Fingerprint: "fp_1"}
 	switches := map[string]*toylm.Switch{}

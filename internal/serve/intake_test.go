@@ -16,6 +16,7 @@ import (
 // with the default core intake the same failures are lost (which is why
 // the durable intake exists).
 func TestEventsPublishedWhileServeIsDown(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	for _, tc := range []struct {
 		name    string
 		durable bool

@@ -8,10 +8,13 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+
 	"github.com/fleetwatch/fleetwatch/internal/config"
 )
 
 func TestMain(m *testing.M) {
+	testkit.RaiseParallel(4) // the end-to-end tests mostly wait for their servers
 	goleak.VerifyTestMain(m,
 		// The embedded server's and chromedp's background goroutines end
 		// asynchronously after Shutdown/cancel returns.

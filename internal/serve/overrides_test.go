@@ -102,6 +102,7 @@ func startRouter(t *testing.T, natsURL string, backends []*fakeai.Server, applie
 // analyzer's verdict; malformed requests are refused; FW_AUDIT keeps every
 // change.
 func TestOverridesEndToEnd(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	url, _ := feedtest.NewServer(t)
 	yaml := "nats: {url: \"" + url + "\"}\nprobes: {disabled: true}\n"
 	srv := startServer(t, yaml, Options{})

@@ -44,6 +44,7 @@ func (d *driftStatuses) get(k string) fleetwatch.DriftStatus {
 }
 
 func TestStartProbesEndToEnd(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	url, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, url)
 	js, err := jetstream.New(nc)

@@ -75,6 +75,7 @@ func reloadMetric(t *testing.T, base, series string) float64 {
 // or one that changes a key only a restart applies, is refused with its key
 // and line, and the running configuration keeps running.
 func TestReloadEndToEnd(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	url, _ := feedtest.NewServer(t)
 	fakes := testkit.StartFakeBackends(t, 3)
 	dir := t.TempDir()

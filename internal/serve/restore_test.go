@@ -21,6 +21,7 @@ import (
 // decisions kept in the KV can tell). A drifted, quarantined status comes
 // back too.
 func TestRestartKeepsALongOpenBreaker(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	const yaml = `analyzer:
   window: 2s
   bucket: 1s

@@ -168,6 +168,7 @@ pools:
 // and one that never answers (within a minute's timeout) are counted as
 // failures, and the snapshots keep their heartbeat meanwhile.
 func TestServeScrapeFailuresDelayNothing(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	broken := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "boom", http.StatusInternalServerError)
 	}))

@@ -92,6 +92,7 @@ func (r *shadowRig) resetBackendStats() {
 // as the healthy b1: the weights are ignored, and the router counts the
 // picks that differ from the weighted decision.
 func TestShadowEndToEnd(t *testing.T) {
+	t.Parallel() // a long test of its own servers: it overlaps the rest of the package
 	t.Run("observe", func(t *testing.T) {
 		r := startShadowRig(t, fleetwatch.ShadowObserve)
 		r.backends[0].SetBehavior(fakeai.Behavior{InstantError: true})
