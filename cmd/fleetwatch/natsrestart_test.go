@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -411,4 +412,52 @@ func TestServeRecoversWhenNATSLosesItsStore(t *testing.T) {
 		code, _ := testkit.HTTPGet(t, serve.httpURL+"/healthz")
 		return code == 200
 	})
+}
+
+// TestServeStartedBeforeNATS starts serve while nothing listens on its NATS
+// address, as when a deployment's serve comes up before its NATS server,
+// and starts nats-server (with JetStream) there once serve has waited
+// past one JetStream question (5 s). serve must then run with JetStream
+// (capture, KV, leases); it used to decide, for its whole life, that the
+// server had none.
+func TestServeStartedBeforeNATS(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
+	addr := freeLoopbackAddr(t)
+	_, portText, _ := strings.Cut(addr, ":")
+	port, _ := strconv.Atoi(portText)
+	p := startProc(t, false, "serve", "--nats", "nats://"+addr, "--http", "127.0.0.1:0", "--data", t.TempDir(), "--no-probes")
+	p.waitOutput(regexp.MustCompile(`no JetStream answer from nats://\S+ yet`), "serve to wait for NATS's answer")
+	ns := &natsProc{t: t, bin: natsServerBinary(t), args: []string{"-a", "127.0.0.1", "-js", "-sd", t.TempDir()}, port: port}
+	ns.start(port)
+	t.Cleanup(func() { ns.kill(syscall.SIGKILL) })
+	httpAddr := p.waitOutput(httpLineRe, "serve to start once NATS runs")
+	code, body := testkit.HTTPGet(t, "http://"+httpAddr+"/healthz")
+	if code != 200 || !strings.Contains(body, `"jetstream":true`) {
+		t.Errorf("/healthz = %d %s, want 200 with jetstream true", code, body)
+	}
+}
+
+// TestServeGivesUpWithoutNATS: when no NATS server answers for 30 s, serve
+// exits non-zero and says what to do, instead of running without the
+// JetStream the server may well have.
+func TestServeGivesUpWithoutNATS(t *testing.T) {
+	t.Parallel() // a long test of its own processes (or CPU): it overlaps the rest of the package
+	addr := freeLoopbackAddr(t)
+	p := startProc(t, false, "serve", "--nats", "nats://"+addr, "--http", "127.0.0.1:0", "--data", t.TempDir(), "--no-probes")
+	select {
+	case <-p.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("serve still runs 2 minutes after its start without NATS")
+	}
+	if p.err == nil {
+		t.Errorf("serve exited 0 without NATS")
+	}
+	for _, want := range []string{"gave no JetStream answer for 30s", "nats.no_jetstream: true"} {
+		if !strings.Contains(p.stderr.String(), want) {
+			t.Errorf("serve's error lacks %q:\n%s", want, p.stderr.String())
+		}
+	}
+	if strings.Contains(p.stdout.String(), "HTTP on") {
+		t.Errorf("serve listened without NATS:\n%s", p.stdout.String())
+	}
 }

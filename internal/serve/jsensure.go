@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	neturl "net/url"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -107,6 +109,47 @@ func (h *ha) leaseFloor(ctx context.Context) uint64 {
 // cannot place its resources yet (a cluster still forming, or electing its
 // meta leader): past it the start fails with the last error.
 const startWait = 30 * time.Second
+
+// askJetStream decides whether serve runs with JetStream: with it when the
+// server answers an account request, without it when the server says it
+// has none (or refuses the request). A server that gives no answer (serve
+// started before NATS, whose connection nats.go keeps trying; a cluster
+// electing its meta leader) is asked again for up to startWait, and then
+// the start fails: deciding "no JetStream" because NATS came up a few
+// seconds late would run the process without capture, KV and high
+// availability for its whole life, and /healthz would still say ok.
+func (s *Server) askJetStream(url string) error {
+	url = redactURLs(url)
+	deadline := time.Now().Add(startWait)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := s.js.AccountInfo(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case !transientJS(err):
+			s.logf("JetStream not available (%v): running without replay, KV and drift stream", err)
+			s.js = nil
+			return nil
+		case !time.Now().Before(deadline):
+			return fmt.Errorf("serve: NATS at %s gave no JetStream answer for %v (last: %w): start NATS first, or set nats.no_jetstream: true to run without JetStream", url, startWait, err)
+		}
+		s.logf("nats: no JetStream answer from %s yet (%v): asking again, for up to %v from the start", url, err, startWait)
+		time.Sleep(time.Second)
+	}
+}
+
+// redactURLs hides the passwords of a comma-separated list of server URLs.
+func redactURLs(list string) string {
+	parts := strings.Split(list, ",")
+	for i, p := range parts {
+		if u, err := neturl.Parse(strings.TrimSpace(p)); err == nil && u.User != nil {
+			parts[i] = u.Redacted()
+		}
+	}
+	return strings.Join(parts, ",")
+}
 
 // placeAtStart runs do, the creation of one of the resources serve needs
 // before it runs, and runs it again a second later while it fails the way

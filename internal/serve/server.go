@@ -222,11 +222,8 @@ func (s *Server) connect() error {
 		if s.js, err = jetstream.New(s.nc); err != nil {
 			return fmt.Errorf("serve: jetstream: %w", err)
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if _, err := s.js.AccountInfo(ctx); err != nil {
-			s.logf("JetStream not available (%v): running without replay, KV and drift stream", err)
-			s.js = nil
+		if err := s.askJetStream(url); err != nil {
+			return err
 		}
 	}
 	return s.checkPresence()
