@@ -427,11 +427,7 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 	case fieldPool, fieldBackend, fieldTS, fieldOutcome, fieldPrefix, fieldFingerprint, fieldSource,
 		fieldStreamError, fieldModelMismatch:
 		if c != '"' {
-			end, ok := skipValue(data, pos, 0)
-			if !ok {
-				return syntaxError(end), end
-			}
-			return fail(ErrWrongType), end
+			return wrongType(data, pos, k)
 		}
 		s, end, ok := d.readString(data, pos)
 		if !ok {
@@ -453,34 +449,18 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 		case 'f':
 			end, ok = literal(data, pos, "false")
 		default:
-			end, ok = skipValue(data, pos, 0)
-			if ok {
-				return fail(ErrWrongType), end
-			}
+			return wrongType(data, pos, k)
 		}
 		if !ok {
 			return syntaxError(end), end
 		}
-		switch k {
-		case fieldCold:
-			ev.Cold = v
-		case fieldCacheHit:
-			ev.CacheHit = v
-		case fieldToolCallBroken:
-			ev.ToolCallBroken = v
-		default:
-			ev.FakeStream = v
-		}
+		setBool(ev, k, v)
 		return failure{}, end
 	}
 
 	// The remaining fields are numbers.
 	if c != '-' && (c < '0' || c > '9') {
-		end, ok := skipValue(data, pos, 0)
-		if !ok {
-			return syntaxError(end), end
-		}
-		return fail(ErrWrongType), end
+		return wrongType(data, pos, k)
 	}
 	var n number
 	ok := scanNumber(data, pos, &n)
@@ -511,16 +491,7 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 		if !ok || v < 0 {
 			return fail(ErrOutOfRange), end
 		}
-		switch k {
-		case fieldInputTokens:
-			ev.InputTokens = v
-		case fieldOutputTokens:
-			ev.OutputTokens = v
-		case fieldRunning:
-			ev.Running, ev.HasRunning = v, true
-		default:
-			ev.Waiting, ev.HasWaiting = v, true
-		}
+		setCount(ev, k, v)
 	case fieldKVCache:
 		f, ok := n.float(num)
 		if !ok || !(f >= 0 && f <= 1) { // NaN fails both
@@ -532,16 +503,58 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 		if !ok || !(f >= 0 && f <= MaxDurationMs) { // NaN fails both
 			return fail(ErrOutOfRange), end
 		}
-		switch k {
-		case fieldTTFT:
-			ev.TTFTMs, ev.HasTTFT = f, true
-		case fieldDuration:
-			ev.DurationMs, ev.HasDuration = f, true
-		default:
-			ev.RetryAfterMs = f
-		}
+		setDuration(ev, k, f)
 	}
 	return failure{}, end
+}
+
+// wrongType skips the value at pos, of the wrong JSON type for field k, and
+// reports it (a syntax error when the value is not even JSON).
+func wrongType(data []byte, pos int, k field) (failure, int) {
+	end, ok := skipValue(data, pos, 0)
+	if !ok {
+		return syntaxError(end), end
+	}
+	return failure{err: ErrWrongType, field: k, off: pos}, end
+}
+
+// setBool, setCount and setDuration store a checked value of field k
+// (small enough to be inlined into value).
+func setBool(ev *Event, k field, v bool) {
+	switch k {
+	case fieldCold:
+		ev.Cold = v
+	case fieldCacheHit:
+		ev.CacheHit = v
+	case fieldToolCallBroken:
+		ev.ToolCallBroken = v
+	default:
+		ev.FakeStream = v
+	}
+}
+
+func setCount(ev *Event, k field, v int64) {
+	switch k {
+	case fieldInputTokens:
+		ev.InputTokens = v
+	case fieldOutputTokens:
+		ev.OutputTokens = v
+	case fieldRunning:
+		ev.Running, ev.HasRunning = v, true
+	default:
+		ev.Waiting, ev.HasWaiting = v, true
+	}
+}
+
+func setDuration(ev *Event, k field, f float64) {
+	switch k {
+	case fieldTTFT:
+		ev.TTFTMs, ev.HasTTFT = f, true
+	case fieldDuration:
+		ev.DurationMs, ev.HasDuration = f, true
+	default:
+		ev.RetryAfterMs = f
+	}
 }
 
 // setString validates and stores the string value s of field k.
