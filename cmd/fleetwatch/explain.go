@@ -11,7 +11,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/fleetwatch/fleetwatch/internal/serve"
+	"github.com/fleetwatch/fleetwatch/internal/control"
 )
 
 func init() {
@@ -22,7 +22,7 @@ func init() {
 var errExplain = errors.New("explain")
 
 // runExplain is `fleetwatch explain POOL [BACKEND]`: it asks a running
-// serve's /api/explain and prints the answer (internal/serve's
+// serve's /api/explain and prints the answer (internal/control's
 // WriteExplained), or the JSON with --json.
 func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
@@ -54,9 +54,9 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		_, err := stdout.Write(body)
 		return err
 	}
-	var ex serve.Explained
+	var ex control.Explained
 	if err := json.Unmarshal(body, &ex); err != nil {
 		return fmt.Errorf("%w: %v", errExplain, err)
 	}
-	return serve.WriteExplained(stdout, ex)
+	return control.WriteExplained(stdout, ex)
 }

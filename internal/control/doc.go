@@ -3,6 +3,6 @@
 // JetStream stores serve and the CLI share (baselines, drift states,
 // FW_DRIFT, overrides and their audit), and the CLI's clients and text
 // views (`fleetwatch drift review|status|rebaseline`, `fleetwatch
-// override`). It imports the wire vocabulary and probes, never the daemon:
+// override`, `fleetwatch explain`). It imports the wire vocabulary and probes, never the daemon:
 // serve imports it.
 package control

@@ -1,4 +1,4 @@
-package serve
+package control
 
 import (
 	"fmt"
@@ -9,6 +9,87 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 )
+
+// Explained is `fleetwatch explain`'s view of serve's /api/explain answer
+// (docs/OPERATIONS.md "Explain: why a backend is in its state"): the fields its text
+// prints, under the JSON names serve gives them. serve's own type embeds
+// the analyzer's Explanation, which this package may not import (DESIGN.md);
+// the client reads the JSON like any other client, and
+// internal/serve's TestExplainViewMatchesTheAnswer fails when a field here
+// has no field of the same name and kind in serve's answer.
+type Explained struct {
+	Pool     string             `json:"pool"`
+	Backends []ExplainedBackend `json:"backends"`
+}
+
+// ExplainedBackend is one backend of an Explained (analyzer.Explanation
+// and its last transitions, as far as the text prints them).
+type ExplainedBackend struct {
+	Pool    string          `json:"pool"`
+	Backend string          `json:"backend"`
+	At      fleetwatch.Time `json:"at"`
+
+	State     fleetwatch.State `json:"state"`
+	Since     fleetwatch.Time  `json:"since"`
+	Reason    string           `json:"reason"`
+	Weight    float64          `json:"weight"`
+	OpenUntil fleetwatch.Time  `json:"open_until"`
+	Trips     int              `json:"trips"`
+
+	Verdict       fleetwatch.State `json:"verdict"`
+	VerdictCause  string           `json:"verdict_cause"`
+	VerdictReason string           `json:"verdict_reason"`
+	VerdictWeight float64          `json:"verdict_weight"`
+
+	WindowMs int64             `json:"window_ms"`
+	Counts   map[string]uint64 `json:"counts"`
+	Requests uint64            `json:"requests"`
+	Counted  uint64            `json:"counted"`
+	Recent   struct {
+		SpanMs   int64  `json:"span_ms"`
+		Requests uint64 `json:"requests"`
+		Counted  uint64 `json:"counted"`
+	} `json:"recent"`
+
+	Evaluated         bool                 `json:"evaluated"`
+	MinRequests       int                  `json:"min_requests"`
+	Rules             []ExplainedRule      `json:"rules"`
+	CapHeld           string               `json:"cap_held"`
+	HalfOpenOK        int                  `json:"half_open_ok"`
+	HalfOpenSuccesses int                  `json:"half_open_successes"`
+	WeightParts       ExplainedWeight      `json:"weight_parts"`
+	Override          *fleetwatch.Override `json:"override"`
+	Shadow            fleetwatch.Shadow    `json:"shadow"`
+
+	// Transitions are the backend's last state changes, newest first.
+	Transitions []ExplainedTransition `json:"transitions"`
+}
+
+// ExplainedRule is one trip rule against its threshold.
+type ExplainedRule struct {
+	Rule      string  `json:"rule"`
+	Value     float64 `json:"value"`
+	Threshold float64 `json:"threshold"`
+	HasValue  bool    `json:"has_value"`
+	Fires     bool    `json:"fires"`
+	HeldBy    string  `json:"held_by"`
+	Detail    string  `json:"detail"`
+}
+
+// ExplainedWeight is what sets or lowers the weight.
+type ExplainedWeight struct {
+	Fixed  string `json:"fixed"`
+	Reason string `json:"reason"`
+}
+
+// ExplainedTransition is one state change with its reason.
+type ExplainedTransition struct {
+	At     fleetwatch.Time  `json:"at"`
+	From   fleetwatch.State `json:"from"`
+	To     fleetwatch.State `json:"to"`
+	Cause  string           `json:"cause"`
+	Reason string           `json:"reason"`
+}
 
 // WriteExplained writes an explanation for a terminal: per backend its
 // state and reason, the verdict of an evaluation now, the window's counts,
