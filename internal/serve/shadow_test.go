@@ -239,4 +239,3 @@ func checkShadowMetrics(t *testing.T, r *shadowRig, mode string) {
 		}
 	}
 }
-
