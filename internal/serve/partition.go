@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -156,20 +157,8 @@ func (h *ha) rebuild(ctx context.Context, got []int, first bool, start time.Time
 			since = from
 		}
 	}
-	var keep []fleetwatch.Event
-	n, err := s.col.ReplaySubjects(ctx, since, subjects, func(batch []fleetwatch.Event) {
-		keep = keep[:0]
-		for i := range batch {
-			if inGot(batch[i].Pool) {
-				keep = append(keep, batch[i])
-			}
-		}
-		if len(keep) > 0 {
-			scratch.Observe(keep)
-			// At the batch's event time, as the live loop would have.
-			scratch.Evaluate(keep[len(keep)-1].TS)
-		}
-	})
+	rp := newReplayer(scratch, inGot, snaps)
+	n, err := s.col.ReplaySubjects(ctx, since, subjects, rp.batch)
 	if err != nil {
 		if !first {
 			h.abandon(ctx, got, fmt.Sprintf("replaying %s: %v", s.subj.StreamOutcomes(), err))
@@ -178,6 +167,63 @@ func (h *ha) rebuild(ctx context.Context, got []int, first bool, start time.Time
 		s.logf("replay: %v (starting with what was replayed, if anything)", err)
 	}
 	return scratch, snaps, n, true
+}
+
+// replayer feeds a takeover's replayed batches to its scratch analyzer,
+// evaluating at each batch's last event time, as the live loop would have,
+// and also at each restored snapshot's time when a batch passes it. The
+// snapshot decided on every event up to its at, and analyzer.Restore lets a
+// trip the replay made no later than that at give way to the snapshot's
+// (same trip, same open_until for the routers); a trip dated at the end of
+// a batch that straddles at looked like a trip on later events, and the
+// new owner published an open_until a few milliseconds later than the
+// one routers had (TestHAOnAThreeNodeCluster saw 8 ms under load).
+type replayer struct {
+	scratch *analyzer.Analyzer
+	inGot   func(pool string) bool
+	marks   []time.Time // the snapshots' times not passed yet, ascending
+	keep    []fleetwatch.Event
+}
+
+func newReplayer(scratch *analyzer.Analyzer, inGot func(string) bool, snaps []fleetwatch.Snapshot) *replayer {
+	r := &replayer{scratch: scratch, inGot: inGot}
+	for _, snap := range snaps {
+		r.marks = append(r.marks, snap.At.Time)
+	}
+	slices.SortFunc(r.marks, time.Time.Compare)
+	return r
+}
+
+// batch observes the events of batch whose pools are in the partitions.
+func (r *replayer) batch(batch []fleetwatch.Event) {
+	r.keep = r.keep[:0]
+	for i := range batch {
+		if r.inGot(batch[i].Pool) {
+			r.keep = append(r.keep, batch[i])
+		}
+	}
+	keep := r.keep
+	for len(keep) > 0 {
+		cut := len(keep)
+		if len(r.marks) > 0 {
+			cut = slices.IndexFunc(keep, func(ev fleetwatch.Event) bool { return ev.TS.After(r.marks[0]) })
+			if cut < 0 {
+				cut = len(keep)
+			}
+		}
+		if cut > 0 {
+			r.scratch.Observe(keep[:cut])
+		}
+		if cut == len(keep) {
+			r.scratch.Evaluate(keep[cut-1].TS)
+			return
+		}
+		// The events up to the next snapshot are observed: evaluate at
+		// its time before the events after it.
+		r.scratch.Evaluate(r.marks[0])
+		r.marks = r.marks[1:]
+		keep = keep[cut:]
+	}
 }
 
 // goLive adopts the pools of the partitions still held from scratch, turns
