@@ -121,9 +121,15 @@ func TestStartProbesEndToEnd(t *testing.T) {
 		}
 		return false
 	})
-	if got.Against != fleetwatch.AgainstBaseline || got.Evidence.MeanAbsLogprobDelta == nil || got.Evidence.Prompts != 16 ||
-		got.Evidence.FingerprintAfter == nil || *got.Evidence.FingerprintAfter != "fp_2" || len(got.Evidence.ModelIDs) != 1 {
-		t.Errorf("alert %+v, evidence %+v", got, got.Evidence)
+	// The fingerprint after is the commonest among the cycle's sampled
+	// answers. A cycle can straddle the switch (under load, its sampled
+	// prompts before it and the teacher-forced texts, which catch it,
+	// after): then the answers still carried the old fingerprint.
+	ev := got.Evidence
+	fpOK := ev.FingerprintAfter != nil && (*ev.FingerprintAfter == "fp_2" ||
+		ev.FingerprintBefore != nil && *ev.FingerprintAfter == *ev.FingerprintBefore && strings.HasPrefix(got.Reason, "teacher-forced"))
+	if got.Against != fleetwatch.AgainstBaseline || ev.MeanAbsLogprobDelta == nil || ev.Prompts != 16 || !fpOK || len(ev.ModelIDs) != 1 {
+		t.Errorf("alert %+v, evidence %+v", got, ev)
 	}
 	if s := statuses.get("llama/vllm-c"); s != fleetwatch.DriftDrifted {
 		t.Errorf("setDrift(vllm-c) = %s, want drifted", s)
