@@ -76,6 +76,7 @@ type Stats struct {
 	CacheHits   int64 `json:"cache_hits"`
 	InFlight    int64 `json:"in_flight"`
 	Waiting     int64 `json:"waiting"` // queued for a MaxConcurrent slot
+	Busy        int64 `json:"busy"`    // holding a MaxConcurrent slot (admitted: their behavior is fixed)
 	MaxInFlight int64 `json:"max_in_flight"`
 }
 
@@ -211,7 +212,10 @@ func (s *Server) SetCompleter(c Completer) {
 
 // Stats returns the request counters.
 func (s *Server) Stats() Stats {
-	return Stats{
+	s.mu.Lock()
+	busy := int64(s.slotsUsed)
+	s.mu.Unlock()
+	return Stats{Busy: busy,
 		Requests: s.requests.Load(), OK: s.ok.Load(), Errors: s.errs.Load(),
 		Throttled: s.throttled.Load(), Canceled: s.canceled.Load(), BadRequests: s.badRequests.Load(),
 		Cold: s.cold.Load(), CacheHits: s.cacheHits.Load(),

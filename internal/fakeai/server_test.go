@@ -447,7 +447,9 @@ func TestConcurrencyLimit(t *testing.T) {
 	ctx := testCtx(t)
 	blockCtx, unblock := context.WithCancel(ctx)
 	go post(blockCtx, t, srv.URL()+"/v1/completions", map[string]any{"prompt": "p"})
-	eventually(t, "first request holds the slot", func() bool { return srv.Stats().InFlight == 1 })
+	// Busy, not InFlight: a request is in flight before its admission reads
+	// the behavior, and the TTFT of an hour must be the one it read.
+	eventually(t, "first request holds the slot", func() bool { return srv.Stats().Busy == 1 })
 
 	// Over the limit with RejectOverLimit: 429 at once.
 	srv.UpdateBehavior(func(b Behavior) (Behavior, error) { b.RejectOverLimit = true; b.TTFT = 0; return b, nil })
