@@ -426,7 +426,7 @@ func TestServeStartedBeforeNATS(t *testing.T) {
 	_, portText, _ := strings.Cut(addr, ":")
 	port, _ := strconv.Atoi(portText)
 	p := startProc(t, false, "serve", "--nats", "nats://"+addr, "--http", "127.0.0.1:0", "--data", t.TempDir(), "--no-probes")
-	p.waitOutput(regexp.MustCompile(`no JetStream answer from nats://\S+ yet`), "serve to wait for NATS's answer")
+	p.waitOutput(regexp.MustCompile(`asking nats://\S+ for JetStream: .*trying again`), "serve to wait for NATS's answer")
 	ns := &natsProc{t: t, bin: natsServerBinary(t), args: []string{"-a", "127.0.0.1", "-js", "-sd", t.TempDir()}, port: port}
 	ns.start(port)
 	t.Cleanup(func() { ns.kill(syscall.SIGKILL) })

@@ -105,9 +105,10 @@ func (h *ha) leaseFloor(ctx context.Context) uint64 {
 	return floor
 }
 
-// startWait bounds how long serve's start waits for a JetStream cluster that
-// cannot place its resources yet (a cluster still forming, or electing its
-// meta leader): past it the start fails with the last error.
+// startWait bounds how long serve's start waits for a NATS server that does
+// not answer yet, or a JetStream cluster that cannot place its resources
+// yet (still forming, or electing its meta leader): past it the start
+// fails with the last error.
 const startWait = 30 * time.Second
 
 // askJetStream decides whether serve runs with JetStream: with it when the
@@ -119,25 +120,19 @@ const startWait = 30 * time.Second
 // seconds late would run the process without capture, KV and high
 // availability for its whole life, and /healthz would still say ok.
 func (s *Server) askJetStream(url string) error {
-	url = redactURLs(url)
-	deadline := time.Now().Add(startWait)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err := s.untilPlaced("asking "+redactURLs(url)+" for JetStream", 5*time.Second, func(ctx context.Context) error {
 		_, err := s.js.AccountInfo(ctx)
-		cancel()
-		switch {
-		case err == nil:
-			return nil
-		case !transientJS(err):
-			s.logf("JetStream not available (%v): running without replay, KV and drift stream", err)
-			s.js = nil
-			return nil
-		case !time.Now().Before(deadline):
-			return fmt.Errorf("serve: NATS at %s gave no JetStream answer for %v (last: %w): start NATS first, or set nats.no_jetstream: true to run without JetStream", url, startWait, err)
-		}
-		s.logf("nats: no JetStream answer from %s yet (%v): asking again, for up to %v from the start", url, err, startWait)
-		time.Sleep(time.Second)
+		return err
+	})
+	switch {
+	case err == nil:
+		return nil
+	case transientJS(err):
+		return fmt.Errorf("serve: NATS at %s gave no JetStream answer for %v (last: %w): start NATS first, or set nats.no_jetstream: true to run without JetStream", redactURLs(url), startWait, err)
 	}
+	s.logf("JetStream not available (%v): running without replay, KV and drift stream", err)
+	s.js = nil
+	return nil
 }
 
 // redactURLs hides the passwords of a comma-separated list of server URLs.
@@ -151,21 +146,23 @@ func redactURLs(list string) string {
 	return strings.Join(parts, ",")
 }
 
-// placeAtStart runs do, the creation of one of the resources serve needs
-// before it runs, and runs it again a second later while it fails the way
-// a forming cluster fails (transientJS), for at most startWait. A cluster
-// and its serve started together (a whole deployment coming up) must not
-// leave serve exited because its lease bucket found two peers of three.
-func (s *Server) placeAtStart(what string, do func(context.Context) error) error {
+// untilPlaced runs do, a step serve's start needs from JetStream, each
+// attempt bounded by timeout, and runs it again a second later while it
+// fails the way a server not up yet or a forming cluster fails
+// (transientJS), for at most startWait from the first attempt. It returns
+// the last error. A cluster and its serve started together (a whole
+// deployment coming up) must not leave serve exited because its lease
+// bucket found two peers of three.
+func (s *Server) untilPlaced(what string, timeout time.Duration, do func(context.Context) error) error {
 	deadline := time.Now().Add(startWait)
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		err := do(ctx)
 		cancel()
 		if err == nil || !transientJS(err) || time.Now().Add(time.Second).After(deadline) {
 			return err
 		}
-		s.logf("jetstream: creating the %s: %v (the cluster is not ready: trying again in 1s, for up to %v from the start)", what, err, startWait)
+		s.logf("jetstream: %s: %v (not ready: trying again in 1s, for up to %v from the start)", what, err, startWait)
 		time.Sleep(time.Second)
 	}
 }

@@ -279,18 +279,19 @@ func (s *Server) build() error {
 	s.registerHealthMetrics()
 	s.registerReloadMetrics()
 
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	s.ha = newHA(s)
 	s.ovr = newOverrides(s)
 	if s.js != nil {
-		if err := s.placeAtStart("lease bucket", s.ha.ensureBucket); err != nil {
+		if err := s.untilPlaced("creating the lease bucket", 10*time.Second, s.ha.ensureBucket); err != nil {
 			return err
 		}
-		if err := s.placeAtStart("overrides bucket", func(ctx context.Context) error { return s.ovr.open(ctx, s.js) }); err != nil {
+		if err := s.untilPlaced("creating the overrides bucket", 10*time.Second, func(ctx context.Context) error { return s.ovr.open(ctx, s.js) }); err != nil {
 			return err
 		}
 	}
+	// After the waits above: the rest of the build has its own 10 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	s.pub, err = feed.NewPublisher(ctx, s.nc, feed.PublisherSettings{
 		Prefix: s.cfg.Prefix, NoKV: s.js == nil, Metrics: s.metrics, Logf: s.logf,
 		// Configured pools and backends are kept first when a snapshot

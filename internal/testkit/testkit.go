@@ -326,29 +326,25 @@ func (l *EventLog) Messages(subject string) int {
 }
 
 // RaiseParallel sets the test binary's -test.parallel to n unless its
-// command line set it, and returns the limit in force. Call it from TestMain
+// command line set it or it is already higher. Call it from TestMain
 // before m.Run. go test's default is GOMAXPROCS, two on a 2-core machine:
 // right for tests that compute, wrong for end-to-end tests that start
 // their own servers and spend most of their time waiting for them (a
 // lease to expire, a reconnect, a demo's script), which then queue behind
 // each other with the cores idle.
-func RaiseParallel(n int) int {
+func RaiseParallel(n int) {
 	if !flag.Parsed() {
 		flag.Parse()
 	}
 	set := false
 	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if f := flag.Lookup("test.parallel"); f != nil && !set {
-		if cur, ok := f.Value.(flag.Getter).Get().(int); ok && cur < n {
-			_ = f.Value.Set(fmt.Sprint(n))
-		}
+	f := flag.Lookup("test.parallel")
+	if set || f == nil {
+		return
 	}
-	if f := flag.Lookup("test.parallel"); f != nil {
-		if v, ok := f.Value.(flag.Getter).Get().(int); ok {
-			return v
-		}
+	if cur, ok := f.Value.(flag.Getter).Get().(int); ok && cur < n {
+		_ = f.Value.Set(fmt.Sprint(n))
 	}
-	return 0
 }
 
 // RunWithoutRace runs the tests of the package in the working directory
