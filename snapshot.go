@@ -119,6 +119,12 @@ type Load struct {
 	Source string `json:"source"`
 }
 
+// Load sources, Load.Source's values.
+const (
+	LoadSourceEvent   = "event"   // an outcome event's load fields
+	LoadSourceMetrics = "metrics" // fleetwatch read the backend's metrics
+)
+
 // Total is the load a picker ranks by: requests running plus waiting.
 func (l *Load) Total() float64 { return l.Running + l.Waiting }
 

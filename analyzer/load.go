@@ -23,8 +23,8 @@ import (
 
 // Load sources, the snapshot's load.source.
 const (
-	LoadSourceEvent   = "event"   // an outcome event's load fields
-	LoadSourceMetrics = "metrics" // the backend's Prometheus metrics (ObserveLoad)
+	LoadSourceEvent   = fleetwatch.LoadSourceEvent   // an outcome event's load fields
+	LoadSourceMetrics = fleetwatch.LoadSourceMetrics // the backend's Prometheus metrics (ObserveLoad)
 )
 
 // MaxRouters is the most routers Snapshot.Routers counts per pool: the

@@ -216,9 +216,9 @@ func TestFleetRetryBudget(t *testing.T) {
 }
 
 // Choices unset: three while the snapshot counts at most 16 routers, two
-// beyond.
+// beyond, four when it counts one router.
 func TestDefaultChoicesByRouters(t *testing.T) {
-	for _, tt := range []struct{ routers, want int }{{0, 3}, {1, 3}, {16, 3}, {17, 2}, {64, 2}} {
+	for _, tt := range []struct{ routers, want int }{{0, 3}, {1, 4}, {2, 3}, {16, 3}, {17, 2}, {64, 2}} {
 		p := newPicker(&clock{now: t0}, Settings{})
 		snap := pool(1, ids(8)...)
 		snap.Routers = tt.routers
@@ -287,5 +287,58 @@ func TestLoadDecayBeforeSnapshot(t *testing.T) {
 		if got := p.loadOf(st, &st.entries[st.byID[id]], false, c.now.UnixNano()); math.Abs(got-want) > 1e-9 {
 			t.Errorf("load of %s = %v, want %v", id, got, want)
 		}
+	}
+}
+
+// A snapshot that counts one router: the load score ranks by the router's
+// own counts where the load came on outcome events (its own traffic's
+// echo), keeps a scraped load, and with two routers keeps both.
+func TestAloneRanksByOwnCounts(t *testing.T) {
+	withSource := func(b fleetwatch.Backend, total float64, source string) fleetwatch.Backend {
+		b.Load = &fleetwatch.Load{Running: total, Source: source}
+		return b
+	}
+	for _, tt := range []struct {
+		routers int
+		source  string
+		want    float64 // the load "a" is ranked by
+	}{
+		{1, fleetwatch.LoadSourceEvent, 3},   // its own count
+		{1, fleetwatch.LoadSourceMetrics, 9}, // the scrape: 9 + 1 x (3 - 3)
+		{2, fleetwatch.LoadSourceEvent, 9},   // shared: 9 + 2 x (3 - 3)
+		{1, "", 9},                           // an analyzer that names no source
+	} {
+		t.Run(fmt.Sprintf("%d-%s", tt.routers, tt.source), func(t *testing.T) {
+			c := &clock{now: t0}
+			p := newPicker(c, Settings{Score: LoadScore, RetryRatio: -1})
+			p.Update(pool(1, ids(4)...))
+			for range 3 {
+				busy(t, p, "b0000")
+			}
+			bs := ids(4)
+			for i := range bs {
+				bs[i] = withSource(bs[i], 9, tt.source)
+			}
+			bs[1] = withSource(bs[1], 0, tt.source) // b0001 published idle
+			snap := pool(2, bs...)
+			snap.Routers = tt.routers
+			p.Update(snap)
+			st := p.state.Load()
+			if got := p.loadOf(st, &st.entries[0], false, c.now.UnixNano()); got != tt.want {
+				t.Errorf("load of b0000: %v, want %v", got, tt.want)
+			}
+			// Alone with event loads, b0000 (3 in flight) is never picked
+			// and the rest share evenly: every candidate is compared, by
+			// own counts, all 0. Otherwise b0001's published 0 wins every
+			// pick it is sampled into.
+			got := counts(p, seeded(7), Request{}, 4000)
+			if tt.routers == 1 && tt.source == fleetwatch.LoadSourceEvent {
+				if got["b0000"] != 0 || got["b0001"] > 1600 {
+					t.Errorf("alone: picks %v, want none to b0000 and b0001 about a third", got)
+				}
+			} else if got["b0001"] < 2800 {
+				t.Errorf("published load: picks %v, want b0001 in most (3 or 4 of 4 sampled)", got)
+			}
+		})
 	}
 }

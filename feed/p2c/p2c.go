@@ -9,7 +9,8 @@
 // sampled with probability proportional to the snapshot's weight, from a
 // cumulative weight table built once per snapshot and binary-searched per
 // pick; the number of candidates compared is a setting (Settings.Choices:
-// 3 by default, 2 beyond 16 routers). The score is pluggable (Score); the
+// 3 by default, 4 for a router alone, 2 beyond 16 routers). The score is
+// pluggable (Score); the
 // default, LoadScore, ranks by the backend's load as the snapshot publishes
 // it plus R times the router's own change since the snapshot (R the
 // routers sharing the pool), and by the router's own in-flight count when
@@ -102,6 +103,11 @@ const (
 	// up to 16 routers; at 64 they herded, 2 did not).
 	DefaultChoices     = 3
 	DefaultChoicesMany = 2
+	// DefaultChoicesOne is Settings.Choices' default when the snapshot
+	// counts one router: no other router reads the same snapshot, so
+	// comparing more backends cannot herd, and the router's own counts
+	// are the pool's (docs/EVALUATION.md, "The steady-state cells").
+	DefaultChoicesOne = 4
 	// DefaultLoadStale is Settings.LoadStale's default.
 	DefaultLoadStale = 2 * time.Second
 	// DefaultTTL is the staleness horizon used when a snapshot carries no
@@ -150,7 +156,8 @@ type Settings struct {
 	LocalAlpha float64
 	// Choices is how many distinct candidates a pick samples by weight and
 	// compares by score on a fresh snapshot. If zero, 3 while the
-	// snapshot's routers are at most 16 and 2 beyond (DefaultChoices,
+	// snapshot's routers are at most 16 and 2 beyond, 4 when it counts one
+	// router (DefaultChoices, DefaultChoicesOne,
 	// DefaultChoicesMany); values above 8 are 8; 1 is weighted random. The
 	// stale path always compares two.
 	Choices int

@@ -16,7 +16,8 @@ import (
 // with a prefix goes to its sticky backend (rendezvous hashing over the
 // closed candidates with weight > 0, through a slot table; see affinity.go) while that backend's EWMA TTFT is below
 // the affinity tolerance times the pool median. Otherwise Settings.Choices
-// distinct candidates (3 by default, 2 beyond 16 routers) are sampled with
+// distinct candidates (3 by default, 4 for a router alone, 2 beyond 16
+// routers) are sampled with
 // probability proportional to their weight (a weight of 0 is never
 // sampled; a down-weighted one after the first joins the comparison with
 // probability weight / largest weight) and the one with the lowest score

@@ -36,7 +36,10 @@ type Score struct {
 	// as R x the router's own in-flight count, and with a stale snapshot
 	// every backend is. In between, the published estimate's share decays
 	// as exp(-age / Settings.LoadStale), the rest taken from R x the
-	// router's own count.
+	// router's own count. A snapshot that counts one router (R = 1) gives
+	// no load from outcome events (source "event"): they echo this
+	// router's own traffic, which its own count has exactly and sooner;
+	// a load serve scraped (source "metrics") is kept.
 	FleetLoad bool
 	// Weighted divides the score by the backend's weight (in (0, 1]), so
 	// that a down-weighted backend must be that much emptier to win.

@@ -148,9 +148,13 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		locals:  make(map[string]*local, n),
 	}
 	if st.choices == 0 { // Settings.Choices unset: by the number of routers
-		st.choices = DefaultChoices
-		if snap.Routers > manyRouters {
+		switch {
+		case snap.Routers == 1:
+			st.choices = DefaultChoicesOne
+		case snap.Routers > manyRouters:
 			st.choices = DefaultChoicesMany
+		default:
+			st.choices = DefaultChoices
 		}
 	}
 	if snap.MedianEWMATTFTMs != nil && *snap.MedianEWMATTFTMs > 0 {
@@ -164,7 +168,7 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		st.tolerance = fleetwatch.DefaultAffinityTolerance
 	}
 	for i := range snap.Backends {
-		e := p.entryOf(&snap.Backends[i], snap.At, st.at)
+		e := p.entryOf(&snap.Backends[i], snap.At, st.at, snap.Routers == 1)
 		if prev != nil {
 			e.local = prev.locals[e.id]
 		}
@@ -197,8 +201,11 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 }
 
 // entryOf is the picker's entry for one backend of a snapshot taken at
-// (snapAt; at in nanoseconds), without its local counts.
-func (p *Picker) entryOf(b *fleetwatch.Backend, snapAt fleetwatch.Time, at int64) entry {
+// (snapAt; at in nanoseconds), without its local counts. alone: the
+// snapshot counts this router only, and a load reported on outcome events
+// is then not the fleet's but an echo of this router's own traffic, which
+// its own counts know exactly and sooner (Score.FleetLoad).
+func (p *Picker) entryOf(b *fleetwatch.Backend, snapAt fleetwatch.Time, at int64, alone bool) entry {
 	e := entry{
 		id:       b.Backend,
 		idHash:   hashID(b.Backend),
@@ -208,7 +215,7 @@ func (p *Picker) entryOf(b *fleetwatch.Backend, snapAt fleetwatch.Time, at int64
 		feedEWMA: math.NaN(),
 		pubLoad:  math.NaN(),
 	}
-	if l := b.Load; l != nil && p.score.FleetLoad {
+	if l := b.Load; l != nil && p.score.FleetLoad && !(alone && l.Source == fleetwatch.LoadSourceEvent) {
 		if t := l.Total(); t >= 0 && !math.IsInf(t, 0) {
 			e.pubLoad = t
 			e.loadAt = snapAt.Add(-time.Duration(l.AgeMs) * time.Millisecond).UnixNano()

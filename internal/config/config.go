@@ -289,7 +289,8 @@ type PoolConfig struct {
 	// inflight, sqrt, seed); empty: p2c.DefaultScore (load).
 	Score string `yaml:"score"`
 	// Choices is how many candidates the router's picker compares; absent
-	// or 0: 3 up to 16 routers, 2 beyond (p2c.Settings.Choices).
+	// or 0: 4 for one router, 3 up to 16 routers, 2 beyond
+	// (p2c.Settings.Choices).
 	Choices *int `yaml:"choices"`
 	// LoadStale is how old a published backend load may be before the
 	// load score counts the backend by the router's own in-flight count

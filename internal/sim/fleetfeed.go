@@ -43,7 +43,7 @@ type publishedLoad struct {
 	load    []float64 // per backend, the newest reported load, running + waiting (0 before any report)
 	exact   []float64 // per backend, its true load at the snapshot (the exact-load variant)
 	ageMs   []float64 // per backend, how old that report was when published
-	routers int       // distinct sources in the window (>= 1)
+	routers int       // distinct sources in the window (0 before any, as the analyzer's)
 	// ratePerSec is the pool's attempts a second.
 	ratePerSec float64
 }
@@ -61,7 +61,7 @@ func newFleetFeed(slots []float64, routers int, window time.Duration) *fleetFeed
 		slots:    slots,
 		lastSeen: make([]float64, routers),
 		pub: publishedLoad{
-			load: make([]float64, n), exact: make([]float64, n), ageMs: make([]float64, n), routers: 1,
+			load: make([]float64, n), exact: make([]float64, n), ageMs: make([]float64, n),
 		},
 	}
 	for i := range f.loadAt {
@@ -113,7 +113,6 @@ func (f *fleetFeed) publish(now float64, exact []float64) {
 			p.routers++
 		}
 	}
-	p.routers = max(p.routers, 1)
 	f.advance(now)
 	p.ratePerSec = f.attempts / (attemptTauMs / 1000)
 }

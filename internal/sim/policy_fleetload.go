@@ -152,7 +152,7 @@ func (p *fleetLoadRouter) score(b int) float64 {
 	case 1:
 		return load + own
 	}
-	return load + float64(pub.routers)*own
+	return load + float64(max(pub.routers, 1))*own
 }
 
 func (p *fleetLoadRouter) pick(_ *request, exclude int) (int, error) {
