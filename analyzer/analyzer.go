@@ -451,7 +451,7 @@ func (a *Analyzer) Epoch() string {
 // heartbeat whatever the jitter of its ticks. A caller that fell more than
 // two heartbeats behind re-anchors at now.
 func (p *pool) beat(now time.Time) bool {
-	hb := p.settings.Heartbeat
+	hb := p.heartbeat(now)
 	if !p.published {
 		p.beatAt = now
 		return true
@@ -466,6 +466,30 @@ func (p *pool) beat(now time.Time) bool {
 		p.beatAt = next
 	}
 	return true
+}
+
+// heartbeat is the pool's heartbeat at now: ManyRoutersHeartbeat while
+// more than ManyRouters routers share it (and it is the shorter), else
+// Heartbeat.
+func (p *pool) heartbeat(now time.Time) time.Duration {
+	hb, many := p.settings.Heartbeat, p.settings.ManyRoutersHeartbeat
+	if many > 0 && many < hb && p.routers.count(now.UnixNano(), int64(p.settings.Window)) > ManyRouters {
+		return many
+	}
+	return hb
+}
+
+// Heartbeat returns the pool's heartbeat as of the latest Evaluate
+// (Settings.ManyRoutersHeartbeat): how soon a caller that evaluates on the
+// heartbeat alone should call Evaluate again. 0 for an unknown pool.
+func (a *Analyzer) Heartbeat(poolID string) time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pools[poolID]
+	if p == nil {
+		return 0
+	}
+	return p.heartbeat(a.lastNow)
 }
 
 // advance moves every window of the pool to now and refreshes the views.

@@ -149,8 +149,10 @@
 // early, so a caller ticking every 100 ms gets exactly one beat per heartbeat
 // whatever the jitter of its ticks; a caller more than two heartbeats late
 // re-anchors. So no snapshot of a pool is ever more than a heartbeat (plus the
-// caller's tick) older than the previous one. Damped weights move on the beat
-// too. Seq starts at 1 and grows by one per returned snapshot of a pool;
+// caller's tick) older than the previous one. A pool whose snapshot counts
+// more than ManyRouters routers beats every ManyRoutersHeartbeat (250 ms)
+// instead of every Heartbeat (1 s). Damped weights move on the beat too, by
+// MaxWeightStep per Heartbeat elapsed. Seq starts at 1 and grows by one per returned snapshot of a pool;
 // Snapshots and Snapshot return the current state with the last seq. Reasons
 // are the last state change's, or the ejection cap's while it holds a backend;
 // a closed backend's reason goes on with "not evaluated: n of m requests"

@@ -32,6 +32,11 @@ const (
 // stays small; a pool shared by more routers publishes MaxRouters.
 const MaxRouters = 128
 
+// ManyRouters is the router count beyond which a pool takes
+// Settings.ManyRoutersHeartbeat; it is also where feed/p2c's default
+// choices drop from 3 to 2 (p2c.DefaultChoicesMany).
+const ManyRouters = 16
+
 // LoadReport is one load report for ObserveLoad. A field whose Has flag is
 // false was not reported; the one reported earlier is kept while fresh.
 type LoadReport struct {

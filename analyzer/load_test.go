@@ -306,3 +306,46 @@ func TestRetryBudgetFollowsLoad(t *testing.T) {
 		t.Fatalf("retry_budget = %+v with requests waiting, want budgeted above the floor (30 attempts in the window)", s.RetryBudget)
 	}
 }
+
+// TestManyRoutersHeartbeat: a pool shared by more than ManyRouters routers
+// gets a snapshot every ManyRoutersHeartbeat (250 ms), one of ManyRouters
+// or fewer every Heartbeat (1 s); a negative ManyRoutersHeartbeat turns
+// that off. The caller ticks every 100 ms, as serve does.
+func TestManyRoutersHeartbeat(t *testing.T) {
+	for _, tt := range []struct {
+		routers int
+		many    time.Duration
+		want    int           // snapshots from 2 s to 4 s
+		hb      time.Duration // Analyzer.Heartbeat after the events
+	}{
+		{ManyRouters, 0, 2, time.Second},
+		{ManyRouters + 1, 0, 8, 250 * time.Millisecond},
+		{ManyRouters + 1, -1, 2, time.Second},
+	} {
+		t.Run(fmt.Sprintf("%d routers, %v", tt.routers, tt.many), func(t *testing.T) {
+			a := newAnalyzer(t, Config{Settings: Settings{ManyRoutersHeartbeat: tt.many}})
+			a.Evaluate(at(0))
+			var batch []fleetwatch.Event
+			for r := range tt.routers {
+				batch = append(batch, loadEvent("a", fmt.Sprintf("r%d", r), at(time.Second), -1, -1, -1))
+			}
+			a.Observe(batch)
+			n := 0
+			for d := time.Second; d < 4*time.Second; d += 100 * time.Millisecond {
+				ev := a.Evaluate(at(d))
+				if d >= 2*time.Second {
+					n += len(ev.Snapshots)
+				}
+			}
+			if n != tt.want {
+				t.Errorf("%d snapshots from 2 s to 4 s, want %d", n, tt.want)
+			}
+			if got := a.Heartbeat("p"); got != tt.hb {
+				t.Errorf("Heartbeat = %v, want %v", got, tt.hb)
+			}
+		})
+	}
+	if got := newAnalyzer(t, Config{}).Heartbeat("nope"); got != 0 {
+		t.Errorf("Heartbeat of an unknown pool = %v, want 0", got)
+	}
+}

@@ -251,6 +251,7 @@ type AnalyzerConfig struct {
 	HalfOpenSuccesses    *int      `yaml:"half_open_successes"`
 	MaxOpenFraction      *float64  `yaml:"max_open_fraction"`
 	Heartbeat            *Duration `yaml:"heartbeat"`
+	ManyRoutersHeartbeat *Duration `yaml:"many_routers_heartbeat"` // the heartbeat of a pool shared by more than 16 routers when shorter; default 250ms, negative: off
 	TTL                  *Duration `yaml:"ttl"`
 	Expiry               *Duration `yaml:"expiry"`
 	MaxWeightStep        *float64  `yaml:"max_weight_step"`     // weight change per heartbeat; default 0.25
@@ -727,6 +728,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"open_base", a.OpenBase != nil && a.OpenBase.Duration == 0},
 		{"open_max", a.OpenMax != nil && a.OpenMax.Duration == 0},
 		{"heartbeat", a.Heartbeat != nil && a.Heartbeat.Duration == 0},
+		{"many_routers_heartbeat", a.ManyRoutersHeartbeat != nil && a.ManyRoutersHeartbeat.Duration == 0},
 		{"ttl", a.TTL != nil && a.TTL.Duration == 0},
 		{"expiry", a.Expiry != nil && a.Expiry.Duration == 0},
 		{"load_max_age", a.LoadMaxAge != nil && a.LoadMaxAge.Duration == 0},

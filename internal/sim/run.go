@@ -180,8 +180,10 @@ func newSimAnalyzer(sc Scenario, policy string, pc analyzer.PoolConfig, seed uin
 	}
 	if sc.FeedPeriod > 0 && settings.Heartbeat == 0 {
 		// A snapshot every feed period: the period is the analyzer's
-		// heartbeat (a faster feed is analyzer.heartbeat set lower).
+		// heartbeat (a faster feed is analyzer.heartbeat set lower), for
+		// every router count.
 		settings.Heartbeat = sc.FeedPeriod
+		settings.ManyRoutersHeartbeat = -1
 	}
 	return analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
 }
@@ -223,7 +225,7 @@ func (s *sim) run() {
 			s.stallAttempt(e.att)
 		case evHeartbeat:
 			s.heartbeat()
-			s.schedule(event{at: s.now + s.feedMs, kind: evHeartbeat})
+			s.schedule(event{at: s.now + s.nextBeatMs(), kind: evHeartbeat})
 		case evUrgent:
 			s.urgent = false
 			s.evaluate()
@@ -594,6 +596,18 @@ func (be *backend) fingerprintAt(t time.Duration) string {
 		}
 	}
 	return be.fingerprint
+}
+
+// nextBeatMs is how long until the next heartbeat event: the feed
+// period, or the analyzer's shorter heartbeat for a pool of many routers
+// (analyzer.Settings.ManyRoutersHeartbeat).
+func (s *sim) nextBeatMs() float64 {
+	if s.an != nil {
+		if hb := ms(s.an.Heartbeat(poolID)); hb > 0 && hb < s.feedMs {
+			return hb
+		}
+	}
+	return s.feedMs
 }
 
 func (s *sim) heartbeat() {
