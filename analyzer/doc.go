@@ -152,8 +152,9 @@
 // caller's tick) older than the previous one. A pool whose snapshot counts
 // more than ManyRouters routers beats every ManyRoutersHeartbeat (250 ms)
 // instead of every Heartbeat (1 s). Damped weights move on the beat too, by
-// MaxWeightStep per Heartbeat elapsed. Seq starts at 1 and grows by one per returned snapshot of a pool;
-// Snapshots and Snapshot return the current state with the last seq. Reasons
+// MaxWeightStep per Heartbeat elapsed. Seq starts at 1 and grows by one per
+// returned snapshot of a pool; Snapshots and Snapshot return the current
+// state with the last seq. Reasons
 // are the last state change's, or the ejection cap's while it holds a backend;
 // a closed backend's reason goes on with "not evaluated: n of m requests"
 // below the gate and with what lowers its weight (explain.go; only the first

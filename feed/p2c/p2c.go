@@ -10,11 +10,11 @@
 // cumulative weight table built once per snapshot and binary-searched per
 // pick; the number of candidates compared is a setting (Settings.Choices:
 // 3 by default, 4 for a router alone, 2 beyond 16 routers). The score is
-// pluggable (Score); the
-// default, LoadScore, ranks by the backend's load as the snapshot publishes
-// it plus R times the router's own change since the snapshot (R the
-// routers sharing the pool), and by the router's own in-flight count when
-// the snapshot has no load; in the simulator the seed's
+// pluggable (Score); the default, LoadScore, ranks by the backend's load as
+// the snapshot publishes it plus R times the router's own change since the
+// snapshot (R the routers sharing the pool), and by the router's own
+// in-flight count when the snapshot has no load or counts this router
+// alone; in the simulator the seed's
 // (inFlight+1) x EWMA(TTFT), which counts the queue twice, lost to
 // in-flight counting in every steady state (docs/EVALUATION.md). A
 // slow-outlier guard keeps the
