@@ -125,6 +125,11 @@ const (
 	LoadSourceMetrics = "metrics" // fleetwatch read the backend's metrics
 )
 
+// ManyRouters is the router count (Snapshot.Routers) beyond which a pool
+// is shared by many routers: the analyzer publishes it every
+// ManyRoutersHeartbeat and the picker's default choices drop from 3 to 2.
+const ManyRouters = 16
+
 // Total is the load a picker ranks by: requests running plus waiting.
 func (l *Load) Total() float64 { return l.Running + l.Waiting }
 

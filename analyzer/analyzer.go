@@ -469,11 +469,11 @@ func (p *pool) beat(now time.Time) bool {
 }
 
 // heartbeat is the pool's heartbeat at now: ManyRoutersHeartbeat while
-// more than ManyRouters routers share it (and it is the shorter), else
+// more than fleetwatch.ManyRouters routers share it (and it is the shorter), else
 // Heartbeat.
 func (p *pool) heartbeat(now time.Time) time.Duration {
 	hb, many := p.settings.Heartbeat, p.settings.ManyRoutersHeartbeat
-	if many > 0 && many < hb && p.routers.count(now.UnixNano(), int64(p.settings.Window)) > ManyRouters {
+	if many > 0 && many < hb && p.routers.count(now.UnixNano(), int64(p.settings.Window)) > fleetwatch.ManyRouters {
 		return many
 	}
 	return hb
@@ -486,8 +486,11 @@ func (a *Analyzer) Heartbeat(poolID string) time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	p := a.pools[poolID]
-	if p == nil {
+	switch {
+	case p == nil:
 		return 0
+	case !a.hasNow: // no events counted yet, and no time to count them at
+		return p.settings.Heartbeat
 	}
 	return p.heartbeat(a.lastNow)
 }

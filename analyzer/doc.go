@@ -150,7 +150,7 @@
 // whatever the jitter of its ticks; a caller more than two heartbeats late
 // re-anchors. So no snapshot of a pool is ever more than a heartbeat (plus the
 // caller's tick) older than the previous one. A pool whose snapshot counts
-// more than ManyRouters routers beats every ManyRoutersHeartbeat (250 ms)
+// more than fleetwatch.ManyRouters routers beats every ManyRoutersHeartbeat (250 ms)
 // instead of every Heartbeat (1 s). Damped weights move on the beat too, by
 // MaxWeightStep per Heartbeat elapsed. Seq starts at 1 and grows by one per
 // returned snapshot of a pool; Snapshots and Snapshot return the current

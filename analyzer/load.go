@@ -21,21 +21,10 @@ import (
 // LoadMaxAge. The snapshot's load is nil once every field is older than
 // LoadMaxAge: a picker must not rank by a queue that emptied seconds ago.
 
-// Load sources, the snapshot's load.source.
-const (
-	LoadSourceEvent   = fleetwatch.LoadSourceEvent   // an outcome event's load fields
-	LoadSourceMetrics = fleetwatch.LoadSourceMetrics // the backend's Prometheus metrics (ObserveLoad)
-)
-
 // MaxRouters is the most routers Snapshot.Routers counts per pool: the
 // distinct sources are kept in a fixed array scanned on every event, so it
 // stays small; a pool shared by more routers publishes MaxRouters.
 const MaxRouters = 128
-
-// ManyRouters is the router count beyond which a pool takes
-// Settings.ManyRoutersHeartbeat; it is also where feed/p2c's default
-// choices drop from 3 to 2 (p2c.DefaultChoicesMany).
-const ManyRouters = 16
 
 // LoadReport is one load report for ObserveLoad. A field whose Has flag is
 // false was not reported; the one reported earlier is kept while fresh.
@@ -57,7 +46,7 @@ const (
 	sourceMetrics
 )
 
-var loadSourceNames = [...]string{sourceEvent: LoadSourceEvent, sourceMetrics: LoadSourceMetrics}
+var loadSourceNames = [...]string{sourceEvent: fleetwatch.LoadSourceEvent, sourceMetrics: fleetwatch.LoadSourceMetrics}
 
 // loadState is a backend's latest load report, field by field. Times are
 // Unix nanoseconds (0: never reported), which keeps the state small and

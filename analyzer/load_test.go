@@ -46,7 +46,7 @@ func TestLoadFromEvents(t *testing.T) {
 	a.Evaluate(at(0))
 	a.Observe([]fleetwatch.Event{loadEvent("a", "r1", at(300*time.Millisecond), 7, 2, 0.25), event("p", "b", ok, at(300*time.Millisecond), 100)})
 
-	want := &fleetwatch.Load{Running: 7, Waiting: 2, KVCacheUsage: fptr(0.25), AgeMs: 700, Source: LoadSourceEvent}
+	want := &fleetwatch.Load{Running: 7, Waiting: 2, KVCacheUsage: fptr(0.25), AgeMs: 700, Source: fleetwatch.LoadSourceEvent}
 	if diff := cmp.Diff(want, loadOf(t, a, "a", at(time.Second))); diff != "" {
 		t.Errorf("load at 1s (-want +got):\n%s", diff)
 	}
@@ -85,7 +85,7 @@ func TestLoadNewestWins(t *testing.T) {
 	if !a.ObserveLoad("p", "a", LoadReport{Running: 4, HasRunning: true, Waiting: 1, HasWaiting: true, KVCacheUsage: 0.5, HasKVCache: true}, at(time.Second)) {
 		t.Fatal("ObserveLoad of a configured backend returned false")
 	}
-	want := &fleetwatch.Load{Running: 4, Waiting: 1, KVCacheUsage: fptr(0.5), AgeMs: 500, Source: LoadSourceMetrics}
+	want := &fleetwatch.Load{Running: 4, Waiting: 1, KVCacheUsage: fptr(0.5), AgeMs: 500, Source: fleetwatch.LoadSourceMetrics}
 	if diff := cmp.Diff(want, loadOf(t, a, "a", at(1500*time.Millisecond))); diff != "" {
 		t.Errorf("metrics load (-want +got):\n%s", diff)
 	}
@@ -93,7 +93,7 @@ func TestLoadNewestWins(t *testing.T) {
 	// A newer event with waiting and kv only (vLLM's ORCA header): running
 	// is kept from the metrics, the source is the newest report's.
 	a.Observe([]fleetwatch.Event{loadEvent("a", "r1", at(2*time.Second), -1, 9, 0.75)})
-	want = &fleetwatch.Load{Running: 4, Waiting: 9, KVCacheUsage: fptr(0.75), AgeMs: 100, Source: LoadSourceEvent}
+	want = &fleetwatch.Load{Running: 4, Waiting: 9, KVCacheUsage: fptr(0.75), AgeMs: 100, Source: fleetwatch.LoadSourceEvent}
 	if diff := cmp.Diff(want, loadOf(t, a, "a", at(2100*time.Millisecond))); diff != "" {
 		t.Errorf("after the event (-want +got):\n%s", diff)
 	}
@@ -109,7 +109,7 @@ func TestLoadNewestWins(t *testing.T) {
 
 	// Running was last reported at 1.5s: at 4.6s it is older than the 3s
 	// default and published as 0, while the event's fields (2s) are not.
-	want = &fleetwatch.Load{Running: 0, Waiting: 9, KVCacheUsage: fptr(0.75), AgeMs: 2600, Source: LoadSourceEvent}
+	want = &fleetwatch.Load{Running: 0, Waiting: 9, KVCacheUsage: fptr(0.75), AgeMs: 2600, Source: fleetwatch.LoadSourceEvent}
 	if diff := cmp.Diff(want, loadOf(t, a, "a", at(4600*time.Millisecond))); diff != "" {
 		t.Errorf("with running stale (-want +got):\n%s", diff)
 	}
@@ -151,7 +151,7 @@ func TestLoadEventOutOfRange(t *testing.T) {
 	e := loadEvent("a", "r", at(0), 3, -1, -1)
 	e.KVCacheUsage, e.HasKVCache = math.NaN(), true
 	a.Observe([]fleetwatch.Event{e})
-	want := &fleetwatch.Load{Running: 3, AgeMs: 0, Source: LoadSourceEvent}
+	want := &fleetwatch.Load{Running: 3, AgeMs: 0, Source: fleetwatch.LoadSourceEvent}
 	if diff := cmp.Diff(want, loadOf(t, a, "a", at(0))); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
@@ -307,8 +307,8 @@ func TestRetryBudgetFollowsLoad(t *testing.T) {
 	}
 }
 
-// TestManyRoutersHeartbeat: a pool shared by more than ManyRouters routers
-// gets a snapshot every ManyRoutersHeartbeat (250 ms), one of ManyRouters
+// TestManyRoutersHeartbeat: a pool shared by more than fleetwatch.ManyRouters routers
+// gets a snapshot every ManyRoutersHeartbeat (250 ms), one of fleetwatch.ManyRouters
 // or fewer every Heartbeat (1 s); a negative ManyRoutersHeartbeat turns
 // that off. The caller ticks every 100 ms, as serve does.
 func TestManyRoutersHeartbeat(t *testing.T) {
@@ -318,9 +318,9 @@ func TestManyRoutersHeartbeat(t *testing.T) {
 		want    int           // snapshots from 2 s to 4 s
 		hb      time.Duration // Analyzer.Heartbeat after the events
 	}{
-		{ManyRouters, 0, 2, time.Second},
-		{ManyRouters + 1, 0, 8, 250 * time.Millisecond},
-		{ManyRouters + 1, -1, 2, time.Second},
+		{fleetwatch.ManyRouters, 0, 2, time.Second},
+		{fleetwatch.ManyRouters + 1, 0, 8, 250 * time.Millisecond},
+		{fleetwatch.ManyRouters + 1, -1, 2, time.Second},
 	} {
 		t.Run(fmt.Sprintf("%d routers, %v", tt.routers, tt.many), func(t *testing.T) {
 			a := newAnalyzer(t, Config{Settings: Settings{ManyRoutersHeartbeat: tt.many}})
@@ -345,7 +345,11 @@ func TestManyRoutersHeartbeat(t *testing.T) {
 			}
 		})
 	}
-	if got := newAnalyzer(t, Config{}).Heartbeat("nope"); got != 0 {
+	fresh := newAnalyzer(t, Config{Pools: []PoolConfig{{ID: "p"}}})
+	if got := fresh.Heartbeat("nope"); got != 0 {
 		t.Errorf("Heartbeat of an unknown pool = %v, want 0", got)
+	}
+	if got := fresh.Heartbeat("p"); got != time.Second {
+		t.Errorf("Heartbeat before any Evaluate = %v, want 1s", got)
 	}
 }

@@ -166,9 +166,9 @@ type Settings struct {
 	// the unit of the weight damping. If zero, 1s is used.
 	Heartbeat time.Duration
 	// ManyRoutersHeartbeat is the heartbeat of a pool whose snapshot counts
-	// more than ManyRouters routers, when it is shorter than Heartbeat:
-	// each of many routers sees a small share of the traffic, so the
-	// published loads are most of what it knows, and their age is what
+	// more than fleetwatch.ManyRouters (16) routers, when it is shorter than
+	// Heartbeat: each of many routers sees a small share of the traffic, so
+	// the published loads are most of what it knows, and their age is what
 	// the routers herd on (docs/EVALUATION.md, "The steady-state cells").
 	// The weight damping keeps Heartbeat as its unit. If zero, 250ms is
 	// used; a negative value gives every pool Heartbeat.

@@ -380,12 +380,9 @@ func (p *Picker) Budget() *Budget { return p.budget }
 // while the pool has no spare capacity.
 func (p *Picker) FleetBudget() *Budget { return p.fleet }
 
-// maxChoices bounds Settings.Choices; manyRouters is the router count from
-// which the default is DefaultChoicesMany.
-const (
-	maxChoices  = 8
-	manyRouters = 16
-)
+// maxChoices bounds Settings.Choices. Beyond fleetwatch.ManyRouters
+// routers the default is DefaultChoicesMany.
+const maxChoices = 8
 
 // local is what one router knows about one backend by itself.
 type local struct {

@@ -151,7 +151,7 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		switch {
 		case snap.Routers == 1:
 			st.choices = DefaultChoicesOne
-		case snap.Routers > manyRouters:
+		case snap.Routers > fleetwatch.ManyRouters:
 			st.choices = DefaultChoicesMany
 		default:
 			st.choices = DefaultChoices

@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/fleetwatch/fleetwatch"
-	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
@@ -341,7 +340,7 @@ func TestReloadScrapeTargets(t *testing.T) {
 	}
 	testkit.Eventually(t, 20*time.Second, "a's scraped load in a snapshot", func() bool {
 		b, ok := snaps.Backend("p", "a")
-		return ok && b.Load != nil && b.Load.Source == analyzer.LoadSourceMetrics
+		return ok && b.Load != nil && b.Load.Source == fleetwatch.LoadSourceMetrics
 	})
 	if _, page := testkit.HTTPGet(t, p.httpURL+"/metrics"); !strings.Contains(page, series) {
 		t.Errorf("/metrics lacks %s while a is scraped", series)

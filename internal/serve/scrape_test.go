@@ -134,8 +134,8 @@ pools:
 	_, snaps := snapshotsOn(t, p)
 	kv := func(v float64) *float64 { return &v }
 	want := map[string]fleetwatch.Load{
-		"busy": {Running: 1, Waiting: 2, KVCacheUsage: kv(0.25), Source: analyzer.LoadSourceMetrics},
-		"idle": {Running: 0, Waiting: 0, KVCacheUsage: kv(0), Source: analyzer.LoadSourceMetrics},
+		"busy": {Running: 1, Waiting: 2, KVCacheUsage: kv(0.25), Source: fleetwatch.LoadSourceMetrics},
+		"idle": {Running: 0, Waiting: 0, KVCacheUsage: kv(0), Source: fleetwatch.LoadSourceMetrics},
 	}
 	got := map[string]fleetwatch.Load{}
 	testkit.Eventually(t, 20*time.Second, "both backends' load in a snapshot", func() bool {
@@ -226,7 +226,7 @@ func TestServeCountsRoutersAndEventLoad(t *testing.T) {
 			return false
 		}
 		l := s.Find("a").Load
-		return l != nil && l.Source == analyzer.LoadSourceEvent && l.Running == 4 && l.Waiting == 1 &&
+		return l != nil && l.Source == fleetwatch.LoadSourceEvent && l.Running == 4 && l.Waiting == 1 &&
 			l.KVCacheUsage != nil && *l.KVCacheUsage == 0.5
 	})
 }
