@@ -95,7 +95,7 @@ type ha struct {
 	lastLeaseOK time.Time
 
 	acquired, lost, released *metrics.Counter
-	ridden                   *metrics.Counter
+	ridden, retaken          *metrics.Counter
 	fromOthers, ownSkipped   *metrics.Counter
 	forwarded, unowned       *metrics.Counter
 	malformed, buffered      *metrics.Counter
@@ -138,6 +138,7 @@ func newHA(s *Server) *ha {
 	h.lost = m.NewCounter("fleetwatch_ha_leases_lost_total")
 	h.released = m.NewCounter("fleetwatch_ha_leases_released_total")
 	h.ridden = m.NewCounter("fleetwatch_ha_lease_renewals_ridden_total")
+	h.retaken = m.NewCounter("fleetwatch_ha_leases_retaken_total")
 	h.fromOthers = m.NewCounter("fleetwatch_ha_partition_events_received_total")
 	h.ownSkipped = m.NewCounter("fleetwatch_ha_partition_batches_own_total")
 	h.forwarded = m.NewCounter("fleetwatch_ha_events_forwarded_total")
@@ -360,11 +361,34 @@ func (h *ha) renewOne(ctx context.Context, p int, rev uint64) {
 	c, cancel := context.WithTimeout(ctx, h.ttl/2)
 	next, err := h.kv.Update(c, leaseKey(p), []byte(h.id), rev)
 	cancel()
+	refusal := err
+	if err != nil && leaseRefused(err) {
+		c, cancel := context.WithTimeout(ctx, h.ttl/2)
+		next, err = h.retake(c, p)
+		cancel()
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			err = refusal // another instance holds it: the renewal's refusal says why
+		}
+	}
+	retaken := refusal != nil && err == nil
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	l := h.leases[p]
 	if l == nil || l.rev != rev {
+		if retaken { // lost or given back meanwhile: nobody keeps this key alive
+			go h.dropKey(p, next)
+		}
 		return
+	}
+	if retaken {
+		// Nobody holds the key now. The partition stays live here without
+		// a rebuild (its events kept coming on its subscription), under
+		// the retake's revision: a fence above that of anyone who held
+		// the key in between, which routers follow.
+		h.retaken.Inc()
+		h.s.logf("ha: renewing partition %d: %v; nobody else held it: took it again (fence %d -> %d)", p, refusal, l.fence, next)
+		l.fence = next
+		h.maxFence = max(h.maxFence, next)
 	}
 	if err != nil {
 		if !leaseRefused(err) {
@@ -561,7 +585,9 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 		c, cancel := context.WithTimeout(ctx, h.ttl/3)
 		rev, err := h.kv.Create(c, leaseKey(p), []byte(h.id))
 		if errors.Is(err, jetstream.ErrKeyExists) {
-			rev, err = h.reclaim(c, p)
+			if rev, err = h.retake(c, p); err == nil {
+				h.s.logf("ha: took back partition %d, whose lease still named this instance", p)
+			}
 		}
 		cancel()
 		if err != nil {
@@ -599,27 +625,33 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 	return got
 }
 
-// reclaim takes back a lease whose key still names this instance: one it
-// lost while its renewals got no answer (a server restarted for longer than
-// the ride), whose key the server kept. Nobody else can hold a key that
-// names this instance, so it is updated at its current revision, which
-// gives a fence above every earlier one. Any other holder: ErrKeyExists.
-func (h *ha) reclaim(ctx context.Context, p int) (uint64, error) {
+// retake takes partition p's lease again after the server refused a
+// renewal or a Create, when nobody else holds it: a key that still names
+// this instance (lost while its renewals got no answer for the TTL and the
+// ride, or a renewal that got no answer and landed after all) is updated at
+// its current revision, and a key that is gone (it outlived the bucket's
+// max age, the TTL, while an election left renewals unanswered) is created
+// again. Either way the new revision is a fence above every earlier one.
+// A key naming another instance: ErrKeyExists.
+func (h *ha) retake(ctx context.Context, p int) (uint64, error) {
 	e, err := h.kv.Get(ctx, leaseKey(p))
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return 0, jetstream.ErrKeyExists // expired meanwhile: the next tick creates it
-		}
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return h.kv.Create(ctx, leaseKey(p), []byte(h.id))
+	case err != nil:
 		return 0, err
-	}
-	if string(e.Value()) != h.id {
+	case string(e.Value()) != h.id:
 		return 0, jetstream.ErrKeyExists
 	}
-	rev, err := h.kv.Update(ctx, leaseKey(p), []byte(h.id), e.Revision())
-	if err == nil {
-		h.s.logf("ha: took back partition %d, whose lease still named this instance", p)
-	}
-	return rev, err
+	return h.kv.Update(ctx, leaseKey(p), []byte(h.id), e.Revision())
+}
+
+// dropKey deletes partition p's lease key at revision rev: a retake whose
+// lease was lost or given back while it ran.
+func (h *ha) dropKey(p int, rev uint64) {
+	ctx, cancel := context.WithTimeout(context.Background(), h.ttl/3)
+	defer cancel()
+	_ = h.kv.Delete(ctx, leaseKey(p), jetstream.LastRevision(rev))
 }
 
 // ownedPartitions returns the partitions whose pools this instance decides now,
