@@ -50,17 +50,24 @@ func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta, now f
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	buf := *bp
+	var waited time.Duration // in Read since the first content event (checks on)
 	for {
+		timed := meta.checks && meta.contentChunks > 0
+		var asked time.Time
+		if timed {
+			asked = now()
+		}
 		n, err := body.Read(buf)
+		if timed {
+			waited += now().Sub(asked)
+		}
 		if n > 0 {
 			chunk := buf[:n]
 			if c := countContentEvents(chunk); c > 0 {
 				if meta.contentChunks == 0 {
 					meta.firstContent = now()
-					meta.check.lastContent = meta.firstContent
-				} else if meta.checks {
-					meta.check.lastContent = now()
 				}
+				meta.check.contentWait = waited
 				meta.contentChunks += int64(c)
 			}
 			scanMeta(chunk, meta)

@@ -212,3 +212,85 @@ func FuzzRetryAfterMs(f *testing.F) {
 		}
 	})
 }
+
+// clockedEvents returns one SSE event per Read, advancing *clock by wait
+// first (the time the router spends blocked on the backend), and by tail
+// before the events that carry no content after the last that does.
+type clockedEvents struct {
+	events     [][]byte
+	clock      *time.Time
+	wait, tail time.Duration
+}
+
+func (r *clockedEvents) Read(p []byte) (int, error) {
+	if len(r.events) == 0 {
+		return 0, io.EOF
+	}
+	e := r.events[0]
+	r.events = r.events[1:]
+	if countContentEvents(e) > 0 {
+		*r.clock = r.clock.Add(r.wait)
+	} else {
+		*r.clock = r.clock.Add(r.tail)
+	}
+	return copy(p, e), nil
+}
+
+// slowWriter advances *clock by each write: a router slowed by its machine
+// or its client.
+type slowWriter struct {
+	*httptest.ResponseRecorder
+	clock *time.Time
+	per   time.Duration
+}
+
+func (w slowWriter) Write(b []byte) (int, error) {
+	*w.clock = w.clock.Add(w.per)
+	return w.ResponseRecorder.Write(b)
+}
+
+// TestCopyTimesTheBackendNotTheRouter: the fake-stream check's wait is the
+// time the router spent blocked reading the backend between the first and
+// the last content event: a buffered stream copied by a slow router still
+// waited nothing, a real stream waited for each token, and the wait for
+// the usage chunk and [DONE] after the last token is not counted.
+func TestCopyTimesTheBackendNotTheRouter(t *testing.T) {
+	tokens := make([]string, 40)
+	for i := range tokens {
+		tokens[i] = "tok"
+	}
+	events := func() [][]byte {
+		var out [][]byte
+		for _, e := range bytes.SplitAfter(sseStream(tokens, 10, 40), []byte("\n\n")) {
+			if len(e) > 0 {
+				out = append(out, e)
+			}
+		}
+		return out
+	}
+	for _, tt := range []struct {
+		name             string
+		wait, tail, slow time.Duration
+		want             time.Duration
+	}{
+		{"buffered, slow router", 0, 0, 2 * time.Millisecond, 0},
+		{"streamed, fast router", 2 * time.Millisecond, 0, 0, 39 * 2 * time.Millisecond},
+		{"buffered, slow end", 0, time.Second, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := time.Unix(1_800_000_000, 0)
+			now := func() time.Time { return clock }
+			w := slowWriter{httptest.NewRecorder(), &clock, tt.slow}
+			meta := responseMeta{checks: true}
+			start := clock
+			werr, rerr := streamCopy(w, &clockedEvents{events: events(), clock: &clock, wait: tt.wait, tail: tt.tail}, &meta, now)
+			if werr != nil || rerr != nil || meta.contentChunks != 40 {
+				t.Fatalf("streamCopy: %v %v, %d content events", werr, rerr, meta.contentChunks)
+			}
+			if meta.check.contentWait != tt.want {
+				t.Errorf("waited %v on the backend between the first and last token, want %v (copy took %v)",
+					meta.check.contentWait, tt.want, clock.Sub(start))
+			}
+		})
+	}
+}

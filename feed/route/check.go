@@ -24,10 +24,14 @@ import (
 // the lines carrying tool calls of a request that offered tools.
 
 // Thresholds of the fake-stream check: at least fakeStreamChunks content
-// events whose first and last reads came within fakeStreamSpread, after a
+// events for which the router waited on the backend for at most
+// fakeStreamSpread in all between the first and the last, after a
 // first-token wait of at least fakeStreamWait. 32 tokens in 10ms is 3200
 // tokens/s for one stream, after a wait that shows the backend was not
-// simply fast: the tokens were generated before the first was sent.
+// simply fast: the tokens were generated before the first was sent. The
+// wait counts only the time spent in the backend body's Read, not the
+// router's own work between reads (writing each read to the client), so a
+// router slowed down by its machine does not hide a buffered stream.
 const (
 	fakeStreamChunks = 32
 	fakeStreamSpread = 10 * time.Millisecond
@@ -89,10 +93,10 @@ func demandOf(tools, choice json.RawMessage) toolDemand {
 
 // streamCheck is what the stream checks learned so far.
 type streamCheck struct {
-	errorEvent  bool      // an error event passed
-	finished    bool      // a non-null finish_reason (OpenAI) or stop_reason (Anthropic)
-	done        bool      // data: [DONE]
-	lastContent time.Time // the read of the last content event
+	errorEvent  bool          // an error event passed
+	finished    bool          // a non-null finish_reason (OpenAI) or stop_reason (Anthropic)
+	done        bool          // data: [DONE]
+	contentWait time.Duration // time blocked reading the backend, first to last content event
 	tail        [markerOverlap]byte
 	tailLen     int
 
@@ -347,7 +351,7 @@ func (rt *Router) checkPassing(a *attempt, meta *responseMeta, streaming bool, e
 		}
 		first := meta.firstContent
 		if meta.contentChunks >= fakeStreamChunks && !first.IsZero() &&
-			meta.check.lastContent.Sub(first) <= fakeStreamSpread && first.Sub(a.sent) >= fakeStreamWait {
+			meta.check.contentWait <= fakeStreamSpread && first.Sub(a.sent) >= fakeStreamWait {
 			ev.FakeStream = true
 			rt.metrics.fakeStream(pool, be).Inc()
 		}

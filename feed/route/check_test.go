@@ -243,7 +243,8 @@ func TestRouteStreamedToolCallBroken(t *testing.T) {
 
 // TestRouteFakeStream: a stream whose 40 tokens arrive at once after a
 // 150ms wait is published with fake_stream and counted; the same tokens
-// 2ms apart are a real stream.
+// 5ms apart are a real stream (a router slowed for the whole 200 ms
+// stream would see them pile up).
 func TestRouteFakeStream(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -251,7 +252,7 @@ func TestRouteFakeStream(t *testing.T) {
 		want bool
 	}{
 		{"buffered", fakeai.Behavior{TTFT: 150 * time.Millisecond, BufferStream: true}, true},
-		{"streamed", fakeai.Behavior{TTFT: 150 * time.Millisecond, TokenTime: 2 * time.Millisecond}, false},
+		{"streamed", fakeai.Behavior{TTFT: 150 * time.Millisecond, TokenTime: 5 * time.Millisecond}, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newCheckRig(t, fakeBackend(t, tt.b).URL())
