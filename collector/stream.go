@@ -91,6 +91,15 @@ func (c *Collector) Ensure(ctx context.Context) error {
 // batch of up to StreamBatchBytes of events.
 const replayFetch = 64
 
+// replayPullExpiry is how long each of Replay's pull requests lives; the
+// server's idle heartbeats come every half of it. When they stop (the node
+// that hosts the replay's consumer died, or the connection moved to
+// another node) the ordered consumer is created again from the next
+// stream sequence after two missed heartbeats: 2 s, against 10 s with the
+// client's default (30 s pulls, 5 s heartbeats), which Replay's wait for
+// the next batch (replayNextTimeout) did not outlast.
+const replayPullExpiry = 2 * time.Second
+
 // replayInfoTimeout bounds Replay's first request, the stream's info.
 const replayInfoTimeout = 2 * time.Second
 
@@ -159,7 +168,7 @@ func replayStream(ctx context.Context, stream jetstream.Stream, since time.Time,
 	if err != nil {
 		return 0, fmt.Errorf("collector: replay %s: create consumer: %w", name, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(replayFetch))
+	it, err := cons.Messages(jetstream.PullMaxMessages(replayFetch), jetstream.PullExpiry(replayPullExpiry))
 	if err != nil {
 		return 0, fmt.Errorf("collector: replay %s: fetch: %w", name, err)
 	}
