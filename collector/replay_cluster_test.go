@@ -92,4 +92,3 @@ func killConsumerHost(t *testing.T, js jetstream.JetStream, cluster *natsrv.Clus
 	t.Fatalf("no node named %q", leader)
 	return ""
 }
-
