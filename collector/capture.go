@@ -117,7 +117,7 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 	if info.NumPending == 0 {
 		return 0, nil
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(512))
+	it, err := cons.Messages(jetstream.PullMaxMessages(512), jetstream.PullExpiry(replayPullExpiry)) // as Replay: recreated 2 s after its node dies
 	if err != nil {
 		return 0, fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err)
 	}
