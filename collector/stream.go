@@ -91,6 +91,10 @@ func (c *Collector) Ensure(ctx context.Context) error {
 // batch of up to StreamBatchBytes of events.
 const replayFetch = 64
 
+// replayStallWaits is how many replayNextTimeout waits in a row Replay
+// spends without a batch while the stream still holds what is left.
+const replayStallWaits = 4
+
 // replayPullExpiry is how long each of Replay's pull requests lives; the
 // server's idle heartbeats come every half of it. When they stop (the node
 // that hosts the replay's consumer died, or the connection moved to
@@ -197,17 +201,29 @@ func replayStream(ctx context.Context, stream jetstream.Stream, since time.Time,
 		}
 		batch = append(batch, *ev)
 	}
+	var seen uint64 // the stream sequence of the last batch read
+	waits := 0
 	for {
 		// Bound each wait: messages counted as pending may age out of
-		// the stream while the replay runs.
+		// the stream while the replay runs. A wait that ends while the
+		// stream still holds what is left (or cannot say: no leader) is
+		// a consumer being created again after a node loss, which can
+		// take longer on a loaded cluster: waited out up to
+		// replayStallWaits times in a row.
 		next, cancel := context.WithTimeout(ctx, replayNextTimeout)
 		msg, err := it.Next(jetstream.NextContext(next))
 		cancel()
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			if waits++; waits < replayStallWaits && stillStored(ctx, stream, seen, last) {
+				logf("collector: replay of %s: no stored batch for %v after %d events while the stream holds more; waiting again",
+					name, replayNextTimeout*time.Duration(waits), events)
+				continue
+			}
 			logf("collector: replay of %s ended early after %d events: no stored batch within %v",
-				name, events, replayNextTimeout)
-			return events, fmt.Errorf("%w: after %d events, no stored batch within %v", ErrReplayEndedEarly, events, replayNextTimeout)
+				name, events, replayNextTimeout*time.Duration(waits))
+			return events, fmt.Errorf("%w: after %d events, no stored batch within %v", ErrReplayEndedEarly, events, replayNextTimeout*time.Duration(waits))
 		}
+		waits = 0
 		if err != nil {
 			return events, fmt.Errorf("collector: replay %s: next batch after %d events: %w", name, events, err)
 		}
@@ -216,6 +232,7 @@ func replayStream(ctx context.Context, stream jetstream.Stream, since time.Time,
 			return events, fmt.Errorf("collector: replay %s: metadata of %s: %w", name, msg.Subject(), err)
 		}
 		stored = meta.Timestamp
+		seen = meta.Sequence.Stream
 		batch = batch[:0]
 		if match == nil || match(msg.Subject()) {
 			dec.DecodeBatch(msg.Data(), onLine)
@@ -235,6 +252,19 @@ func replayStream(ctx context.Context, stream jetstream.Stream, since time.Time,
 		logf("collector: replay skipped %d lines of %s that are not valid outcome events", skipped, name)
 	}
 	return events, nil
+}
+
+// stillStored reports whether stream may still hold a message after seen
+// and up to last: true when its first sequence is not past last, or when
+// it cannot be asked (no leader while a node is lost).
+func stillStored(ctx context.Context, stream jetstream.Stream, seen, last uint64) bool {
+	ictx, cancel := context.WithTimeout(ctx, replayInfoTimeout)
+	defer cancel()
+	info, err := stream.Info(ictx)
+	if err != nil {
+		return true
+	}
+	return info.State.FirstSeq <= last && info.State.LastSeq > seen
 }
 
 // replayConsumer is an ordered consumer of stream from since, filtered on
