@@ -586,7 +586,7 @@ func (h *ha) acquire(ctx context.Context, first bool) []int {
 		rev, err := h.kv.Create(c, leaseKey(p), []byte(h.id))
 		if errors.Is(err, jetstream.ErrKeyExists) {
 			if rev, err = h.retake(c, p); err == nil {
-				h.s.logf("ha: took back partition %d, whose lease still named this instance", p)
+				h.s.logf("ha: took back partition %d (its lease still named this instance, or had just expired)", p)
 			}
 		}
 		cancel()
