@@ -342,3 +342,61 @@ func TestAloneRanksByOwnCounts(t *testing.T) {
 		})
 	}
 }
+
+// BaselineAtReport: a load report older than an earlier snapshot does not
+// include what this router sent since that snapshot, so the change is
+// counted from the count at the first snapshot after the report; a report
+// newer than every earlier snapshot, and the setting off, count it from
+// the snapshot that carries the report.
+func TestBaselineAtReport(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		atReport bool
+		ageMs    int64
+		want     float64 // the load b0000 is ranked by
+	}{
+		{"off", false, 1500, 9},        // 9 + 2 x (3 - 3)
+		{"old report", true, 1500, 15}, // 9 + 2 x (3 - 0): the report predates snapshot 1
+		{"new report", true, 500, 9},   // 9 + 2 x (3 - 3): snapshot 2 is the first after it
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{now: t0.Add(time.Second)}
+			p := newPicker(c, Settings{Score: LoadScore, RetryRatio: -1, LoadStale: -1, BaselineAtReport: tt.atReport})
+			first := pool(1, ids(4)...)
+			first.Routers = 2
+			p.Update(first) // at t0, b0000 idle
+			for range 3 {
+				busy(t, p, "b0000")
+			}
+			bs := ids(4)
+			bs[0].Load = &fleetwatch.Load{Running: 9, AgeMs: tt.ageMs, Source: fleetwatch.LoadSourceEvent}
+			second := pool(2, bs...)
+			second.Routers = 2
+			second.At = fleetwatch.At(t0.Add(time.Second))
+			p.Update(second)
+			st := p.state.Load()
+			if got := p.loadOf(st, &st.entries[0], false, c.now.UnixNano()); got != tt.want {
+				t.Errorf("load of b0000 = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// baselineAt keeps the last 8 snapshots' counts: a report older than all
+// of them takes the oldest kept.
+func TestBaselineAtKeepsEight(t *testing.T) {
+	var l local
+	var got int64
+	for i := range int64(10) { // snapshots at 1..10 s with counts 10..19
+		got = l.baselineAt((i+1)*1e9, 10+i, 5e9+1)
+	}
+	if got != 15 { // the first at or after 5 s + 1 ns is the one at 6 s
+		t.Errorf("baseline of a report at 5 s: %d, want 15", got)
+	}
+	if got = l.baselineAt(11e9, 20, 0); got != 13 { // kept: 4..11 s
+		t.Errorf("baseline of a report older than every kept snapshot: %d, want 13", got)
+	}
+	if got = l.baselineAt(12e9, 21, 13e9); got != 21 {
+		t.Errorf("baseline of a report after the snapshot: %d, want its own count 21", got)
+	}
+}

@@ -169,6 +169,14 @@ type Settings struct {
 	// exp(-age / LoadStale). If zero, 2s is used; a negative value never
 	// discards or discounts a published load.
 	LoadStale time.Duration
+	// BaselineAtReport (an experiment, off by default; docs/EVALUATION.md
+	// "The steady-state cells") counts the router's change in the load
+	// estimate from its in-flight count at the first snapshot applied after
+	// the backend's load report, instead of at the snapshot that carries
+	// it: a report older than earlier snapshots does not include what this
+	// router sent since those. The picker keeps its counts at its last 8
+	// snapshots per backend for it (written on Update, not on Pick).
+	BaselineAtReport bool
 	// RetryRatio is the share of first attempts that may be retried. If
 	// zero, 0.2 is used. A negative value disables the budget (unlimited
 	// retries; for comparison runs only). The per-router budget applies
@@ -278,6 +286,7 @@ type Picker struct {
 	unbudgeted   bool
 	choices      int
 	loadStale    time.Duration // < 0: a published load never goes stale
+	atReport     bool          // Settings.BaselineAtReport
 	decay        decayTable    // exp(-d / loadStale), when loadStale > 0
 	// fleet is this router's share of the snapshot's fleet-wide retry
 	// budget: it accrues retry_budget.per_sec / routers a second.
@@ -317,6 +326,7 @@ func New(s Settings) *Picker {
 	p.inFlightRank = reflect.ValueOf(p.score.Rank).Pointer() == reflect.ValueOf(inFlightRank).Pointer()
 	p.choices = min(max(s.Choices, 0), maxChoices) // 0: by the snapshot's routers
 	p.loadStale = s.LoadStale
+	p.atReport = s.BaselineAtReport
 	if p.loadStale == 0 {
 		p.loadStale = DefaultLoadStale
 	}
@@ -393,6 +403,34 @@ type local struct {
 	fails     atomic.Int32 // failures in a row
 	oks       atomic.Int32 // ok outcomes in a row while not closed
 	trips     atomic.Int32 // trips in a row since the breaker last closed
+	// marks are the in-flight counts at the last snapshots applied, with
+	// their at (unix ns), the newest at marks[(next-1)%len(marks)]; kept
+	// under Picker.updateMu for Settings.BaselineAtReport (nil without).
+	marks *[8]mark
+	next  int
+}
+
+// mark is a backend's in-flight count at a snapshot's at.
+type mark struct{ at, n int64 }
+
+// baselineAt records n as the count at the snapshot taken at, and returns
+// the count at the first snapshot recorded at or after reportAt (the
+// oldest recorded when all are after it; n when none is).
+func (l *local) baselineAt(at, n, reportAt int64) int64 {
+	if l.marks == nil {
+		l.marks = new([8]mark)
+	}
+	l.marks[l.next%len(l.marks)] = mark{at, n}
+	l.next++
+	base := n
+	for k := 1; k <= min(l.next, len(l.marks)); k++ {
+		m := l.marks[(l.next-k)%len(l.marks)]
+		if m.at < reportAt {
+			break
+		}
+		base = m.n
+	}
+	return base
 }
 
 func (l *local) ewma() (float64, bool) {

@@ -176,6 +176,9 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 			e.local = new(local)
 		}
 		e.atSnap = e.local.inFlight.Load()
+		if p.atReport {
+			e.atSnap = e.local.baselineAt(st.at, e.atSnap, e.loadAt)
+		}
 		st.entries[i] = e
 		st.byID[e.id] = i
 		st.locals[e.id] = e.local

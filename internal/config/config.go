@@ -296,9 +296,13 @@ type PoolConfig struct {
 	// LoadStale is how old a published backend load may be before the
 	// load score counts the backend by the router's own in-flight count
 	// (p2c.Settings.LoadStale); absent: 2s.
-	LoadStale *Duration       `yaml:"load_stale"`
-	Analyzer  AnalyzerConfig  `yaml:"analyzer"`
-	Backends  []BackendConfig `yaml:"backends"`
+	LoadStale *Duration `yaml:"load_stale"`
+	// LoadBaselineAtReport counts the router's change in the load score
+	// from its count at the first snapshot after the backend's load report
+	// (p2c.Settings.BaselineAtReport); absent: false.
+	LoadBaselineAtReport *bool           `yaml:"load_baseline_at_report"`
+	Analyzer             AnalyzerConfig  `yaml:"analyzer"`
+	Backends             []BackendConfig `yaml:"backends"`
 
 	// Shadow is the pool's shadow mode: off (default), breakers or
 	// observe (analyzer.PoolConfig.Shadow, route.Pool.Shadow).

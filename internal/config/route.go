@@ -14,7 +14,8 @@ import (
 // getenv from the variable the file names), priority and cost, and the
 // picker settings ps for every pool, with the pool's ms_per_cost_unit as
 // the score's exchange rate (p2c.Settings.CostWeightPerMs, its inverse)
-// and its score, choices and load_stale when the file sets them, and the
+// and its score, choices, load_stale and load_baseline_at_report when the
+// file sets them, and the
 // route block's retry_ratio when set. route.New checks them and names the
 // pool, backend or URL at fault (a backend without a URL, for one).
 func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route.Pool {
@@ -45,6 +46,9 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 		}
 		if pc.LoadStale != nil {
 			p.Picker.LoadStale = pc.LoadStale.Duration
+		}
+		if v := pc.LoadBaselineAtReport; v != nil {
+			p.Picker.BaselineAtReport = *v
 		}
 		if v := c.Route.RetryRatio; v != nil {
 			p.Picker.RetryRatio = *v

@@ -41,14 +41,15 @@ func TestRoutePoolsCostExchangeRate(t *testing.T) {
 	}
 }
 
-// score, choices and load_stale reach the pool's picker; absent, the
-// caller's settings stay.
+// score, choices, load_stale and load_baseline_at_report reach the pool's
+// picker; absent, the caller's settings stay.
 func TestRoutePoolsPickerKeys(t *testing.T) {
 	c, err := Parse([]byte(`pools:
   - id: tuned
     score: inflight
     choices: 2
     load_stale: 500ms
+    load_baseline_at_report: true
     backends: [{id: a, url: "http://127.0.0.1:1"}]
   - id: plain
     backends: [{id: b, url: "http://127.0.0.1:2"}]
@@ -58,10 +59,10 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
 	}
 	pools := c.RoutePools(func(string) string { return "" }, p2c.Settings{Choices: 5})
 	tuned, plain := pools[0].Picker, pools[1].Picker
-	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.LoadStale != 500*time.Millisecond {
-		t.Errorf("tuned pool's picker: score %q, choices %d, load_stale %v", tuned.Score.Name, tuned.Choices, tuned.LoadStale)
+	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.LoadStale != 500*time.Millisecond || !tuned.BaselineAtReport {
+		t.Errorf("tuned pool's picker: score %q, choices %d, load_stale %v, baseline at report %v", tuned.Score.Name, tuned.Choices, tuned.LoadStale, tuned.BaselineAtReport)
 	}
-	if plain.Score.Rank != nil || plain.Choices != 5 || plain.LoadStale != 0 {
+	if plain.Score.Rank != nil || plain.Choices != 5 || plain.LoadStale != 0 || plain.BaselineAtReport {
 		t.Errorf("plain pool's picker: score %q, choices %d, load_stale %v; want the caller's", plain.Score.Name, plain.Choices, plain.LoadStale)
 	}
 }

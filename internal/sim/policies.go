@@ -41,6 +41,10 @@ const (
 	// in-flight counts (the in-flight score).
 	FWChoices4 = "fw-choices4"
 	FWOwn4     = "fw-own4"
+	// FWAtReport is fleetwatch with p2c.Settings.BaselineAtReport: the
+	// router's change counted from the first snapshot after the load
+	// report (docs/EVALUATION.md "The steady-state cells").
+	FWAtReport = "fw-at-report"
 )
 
 // FleetwatchAnalyzer are the analyzer settings of the feed policies other
@@ -95,6 +99,7 @@ var pickerPolicies = map[string]pickerPolicy{
 	FLoad3NoBudget:    {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, RetryRatio: -1}},
 	FWChoices4:        {settings: p2c.Settings{Choices: 4}},
 	FWOwn4:            {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 4}},
+	FWAtReport:        {settings: p2c.Settings{BaselineAtReport: true}},
 }
 
 // weightedLoadScore is the load score divided by the backend's weight.
@@ -118,6 +123,7 @@ var PolicyDescriptions = map[string]string{
 	FWNoGuard:         "fleetwatch without the picker's slow-outlier guard",
 	FWChoices4:        "fleetwatch with 4 choices at every router count",
 	FWOwn4:            "fleetwatch with the in-flight score (the router's own counts, no published load) and 4 choices",
+	FWAtReport:        "fleetwatch whose load estimate counts the router's change from the first snapshot after the backend's load report",
 	FWDefaultAnalyzer: "fleetwatch with every analyzer default, including the slow rule (slow_factor 5)",
 }
 
