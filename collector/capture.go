@@ -117,26 +117,29 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 	if info.NumPending == 0 {
 		return 0, nil
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(512), jetstream.PullExpiry(replayPullExpiry)) // as Replay: recreated 2 s after its node dies
+	it, err := cons.Messages(jetstream.PullMaxMessages(512), jetstream.PullExpiry(replayPullExpiry)) // as Replay: recreated 2 s after its node dies, and waited for
 	if err != nil {
 		return 0, fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err)
 	}
 	defer it.Stop()
 	n := 0
+	var seen uint64
 	for {
-		next, cancel := context.WithTimeout(ctx, replayNextTimeout)
-		msg, err := it.Next(jetstream.NextContext(next))
-		cancel()
+		msg, waited, err := nextStored(ctx, it, capture, seen, cs.LastSeq, func(waited time.Duration) {
+			c.settings.Logf("collector: catch-up of %s: no message for %v after %d while the stream holds more; waiting again",
+				c.subjects.StreamCapture(), waited, n)
+		})
+		if errors.Is(err, errNoneStored) {
+			return n, fmt.Errorf("%w: catch-up of %s after %d messages, none within %v", ErrReplayEndedEarly, c.subjects.StreamCapture(), n, waited)
+		}
 		if err != nil {
-			if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-				return n, fmt.Errorf("%w: catch-up of %s after %d messages", ErrReplayEndedEarly, c.subjects.StreamCapture(), n)
-			}
 			return n, fmt.Errorf("collector: catch-up: %s after %d messages: %w", c.subjects.StreamCapture(), n, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
 			return n, fmt.Errorf("collector: catch-up: metadata: %w", err)
 		}
+		seen = meta.Sequence.Stream
 		if meta.Sequence.Stream > cs.LastSeq {
 			break // arrived live too
 		}

@@ -202,28 +202,15 @@ func replayStream(ctx context.Context, stream jetstream.Stream, since time.Time,
 		batch = append(batch, *ev)
 	}
 	var seen uint64 // the stream sequence of the last batch read
-	waits := 0
 	for {
-		// Bound each wait: messages counted as pending may age out of
-		// the stream while the replay runs. A wait that ends while the
-		// stream still holds what is left (or cannot say: no leader) is
-		// a consumer being created again after a node loss, which can
-		// take longer on a loaded cluster: waited out up to
-		// replayStallWaits times in a row.
-		next, cancel := context.WithTimeout(ctx, replayNextTimeout)
-		msg, err := it.Next(jetstream.NextContext(next))
-		cancel()
-		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			if waits++; waits < replayStallWaits && stillStored(ctx, stream, seen, last) {
-				logf("collector: replay of %s: no stored batch for %v after %d events while the stream holds more; waiting again",
-					name, replayNextTimeout*time.Duration(waits), events)
-				continue
-			}
-			logf("collector: replay of %s ended early after %d events: no stored batch within %v",
-				name, events, replayNextTimeout*time.Duration(waits))
-			return events, fmt.Errorf("%w: after %d events, no stored batch within %v", ErrReplayEndedEarly, events, replayNextTimeout*time.Duration(waits))
+		msg, waited, err := nextStored(ctx, it, stream, seen, last, func(waited time.Duration) {
+			logf("collector: replay of %s: no stored batch for %v after %d events while the stream holds more; waiting again",
+				name, waited, events)
+		})
+		if errors.Is(err, errNoneStored) {
+			logf("collector: replay of %s ended early after %d events: no stored batch within %v", name, events, waited)
+			return events, fmt.Errorf("%w: after %d events, no stored batch within %v", ErrReplayEndedEarly, events, waited)
 		}
-		waits = 0
 		if err != nil {
 			return events, fmt.Errorf("collector: replay %s: next batch after %d events: %w", name, events, err)
 		}
@@ -252,6 +239,36 @@ func replayStream(ctx context.Context, stream jetstream.Stream, since time.Time,
 		logf("collector: replay skipped %d lines of %s that are not valid outcome events", skipped, name)
 	}
 	return events, nil
+}
+
+// errNoneStored is nextStored's answer when no message came within its
+// waits.
+var errNoneStored = errors.New("no stored message within the wait")
+
+// nextStored returns the next message of it, an ordered consumer's
+// iterator over stream read up to sequence seen of last. Each wait is
+// bounded by replayNextTimeout, because messages counted as pending may
+// age out of the stream meanwhile; a wait that ends while the stream
+// still holds what is left (or cannot say: no leader) is a consumer being
+// created again after a node loss, which can take longer on a loaded
+// cluster, and is waited out again (again is told how long so far), up
+// to replayStallWaits waits in a row. Past them: errNoneStored, with the
+// time waited.
+func nextStored(ctx context.Context, it jetstream.MessagesContext, stream jetstream.Stream, seen, last uint64,
+	again func(waited time.Duration)) (jetstream.Msg, time.Duration, error) {
+	for waits := 1; ; waits++ {
+		next, cancel := context.WithTimeout(ctx, replayNextTimeout)
+		msg, err := it.Next(jetstream.NextContext(next))
+		cancel()
+		waited := replayNextTimeout * time.Duration(waits)
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			return msg, waited, err
+		}
+		if waits >= replayStallWaits || !stillStored(ctx, stream, seen, last) {
+			return nil, waited, errNoneStored
+		}
+		again(waited)
+	}
 }
 
 // stillStored reports whether stream may still hold a message after seen
