@@ -125,7 +125,7 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 	n := 0
 	var seen uint64
 	for {
-		msg, waited, err := nextStored(ctx, it, capture, seen, cs.LastSeq, func(waited time.Duration) {
+		msg, waited, err := nextStored(ctx, it, capture, seen, cs.LastSeq, replayNextTimeout, func(waited time.Duration) {
 			c.settings.Logf("collector: catch-up of %s: no message for %v after %d while the stream holds more; waiting again",
 				c.subjects.StreamCapture(), waited, n)
 		})

@@ -2,6 +2,7 @@ package collector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/natsrv"
 )
 
@@ -97,4 +99,49 @@ func killConsumerHost(t *testing.T, js jetstream.JetStream, cluster *natsrv.Clus
 	}
 	t.Fatalf("no node named %q", leader)
 	return ""
+}
+
+// nextStored waits again while the stream still holds what is left, and
+// gives up after one wait once it no longer does (purged here, as messages
+// that aged out).
+func TestNextStoredWaitsOnlyWhileStored(t *testing.T) {
+	t.Parallel()
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	js, _ := jetstream.New(nc)
+	ctx := t.Context()
+	stream, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.>"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := js.Publish(ctx, "s.x", []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A consumer filtered on a subject nothing is stored on stands for
+	// one that cannot deliver (its node lost): the stream holds 1..3.
+	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{"s.none"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	it, err := cons.Messages(jetstream.PullExpiry(replayPullExpiry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer it.Stop()
+	const wait = 300 * time.Millisecond
+	agains := 0
+	_, waited, err := nextStored(ctx, it, stream, 0, 3, wait, func(time.Duration) { agains++ })
+	if !errors.Is(err, errNoneStored) || agains != replayStallWaits-1 || waited != replayStallWaits*wait {
+		t.Errorf("stream holding the rest: %v after %v, %d waits again; want errNoneStored after %d waits", err, waited, agains, replayStallWaits)
+	}
+	if err := stream.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	agains = 0
+	_, waited, err = nextStored(ctx, it, stream, 0, 3, wait, func(time.Duration) { agains++ })
+	if !errors.Is(err, errNoneStored) || agains != 0 || waited != wait {
+		t.Errorf("stream purged: %v after %v, %d waits again; want errNoneStored after one wait", err, waited, agains)
+	}
 }

@@ -203,7 +203,7 @@ func replayStream(ctx context.Context, stream jetstream.Stream, since time.Time,
 	}
 	var seen uint64 // the stream sequence of the last batch read
 	for {
-		msg, waited, err := nextStored(ctx, it, stream, seen, last, func(waited time.Duration) {
+		msg, waited, err := nextStored(ctx, it, stream, seen, last, replayNextTimeout, func(waited time.Duration) {
 			logf("collector: replay of %s: no stored batch for %v after %d events while the stream holds more; waiting again",
 				name, waited, events)
 		})
@@ -247,7 +247,7 @@ var errNoneStored = errors.New("no stored message within the wait")
 
 // nextStored returns the next message of it, an ordered consumer's
 // iterator over stream read up to sequence seen of last. Each wait is
-// bounded by replayNextTimeout, because messages counted as pending may
+// bounded by wait (replayNextTimeout), because messages counted as pending may
 // age out of the stream meanwhile; a wait that ends while the stream
 // still holds what is left (or cannot say: no leader) is a consumer being
 // created again after a node loss, which can take longer on a loaded
@@ -255,12 +255,12 @@ var errNoneStored = errors.New("no stored message within the wait")
 // to replayStallWaits waits in a row. Past them: errNoneStored, with the
 // time waited.
 func nextStored(ctx context.Context, it jetstream.MessagesContext, stream jetstream.Stream, seen, last uint64,
-	again func(waited time.Duration)) (jetstream.Msg, time.Duration, error) {
+	wait time.Duration, again func(waited time.Duration)) (jetstream.Msg, time.Duration, error) {
 	for waits := 1; ; waits++ {
-		next, cancel := context.WithTimeout(ctx, replayNextTimeout)
+		next, cancel := context.WithTimeout(ctx, wait)
 		msg, err := it.Next(jetstream.NextContext(next))
 		cancel()
-		waited := replayNextTimeout * time.Duration(waits)
+		waited := wait * time.Duration(waits)
 		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
 			return msg, waited, err
 		}
