@@ -23,7 +23,8 @@ type entry struct {
 	openUntil int64   // unix ns; for open backends, math.MaxInt64 when unknown
 	// The published load (Score.FleetLoad): pubLoad is NaN when the
 	// snapshot has none; it goes stale at loadStaleAt (unix ns); atSnap is
-	// the router's in-flight count when the snapshot was applied.
+	// the router's in-flight count when the snapshot was applied (with
+	// Settings.BaselineAtReport, at the first snapshot after the report).
 	pubLoad     float64
 	loadAt      int64 // unix ns of the report: the snapshot's at - age_ms
 	loadStaleAt int64
@@ -177,7 +178,10 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		}
 		e.atSnap = e.local.inFlight.Load()
 		if p.atReport {
-			e.atSnap = e.local.baselineAt(st.at, e.atSnap, e.loadAt)
+			// Recorded at every snapshot; used only against a published load.
+			if base := e.local.baselineAt(st.at, e.atSnap, e.loadAt); !math.IsNaN(e.pubLoad) {
+				e.atSnap = base
+			}
 		}
 		st.entries[i] = e
 		st.byID[e.id] = i
