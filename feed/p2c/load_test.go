@@ -343,25 +343,25 @@ func TestAloneRanksByOwnCounts(t *testing.T) {
 	}
 }
 
-// BaselineAtReport: a load report older than an earlier snapshot does not
-// include what this router sent since that snapshot, so the change is
-// counted from the count at the first snapshot after the report; a report
-// newer than every earlier snapshot, and the setting off, count it from
-// the snapshot that carries the report.
+// The baseline at the report: a load report older than an earlier snapshot
+// does not include what this router sent since that snapshot, so by
+// default the change is counted from the count at the first snapshot after
+// the report; a report newer than every earlier snapshot, and
+// BaselineAtSnapshot, count it from the snapshot that carries the report.
 func TestBaselineAtReport(t *testing.T) {
 	for _, tt := range []struct {
-		name     string
-		atReport bool
-		ageMs    int64
-		want     float64 // the load b0000 is ranked by
+		name       string
+		atSnapshot bool
+		ageMs      int64
+		want       float64 // the load b0000 is ranked by
 	}{
-		{"off", false, 1500, 9},        // 9 + 2 x (3 - 3)
-		{"old report", true, 1500, 15}, // 9 + 2 x (3 - 0): the report predates snapshot 1
-		{"new report", true, 500, 9},   // 9 + 2 x (3 - 3): snapshot 2 is the first after it
+		{"at snapshot", true, 1500, 9},  // 9 + 2 x (3 - 3)
+		{"old report", false, 1500, 15}, // 9 + 2 x (3 - 0): the report predates snapshot 1
+		{"new report", false, 500, 9},   // 9 + 2 x (3 - 3): snapshot 2 is the first after it
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &clock{now: t0.Add(time.Second)}
-			p := newPicker(c, Settings{Score: LoadScore, RetryRatio: -1, LoadStale: -1, BaselineAtReport: tt.atReport})
+			p := newPicker(c, Settings{Score: LoadScore, RetryRatio: -1, LoadStale: -1, BaselineAtSnapshot: tt.atSnapshot})
 			first := pool(1, ids(4)...)
 			first.Routers = 2
 			p.Update(first) // at t0, b0000 idle

@@ -169,14 +169,15 @@ type Settings struct {
 	// exp(-age / LoadStale). If zero, 2s is used; a negative value never
 	// discards or discounts a published load.
 	LoadStale time.Duration
-	// BaselineAtReport (an experiment, off by default; docs/EVALUATION.md
-	// "The steady-state cells") counts the router's change in the load
-	// estimate from its in-flight count at the first snapshot applied after
-	// the backend's load report, instead of at the snapshot that carries
-	// it: a report older than earlier snapshots does not include what this
-	// router sent since those. The picker keeps its counts at its last 8
-	// snapshots per backend for it (written on Update, not on Pick).
-	BaselineAtReport bool
+	// BaselineAtSnapshot counts the router's change in the load estimate
+	// from its in-flight count at the snapshot that carries the backend's
+	// load, as the picker did before 2026-12-05. By default the change is
+	// counted from the first snapshot applied after the backend's load
+	// report: a report older than earlier snapshots does not include what
+	// this router sent since those (docs/EVALUATION.md "The steady-state
+	// cells"). The picker keeps its counts at its last 8 snapshots per
+	// backend for it, written on Update, not on Pick.
+	BaselineAtSnapshot bool
 	// RetryRatio is the share of first attempts that may be retried. If
 	// zero, 0.2 is used. A negative value disables the budget (unlimited
 	// retries; for comparison runs only). The per-router budget applies
@@ -286,7 +287,7 @@ type Picker struct {
 	unbudgeted   bool
 	choices      int
 	loadStale    time.Duration // < 0: a published load never goes stale
-	atReport     bool          // Settings.BaselineAtReport
+	atReport     bool          // !Settings.BaselineAtSnapshot
 	decay        decayTable    // exp(-d / loadStale), when loadStale > 0
 	// fleet is this router's share of the snapshot's fleet-wide retry
 	// budget: it accrues retry_budget.per_sec / routers a second.
@@ -326,7 +327,7 @@ func New(s Settings) *Picker {
 	p.inFlightRank = reflect.ValueOf(p.score.Rank).Pointer() == reflect.ValueOf(inFlightRank).Pointer()
 	p.choices = min(max(s.Choices, 0), maxChoices) // 0: by the snapshot's routers
 	p.loadStale = s.LoadStale
-	p.atReport = s.BaselineAtReport
+	p.atReport = !s.BaselineAtSnapshot
 	if p.loadStale == 0 {
 		p.loadStale = DefaultLoadStale
 	}
@@ -405,7 +406,7 @@ type local struct {
 	trips     atomic.Int32 // trips in a row since the breaker last closed
 	// marks are the in-flight counts at the last snapshots applied, with
 	// their at (unix ns), the newest at marks[(next-1)%len(marks)]; kept
-	// under Picker.updateMu for Settings.BaselineAtReport (nil without).
+	// under Picker.updateMu (nil with Settings.BaselineAtSnapshot).
 	marks *[8]mark
 	next  int
 }

@@ -23,8 +23,8 @@ type entry struct {
 	openUntil int64   // unix ns; for open backends, math.MaxInt64 when unknown
 	// The published load (Score.FleetLoad): pubLoad is NaN when the
 	// snapshot has none; it goes stale at loadStaleAt (unix ns); atSnap is
-	// the router's in-flight count when the snapshot was applied (with
-	// Settings.BaselineAtReport, at the first snapshot after the report).
+	// the router's in-flight count at the first snapshot applied after the
+	// report (with Settings.BaselineAtSnapshot, at this snapshot).
 	pubLoad     float64
 	loadAt      int64 // unix ns of the report: the snapshot's at - age_ms
 	loadStaleAt int64

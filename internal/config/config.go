@@ -298,8 +298,9 @@ type PoolConfig struct {
 	// (p2c.Settings.LoadStale); absent: 2s.
 	LoadStale *Duration `yaml:"load_stale"`
 	// LoadBaselineAtReport counts the router's change in the load score
-	// from its count at the first snapshot after the backend's load report
-	// (p2c.Settings.BaselineAtReport); absent: false.
+	// from its count at the first snapshot after the backend's load report;
+	// false counts it from the snapshot that carries the load
+	// (p2c.Settings.BaselineAtSnapshot); absent: true.
 	LoadBaselineAtReport *bool           `yaml:"load_baseline_at_report"`
 	Analyzer             AnalyzerConfig  `yaml:"analyzer"`
 	Backends             []BackendConfig `yaml:"backends"`

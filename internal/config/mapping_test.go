@@ -153,7 +153,7 @@ func fieldByTag(v reflect.Value, name string) (reflect.Value, bool) {
 
 // onByDefault are the boolean keys whose default is not false: setting
 // them means setting them false.
-var onByDefault = map[string]bool{"ingest.durable": true}
+var onByDefault = map[string]bool{"ingest.durable": true, "pools[0].load_baseline_at_report": true}
 
 // enumValues are the string keys only some values of which change the
 // mapping: set them to one.

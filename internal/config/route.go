@@ -48,7 +48,7 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 			p.Picker.LoadStale = pc.LoadStale.Duration
 		}
 		if v := pc.LoadBaselineAtReport; v != nil {
-			p.Picker.BaselineAtReport = *v
+			p.Picker.BaselineAtSnapshot = !*v
 		}
 		if v := c.Route.RetryRatio; v != nil {
 			p.Picker.RetryRatio = *v

@@ -49,7 +49,7 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
     score: inflight
     choices: 2
     load_stale: 500ms
-    load_baseline_at_report: true
+    load_baseline_at_report: false
     backends: [{id: a, url: "http://127.0.0.1:1"}]
   - id: plain
     backends: [{id: b, url: "http://127.0.0.1:2"}]
@@ -59,10 +59,10 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
 	}
 	pools := c.RoutePools(func(string) string { return "" }, p2c.Settings{Choices: 5})
 	tuned, plain := pools[0].Picker, pools[1].Picker
-	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.LoadStale != 500*time.Millisecond || !tuned.BaselineAtReport {
-		t.Errorf("tuned pool's picker: score %q, choices %d, load_stale %v, baseline at report %v", tuned.Score.Name, tuned.Choices, tuned.LoadStale, tuned.BaselineAtReport)
+	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.LoadStale != 500*time.Millisecond || !tuned.BaselineAtSnapshot {
+		t.Errorf("tuned pool's picker: score %q, choices %d, load_stale %v, baseline at snapshot %v", tuned.Score.Name, tuned.Choices, tuned.LoadStale, tuned.BaselineAtSnapshot)
 	}
-	if plain.Score.Rank != nil || plain.Choices != 5 || plain.LoadStale != 0 || plain.BaselineAtReport {
+	if plain.Score.Rank != nil || plain.Choices != 5 || plain.LoadStale != 0 || plain.BaselineAtSnapshot {
 		t.Errorf("plain pool's picker: score %q, choices %d, load_stale %v; want the caller's", plain.Score.Name, plain.Choices, plain.LoadStale)
 	}
 }

@@ -41,10 +41,11 @@ const (
 	// in-flight counts (the in-flight score).
 	FWChoices4 = "fw-choices4"
 	FWOwn4     = "fw-own4"
-	// FWAtReport is fleetwatch with p2c.Settings.BaselineAtReport: the
-	// router's change counted from the first snapshot after the load
-	// report (docs/EVALUATION.md "The steady-state cells").
-	FWAtReport = "fw-at-report"
+	// FWAtSnapshot is fleetwatch with p2c.Settings.BaselineAtSnapshot:
+	// the router's change counted from the snapshot that carries the load,
+	// the default before 2026-12-05 (docs/EVALUATION.md "The steady-state
+	// cells").
+	FWAtSnapshot = "fw-at-snapshot"
 )
 
 // FleetwatchAnalyzer are the analyzer settings of the feed policies other
@@ -89,17 +90,17 @@ var pickerPolicies = map[string]pickerPolicy{
 	FWUnbudgeted:      {settings: p2c.Settings{RetryRatio: -1}},
 	FWNoGuard:         {settings: p2c.Settings{SlowOutlierFactor: -1}},
 	FWV1:              {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 2}, localBudget: true},
-	FLoad3:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, localBudget: true},
-	FLoad2:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 2}, localBudget: true},
-	FLoad4:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 4}, localBudget: true},
-	FLoad3Exact:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, localBudget: true, exact: true},
-	FLoad3Weighted:    {settings: p2c.Settings{Score: weightedLoadScore, Choices: 3}, localBudget: true},
-	FLoad3Fleet:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}},
-	FLoad3Fleet25:     {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, spareFree: 0.25},
-	FLoad3NoBudget:    {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, RetryRatio: -1}},
+	FLoad3:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, BaselineAtSnapshot: true}, localBudget: true},
+	FLoad2:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 2, BaselineAtSnapshot: true}, localBudget: true},
+	FLoad4:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 4, BaselineAtSnapshot: true}, localBudget: true},
+	FLoad3Exact:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, BaselineAtSnapshot: true}, localBudget: true, exact: true},
+	FLoad3Weighted:    {settings: p2c.Settings{Score: weightedLoadScore, Choices: 3, BaselineAtSnapshot: true}, localBudget: true},
+	FLoad3Fleet:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, BaselineAtSnapshot: true}},
+	FLoad3Fleet25:     {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, BaselineAtSnapshot: true}, spareFree: 0.25},
+	FLoad3NoBudget:    {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, RetryRatio: -1, BaselineAtSnapshot: true}},
 	FWChoices4:        {settings: p2c.Settings{Choices: 4}},
 	FWOwn4:            {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 4}},
-	FWAtReport:        {settings: p2c.Settings{BaselineAtReport: true}},
+	FWAtSnapshot:      {settings: p2c.Settings{BaselineAtSnapshot: true}},
 }
 
 // weightedLoadScore is the load score divided by the backend's weight.
@@ -123,7 +124,7 @@ var PolicyDescriptions = map[string]string{
 	FWNoGuard:         "fleetwatch without the picker's slow-outlier guard",
 	FWChoices4:        "fleetwatch with 4 choices at every router count",
 	FWOwn4:            "fleetwatch with the in-flight score (the router's own counts, no published load) and 4 choices",
-	FWAtReport:        "fleetwatch whose load estimate counts the router's change from the first snapshot after the backend's load report",
+	FWAtSnapshot:      "fleetwatch whose load estimate counts the router's change from the snapshot that carries the load (the default before 2026-12-05)",
 	FWDefaultAnalyzer: "fleetwatch with every analyzer default, including the slow rule (slow_factor 5)",
 }
 

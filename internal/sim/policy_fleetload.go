@@ -12,7 +12,9 @@ import (
 // picker implements run the real feed/p2c with its load score
 // (p2c.LoadScore: the backend's published load plus R times the router's
 // own change of in-flight requests since the snapshot, R the snapshot's
-// routers) and are listed in pickerPolicies. Three variants that the
+// routers) and are listed in pickerPolicies, with the change counted from
+// the snapshot as when the experiment was measured
+// (p2c.Settings.BaselineAtSnapshot). Three variants that the
 // picker does not implement, kept for the comparison, are simulator-local
 // routers below: the score without the R factor, the published load alone,
 // and every candidate ranked. Those honour the analyzer's breakers and
