@@ -17,13 +17,21 @@ func withLoad(b fleetwatch.Backend, total float64, ageMs int64) fleetwatch.Backe
 	return b
 }
 
+// earlier is pool(seq, bs...) taken a second before t0: the first snapshot
+// of a test whose loads are reported at t0, after it.
+func earlier(seq uint64, bs ...fleetwatch.Backend) *fleetwatch.Snapshot {
+	s := pool(seq, bs...)
+	s.At = fleetwatch.At(t0.Add(-time.Second))
+	return s
+}
+
 // The load score ranks by published load + R x the router's change since
 // the snapshot, R x its own count for a backend with no load or a stale
 // one, and only its own count with the in-flight score.
 func TestLoadEstimate(t *testing.T) {
 	c := &clock{now: t0}
 	p := newPicker(c, Settings{Score: LoadScore})
-	p.Update(pool(1, backend("a", 200), backend("b", 200), backend("c", 200)))
+	p.Update(earlier(1, backend("a", 200), backend("b", 200), backend("c", 200)))
 	busy(t, p, "a") // one before the snapshot: not part of the change
 	snap := pool(2, withLoad(backend("a", 200), 10, 0), withLoad(backend("b", 200), 4, 1500), backend("c", 200))
 	snap.Routers = 4
@@ -58,7 +66,7 @@ func TestLoadEstimate(t *testing.T) {
 
 	// The change may be negative, the estimate not.
 	p2 := newPicker(&clock{now: t0}, Settings{Score: LoadScore})
-	p2.Update(pool(1, backend("a", 200)))
+	p2.Update(earlier(1, backend("a", 200)))
 	h := busy(t, p2, "a")
 	snap2 := pool(2, withLoad(backend("a", 200), 1, 0))
 	snap2.Routers = 16
@@ -311,7 +319,7 @@ func TestAloneRanksByOwnCounts(t *testing.T) {
 		t.Run(fmt.Sprintf("%d-%s", tt.routers, tt.source), func(t *testing.T) {
 			c := &clock{now: t0}
 			p := newPicker(c, Settings{Score: LoadScore, RetryRatio: -1})
-			p.Update(pool(1, ids(4)...))
+			p.Update(earlier(1, ids(4)...))
 			for range 3 {
 				busy(t, p, "b0000")
 			}
