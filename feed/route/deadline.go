@@ -87,18 +87,26 @@ func PoolP95TTFT(snap *fleetwatch.Snapshot) (float64, bool) {
 type stallWatch struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	timer  *time.Timer // nil when the deadline is off
+	d      time.Duration // 0 when the deadline is off
+	timer  *time.Timer   // nil until armed, and when the deadline is off
 }
 
-// watchStall starts the deadline of an attempt: its requests use w.ctx,
-// and w.end must be called once the attempt's body is done with.
+// watchStall prepares the deadline of an attempt: its requests use w.ctx,
+// arm starts the deadline when the request is sent, and w.end must be
+// called once the attempt's body is done with.
 func (rt *Router) watchStall(parent context.Context, p *pool) *stallWatch {
 	ctx, cancel := context.WithCancelCause(parent)
-	w := &stallWatch{ctx: ctx, cancel: cancel}
-	if d := rt.stallDeadline(p); d > 0 {
-		w.timer = time.AfterFunc(d, func() { cancel(ErrStalled) })
+	return &stallWatch{ctx: ctx, cancel: cancel, d: rt.stallDeadline(p)}
+}
+
+// arm starts the deadline. It is called as the request is sent, after its
+// send time is read, so that a stalled attempt's duration (from that time)
+// is never shorter than the deadline: the time the router spends building
+// the request is not the backend's.
+func (w *stallWatch) arm() {
+	if w.d > 0 && w.timer == nil {
+		w.timer = time.AfterFunc(w.d, func() { w.cancel(ErrStalled) })
 	}
-	return w
 }
 
 // firstToken stops the deadline, and reports false when it had already

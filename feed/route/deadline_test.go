@@ -86,6 +86,33 @@ func TestRouteStallDeadline(t *testing.T) {
 	}
 }
 
+// TestRouteStallCountsFromSend: the first-token deadline starts when the
+// request is sent, so the time the router spends before it (here a Rewrite
+// hook that takes 50 ms) neither shortens the backend's deadline nor makes
+// a stalled attempt's duration shorter than the deadline. Before, the
+// deadline started before the request was built, and under a loaded
+// machine a stalled event reported 199 ms against a 200 ms deadline.
+func TestRouteStallCountsFromSend(t *testing.T) {
+	natsURL, _ := feedtest.NewServer(t)
+	log := testkit.CollectEvents(t, feedtest.Connect(t, natsURL))
+	backends := testkit.StartFakeBackends(t, 1)
+	backends[0].SetBehavior(fakeai.Behavior{Hang: true})
+	const build = 50 * time.Millisecond
+	rt := startRouter(t, natsURL, Settings{Pools: []Pool{llamaPool(backends)}, StallFloor: stallFloor,
+		Rewrite: func(*http.Request, Attempt) { time.Sleep(build) }})
+	r, err := testkit.NewChatClient(rt.url).Chat("", "hello", false)
+	if err != nil || r.Status != http.StatusGatewayTimeout {
+		t.Fatalf("request: %v, status %d; want 504 (the only backend stalls)", err, r.Status)
+	}
+	testkit.Eventually(t, 10*time.Second, "a stalled event for b0", func() bool {
+		return len(log.Events()) > 0
+	})
+	ev := log.Events()[0]
+	if ev.Outcome != fleetwatch.OutcomeStalled || ev.DurationMs < float64(stallFloor/time.Millisecond) {
+		t.Errorf("event %+v: want stalled with a duration of at least the %v deadline", ev, stallFloor)
+	}
+}
+
 // TestRouteStallLastAttempt: with no other backend to retry on, a stalled
 // attempt is a 504 for the client, whose error wraps ErrStalled.
 func TestRouteStallLastAttempt(t *testing.T) {

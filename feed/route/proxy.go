@@ -108,7 +108,7 @@ func (rt *Router) proxy(w http.ResponseWriter, r *http.Request) {
 		a := &attempt{pool: pool, backend: be, choice: choice, cold: be.markUsed(rt.now(), rt.idleGap), n: n,
 			model: info.Model, tools: tools}
 		stall := rt.watchStall(ctx, pool)
-		resp, err := rt.send(stall.ctx, r, body, a)
+		resp, err := rt.send(stall, r, body, a)
 		if err == nil {
 			err = rt.awaitFirstToken(resp, a, stall)
 		} else if stall.stalled() {
@@ -256,10 +256,11 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// send sends one attempt and returns the backend's response headers, or the
-// error that prevented them.
-func (rt *Router) send(ctx context.Context, r *http.Request, body []byte, a *attempt) (*http.Response, error) {
-	up, err := http.NewRequestWithContext(ctx, http.MethodPost, a.backend.target(r.URL.Path), bytes.NewReader(body))
+// send sends one attempt, under stall's context and deadline (armed as it
+// is sent), and returns the backend's response headers, or the error that
+// prevented them.
+func (rt *Router) send(stall *stallWatch, r *http.Request, body []byte, a *attempt) (*http.Response, error) {
+	up, err := http.NewRequestWithContext(stall.ctx, http.MethodPost, a.backend.target(r.URL.Path), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -274,6 +275,7 @@ func (rt *Router) send(ctx context.Context, r *http.Request, body []byte, a *att
 		rt.rewrite(up, Attempt{Pool: a.pool.id, Backend: a.backend.id, N: a.n})
 	}
 	a.sent = rt.now()
+	stall.arm()
 	resp, err := rt.client.Do(up)
 	a.headersAt = rt.now()
 	return resp, err
