@@ -50,9 +50,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	slots := fs.Int("slots", 8, "with --trace: concurrent sequences per backend (the queue is 4x)")
 	kvBlocks := fs.Int("kv-blocks", sim.DefaultKVBlocks, "with --trace: KV prefix cache per backend in 512-token blocks (0: none)")
 	decodeMs := fs.Float64("decode-ms", 5, "with --trace: decode time per output token at an empty batch, ms")
+	fleet := fs.String("fleet", "", "with --trace: the fleet as groups COUNTxSLOTS[@TIMES][:KVBLOCKS], for example 2x8,2x8@2 (two of 8 slots, two more taking twice the time); instead of --backends and --slots")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--variants]")
-		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N] [--slots N] [--kv-blocks N] [--policies P,...]")
+		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N --slots N | --fleet SPEC] [--kv-blocks N] [--policies P,...]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -76,6 +77,18 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return errUsage
 		}
 		o := sim.TraceOptions{Speed: *speed, Routers: *routers, Backends: *backends, Slots: *slots, KVBlocks: *kvBlocks, DecodeMs: *decodeMs}
+		if *fleet != "" {
+			if flagSet(fs, "backends") || flagSet(fs, "slots") {
+				fmt.Fprintln(stderr, "fleetwatch sim: --fleet replaces --backends and --slots; give one or the other")
+				return errUsage
+			}
+			groups, err := sim.ParseFleet(*fleet)
+			if err != nil {
+				fmt.Fprintf(stderr, "fleetwatch sim: --fleet: %v\n", err)
+				return errUsage
+			}
+			o.Fleet = groups
+		}
 		if *kvBlocks == 0 {
 			o.KVBlocks = -1
 		}
@@ -244,4 +257,11 @@ func runSimTrace(ctx context.Context, path, format string, o sim.TraceOptions, f
 	}
 	fmt.Fprintf(stderr, "fleetwatch sim: wrote %s\n", out)
 	return nil
+}
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

@@ -169,3 +169,37 @@ func TestSimTrace(t *testing.T) {
 		t.Errorf("--speed 0: err = %v, want usage", err)
 	}
 }
+
+// --fleet replays through unequal backends and says so; a bad spec, or
+// --fleet with --backends or --slots, is a usage error naming the problem.
+func TestSimTraceFleet(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "t.csv")
+	var b strings.Builder
+	b.WriteString("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+	for i := range 100 {
+		fmt.Fprintf(&b, "2023-11-16 18:%02d:%02d.0000000,1500,80\n", i/60, i%60)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, err := runSimArgs(t, "--trace", path, "--fleet", "2x8,1x4@2:0", "--policies", "least-conn,fleetwatch")
+	if err != nil {
+		t.Fatalf("runSim: %v\n%s", err, stderr)
+	}
+	if want := "3 backends (2 of 8 slots with 800 KV blocks; 1 of 4 slots at 2x the time with 0 KV blocks)"; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	for _, bad := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--fleet", "2x8,2z8"}, `group 2 "2z8"`},
+		{[]string{"--fleet", "2x8", "--backends", "3"}, "replaces --backends and --slots"},
+		{[]string{"--fleet", "2x8", "--slots", "4"}, "replaces --backends and --slots"},
+	} {
+		_, stderr, err := runSimArgs(t, append([]string{"--trace", path}, bad.args...)...)
+		if !errors.Is(err, errUsage) || !strings.Contains(stderr, bad.says) {
+			t.Errorf("%v: err %v, stderr %q; want a usage error saying %q", bad.args, err, stderr, bad.says)
+		}
+	}
+}

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,15 +24,86 @@ type TraceOptions struct {
 	Backends int     // identical backends; 0 is 4
 	Slots    int     // per backend; 0 is 8
 	KVBlocks int     // per backend; 0 is DefaultKVBlocks, < 0 none
+	// Fleet, when set, is the fleet instead of Backends and Slots: groups
+	// of identical backends, which may differ from group to group.
+	Fleet []FleetGroup
 	// DecodeMs is the decode time per output token; 0 is 5, the cost the
 	// traces' README assumes.
 	DecodeMs float64
 	Policies []string // empty: TracePolicies
 }
 
-// TraceScenario is the scenario replaying tr through a fleet of identical
-// backends: it runs for the trace's span at the speed-up plus the client
-// timeout, so that the last requests finish.
+// FleetGroup is Count identical backends of a replay's fleet.
+type FleetGroup struct {
+	Count int
+	Slots int // per backend; 0 is 8
+	// Times multiplies every prefill and decode time (2: a backend half as
+	// fast, such as an older GPU); 0 is 1.
+	Times float64
+	// KVBlocks is the KV prefix cache per backend: 0 takes
+	// TraceOptions.KVBlocks, < 0 is none.
+	KVBlocks int
+}
+
+// MaxFleetBackends bounds a replay's fleet.
+const MaxFleetBackends = 4096
+
+// ParseFleet reads a fleet spec: comma-separated groups
+// COUNTxSLOTS[@TIMES][:KVBLOCKS], such as "2x8,2x8@2" (two backends of 8
+// slots and two more that take twice the time) or "3x16:1600,1x8@1.5:0"
+// (KV blocks per backend; 0 is no prefix cache). An error names the group.
+func ParseFleet(spec string) ([]FleetGroup, error) {
+	var groups []FleetGroup
+	total := 0
+	for i, g := range strings.Split(spec, ",") {
+		fg, err := parseFleetGroup(strings.TrimSpace(g))
+		if err != nil {
+			return nil, fmt.Errorf("fleet %q: group %d %q: %w", spec, i+1, g, err)
+		}
+		if total += fg.Count; total > MaxFleetBackends {
+			return nil, fmt.Errorf("fleet %q: more than %d backends", spec, MaxFleetBackends)
+		}
+		groups = append(groups, fg)
+	}
+	return groups, nil
+}
+
+func parseFleetGroup(g string) (FleetGroup, error) {
+	const want = "want COUNTxSLOTS[@TIMES][:KVBLOCKS], such as 2x8@1.5:800"
+	var fg FleetGroup
+	rest, kv, hasKV := strings.Cut(g, ":")
+	rest, times, hasTimes := strings.Cut(rest, "@")
+	count, slots, ok := strings.Cut(rest, "x")
+	if !ok {
+		return fg, fmt.Errorf("no x between count and slots: %s", want)
+	}
+	var err error
+	if fg.Count, err = strconv.Atoi(count); err != nil || fg.Count < 1 {
+		return fg, fmt.Errorf("count %q is not a whole number >= 1: %s", count, want)
+	}
+	if fg.Slots, err = strconv.Atoi(slots); err != nil || fg.Slots < 1 {
+		return fg, fmt.Errorf("slots %q is not a whole number >= 1: %s", slots, want)
+	}
+	fg.Times = 1
+	if hasTimes {
+		if fg.Times, err = strconv.ParseFloat(times, 64); err != nil || !(fg.Times > 0) || math.IsInf(fg.Times, 0) {
+			return fg, fmt.Errorf("times %q is not a number > 0: %s", times, want)
+		}
+	}
+	if hasKV {
+		if fg.KVBlocks, err = strconv.Atoi(kv); err != nil || fg.KVBlocks < 0 {
+			return fg, fmt.Errorf("KV blocks %q is not a whole number >= 0: %s", kv, want)
+		}
+		if fg.KVBlocks == 0 {
+			fg.KVBlocks = -1
+		}
+	}
+	return fg, nil
+}
+
+// TraceScenario is the scenario replaying tr through a fleet (by default
+// of identical backends): it runs for the trace's span at the speed-up
+// plus the client timeout, so that the last requests finish.
 func TraceScenario(tr *Trace, o TraceOptions) Scenario {
 	if o.Speed <= 0 {
 		o.Speed = 1
@@ -42,6 +114,9 @@ func TraceScenario(tr *Trace, o TraceOptions) Scenario {
 	if o.Backends <= 0 {
 		o.Backends = 4
 	}
+	if o.Slots <= 0 {
+		o.Slots = 8
+	}
 	if o.KVBlocks == 0 {
 		o.KVBlocks = DefaultKVBlocks
 	}
@@ -51,19 +126,23 @@ func TraceScenario(tr *Trace, o TraceOptions) Scenario {
 	if len(o.Policies) == 0 {
 		o.Policies = TracePolicies
 	}
-	backends := make([]BackendSpec, o.Backends)
-	for i := range backends {
-		backends[i] = BackendSpec{ID: fmt.Sprintf("b%d", i), Slots: o.Slots, DecodePerTokenMs: o.DecodeMs, KVBlocks: max(o.KVBlocks, 0)}
+	fleet := o.Fleet
+	if len(fleet) == 0 {
+		fleet = []FleetGroup{{Count: o.Backends, Slots: o.Slots}}
 	}
-	slots := o.Slots
-	if slots == 0 {
-		slots = 8
+	var backends []BackendSpec
+	for _, g := range fleet {
+		g = g.withDefaults(o.KVBlocks)
+		for range g.Count {
+			backends = append(backends, BackendSpec{ID: fmt.Sprintf("b%d", len(backends)), Slots: g.Slots,
+				DecodePerTokenMs: o.DecodeMs, KVBlocks: max(g.KVBlocks, 0), Speed: g.Times})
+		}
 	}
 	const timeout = 30 * time.Second
 	return Scenario{
 		Name: "trace-" + strings.TrimSuffix(filepath.Base(tr.Name), filepath.Ext(tr.Name)),
-		Description: fmt.Sprintf("%s (%s, %d requests over %s) at x%g, %d backends of %d slots, %d KV blocks each, decode %g ms/token",
-			filepath.Base(tr.Name), tr.Format, len(tr.Requests), tr.Span.Round(time.Second), o.Speed, o.Backends, slots, max(o.KVBlocks, 0), o.DecodeMs),
+		Description: fmt.Sprintf("%s (%s, %d requests over %s) at x%g, %s, decode %g ms/token",
+			filepath.Base(tr.Name), tr.Format, len(tr.Requests), tr.Span.Round(time.Second), o.Speed, fleetDescription(fleet, o.KVBlocks), o.DecodeMs),
 		Duration:      time.Duration(float64(tr.Span)/o.Speed) + timeout,
 		Routers:       o.Routers,
 		Backends:      backends,
@@ -72,6 +151,43 @@ func TraceScenario(tr *Trace, o TraceOptions) Scenario {
 		ClientTimeout: timeout,
 		Policies:      o.Policies,
 	}
+}
+
+// withDefaults fills g's zero fields, its KV blocks from kv (the
+// replay's, < 0 none).
+func (g FleetGroup) withDefaults(kv int) FleetGroup {
+	if g.Slots <= 0 {
+		g.Slots = 8
+	}
+	if g.Times <= 0 {
+		g.Times = 1
+	}
+	if g.KVBlocks == 0 {
+		g.KVBlocks = kv
+	}
+	return g
+}
+
+// fleetDescription says what the fleet is: "4 backends of 8 slots, 800 KV
+// blocks each" for one group at full speed, else each group in turn.
+func fleetDescription(fleet []FleetGroup, kv int) string {
+	if len(fleet) == 1 {
+		if g := fleet[0].withDefaults(kv); g.Times == 1 {
+			return fmt.Sprintf("%d backends of %d slots, %d KV blocks each", g.Count, g.Slots, max(g.KVBlocks, 0))
+		}
+	}
+	var parts []string
+	total := 0
+	for _, g := range fleet {
+		g = g.withDefaults(kv)
+		total += g.Count
+		d := fmt.Sprintf("%d of %d slots", g.Count, g.Slots)
+		if g.Times != 1 {
+			d += fmt.Sprintf(" at %gx the time", g.Times)
+		}
+		parts = append(parts, d+fmt.Sprintf(" with %d KV blocks", max(g.KVBlocks, 0)))
+	}
+	return fmt.Sprintf("%d backends (%s)", total, strings.Join(parts, "; "))
 }
 
 // WriteTraceTable writes a trace replay's results: TTFT quantiles, the

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -345,4 +347,73 @@ func replaySlice(t *testing.T, tr *Trace, until time.Duration, o TraceOptions) m
 		out[p] = r
 	}
 	return out
+}
+
+// A fleet spec reads as groups; a bad group is an error that names it.
+func TestParseFleet(t *testing.T) {
+	got, err := ParseFleet("2x8, 1x16@1.5:1600,1x4@2:0")
+	want := []FleetGroup{{Count: 2, Slots: 8, Times: 1}, {Count: 1, Slots: 16, Times: 1.5, KVBlocks: 1600}, {Count: 1, Slots: 4, Times: 2, KVBlocks: -1}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("ParseFleet = %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []struct{ spec, names string }{
+		{"", `group 1 ""`},
+		{"2x8,2y8", `group 2 "2y8"`},
+		{"0x8", "count"},
+		{"2x0", "slots"},
+		{"2x8@0", "times"},
+		{"2x8@NaN", "times"},
+		{"2x8@-1", "times"},
+		{"2x8:-5", "KV blocks"},
+		{"2x8,", `group 2 ""`},
+		{"5000x8", "more than 4096 backends"},
+	} {
+		if _, err := ParseFleet(bad.spec); err == nil || !strings.Contains(err.Error(), bad.names) {
+			t.Errorf("ParseFleet(%q) = %v; want an error naming %s", bad.spec, err, bad.names)
+		}
+	}
+}
+
+// A replay through a fleet of unequal backends: the backend that takes
+// four times as long gets a smaller share of the attempts than its fast
+// peer under every policy that sees load, and none under round-robin.
+func TestReplayUnequalFleet(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("TIMESTAMP,ContextTokens,GeneratedTokens\n")
+	start := time.Date(2023, 11, 16, 18, 0, 0, 0, time.UTC)
+	for i := range 1200 { // 4 requests a second for 5 minutes
+		fmt.Fprintf(&b, "%s,%d,%d\n", start.Add(time.Duration(i)*250*time.Millisecond).Format("2006-01-02 15:04:05.0000000"), 1000+i%7*300, 60+i%5*20)
+	}
+	tr, err := ReadTrace(strings.NewReader(b.String()), "unequal.csv", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := TraceOptions{Routers: 2, Fleet: []FleetGroup{{Count: 1, Slots: 8}, {Count: 1, Slots: 8, Times: 4}},
+		Policies: []string{RoundRobin, LeastConn, Fleetwatch}}
+	sc := TraceScenario(tr, o)
+	if !strings.Contains(sc.Description, "2 backends (1 of 8 slots with 800 KV blocks; 1 of 8 slots at 4x the time with 800 KV blocks)") {
+		t.Errorf("description %q does not say the fleet", sc.Description)
+	}
+	for _, p := range sc.Policies {
+		r, err := Run(sc, p, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var share [2]float64
+		for _, sec := range r.Shares {
+			for i, v := range sec {
+				share[i] += v
+			}
+		}
+		t.Logf("%s: summed shares fast %.0f, slow %.0f; p99 %.0f ms", p, share[0], share[1], r.TTFTP99)
+		if r.Failed > 0 {
+			t.Errorf("%s: %d requests failed at a load both backends carry", p, r.Failed)
+		}
+		switch slow := share[1] / (share[0] + share[1]); {
+		case p == RoundRobin && math.Abs(slow-0.5) > 0.02:
+			t.Errorf("round-robin: slow backend's share %.3f, want 0.5", slow)
+		case p != RoundRobin && slow >= 0.45:
+			t.Errorf("%s: slow backend's share %.3f, want clearly under half", p, slow)
+		}
+	}
 }
