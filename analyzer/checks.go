@@ -181,7 +181,7 @@ func (in *ruleInput) recentSpan() time.Duration {
 // largest retry-after of the window.
 func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	s, v := in.s, &in.b.view
-	r429, r429OK := v.rate429()
+	r429, r429OK := v.tripRate429(s.ThrottleRateCounts)
 	half429, halfOK := in.newestHalf429(r429, r429OK)
 	considered := r429OK && (r429 >= s.ThrottleRate/2 || halfOK)
 	var rr float64
@@ -189,7 +189,7 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	var rn uint64
 	if considered || rows != nil {
 		rec := in.recentStats()
-		rr, rrOK = rec.rate429()
+		rr, rrOK = rec.tripRate429(s.ThrottleRateCounts)
 		rn = rec.counted
 	}
 	windowFires := r429OK && r429 >= s.ThrottleRate
@@ -197,18 +197,19 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	span := in.recentSpan()
 	var reason string
 	severity := r429 / s.ThrottleRate
+	label := rate429Label(s)
 	switch {
 	case windowFires && (!rrOK || rr >= s.ThrottleRate):
-		reason = fmt.Sprintf("429 rate %.2f >= %.2f over %d requests", r429, s.ThrottleRate, v.counted)
+		reason = fmt.Sprintf("%s %.2f >= %.2f over %d requests", label, r429, s.ThrottleRate, v.counted)
 	case windowFires:
 		r.heldByRecency++
 	case recentFires && halfOK:
-		reason = fmt.Sprintf("429 rate %.2f >= %.2f over the newest %s (%d requests; %.2f over the newest %s)",
-			rr, s.ThrottleRate, fmtDur(span), rn, half429, fmtDur(2*span))
+		reason = fmt.Sprintf("%s %.2f >= %.2f over the newest %s (%d requests; %.2f over the newest %s)",
+			label, rr, s.ThrottleRate, fmtDur(span), rn, half429, fmtDur(2*span))
 		severity = rr / s.ThrottleRate
 	case recentFires:
-		reason = fmt.Sprintf("429 rate %.2f >= %.2f over the newest %s (%d requests; %.2f over %s)",
-			rr, s.ThrottleRate, fmtDur(span), rn, r429, fmtDur(s.Window))
+		reason = fmt.Sprintf("%s %.2f >= %.2f over the newest %s (%d requests; %.2f over %s)",
+			label, rr, s.ThrottleRate, fmtDur(span), rn, r429, fmtDur(s.Window))
 		severity = rr / s.ThrottleRate
 	}
 	// A run of ConsecutiveThrottled 429s, latched when it happened.
@@ -290,6 +291,15 @@ func (in *ruleInput) throttledRunRow(rows *[]RuleCheck, runFires, byRun, poolHol
 	row(rows, c, t)
 }
 
+// rate429Label names the 429 rate that opens a breaker in reasons: every
+// 429's, or only the hinted ones' (Settings.ThrottleRateCounts).
+func rate429Label(s *Settings) string {
+	if s.ThrottleRateCounts == RunCountsAll {
+		return "429 rate"
+	}
+	return "hinted 429 rate"
+}
+
 // newestHalf429 is the 429 rate of the newest half of the window, ok when
 // it stands in for the whole (the window below half the threshold, the
 // half at it or above). How long a window of earlier ok answers takes to
@@ -304,7 +314,7 @@ func (in *ruleInput) newestHalf429(r429 float64, r429OK bool) (float64, bool) {
 		return 0, false
 	}
 	half := in.b.win.recent(2 * in.recentLen)
-	h, ok := half.rate429()
+	h, ok := half.tripRate429(s.ThrottleRateCounts)
 	return h, ok && h >= s.ThrottleRate/2
 }
 
@@ -325,7 +335,7 @@ func (in *ruleInput) throttledRows(rows *[]RuleCheck, x throttledView, tw, tq *t
 	c := RuleCheck{Rule: CauseThrottled, Value: x.r429, Threshold: s.ThrottleRate, HasValue: x.ok, Fires: x.windowFires}
 	c.Detail = "no counted request in the window"
 	if x.ok {
-		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests (opens at %.2f)", x.r429, v.counted, s.ThrottleRate)
+		c.Detail = fmt.Sprintf("%s %.2f over %d requests (opens at %.2f)", rate429Label(s), x.r429, v.counted, s.ThrottleRate)
 		switch {
 		case x.windowFires && x.rrOK && x.rr < s.ThrottleRate:
 			c.HeldBy = HeldByRecency
@@ -339,7 +349,7 @@ func (in *ruleInput) throttledRows(rows *[]RuleCheck, x throttledView, tw, tq *t
 	c = RuleCheck{Rule: RuleThrottledRecent, Value: x.rr, Threshold: s.ThrottleRate, HasValue: x.rrOK, Fires: x.recentFires}
 	c.Detail = fmt.Sprintf("no counted request in the newest %s", fmtDur(span))
 	if x.rrOK {
-		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests in the newest %s", x.rr, x.rn, fmtDur(span)) + recentRule(s, s.ThrottleRate)
+		c.Detail = fmt.Sprintf("%s %.2f over %d requests in the newest %s", rate429Label(s), x.rr, x.rn, fmtDur(span)) + recentRule(s, s.ThrottleRate)
 		if x.halfOK {
 			c.Detail += fmt.Sprintf("; the window is at %.2f, its newest %s at %.2f, which stands in for it", x.r429, fmtDur(2*span), x.half429)
 		}

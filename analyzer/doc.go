@@ -56,8 +56,11 @@
 //     nor reset it. The run is latched when it reaches the threshold, so an
 //     ok arriving before the next Evaluate does not undo the trip.
 //  2. failure_rate: failures / (ok + failures) >= FailureRate (0.5).
-//  3. throttled: rate_429 >= ThrottleRate (0.5); the open time is at least
-//     the largest retry_after_ms in the window (honoured up to one hour).
+//  3. throttled: rate_429 >= ThrottleRate (0.5), counting in rate_429 only
+//     the throttled events with a retry hint unless ThrottleRateCounts is
+//     "all" (a bare 429 is a full queue: it lowers the weight, below, but
+//     opens nothing); the open time is at least the largest retry_after_ms
+//     in the window (honoured up to one hour).
 //  4. slow: EWMA > SlowFactor (5) x the median EWMA of the pool's other
 //     backends that have one and are not open, confirmed by the window's
 //     median TTFT > SlowFactor x the median of the other backends' window

@@ -271,7 +271,7 @@ func TestExplainScenarios(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := tt.cfg
-			cfg.Settings = noJitter(cfg.Settings)
+			cfg.Settings = noJitter(bareRate(cfg.Settings))
 			a := newAnalyzer(t, cfg)
 			a.Observe(tt.events)
 			if tt.want.Fixed == "quarantine" {

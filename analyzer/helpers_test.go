@@ -53,6 +53,17 @@ func newAnalyzer(t testing.TB, cfg Config) *Analyzer {
 }
 
 // noJitter are settings whose open times are exact.
+// bareRate has the 429 rate count every 429 (ThrottleRateCounts
+// RunCountsAll) unless s says otherwise: the tests of the rate rule's
+// mechanics send bare 429s (TestBare429sLowerTheWeight covers the default,
+// which counts only hinted ones toward opening).
+func bareRate(s Settings) Settings {
+	if s.ThrottleRateCounts == "" {
+		s.ThrottleRateCounts = RunCountsAll
+	}
+	return s
+}
+
 func noJitter(s Settings) Settings {
 	s.OpenJitter = -1
 	return s

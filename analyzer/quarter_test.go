@@ -105,7 +105,7 @@ func TestRecentQuarterTrip(t *testing.T) {
 			if st.ConsecutiveThrottled == 0 {
 				st.ConsecutiveThrottled = -1 // the rate rules alone: a run of 429s opens at 5 (consecutive429_test.go)
 			}
-			a := newAnalyzer(t, Config{Settings: noJitter(st)})
+			a := newAnalyzer(t, Config{Settings: noJitter(bareRate(st))})
 			a.Observe(tt.events)
 			ev := a.Evaluate(evalAt)
 			d := backendOf(t, a, "p", "x", evalAt)
@@ -180,7 +180,7 @@ func TestPoolThrottleHold(t *testing.T) {
 			if st.ConsecutiveThrottled == 0 {
 				st.ConsecutiveThrottled = -1 // the rate rules alone: a run of 429s opens at 5 (consecutive429_test.go)
 			}
-			a := newAnalyzer(t, Config{Settings: noJitter(st)})
+			a := newAnalyzer(t, Config{Settings: noJitter(bareRate(st))})
 			a.Observe(tt.events)
 			ev := a.Evaluate(evalAt)
 			var got []string

@@ -306,6 +306,8 @@ func (w *window) merge(num int64, src *bucket) {
 		w.counts[o] += uint64(c)
 	}
 	dst.maxRetryMs = max(dst.maxRetryMs, src.maxRetryMs)
+	dst.hinted += src.hinted
+	w.hinted += uint64(src.hinted)
 	dst.sent += src.sent
 	dst.sentClientErr += src.sentClientErr
 	for _, bin := range src.samples {

@@ -242,7 +242,7 @@ func TestTripRules(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a := newAnalyzer(t, Config{Settings: noJitter(tt.settings)})
+			a := newAnalyzer(t, Config{Settings: noJitter(bareRate(tt.settings))})
 			a.Observe(tt.events)
 			ev := a.Evaluate(evalAt)
 			d := backendOf(t, a, "p", "x", evalAt)

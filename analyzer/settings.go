@@ -35,7 +35,7 @@ func (e *SettingError) Error() string {
 // Unwrap returns the sentinel error.
 func (e *SettingError) Unwrap() error { return e.Err }
 
-// The values of Settings.ThrottledRunCounts.
+// The values of Settings.ThrottledRunCounts and ThrottleRateCounts.
 const (
 	RunCountsHinted = "hinted" // 429s with a retry hint
 	RunCountsAll    = "all"    // every 429
@@ -67,6 +67,7 @@ const (
 	DefaultMaxWeightStep        = 0.25
 	DefaultOpenJitter           = 0.1
 	DefaultThrottledRunCounts   = RunCountsHinted
+	DefaultThrottleRateCounts   = RunCountsHinted
 	DefaultRecentMinRequests    = 10
 	DefaultPoolThrottleHold     = 0.25
 	DefaultLoadMaxAge           = 3 * time.Second
@@ -130,9 +131,21 @@ type Settings struct {
 	// 429s are always quotas but whose events carry no hint, such as
 	// access logs). If empty, RunCountsHinted is used.
 	ThrottledRunCounts string
-	// ThrottleRate opens a breaker ("throttled") when the 429 rate >= it;
-	// below it the 429 rate lowers the weight. If zero, 0.5 is used.
+	// ThrottleRate opens a breaker ("throttled") when the 429 rate >= it
+	// (the 429s ThrottleRateCounts names); below it the 429 rate (of every
+	// 429) lowers the weight. If zero, 0.5 is used.
 	ThrottleRate float64
+	// ThrottleRateCounts says which 429s the rate that opens a breaker
+	// counts: RunCountsHinted (those with a retry hint: a quota) or
+	// RunCountsAll (every 429). A bare 429 is what a full queue answers;
+	// in an overloaded fleet of unequal backends the slower ones' queues
+	// fill first, and opening them took capacity from a saturated fleet
+	// (docs/EVALUATION.md "A fleet of unequal backends"). Every 429 still
+	// lowers the weight, down to HalfOpenWeight at ThrottleRate. Pools
+	// whose 429s are quotas but whose events carry no hint (access logs)
+	// set it, and ThrottledRunCounts, to RunCountsAll. If empty,
+	// RunCountsHinted is used.
+	ThrottleRateCounts string
 	// SlowFactor opens a breaker when a backend's EWMA TTFT exceeds this
 	// multiple of the median EWMA of the pool's other backends. If zero, 5
 	// is used.
@@ -241,6 +254,7 @@ func (Settings) defaults() Settings {
 		ConsecutiveStalls:    DefaultConsecutiveStalls,
 		ConsecutiveThrottled: DefaultConsecutiveThrottled,
 		ThrottledRunCounts:   DefaultThrottledRunCounts,
+		ThrottleRateCounts:   DefaultThrottleRateCounts,
 		ThrottleRate:         DefaultThrottleRate,
 		SlowFactor:           DefaultSlowFactor,
 		EWMAAlpha:            DefaultEWMAAlpha,
@@ -275,6 +289,7 @@ func (s Settings) Override(pool Settings) Settings {
 	pick(&s.ConsecutiveStalls, pool.ConsecutiveStalls)
 	pick(&s.ConsecutiveThrottled, pool.ConsecutiveThrottled)
 	pick(&s.ThrottledRunCounts, pool.ThrottledRunCounts)
+	pick(&s.ThrottleRateCounts, pool.ThrottleRateCounts)
 	pick(&s.ThrottleRate, pool.ThrottleRate)
 	pick(&s.SlowFactor, pool.SlowFactor)
 	pick(&s.EWMAAlpha, pool.EWMAAlpha)
@@ -398,6 +413,12 @@ func (s Settings) validate(prefix string) error {
 		func() error {
 			if s.ThrottledRunCounts != RunCountsHinted && s.ThrottledRunCounts != RunCountsAll {
 				return settingErr(prefix, "throttled_run_counts", s.ThrottledRunCounts, "must be "+RunCountsHinted+" or "+RunCountsAll)
+			}
+			return nil
+		},
+		func() error {
+			if s.ThrottleRateCounts != RunCountsHinted && s.ThrottleRateCounts != RunCountsAll {
+				return settingErr(prefix, "throttle_rate_counts", s.ThrottleRateCounts, "must be "+RunCountsHinted+" or "+RunCountsAll)
 			}
 			return nil
 		},

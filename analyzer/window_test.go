@@ -126,6 +126,7 @@ func TestWindowMatchesRecount(t *testing.T) {
 		outcome fleetwatch.Outcome
 		bin     uint16
 		latency bool
+		hinted  bool // a 429 with a retry hint
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
 	w := newWindow(10, 100*time.Millisecond)
@@ -144,14 +145,23 @@ func TestWindowMatchesRecount(t *testing.T) {
 		}
 		o := fleetwatch.Outcome(1 + rng.IntN(fleetwatch.NumOutcomes-1))
 		r := rec{num: num, outcome: o, latency: o == ok, bin: binOf(50 + rng.Float64()*1000)}
-		if w.add(num, r.outcome, r.latency, r.bin, 0) {
+		retry := 0.0
+		if rng.IntN(2) == 0 {
+			retry = 1000 // a hint on any outcome; only a 429's counts as hinted
+			r.hinted = o == throttled
+		}
+		if w.add(num, r.outcome, r.latency, r.bin, retry) {
 			all = append(all, r)
 		}
 		if step%997 == 0 {
 			var want histogram
 			var counts [fleetwatch.NumOutcomes]uint64
+			var hinted uint64
 			for _, r := range all {
 				if r.num > w.head-w.size() {
+					if r.hinted {
+						hinted++
+					}
 					counts[r.outcome]++
 					if r.latency {
 						want.add(r.bin)
@@ -160,6 +170,12 @@ func TestWindowMatchesRecount(t *testing.T) {
 			}
 			if counts != w.counts {
 				t.Fatalf("step %d: counts %v, recount %v", step, w.counts, counts)
+			}
+			if hinted != w.hinted || hinted != w.stats().hinted {
+				t.Fatalf("step %d: hinted 429s %d (stats %d), recount %d", step, w.hinted, w.stats().hinted, hinted)
+			}
+			if same := w.resized(len(w.buckets), time.Duration(w.bucketNanos)); same.hinted != hinted {
+				t.Fatalf("step %d: the window resized to its own size has %d hinted 429s, want %d", step, same.hinted, hinted)
 			}
 			if w.ttft != nil && w.ttft.counts != want.counts {
 				t.Fatalf("step %d: histogram differs from the recount", step)

@@ -242,6 +242,7 @@ type AnalyzerConfig struct {
 	ConsecutiveThrottled *int      `yaml:"consecutive_throttled"` // 429s with a retry hint in a row that open a breaker (held while a peer answers 429s too); default 5; negative: off
 	ThrottledRunCounts   *string   `yaml:"throttled_run_counts"`  // which 429s make that run: hinted (default; a bare 429 is a full queue and ends it) or all
 	ThrottleRate         *float64  `yaml:"throttle_rate"`
+	ThrottleRateCounts   *string   `yaml:"throttle_rate_counts"` // which 429s the rate that opens a breaker counts: hinted (default; bare 429s, a full queue, only lower the weight) or all
 	SlowFactor           *float64  `yaml:"slow_factor"`
 	EWMAAlpha            *float64  `yaml:"ewma_alpha"`
 	IdleGap              *Duration `yaml:"idle_gap"`
@@ -742,6 +743,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"consecutive_stalls", a.ConsecutiveStalls != nil && *a.ConsecutiveStalls == 0},
 		{"consecutive_throttled", a.ConsecutiveThrottled != nil && *a.ConsecutiveThrottled == 0},
 		{"throttled_run_counts", a.ThrottledRunCounts != nil && *a.ThrottledRunCounts == ""},
+		{"throttle_rate_counts", a.ThrottleRateCounts != nil && *a.ThrottleRateCounts == ""},
 		{"half_open_successes", a.HalfOpenSuccesses != nil && *a.HalfOpenSuccesses == 0},
 		{"failure_rate", a.FailureRate != nil && *a.FailureRate == 0},
 		{"throttle_rate", a.ThrottleRate != nil && *a.ThrottleRate == 0},

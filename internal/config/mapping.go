@@ -51,6 +51,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setIf(&s.RecentMinRequests, a.RecentMinRequests)
 	setIf(&s.FailureRate, a.FailureRate)
 	setIf(&s.ThrottleRate, a.ThrottleRate)
+	setIf(&s.ThrottleRateCounts, a.ThrottleRateCounts)
 	setIf(&s.SlowFactor, a.SlowFactor)
 	setIf(&s.EWMAAlpha, a.EWMAAlpha)
 	setIf(&s.HalfOpenWeight, a.HalfOpenWeight)

@@ -41,7 +41,10 @@ const (
 
 // FWOldDetection is fleetwatch with the analyzer's detection as it was
 // before the newest-quarter trip and the pool-wide 429 hold (both off),
-// for the comparison in docs/EVALUATION.md.
+// for the comparison in docs/EVALUATION.md. It, FWNo429Run and
+// FW429RunAll count every 429 toward the 429 rate, as when they were
+// measured; FW429RateAll is the default with that count alone
+// (throttle_rate_counts: all, the default before 2026-12-05).
 const FWOldDetection = "fw-old-detection"
 
 // FWNo429Run is fleetwatch without the run-of-429s rule (the default
@@ -49,16 +52,19 @@ const FWOldDetection = "fw-old-detection"
 // 429, bare ones (a full queue) included: the comparison of
 // docs/EVALUATION.md "The 429 breaker".
 const (
-	FWNo429Run  = "fw-no-429-run"
-	FW429RunAll = "fw-429-run-all"
+	FWNo429Run   = "fw-no-429-run"
+	FW429RunAll  = "fw-429-run-all"
+	FW429RateAll = "fw-429-rate-all"
 )
 
 // fwAnalyzerVariants are fleetwatch (the real picker) with other analyzer
 // settings.
 var fwAnalyzerVariants = map[string]analyzer.Settings{
-	FWOldDetection: {SlowFactor: FleetwatchAnalyzer.SlowFactor, RecentMinRequests: -1, PoolThrottleHold: -1, ConsecutiveThrottled: -1},
-	FWNo429Run:     {SlowFactor: FleetwatchAnalyzer.SlowFactor, ConsecutiveThrottled: -1},
-	FW429RunAll:    {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottledRunCounts: analyzer.RunCountsAll},
+	FWOldDetection: {SlowFactor: FleetwatchAnalyzer.SlowFactor, RecentMinRequests: -1, PoolThrottleHold: -1, ConsecutiveThrottled: -1,
+		ThrottleRateCounts: analyzer.RunCountsAll},
+	FWNo429Run:   {SlowFactor: FleetwatchAnalyzer.SlowFactor, ConsecutiveThrottled: -1, ThrottleRateCounts: analyzer.RunCountsAll},
+	FW429RunAll:  {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottledRunCounts: analyzer.RunCountsAll, ThrottleRateCounts: analyzer.RunCountsAll},
+	FW429RateAll: {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottleRateCounts: analyzer.RunCountsAll},
 }
 
 // FleetLoadPolicies are the fleet-load variants, in report order.
@@ -93,6 +99,7 @@ func init() {
 		FWOldDetection: "fleetwatch with the analyzer's newest-quarter trip, pool-wide 429 hold and run of 429s off (the detection before them)",
 		FWNo429Run:     "fleetwatch with the run of 429s off (consecutive_throttled: -1, the default before)",
 		FW429RunAll:    "fleetwatch with the run of 429s counting bare 429s too (throttled_run_counts: all)",
+		FW429RateAll:   "fleetwatch with the 429 rate that opens a breaker counting bare 429s too (throttle_rate_counts: all, the default before 2026-12-05)",
 	} {
 		PolicyDescriptions[name] = d
 	}
