@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -23,13 +24,62 @@ import (
 // natsCluster is three natsProcs routed to each other.
 type natsCluster struct{ nodes []*natsProc }
 
+// The ports are picked by binding port 0 and closing it, so another
+// process may take one before the node binds it (seen under a loaded full
+// suite: a node that listened for clients exited on its route port). A
+// node that exits with "address already in use" makes the cluster start
+// again on other ports, up to three times.
 func startNATSCluster(t *testing.T, bin string) *natsCluster {
 	t.Helper()
-	c := newNATSCluster(t, bin)
-	for _, n := range c.nodes {
-		n.startPort()
+	for attempt := 1; ; attempt++ {
+		c := newNATSCluster(t, bin)
+		started := true
+		for _, n := range c.nodes {
+			if started = n.startClustered(); !started {
+				break
+			}
+		}
+		if started {
+			return c
+		}
+		for _, n := range c.nodes {
+			n.kill(syscall.SIGKILL)
+		}
+		if attempt == 3 {
+			t.Fatal("nats-server: a port of the cluster was taken before the node bound it, three times")
+		}
+		t.Logf("nats-server: a port of the cluster was taken before the node bound it; starting the cluster again on other ports")
 	}
-	return c
+}
+
+// startClustered starts the node on its configured ports and waits until
+// it listens for clients and routes. It reports false when the node exited
+// because a port was already in use, and fails the test when it exited for
+// another reason.
+func (n *natsProc) startClustered() bool {
+	n.t.Helper()
+	n.launch(0)
+	listening := false
+	testkit.Eventually(n.t, 20*time.Second, "nats-server to listen for clients and routes", func() bool {
+		select {
+		case <-n.exited:
+			if strings.Contains(n.logs.String(), "address already in use") {
+				return true
+			}
+			n.t.Fatalf("nats-server exited:\n%s", n.logs.String())
+		default:
+		}
+		if !strings.Contains(n.logs.String(), "Listening for route connections") {
+			return false
+		}
+		c, err := net.DialTimeout("tcp", n.addr(), 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			listening = true
+		}
+		return err == nil
+	})
+	return listening
 }
 
 // newNATSCluster configures the three nodes without starting them.

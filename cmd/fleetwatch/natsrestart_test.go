@@ -106,6 +106,23 @@ var natsPortLine = regexp.MustCompile(`Listening for client connections on \S+:(
 // keeps the port of its configuration file (n.port).
 func (n *natsProc) start(port int) {
 	n.t.Helper()
+	n.launch(port)
+	if port != -1 {
+		n.waitListening()
+		return
+	}
+	testkit.Eventually(n.t, 10*time.Second, "nats-server to report its port", func() bool {
+		if m := natsPortLine.FindStringSubmatch(n.logs.String()); m != nil {
+			n.port, _ = strconv.Atoi(m[1])
+		}
+		return n.port != 0
+	})
+	n.waitListening()
+}
+
+// launch starts the process on port (as start) without waiting for it.
+func (n *natsProc) launch(port int) {
+	n.t.Helper()
 	args := append([]string{}, n.args...)
 	if port != 0 {
 		args = append(args, "-p", strconv.Itoa(port))
@@ -122,17 +139,6 @@ func (n *natsProc) start(port int) {
 	n.exited = exited
 	cmd := n.cmd
 	go func() { _ = cmd.Wait(); close(exited) }()
-	if port != -1 {
-		n.waitListening()
-		return
-	}
-	testkit.Eventually(n.t, 10*time.Second, "nats-server to report its port", func() bool {
-		if m := natsPortLine.FindStringSubmatch(n.logs.String()); m != nil {
-			n.port, _ = strconv.Atoi(m[1])
-		}
-		return n.port != 0
-	})
-	n.waitListening()
 }
 
 // waitListening waits until the server accepts connections (its JetStream
