@@ -114,9 +114,6 @@ func TraceScenario(tr *Trace, o TraceOptions) Scenario {
 	if o.Backends <= 0 {
 		o.Backends = 4
 	}
-	if o.Slots <= 0 {
-		o.Slots = 8
-	}
 	if o.KVBlocks == 0 {
 		o.KVBlocks = DefaultKVBlocks
 	}
