@@ -36,6 +36,9 @@ type Behavior struct {
 	// RetryAfter is the Retry-After a 429 carries (whole seconds in
 	// Retry-After, milliseconds in retry-after-ms). If zero, 1s is used.
 	RetryAfter time.Duration
+	// BareThrottle sends the 429s without any retry hint, as a full queue
+	// answers (text-generation-inference's overload), not a quota.
+	BareThrottle bool
 
 	// Hang makes generation requests never answer until the client cancels
 	// or the server closes.
@@ -134,6 +137,7 @@ type BehaviorPatch struct {
 	InstantError         *bool    `json:"instant_error,omitempty"`
 	ThrottleRate         *float64 `json:"throttle_rate,omitempty"`
 	RetryAfterMs         *float64 `json:"retry_after_ms,omitempty"`
+	BareThrottle         *bool    `json:"bare_throttle,omitempty"`
 	Hang                 *bool    `json:"hang,omitempty"`
 	BreakAfterTokens     *int     `json:"break_after_tokens,omitempty"`
 	StreamErrorAfter     *int     `json:"stream_error_after_tokens,omitempty"`
@@ -220,6 +224,7 @@ func (p BehaviorPatch) Apply(b Behavior) (Behavior, error) {
 	}
 	flag(p.BufferStream, &b.BufferStream)
 	flag(p.InstantError, &b.InstantError)
+	flag(p.BareThrottle, &b.BareThrottle)
 	flag(p.Hang, &b.Hang)
 	flag(p.Refuse, &b.Refuse)
 	flag(p.RejectOverLimit, &b.RejectOverLimit)
@@ -243,7 +248,7 @@ func PatchOf(b Behavior) BehaviorPatch {
 	return BehaviorPatch{
 		TTFTMs: ms(b.TTFT), TTFTPerPromptTokenMs: ms(b.TTFTPerPromptToken), TokenTimeMs: ms(b.TokenTime),
 		ErrorRate: f(b.ErrorRate), InstantError: t(b.InstantError),
-		ThrottleRate: f(b.ThrottleRate), RetryAfterMs: ms(b.RetryAfter),
+		ThrottleRate: f(b.ThrottleRate), RetryAfterMs: ms(b.RetryAfter), BareThrottle: t(b.BareThrottle),
 		Hang: t(b.Hang), Refuse: t(b.Refuse), BreakAfterTokens: &brk,
 		StreamErrorAfter: &serr, StreamCutAfter: &cut, BufferStream: t(b.BufferStream),
 		ColdStartMs: ms(b.ColdStart), IdleGapMs: ms(b.IdleGap),

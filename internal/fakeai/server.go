@@ -353,6 +353,11 @@ func (s *Server) begin() {
 }
 
 func (s *Server) throttle(w http.ResponseWriter, b Behavior) {
+	if b.BareThrottle {
+		s.throttled.Add(1)
+		writeError(w, http.StatusTooManyRequests, "overloaded", "fakeai: the queue is full")
+		return
+	}
 	ra := b.retryAfter()
 	secs := int64((ra + time.Second - 1) / time.Second)
 	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))

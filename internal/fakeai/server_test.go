@@ -383,6 +383,15 @@ func TestRetryAfter(t *testing.T) {
 	}
 }
 
+// A bare throttle is a 429 without any retry hint, as a full queue's.
+func TestBareThrottle(t *testing.T) {
+	srv := start(t, Settings{Behavior: Behavior{ThrottleRate: 1, BareThrottle: true}})
+	code, h, _ := mustPost(testCtx(t), t, srv.URL()+"/v1/embeddings", map[string]any{"input": "x"})
+	if code != 429 || h.Get("Retry-After") != "" || h.Get("retry-after-ms") != "" {
+		t.Errorf("status %d, Retry-After %q, retry-after-ms %q: want a 429 without either", code, h.Get("Retry-After"), h.Get("retry-after-ms"))
+	}
+}
+
 func TestHangHonoursCancellation(t *testing.T) {
 	srv := start(t, Settings{Behavior: Behavior{Hang: true}})
 	ctx, cancel := context.WithCancel(testCtx(t))
@@ -540,7 +549,7 @@ func TestAdminEndpoint(t *testing.T) {
 }
 
 func TestBehaviorPatchRoundTrip(t *testing.T) {
-	b := Behavior{TTFT: 3 * time.Millisecond, ErrorRate: 0.25, ThrottleRate: 1, RetryAfter: 2 * time.Second,
+	b := Behavior{TTFT: 3 * time.Millisecond, ErrorRate: 0.25, ThrottleRate: 1, RetryAfter: 2 * time.Second, BareThrottle: true,
 		Hang: true, ColdStart: time.Second, IdleGap: time.Minute, MaxConcurrent: 4, RejectOverLimit: true,
 		Model: "m", Fingerprint: "fp", TokenTime: time.Millisecond, TTFTPerPromptToken: time.Microsecond,
 		BreakAfterTokens: 3}
