@@ -45,6 +45,7 @@ func runFake(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&b.ErrorRate, "error-rate", 0, "fraction of requests answered 500 after the TTFT")
 	fs.Float64Var(&b.ThrottleRate, "throttle-rate", 0, "fraction of requests answered 429")
 	fs.DurationVar(&b.RetryAfter, "retry-after", 0, "Retry-After of a 429 (default 1s)")
+	fs.BoolVar(&b.BareThrottle, "bare-throttle", false, "429s without Retry-After, as a full queue answers (not a quota)")
 	fs.DurationVar(&b.ColdStart, "cold-start", 0, "extra time of the first request after an idle gap")
 	fs.DurationVar(&b.IdleGap, "idle-gap", 0, "idle time that makes a backend cold again (default 5m)")
 	fs.IntVar(&b.MaxConcurrent, "max-concurrent", 0, "requests in progress per backend; more wait (0: no limit)")
