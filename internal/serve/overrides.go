@@ -352,24 +352,22 @@ func (o *overrides) checkKnown(ctx context.Context, pool, backend string, now ti
 	if !backends[backend] && kv != nil {
 		fromBucket()
 	}
-	if backends[backend] {
-		return nil
-	}
-	if !poolKnown {
-		known := o.knownPools(ctx, kv, now)
+	var known []string
+	if !backends[backend] && !poolKnown {
+		known = o.knownPools(ctx, kv, now)
 		if kv != nil && slices.Contains(known, pool) {
 			// The pool's first snapshot reached the bucket between the
 			// read above and the listing: read it again rather than
 			// refuse a pool the error would list as known.
 			fromBucket()
-			if backends[backend] {
-				return nil
-			}
 		}
-		if !poolKnown {
-			return fmt.Errorf("%w: pool %q is neither configured nor in a current snapshot (known pools: %s); set force for a planned one",
-				errUnknownTarget, pool, listed(known))
-		}
+	}
+	switch {
+	case backends[backend]:
+		return nil
+	case !poolKnown:
+		return fmt.Errorf("%w: pool %q is neither configured nor in a current snapshot (known pools: %s); set force for a planned one",
+			errUnknownTarget, pool, listed(known))
 	}
 	return fmt.Errorf("%w: backend %q of pool %q is neither configured nor in a current snapshot (known backends of %s: %s); set force for a planned one",
 		errUnknownTarget, backend, pool, pool, listed(slices.Sorted(maps.Keys(backends))))
