@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -123,13 +124,14 @@ func TraceScenario(tr *Trace, o TraceOptions) Scenario {
 	if len(o.Policies) == 0 {
 		o.Policies = TracePolicies
 	}
-	fleet := o.Fleet
+	fleet := slices.Clone(o.Fleet)
 	if len(fleet) == 0 {
 		fleet = []FleetGroup{{Count: o.Backends, Slots: o.Slots}}
 	}
 	var backends []BackendSpec
-	for _, g := range fleet {
+	for i, g := range fleet {
 		g = g.withDefaults(o.KVBlocks)
+		fleet[i] = g
 		for range g.Count {
 			backends = append(backends, BackendSpec{ID: fmt.Sprintf("b%d", len(backends)), Slots: g.Slots,
 				DecodePerTokenMs: o.DecodeMs, KVBlocks: max(g.KVBlocks, 0), Speed: g.Times})
@@ -139,7 +141,7 @@ func TraceScenario(tr *Trace, o TraceOptions) Scenario {
 	return Scenario{
 		Name: "trace-" + strings.TrimSuffix(filepath.Base(tr.Name), filepath.Ext(tr.Name)),
 		Description: fmt.Sprintf("%s (%s, %d requests over %s) at x%g, %s, decode %g ms/token",
-			filepath.Base(tr.Name), tr.Format, len(tr.Requests), tr.Span.Round(time.Second), o.Speed, fleetDescription(fleet, o.KVBlocks), o.DecodeMs),
+			filepath.Base(tr.Name), tr.Format, len(tr.Requests), tr.Span.Round(time.Second), o.Speed, fleetDescription(fleet), o.DecodeMs),
 		Duration:      time.Duration(float64(tr.Span)/o.Speed) + timeout,
 		Routers:       o.Routers,
 		Backends:      backends,
@@ -165,18 +167,16 @@ func (g FleetGroup) withDefaults(kv int) FleetGroup {
 	return g
 }
 
-// fleetDescription says what the fleet is: "4 backends of 8 slots, 800 KV
-// blocks each" for one group at full speed, else each group in turn.
-func fleetDescription(fleet []FleetGroup, kv int) string {
-	if len(fleet) == 1 {
-		if g := fleet[0].withDefaults(kv); g.Times == 1 {
-			return fmt.Sprintf("%d backends of %d slots, %d KV blocks each", g.Count, g.Slots, max(g.KVBlocks, 0))
-		}
+// fleetDescription says what the fleet (its groups with their defaults) is:
+// "4 backends of 8 slots, 800 KV blocks each" for one group at full speed,
+// else each group in turn.
+func fleetDescription(fleet []FleetGroup) string {
+	if g := fleet[0]; len(fleet) == 1 && g.Times == 1 {
+		return fmt.Sprintf("%d backends of %d slots, %d KV blocks each", g.Count, g.Slots, max(g.KVBlocks, 0))
 	}
 	var parts []string
 	total := 0
 	for _, g := range fleet {
-		g = g.withDefaults(kv)
 		total += g.Count
 		d := fmt.Sprintf("%d of %d slots", g.Count, g.Slots)
 		if g.Times != 1 {
