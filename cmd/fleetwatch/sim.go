@@ -41,6 +41,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	routers := fs.Int("routers", 0, "routers sharing the traffic in every scenario (for example 1, 4, 16, 64); 0 keeps each scenario's")
 	feedPeriod := fs.Duration("feed-period", 0, "period of the analyzer's evaluations and snapshots (and of the published backend loads); 0 keeps 1s")
 	stallFloor := fs.Duration("stall-floor", 0, "the feed-following routers' first-token deadline floor (route's stall_floor); 0 keeps 10s, negative turns the deadline off")
+	scale := fs.Int("scale", 1, "run every scenario over this many times its backends at this many times its rate (copies of each backend; an incident on one backend stays on it)")
 	detection := fs.Bool("detection", false, "also print breaker openings and the time to open the watched backend, per seed")
 	variants := fs.Bool("variants", false, "also run the picker's score variants and the default-analyzer variant: "+strings.Join(simVariants, ", "))
 	trace := fs.String("trace", "", "replay this per-request trace through the policies instead of the scenarios (formats: "+strings.Join(sim.TraceFormats, ", ")+")")
@@ -52,7 +53,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	decodeMs := fs.Float64("decode-ms", 5, "with --trace: decode time per output token at an empty batch, ms")
 	fleet := fs.String("fleet", "", "with --trace: the fleet as groups COUNTxSLOTS[@TIMES][:KVBLOCKS], for example 2x8,2x8@2 (two of 8 slots, two more taking twice the time); instead of --backends and --slots")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--variants]")
+		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--scale K] [--variants]")
 		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N --slots N | --fleet SPEC] [--kv-blocks N] [--policies P,...]")
 		fs.PrintDefaults()
 	}
@@ -63,8 +64,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
 	}
-	if *routers < 0 || *feedPeriod < 0 {
-		fmt.Fprintln(stderr, "fleetwatch sim: --routers and --feed-period must be >= 0")
+	if *routers < 0 || *feedPeriod < 0 || *scale < 1 {
+		fmt.Fprintln(stderr, "fleetwatch sim: --routers and --feed-period must be >= 0, --scale >= 1")
 		return errUsage
 	}
 	if *seeds < 1 {
@@ -109,7 +110,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: %v\n", err)
 		return errUsage
 	}
-	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feedPeriod: *feedPeriod,
+	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feedPeriod: *feedPeriod, scale: *scale,
 		stallFloor: *stallFloor, policies: *policies, variants: *variants})
 	return runScenarios(ctx, scenarios, *seed, *seeds, *detection, *out, stdout, stderr)
 }
@@ -118,7 +119,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // scenarios.
 type scenarioFlags struct {
 	duration, feedPeriod, stallFloor time.Duration
-	routers                          int
+	routers, scale                   int
 	policies                         string
 	variants                         bool
 }
@@ -126,7 +127,7 @@ type scenarioFlags struct {
 // adjustScenarios applies the flags to the scenarios chosen.
 func adjustScenarios(scenarios []sim.Scenario, f scenarioFlags) {
 	for i := range scenarios {
-		scenarios[i] = scenarios[i].Shorten(f.duration)
+		scenarios[i] = scenarios[i].Shorten(f.duration).Scaled(f.scale)
 		if f.routers > 0 {
 			scenarios[i].Routers = f.routers
 		}

@@ -88,6 +88,13 @@ func TestSimRoutersAndFeedPeriod(t *testing.T) {
 	if !strings.Contains(out, "16 routers") || !strings.Contains(base, "1 routers") {
 		t.Errorf("--routers 16 not applied:\n%s\nbase:\n%s", out, base)
 	}
+	out, _, err = runSimArgs(t, append(args, "--scale", "4")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "12 backends") || !strings.Contains(base, "3 backends") {
+		t.Errorf("--scale 4 not applied:\n%s\nbase:\n%s", out, base)
+	}
 }
 
 func TestSimFlags(t *testing.T) {
@@ -100,6 +107,7 @@ func TestSimFlags(t *testing.T) {
 		{"bad seeds", []string{"--seeds", "0"}, errUsage},
 		{"negative routers", []string{"--routers", "-1"}, errUsage},
 		{"negative feed period", []string{"--feed-period", "-1s"}, errUsage},
+		{"scale 0", []string{"--scale", "0"}, errUsage},
 		{"stray argument", []string{"extra"}, errUsage},
 		{"unknown policy", []string{"--scenario", "low-traffic", "--duration", "10s", "--policies", "nope"}, nil},
 	}

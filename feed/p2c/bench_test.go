@@ -258,8 +258,15 @@ func BenchmarkPickInFlight2(b *testing.B) {
 // benchLoadPicker (published loads, 8 routers). The retry budget is off, as
 // in the other pick benchmarks (BenchmarkPickBudgeted100 measures it).
 func benchDefaultPicker(b *testing.B, n int) (*Picker, *fleetwatch.Snapshot) {
+	return benchDefaultPickerWith(b, n, Settings{})
+}
+
+// benchDefaultPickerWith is benchDefaultPicker with settings s (the retry
+// budget off).
+func benchDefaultPickerWith(b *testing.B, n int, s Settings) (*Picker, *fleetwatch.Snapshot) {
 	b.Helper()
-	p := New(Settings{RetryRatio: -1})
+	s.RetryRatio = -1
+	p := New(s)
 	bs := ids(n)
 	for i := range bs {
 		bs[i].EWMATTFTMs = floatPtr(100 + float64(i%7)*30)
@@ -278,8 +285,10 @@ func benchDefaultPicker(b *testing.B, n int) (*Picker, *fleetwatch.Snapshot) {
 // go stale (Settings.LoadStale, 2s) during a long run and the score would
 // fall back to the cheaper local count, so the snapshot is re-applied with
 // the clock's time every 4,096 picks, outside the timer.
-func benchPickDefault(b *testing.B, n int) {
-	p, snap := benchDefaultPicker(b, n)
+func benchPickDefault(b *testing.B, n int) { benchPickDefaultWith(b, n, Settings{}) }
+
+func benchPickDefaultWith(b *testing.B, n int, s Settings) {
+	p, snap := benchDefaultPickerWith(b, n, s)
 	r := rand.New(rand.NewPCG(1, 2))
 	b.ReportAllocs()
 	i := 0
@@ -307,6 +316,15 @@ func benchPickDefault(b *testing.B, n int) {
 func BenchmarkPickDefault8(b *testing.B)    { benchPickDefault(b, 8) }
 func BenchmarkPickDefault100(b *testing.B)  { benchPickDefault(b, 100) }
 func BenchmarkPickDefault1000(b *testing.B) { benchPickDefault(b, 1000) }
+
+// BenchmarkPickSampled is BenchmarkPickDefault without the scan of few
+// routers (Settings.ScanRouters < 0): the 8 routers of the snapshot get 3
+// sampled choices, the default before 2026-12-05.
+func BenchmarkPickSampled(b *testing.B) {
+	for _, n := range []int{8, 100, 1000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) { benchPickDefaultWith(b, n, Settings{ScanRouters: -1}) })
+	}
+}
 
 // benchLeastConnScan is a plain least-connections balancer over the state
 // of benchDefaultPicker: it scans every backend that is not open for the

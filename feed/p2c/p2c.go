@@ -9,7 +9,12 @@
 // sampled with probability proportional to the snapshot's weight, from a
 // cumulative weight table built once per snapshot and binary-searched per
 // pick; the number of candidates compared is a setting (Settings.Choices:
-// 3 by default, 4 for a router alone, 2 beyond 16 routers). The score is
+// 3 by default, 2 beyond 16 routers). Up to 8 routers
+// (Settings.ScanRouters) a pick compares every candidate instead: with
+// few routers a router's own counts and the published loads are close to
+// exact, and sampling three of a larger pool lost to a least-connections
+// scan at the tail (docs/EVALUATION.md, "Pools larger than the choices").
+// The score is
 // pluggable (Score); the default, LoadScore, ranks by the backend's load as
 // the snapshot publishes it plus R times the router's own change since the
 // snapshot (R the routers sharing the pool), and by the router's own
@@ -104,10 +109,22 @@ const (
 	DefaultChoices     = 3
 	DefaultChoicesMany = 2
 	// DefaultChoicesOne is Settings.Choices' default when the snapshot
-	// counts one router: no other router reads the same snapshot, so
-	// comparing more backends cannot herd, and the router's own counts
-	// are the pool's (docs/EVALUATION.md, "The steady-state cells").
+	// counts one router and the pick does not scan (ScanRouters < 0): no
+	// other router reads the same snapshot, so comparing more backends
+	// cannot herd, and the router's own counts are the pool's
+	// (docs/EVALUATION.md, "The steady-state cells").
 	DefaultChoicesOne = 4
+	// DefaultScanRouters is Settings.ScanRouters' default: up to 8
+	// routers, a fresh pick compares every candidate. Sampling three of
+	// a pool of 16 or 64 backends left most idle backends out of most
+	// comparisons: p99 TTFT 1.2-2x least-connections' at 1 to 8 routers,
+	// where comparing all of them was within a few percent of it or
+	// under; at 16 routers the scan herded and three choices were best
+	// (docs/EVALUATION.md, "Pools larger than the choices").
+	DefaultScanRouters = 8
+	// ScanMax bounds the candidates a scanning pick compares: in a larger
+	// pool, a run of ScanMax consecutive entries from a random start.
+	ScanMax = 64
 	// DefaultLoadStale is Settings.LoadStale's default.
 	DefaultLoadStale = 2 * time.Second
 	// DefaultTTL is the staleness horizon used when a snapshot carries no
@@ -155,12 +172,22 @@ type Settings struct {
 	// EWMA of TTFT. If zero, 0.2 is used (the seed's alpha).
 	LocalAlpha float64
 	// Choices is how many distinct candidates a pick samples by weight and
-	// compares by score on a fresh snapshot. If zero, 3 while the
-	// snapshot's routers are at most 16 and 2 beyond, 4 when it counts one
-	// router (DefaultChoices, DefaultChoicesOne,
-	// DefaultChoicesMany); values above 8 are 8; 1 is weighted random. The
-	// stale path always compares two.
+	// compares by score on a fresh snapshot. If zero: every candidate
+	// (a scan, see ScanRouters) while the snapshot counts 1 to
+	// ScanRouters routers, 3 up to 16 routers and 2 beyond
+	// (DefaultChoices, DefaultChoicesMany). Values above 8 are 8; 1 is
+	// weighted random. The stale path always compares two.
 	Choices int
+	// ScanRouters is the most routers a snapshot may count for a fresh
+	// pick with Choices zero to compare every candidate of the drawn tier
+	// instead of sampling some: each backend with the tier's largest
+	// weight, and each down-weighted one with probability weight /
+	// largest weight (as a sampled candidate after the first), at most
+	// ScanMax of them (a run of consecutive entries from a random
+	// start); a tie goes to one of the tied at random. If zero,
+	// DefaultScanRouters (8); negative: never, which is the rule before
+	// 2026-12-05 (4 choices for one router, 3 up to 16, 2 beyond).
+	ScanRouters int
 	// LoadStale is how old a backend's published load may be (its age_ms
 	// at the snapshot plus the time since the snapshot) before a
 	// load-aware score (Score.FleetLoad) counts the backend by R x the
@@ -286,6 +313,7 @@ type Picker struct {
 	budget       *Budget
 	unbudgeted   bool
 	choices      int
+	scanRouters  int           // Settings.ScanRouters with its default; < 0: never
 	loadStale    time.Duration // < 0: a published load never goes stale
 	atReport     bool          // !Settings.BaselineAtSnapshot
 	decay        decayTable    // exp(-d / loadStale), when loadStale > 0
@@ -326,6 +354,10 @@ func New(s Settings) *Picker {
 	}
 	p.inFlightRank = reflect.ValueOf(p.score.Rank).Pointer() == reflect.ValueOf(inFlightRank).Pointer()
 	p.choices = min(max(s.Choices, 0), maxChoices) // 0: by the snapshot's routers
+	p.scanRouters = s.ScanRouters
+	if p.scanRouters == 0 {
+		p.scanRouters = DefaultScanRouters
+	}
 	p.loadStale = s.LoadStale
 	p.atReport = !s.BaselineAtSnapshot
 	if p.loadStale == 0 {

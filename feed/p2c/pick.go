@@ -15,9 +15,12 @@ import (
 // rest). A request
 // with a prefix goes to its sticky backend (rendezvous hashing over the
 // closed candidates with weight > 0, through a slot table; see affinity.go) while that backend's EWMA TTFT is below
-// the affinity tolerance times the pool median. Otherwise Settings.Choices
-// distinct candidates (3 by default, 4 for a router alone, 2 beyond 16
-// routers) are sampled with
+// the affinity tolerance times the pool median. Otherwise, while the
+// snapshot counts 1 to Settings.ScanRouters routers (8 by default), every
+// candidate is compared (at most ScanMax; a down-weighted one joins with
+// probability weight / largest weight) and the lowest score wins, a tie
+// at random. With more routers (or none counted yet), Settings.Choices
+// distinct candidates (3 by default, 2 beyond 16 routers) are sampled with
 // probability proportional to their weight (a weight of 0 is never
 // sampled; a down-weighted one after the first joins the comparison with
 // probability weight / largest weight) and the one with the lowest score
@@ -121,6 +124,13 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int, now int64) (i
 			}
 		}
 	}
+	if st.scan {
+		if i := p.scanBest(st, tbl, r, ex, now); i >= 0 {
+			return i, false, nil
+		}
+		// Nothing in the drawn tier but the excluded backend: the
+		// sampling below tries the other tiers.
+	}
 	u := r.Uint64()
 	a := tbl.sample(u, ex, -1)
 	for j := 0; a < 0 && j < len(st.tiers); j++ {
@@ -168,6 +178,72 @@ func (p *Picker) pickFresh(st *state, r Rand, req Request, ex int, now int64) (i
 		return a, false, nil
 	}
 	return p.best(st, cands[:n], false, now), false, nil
+}
+
+// scanBest returns the lowest-scoring candidate of tbl other than ex,
+// comparing every one (Settings.ScanRouters): each entry with the largest
+// weight, and a down-weighted one with probability weight / largest weight,
+// as a sampled candidate after the first. A tie goes to one of the tied
+// candidates at random. In a pool of more than ScanMax it compares a run of
+// ScanMax consecutive entries from a random start. -1 when no entry with a
+// positive weight is left.
+func (p *Picker) scanBest(st *state, tbl *table, r Rand, ex int, now int64) int {
+	n := len(tbl.cum)
+	start := uniformInt(r.Uint64(), n)
+	// fill scores a candidate with no TTFT estimate at all (no EWMA and no
+	// pool median), as best does: the first known estimate among the
+	// candidates, or 1.
+	fill := st.median
+	if math.IsNaN(fill) {
+		fill = p.firstEstimate(st, tbl, start, ex)
+	}
+	best, bestScore, ties := -1, 0.0, 0
+	decay := math.NaN() // the candidates' shared decay since the snapshot (see loadDecayed)
+	for k := range min(n, ScanMax) {
+		i := start + k
+		if i >= n {
+			i -= n
+		}
+		w := tbl.weight(i)
+		if w <= 0 || i == ex || (w < tbl.maxWeight && unitFloat(r.Uint64())*tbl.maxWeight >= w) {
+			continue
+		}
+		e := p.ewmaFor(st, i, false)
+		if math.IsNaN(e) {
+			e = fill
+		}
+		switch sc := p.scoreOf(st, i, e, false, now, &decay); {
+		case best < 0 || sc < bestScore:
+			best, bestScore, ties = i, sc, 1
+		case sc == bestScore:
+			// A tie goes to each of the tied candidates with equal
+			// probability (reservoir sampling of one).
+			ties++
+			if uniformInt(r.Uint64(), ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// firstEstimate is the first TTFT estimate known among the candidates
+// scanBest compares from start, or 1: for a pool without a median.
+func (p *Picker) firstEstimate(st *state, tbl *table, start, ex int) float64 {
+	n := len(tbl.cum)
+	for k := range min(n, ScanMax) {
+		i := start + k
+		if i >= n {
+			i -= n
+		}
+		if i == ex || tbl.weight(i) <= 0 {
+			continue
+		}
+		if e := p.ewmaFor(st, i, false); !math.IsNaN(e) {
+			return e
+		}
+	}
+	return 1
 }
 
 func (p *Picker) pickStale(st *state, r Rand, req Request, ex int, now int64) (int, bool, error) {

@@ -69,6 +69,7 @@ type state struct {
 	tolerance float64
 	routers   float64 // the snapshot's routers, at least 1
 	choices   int     // candidates a fresh pick compares
+	scan      bool    // a fresh pick compares every candidate (pick.go scanBest)
 	// The snapshot's retry budget: retryFree, retries are free;
 	// retryFleet, they draw from Picker.fleet. Neither: the per-router
 	// budget.
@@ -149,6 +150,7 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		locals:  make(map[string]*local, n),
 	}
 	if st.choices == 0 { // Settings.Choices unset: by the number of routers
+		st.scan = snap.Routers >= 1 && snap.Routers <= p.scanRouters
 		switch {
 		case snap.Routers == 1:
 			st.choices = DefaultChoicesOne

@@ -290,10 +290,14 @@ type PoolConfig struct {
 	// Score is the router's picker score by name (p2c.Scores: load,
 	// inflight, sqrt, seed); empty: p2c.DefaultScore (load).
 	Score string `yaml:"score"`
-	// Choices is how many candidates the router's picker compares; absent
-	// or 0: 4 for one router, 3 up to 16 routers, 2 beyond
-	// (p2c.Settings.Choices).
+	// Choices is how many candidates the router's picker samples and
+	// compares; absent or 0: every candidate up to scan_routers routers, 3
+	// up to 16 routers, 2 beyond (p2c.Settings.Choices).
 	Choices *int `yaml:"choices"`
+	// ScanRouters is the most routers a pool's snapshot may count for
+	// the picker to compare every candidate rather than sample choices of
+	// them (p2c.Settings.ScanRouters); absent or 0: 8; negative: never.
+	ScanRouters *int `yaml:"scan_routers"`
 	// LoadStale is how old a published backend load may be before the
 	// load score counts the backend by the router's own in-flight count
 	// (p2c.Settings.LoadStale); absent: 2s.

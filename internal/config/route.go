@@ -14,7 +14,7 @@ import (
 // getenv from the variable the file names), priority and cost, and the
 // picker settings ps for every pool, with the pool's ms_per_cost_unit as
 // the score's exchange rate (p2c.Settings.CostWeightPerMs, its inverse)
-// and its score, choices, load_stale and load_baseline_at_report when the
+// and its score, choices, scan_routers, load_stale and load_baseline_at_report when the
 // file sets them, and the
 // route block's retry_ratio when set. route.New checks them and names the
 // pool, backend or URL at fault (a backend without a URL, for one).
@@ -43,6 +43,9 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 		}
 		if pc.Choices != nil {
 			p.Picker.Choices = *pc.Choices
+		}
+		if pc.ScanRouters != nil {
+			p.Picker.ScanRouters = *pc.ScanRouters
 		}
 		if pc.LoadStale != nil {
 			p.Picker.LoadStale = pc.LoadStale.Duration

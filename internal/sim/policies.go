@@ -46,6 +46,11 @@ const (
 	// the default before 2026-12-05 (docs/EVALUATION.md "The steady-state
 	// cells").
 	FWAtSnapshot = "fw-at-snapshot"
+	// FWSampled is fleetwatch without the scan of few routers
+	// (p2c.Settings.ScanRouters < 0): the choice rule before 2026-12-05,
+	// 4 sampled candidates for one router, 3 up to 16, 2 beyond
+	// (docs/EVALUATION.md "Pools larger than the choices").
+	FWSampled = "fw-sampled"
 )
 
 // FleetwatchAnalyzer are the analyzer settings of the feed policies other
@@ -101,6 +106,8 @@ var pickerPolicies = map[string]pickerPolicy{
 	FWChoices4:        {settings: p2c.Settings{Choices: 4}},
 	FWOwn4:            {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 4}},
 	FWAtSnapshot:      {settings: p2c.Settings{BaselineAtSnapshot: true}},
+	FWSampled:         {settings: p2c.Settings{ScanRouters: -1}},
+	"x-scan16":        {settings: p2c.Settings{ScanRouters: 16}},
 }
 
 // weightedLoadScore is the load score divided by the backend's weight.
@@ -126,6 +133,7 @@ var PolicyDescriptions = map[string]string{
 	FWOwn4:            "fleetwatch with the in-flight score (the router's own counts, no published load) and 4 choices",
 	FWAtSnapshot:      "fleetwatch whose load estimate counts the router's change from the snapshot that carries the load (the default before 2026-12-05)",
 	FWDefaultAnalyzer: "fleetwatch with every analyzer default, including the slow rule (slow_factor 5)",
+	FWSampled:         "fleetwatch sampling its candidates at every router count (4 for one router, 3 up to 16, 2 beyond): the default before 2026-12-05",
 }
 
 // errNoBackend is a router's "nothing to send to".

@@ -23,7 +23,7 @@ func WriteTable(w io.Writer, sc Scenario, results []*Result) error {
 		})
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "### %s\n\n%s (%s simulated, %d routers)\n\n", sc.Name, sc.Description, sc.Duration, max(sc.Routers, 1))
+	fmt.Fprintf(&b, "### %s\n\n%s (%s simulated, %d routers, %d backends)\n\n", sc.Name, sc.Description, sc.Duration, max(sc.Routers, 1), len(sc.Backends))
 	writeAligned(&b, rows)
 	b.WriteString("\n")
 	_, err := io.WriteString(w, b.String())

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch/analyzer"
@@ -239,6 +241,50 @@ func (in *Incident) speedFactor(t time.Duration) float64 {
 // Shorten returns a copy of s running for d instead, with every incident
 // time scaled by the same ratio. Tests use it to stay fast with the same
 // code as the command.
+// Scaled returns the scenario over k times its fleet at k times its rate:
+// each backend gets k-1 copies (IDs "b0-1", "b0-2", ...; the original
+// keeps its ID, so the scenario's incident, watched and quiet backend stay
+// one backend). Incidents that name every backend (a fleet-wide incident:
+// retry-storm, overload, bad-request-flood) are copied to the copies as
+// well. The routers and the workload's shape are unchanged: the same
+// traffic per backend over a larger pool. k <= 1, and a trace replay
+// (whose fleet is its own), return s unchanged.
+func (s Scenario) Scaled(k int) Scenario {
+	if k <= 1 || s.Trace != nil {
+		return s
+	}
+	named := map[string]bool{}
+	for _, in := range s.Incidents {
+		named[in.Backend] = true
+	}
+	fleetWide := len(s.Incidents) > 0
+	for _, b := range s.Backends {
+		fleetWide = fleetWide && named[b.ID]
+	}
+	orig := s.Backends
+	s.Backends = slices.Clone(orig)
+	s.Incidents = slices.Clone(s.Incidents)
+	n := len(s.Incidents)
+	for c := 1; c < k; c++ {
+		for _, b := range orig {
+			id := b.ID
+			b.ID = fmt.Sprintf("%s-%d", id, c)
+			s.Backends = append(s.Backends, b)
+			if !fleetWide {
+				continue
+			}
+			for _, in := range s.Incidents[:n] {
+				if in.Backend == id {
+					in.Backend = b.ID
+					s.Incidents = append(s.Incidents, in)
+				}
+			}
+		}
+	}
+	s.Workload.RatePerSec *= float64(k)
+	return s
+}
+
 func (s Scenario) Shorten(d time.Duration) Scenario {
 	if d <= 0 || d >= s.Duration {
 		return s

@@ -31,6 +31,21 @@ func scenario(t *testing.T, name string) Scenario {
 // results[policy][seed index].
 func runs(t *testing.T, sc Scenario, policies ...string) map[string][]*Result {
 	t.Helper()
+	return runsOver(t, sc, seeds, policies...)
+}
+
+// seedsTo is seeds 1 to n.
+func seedsTo(n int) []uint64 {
+	out := make([]uint64, n)
+	for i := range out {
+		out[i] = uint64(i + 1)
+	}
+	return out
+}
+
+// runsOver is runs over the given seeds.
+func runsOver(t *testing.T, sc Scenario, seeds []uint64, policies ...string) map[string][]*Result {
+	t.Helper()
 	out := make(map[string][]*Result, len(policies))
 	for _, p := range policies {
 		out[p] = make([]*Result, len(seeds))
@@ -231,6 +246,41 @@ func TestShorten(t *testing.T) {
 	}
 	if sc.Incidents[0].From != time.Minute {
 		t.Error("Shorten changed the original's incidents")
+	}
+}
+
+// Scaled copies every backend, keeps an incident on one backend on that
+// one, copies a fleet-wide incident to the copies, and multiplies the rate.
+func TestScaled(t *testing.T) {
+	one := Scenario{Backends: []BackendSpec{{ID: "b0"}, {ID: "b1", Speed: 2}}, Workload: Workload{RatePerSec: 10},
+		Incidents: []Incident{{Backend: "b1", Kind: FailFast}}, Watch: "b1"}
+	got := one.Scaled(3)
+	ids := func(sc Scenario) (out []string) {
+		for _, b := range sc.Backends {
+			out = append(out, b.ID)
+		}
+		return out
+	}
+	if diff := cmp.Diff([]string{"b0", "b1", "b0-1", "b1-1", "b0-2", "b1-2"}, ids(got)); diff != "" {
+		t.Errorf("backends (-want +got):\n%s", diff)
+	}
+	if got.Backends[5].Speed != 2 || got.Workload.RatePerSec != 30 || len(got.Incidents) != 1 || got.Watch != "b1" {
+		t.Errorf("scaled: speed %v, rate %v, incidents %v, watch %q", got.Backends[5].Speed, got.Workload.RatePerSec, got.Incidents, got.Watch)
+	}
+	wide := one
+	wide.Incidents = []Incident{{Backend: "b0", Kind: FailFast, Rate: 0.4}, {Backend: "b1", Kind: FailFast, Rate: 0.4}}
+	var on []string
+	for _, in := range wide.Scaled(2).Incidents {
+		on = append(on, in.Backend)
+	}
+	if diff := cmp.Diff([]string{"b0", "b1", "b0-1", "b1-1"}, on); diff != "" {
+		t.Errorf("fleet-wide incident's backends (-want +got):\n%s", diff)
+	}
+	if len(one.Backends) != 2 || one.Workload.RatePerSec != 10 || len(wide.Incidents) != 2 {
+		t.Error("Scaled changed the original")
+	}
+	if got := one.Scaled(1); len(got.Backends) != 2 {
+		t.Errorf("Scaled(1): %d backends, want the original 2", len(got.Backends))
 	}
 }
 
