@@ -44,7 +44,7 @@ const (
 	// FWAtSnapshot is fleetwatch with p2c.Settings.BaselineAtSnapshot:
 	// the router's change counted from the snapshot that carries the load,
 	// the default before 2026-12-05 (docs/EVALUATION.md "The steady-state
-	// cells").
+	// cells"), with the sampled choices of that default (no scan).
 	FWAtSnapshot = "fw-at-snapshot"
 	// FWSampled is fleetwatch without the scan of few routers
 	// (p2c.Settings.ScanRouters < 0): the choice rule before 2026-12-05,
@@ -105,7 +105,7 @@ var pickerPolicies = map[string]pickerPolicy{
 	FLoad3NoBudget:    {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, RetryRatio: -1, BaselineAtSnapshot: true}},
 	FWChoices4:        {settings: p2c.Settings{Choices: 4}},
 	FWOwn4:            {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 4}},
-	FWAtSnapshot:      {settings: p2c.Settings{BaselineAtSnapshot: true}},
+	FWAtSnapshot:      {settings: p2c.Settings{BaselineAtSnapshot: true, ScanRouters: -1}},
 	FWSampled:         {settings: p2c.Settings{ScanRouters: -1}},
 	"x-scan16":        {settings: p2c.Settings{ScanRouters: 16}},
 }
