@@ -199,6 +199,17 @@ func (p *Picker) scanBest(st *state, tbl *table, r Rand, ex int, now int64) int 
 	}
 	best, bestScore, ties := -1, 0.0, 0
 	decay := math.NaN() // the candidates' shared decay since the snapshot (see loadDecayed)
+	// fast: the default load score, which the loop computes inline with
+	// the same operations as scoreOf and loadDecayed (so the same bits),
+	// its pick-wide factors taken once: the decay since the snapshot and
+	// the outlier guard's line.
+	fast := p.inFlightRank && p.score.FleetLoad && !p.score.Weighted && p.loadStale > 0
+	since := now - st.at
+	if fast && since >= 0 {
+		decay = p.decay.at(since)
+	}
+	line := p.slowFactor * st.median
+	guard := p.slowFactor > 0 && !math.IsNaN(line)
 	for k := range min(n, ScanMax) {
 		i := start + k
 		if i >= n {
@@ -208,11 +219,42 @@ func (p *Picker) scanBest(st *state, tbl *table, r Rand, ex int, now int64) int 
 		if w <= 0 || i == ex || (w < tbl.maxWeight && unitFloat(r.Uint64())*tbl.maxWeight >= w) {
 			continue
 		}
-		e := p.ewmaFor(st, i, false)
+		en := &st.entries[i]
+		e := en.feedEWMA // ewmaFor on a fresh snapshot
+		if math.IsNaN(e) {
+			e = st.median
+			if v, ok := en.local.ewma(); ok {
+				e = v
+			}
+		}
 		if math.IsNaN(e) {
 			e = fill
 		}
-		switch sc := p.scoreOf(st, i, e, false, now, &decay); {
+		var sc float64
+		if fast {
+			own := en.local.inFlight.Load()
+			load := st.routers * float64(own)
+			if !math.IsNaN(en.pubLoad) && now < en.loadStaleAt {
+				est := max(0, en.pubLoad+st.routers*float64(own-en.atSnap))
+				var wt float64
+				if since >= 0 {
+					wt = decay * en.loadDecay
+				} else { // a snapshot from the future: the exact age
+					wt = math.Exp(-max(float64(now-en.loadAt), 0) / float64(p.loadStale))
+				}
+				load = wt*est + (1-wt)*load
+			}
+			sc = load + 1
+			if en.costPerMs != 0 {
+				sc += en.costPerMs / e
+			}
+			if guard && e >= line {
+				sc *= e / line
+			}
+		} else {
+			sc = p.scoreOf(st, i, e, false, now, &decay)
+		}
+		switch {
 		case best < 0 || sc < bestScore:
 			best, bestScore, ties = i, sc, 1
 		case sc == bestScore:

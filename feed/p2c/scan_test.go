@@ -3,6 +3,7 @@ package p2c
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/fleetwatch/fleetwatch"
 )
@@ -130,5 +131,63 @@ func TestScanMaxWindow(t *testing.T) {
 	p.Update(scanPool(128, 100, 4))
 	if got := counts(p, seeded(13), Request{}, 4000)["b0100"]; got < 1800 || got > 2200 {
 		t.Errorf("the idle backend of 128 got %d of 4000 picks, want about %d (ScanMax / 128)", got, 4000*ScanMax/128)
+	}
+}
+
+// The scan computes the default load score inline; a copy of the score
+// whose Rank is not recognised takes the general path (scoreOf). Over
+// random pools (costs, loads fresh and stale, EWMAs missing, slow
+// outliers, down-weighted backends, a snapshot from the future) the two
+// pickers, fed the same draws and the same outcomes, pick alike.
+func TestScanInlineScoreMatchesScoreOf(t *testing.T) {
+	general := Score{Name: "load-general", FleetLoad: true,
+		Rank: func(load, ewma, cost, cw float64) float64 { return inFlightRank(load, ewma, cost, cw) }}
+	for seed := range uint64(40) {
+		r := seeded(100 + seed)
+		n := 2 + int(r.Uint64()%30)
+		bs := ids(n)
+		for i := range bs {
+			if r.Uint64()%5 == 0 {
+				bs[i].EWMATTFTMs = nil
+			} else {
+				bs[i].EWMATTFTMs = new(float64(50 + float64(r.Uint64()%2000)))
+			}
+			if r.Uint64()%3 != 0 {
+				bs[i] = withLoad(bs[i], float64(r.Uint64()%12), int64(r.Uint64()%4000))
+			}
+			if r.Uint64()%4 == 0 {
+				bs[i].Weight = 0.1 + float64(r.Uint64()%9)/10
+			}
+			if r.Uint64()%4 == 0 {
+				bs[i].CostPerMTok = new(float64(float64(r.Uint64()%50) / 10))
+			}
+		}
+		snap := pool(1, bs...)
+		snap.Routers = 1 + int(r.Uint64()%8)
+		skew := time.Duration(r.Uint64()%3000)*time.Millisecond - time.Second // -1 s (the snapshot from the future) to 2 s
+		c := &clock{now: t0.Add(skew)}
+		s := Settings{RetryRatio: -1, CostWeightPerMs: 0.01}
+		inline, gen := newPicker(c, s), newPicker(c, Settings{RetryRatio: -1, CostWeightPerMs: 0.01, Score: general})
+		inline.Update(snap)
+		gen.Update(snap)
+		if !inline.state.Load().scan {
+			t.Fatalf("seed %d: %d routers, no scan", seed, snap.Routers)
+		}
+		ra, rb := seeded(seed), seeded(seed)
+		var open []*Choice
+		for k := range 300 {
+			a, errA := inline.Pick(ra, Request{})
+			b, errB := gen.Pick(rb, Request{})
+			if a.Backend != b.Backend || (errA == nil) != (errB == nil) {
+				t.Fatalf("seed %d, pick %d: inline %q (%v), general %q (%v)", seed, k, a.Backend, errA, b.Backend, errB)
+			}
+			open = append(open, &a, &b)
+			if k%3 == 0 { // finish the oldest pair: loads go up and down
+				open[0].Done(fleetwatch.OutcomeOK, float64(k%700), false)
+				open[1].Done(fleetwatch.OutcomeOK, float64(k%700), false)
+				open = open[2:]
+			}
+			c.Advance(7 * time.Millisecond)
+		}
 	}
 }
