@@ -408,3 +408,23 @@ func TestBaselineAtKeepsEight(t *testing.T) {
 		t.Errorf("baseline of a report after the snapshot: %d, want its own count 21", got)
 	}
 }
+
+// RunningWeight scales a published load's running sequences: waiting +
+// w x running, 1 by default, 0 (a negative setting) for waiting only.
+func TestRunningWeight(t *testing.T) {
+	for _, tt := range []struct {
+		weight, want float64
+	}{{0, 10}, {1, 10}, {0.25, 4}, {-1, 2}} {
+		c := &clock{now: t0}
+		p := newPicker(c, Settings{RunningWeight: tt.weight})
+		b := backend("a", 200)
+		b.Load = &fleetwatch.Load{Running: 8, Waiting: 2, Source: fleetwatch.LoadSourceMetrics}
+		snap := pool(1, b, backend("b", 200))
+		snap.Routers = 2
+		p.Update(snap)
+		st := p.state.Load()
+		if got := st.entries[0].pubLoad; got != tt.want {
+			t.Errorf("RunningWeight %v: published load %v, want %v", tt.weight, got, tt.want)
+		}
+	}
+}

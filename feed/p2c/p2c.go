@@ -205,6 +205,16 @@ type Settings struct {
 	// cells"). The picker keeps its counts at its last 8 snapshots per
 	// backend for it, written on Update, not on Pick.
 	BaselineAtSnapshot bool
+	// RunningWeight is how much a published load's running sequences
+	// count in a load-aware score, its waiting requests counting 1: the
+	// published load is waiting + RunningWeight x running. If zero, 1 is
+	// used (running + waiting); a negative value counts waiting requests
+	// only. An experiment, not the default: in the simulator, whose
+	// backends start a new prompt at once while a slot is free, 0.25 cut
+	// the p99 of sparse pools behind 4-8 routers by 4-15% (docs/EVALUATION.md
+	// "Pools larger than the choices"); a real server's running decodes
+	// slow a new prompt's prefill, which the model leaves out.
+	RunningWeight float64
 	// RetryRatio is the share of first attempts that may be retried. If
 	// zero, 0.2 is used. A negative value disables the budget (unlimited
 	// retries; for comparison runs only). The per-router budget applies
@@ -316,6 +326,7 @@ type Picker struct {
 	scanRouters  int           // Settings.ScanRouters with its default; < 0: never
 	loadStale    time.Duration // < 0: a published load never goes stale
 	atReport     bool          // !Settings.BaselineAtSnapshot
+	runningW     float64       // Settings.RunningWeight with its default; 0: waiting only
 	decay        decayTable    // exp(-d / loadStale), when loadStale > 0
 	// fleet is this router's share of the snapshot's fleet-wide retry
 	// budget: it accrues retry_budget.per_sec / routers a second.
@@ -360,6 +371,12 @@ func New(s Settings) *Picker {
 	}
 	p.loadStale = s.LoadStale
 	p.atReport = !s.BaselineAtSnapshot
+	switch p.runningW = s.RunningWeight; {
+	case p.runningW == 0:
+		p.runningW = 1
+	case p.runningW < 0:
+		p.runningW = 0
+	}
 	if p.loadStale == 0 {
 		p.loadStale = DefaultLoadStale
 	}

@@ -225,7 +225,11 @@ func (p *Picker) entryOf(b *fleetwatch.Backend, snapAt fleetwatch.Time, at int64
 		pubLoad:  math.NaN(),
 	}
 	if l := b.Load; l != nil && p.score.FleetLoad && !(alone && l.Source == fleetwatch.LoadSourceEvent) {
-		if t := l.Total(); t >= 0 && !math.IsInf(t, 0) {
+		t := l.Total()
+		if p.runningW != 1 {
+			t = l.Waiting + p.runningW*l.Running
+		}
+		if t >= 0 && !math.IsInf(t, 0) {
 			e.pubLoad = t
 			e.loadAt = snapAt.Add(-time.Duration(l.AgeMs) * time.Millisecond).UnixNano()
 			e.loadStaleAt = math.MaxInt64

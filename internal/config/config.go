@@ -306,9 +306,13 @@ type PoolConfig struct {
 	// from its count at the first snapshot after the backend's load report;
 	// false counts it from the snapshot that carries the load
 	// (p2c.Settings.BaselineAtSnapshot); absent: true.
-	LoadBaselineAtReport *bool           `yaml:"load_baseline_at_report"`
-	Analyzer             AnalyzerConfig  `yaml:"analyzer"`
-	Backends             []BackendConfig `yaml:"backends"`
+	LoadBaselineAtReport *bool `yaml:"load_baseline_at_report"`
+	// LoadRunningWeight is how much a published load's running sequences
+	// count against its waiting requests in the load score
+	// (p2c.Settings.RunningWeight); absent: 1; 0: waiting only.
+	LoadRunningWeight *float64        `yaml:"load_running_weight"`
+	Analyzer          AnalyzerConfig  `yaml:"analyzer"`
+	Backends          []BackendConfig `yaml:"backends"`
 
 	// Shadow is the pool's shadow mode: off (default), breakers or
 	// observe (analyzer.PoolConfig.Shadow, route.Pool.Shadow).
@@ -649,6 +653,9 @@ func (c *Config) validatePools(fail func(key, format string, args ...any) error)
 		}
 		if v := p.Choices; v != nil && *v < 0 {
 			return fail(key+".choices", "%d: must be >= 0 (0: by the number of routers)", *v)
+		}
+		if v := p.LoadRunningWeight; v != nil && (*v < 0 || *v > 1) {
+			return fail(key+".load_running_weight", "%v: must be in [0, 1]", *v)
 		}
 		if v := p.LoadStale; v != nil && v.Duration <= 0 {
 			return fail(key+".load_stale", "%v: must be > 0", v.Duration)

@@ -53,6 +53,12 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 		if v := pc.LoadBaselineAtReport; v != nil {
 			p.Picker.BaselineAtSnapshot = !*v
 		}
+		if v := pc.LoadRunningWeight; v != nil {
+			p.Picker.RunningWeight = *v
+			if *v == 0 {
+				p.Picker.RunningWeight = -1 // waiting only
+			}
+		}
 		if v := c.Route.RetryRatio; v != nil {
 			p.Picker.RetryRatio = *v
 		}

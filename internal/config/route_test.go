@@ -51,6 +51,7 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
     scan_routers: -1
     load_stale: 500ms
     load_baseline_at_report: false
+    load_running_weight: 0
     backends: [{id: a, url: "http://127.0.0.1:1"}]
   - id: plain
     backends: [{id: b, url: "http://127.0.0.1:2"}]
@@ -60,10 +61,10 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
 	}
 	pools := c.RoutePools(func(string) string { return "" }, p2c.Settings{Choices: 5})
 	tuned, plain := pools[0].Picker, pools[1].Picker
-	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.ScanRouters != -1 || tuned.LoadStale != 500*time.Millisecond || !tuned.BaselineAtSnapshot {
+	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.ScanRouters != -1 || tuned.LoadStale != 500*time.Millisecond || !tuned.BaselineAtSnapshot || tuned.RunningWeight != -1 {
 		t.Errorf("tuned pool's picker: score %q, choices %d, scan_routers %d, load_stale %v, baseline at snapshot %v", tuned.Score.Name, tuned.Choices, tuned.ScanRouters, tuned.LoadStale, tuned.BaselineAtSnapshot)
 	}
-	if plain.Score.Rank != nil || plain.Choices != 5 || plain.ScanRouters != 0 || plain.LoadStale != 0 || plain.BaselineAtSnapshot {
+	if plain.Score.Rank != nil || plain.Choices != 5 || plain.ScanRouters != 0 || plain.LoadStale != 0 || plain.BaselineAtSnapshot || plain.RunningWeight != 0 {
 		t.Errorf("plain pool's picker: score %q, choices %d, load_stale %v; want the caller's", plain.Score.Name, plain.Choices, plain.LoadStale)
 	}
 }

@@ -51,6 +51,10 @@ const (
 	// 4 sampled candidates for one router, 3 up to 16, 2 beyond
 	// (docs/EVALUATION.md "Pools larger than the choices").
 	FWSampled = "fw-sampled"
+	// FWRunningQuarter is fleetwatch counting a published load's running
+	// sequences a quarter (p2c.Settings.RunningWeight 0.25), an experiment
+	// of docs/EVALUATION.md "Pools larger than the choices".
+	FWRunningQuarter = "fw-running-quarter"
 )
 
 // FleetwatchAnalyzer are the analyzer settings of the feed policies other
@@ -107,7 +111,7 @@ var pickerPolicies = map[string]pickerPolicy{
 	FWOwn4:            {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 4}},
 	FWAtSnapshot:      {settings: p2c.Settings{BaselineAtSnapshot: true, ScanRouters: -1}},
 	FWSampled:         {settings: p2c.Settings{ScanRouters: -1}},
-	"x-scan16":        {settings: p2c.Settings{ScanRouters: 16}},
+	FWRunningQuarter:  {settings: p2c.Settings{RunningWeight: 0.25}},
 }
 
 // weightedLoadScore is the load score divided by the backend's weight.
@@ -133,6 +137,7 @@ var PolicyDescriptions = map[string]string{
 	FWOwn4:            "fleetwatch with the in-flight score (the router's own counts, no published load) and 4 choices",
 	FWAtSnapshot:      "fleetwatch whose load estimate counts the router's change from the snapshot that carries the load (the default before 2026-12-05)",
 	FWDefaultAnalyzer: "fleetwatch with every analyzer default, including the slow rule (slow_factor 5)",
+	FWRunningQuarter:  "fleetwatch with a published load of waiting + running / 4 (running sequences count a quarter)",
 	FWSampled:         "fleetwatch sampling its candidates at every router count (4 for one router, 3 up to 16, 2 beyond): the default before 2026-12-05",
 }
 
