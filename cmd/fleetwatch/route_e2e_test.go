@@ -56,6 +56,38 @@ func startServe(t *testing.T, bin, configPath, natsURL string) (stop func()) {
 	return stop
 }
 
+// watchDecisions keeps the newest snapshot of pool published on nc until
+// the test ends.
+func watchDecisions(t *testing.T, nc *nats.Conn, pool string) *decisionLog {
+	t.Helper()
+	d := &decisionLog{}
+	sub, err := nc.Subscribe(fleetwatch.Subjects{}.Decisions(pool), func(m *nats.Msg) {
+		var s fleetwatch.Snapshot
+		if json.Unmarshal(m.Data, &s) == nil {
+			d.mu.Lock()
+			if s.NewerThan(d.last) {
+				d.last = &s
+			}
+			d.mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sub.Unsubscribe() })
+	return d
+}
+
+// routers is the newest snapshot's routers count.
+func (d *decisionLog) routers() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.last == nil {
+		return 0
+	}
+	return d.last.Routers
+}
+
 // decisionLog keeps the newest snapshot of a pool seen on NATS.
 type decisionLog struct {
 	mu   sync.Mutex
@@ -186,21 +218,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	bin := fleetwatchBinary(t)
 	natsURL, ns := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
-	var decisions decisionLog
-	sub, err := nc.Subscribe(fleetwatch.Subjects{}.Decisions("llama"), func(m *nats.Msg) {
-		var s fleetwatch.Snapshot
-		if json.Unmarshal(m.Data, &s) == nil {
-			decisions.mu.Lock()
-			if s.NewerThan(decisions.last) {
-				decisions.last = &s
-			}
-			decisions.mu.Unlock()
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
+	decisions := watchDecisions(t, nc, "llama")
 
 	// b0 healthy, b1 refusing (later), b2 throttling, b3 fast-failing.
 	// Breakers stay open for at least two minutes, longer than the test: a
