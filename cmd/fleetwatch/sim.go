@@ -41,6 +41,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	routers := fs.Int("routers", 0, "routers sharing the traffic in every scenario (for example 1, 4, 16, 64); 0 keeps each scenario's")
 	feedPeriod := fs.Duration("feed-period", 0, "period of the analyzer's evaluations and snapshots (and of the published backend loads); 0 keeps 1s")
 	stallFloor := fs.Duration("stall-floor", 0, "the feed-following routers' first-token deadline floor (route's stall_floor); 0 keeps 10s, negative turns the deadline off")
+	prefillPenalty := fs.Float64("prefill-batch-penalty", 0, "slow every backend's prefill by 1 + this x its other busy slots / slots (a server whose decodes share steps with a new prompt's prefill); 0 keeps the default model")
 	scale := fs.Int("scale", 1, "run every scenario over this many times its backends at this many times its rate (copies of each backend; an incident on one backend stays on it)")
 	detection := fs.Bool("detection", false, "also print breaker openings and the time to open the watched backend, per seed")
 	variants := fs.Bool("variants", false, "also run the picker's score variants and the default-analyzer variant: "+strings.Join(simVariants, ", "))
@@ -53,8 +54,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	decodeMs := fs.Float64("decode-ms", 5, "with --trace: decode time per output token at an empty batch, ms")
 	fleet := fs.String("fleet", "", "with --trace: the fleet as groups COUNTxSLOTS[@TIMES][:KVBLOCKS], for example 2x8,2x8@2 (two of 8 slots, two more taking twice the time); instead of --backends and --slots")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--scale K] [--variants]")
-		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N --slots N | --fleet SPEC] [--kv-blocks N] [--policies P,...]")
+		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--scale K] [--prefill-batch-penalty K] [--variants]")
+		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N --slots N | --fleet SPEC] [--kv-blocks N] [--prefill-batch-penalty K] [--policies P,...]")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args, stderr); err != nil {
@@ -64,8 +65,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
 	}
-	if *routers < 0 || *feedPeriod < 0 || *scale < 1 {
-		fmt.Fprintln(stderr, "fleetwatch sim: --routers and --feed-period must be >= 0, --scale >= 1")
+	if *routers < 0 || *feedPeriod < 0 || *scale < 1 || *prefillPenalty < 0 {
+		fmt.Fprintln(stderr, "fleetwatch sim: --routers, --feed-period and --prefill-batch-penalty must be >= 0, --scale >= 1")
 		return errUsage
 	}
 	if *seeds < 1 {
@@ -96,7 +97,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if *policies != "" {
 			o.Policies = strings.Split(*policies, ",")
 		}
-		return runSimTrace(ctx, *trace, *format, o, *feedPeriod, *seed, *seeds, *out, stdout, stderr)
+		return runSimTrace(ctx, *trace, *format, o, *feedPeriod, *prefillPenalty, *seed, *seeds, *out, stdout, stderr)
 	}
 	all := sim.Scenarios()
 	if *scenario == "list" {
@@ -110,7 +111,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: %v\n", err)
 		return errUsage
 	}
-	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feedPeriod: *feedPeriod, scale: *scale,
+	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feedPeriod: *feedPeriod, scale: *scale, prefillPenalty: *prefillPenalty,
 		stallFloor: *stallFloor, policies: *policies, variants: *variants})
 	return runScenarios(ctx, scenarios, *seed, *seeds, *detection, *out, stdout, stderr)
 }
@@ -120,6 +121,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 type scenarioFlags struct {
 	duration, feedPeriod, stallFloor time.Duration
 	routers, scale                   int
+	prefillPenalty                   float64
 	policies                         string
 	variants                         bool
 }
@@ -127,7 +129,7 @@ type scenarioFlags struct {
 // adjustScenarios applies the flags to the scenarios chosen.
 func adjustScenarios(scenarios []sim.Scenario, f scenarioFlags) {
 	for i := range scenarios {
-		scenarios[i] = scenarios[i].Shorten(f.duration).Scaled(f.scale)
+		scenarios[i] = scenarios[i].Shorten(f.duration).Scaled(f.scale).WithPrefillBatchPenalty(f.prefillPenalty)
 		if f.routers > 0 {
 			scenarios[i].Routers = f.routers
 		}
@@ -203,12 +205,12 @@ func runScenarios(ctx context.Context, scenarios []sim.Scenario, seed uint64, se
 // runSimTrace replays a trace file through the policies and prints one
 // table (medians over seeds: the seed draws each request's router and the
 // policies' randomness); with out it also writes results.csv and tables.md.
-func runSimTrace(ctx context.Context, path, format string, o sim.TraceOptions, feedPeriod time.Duration, seed uint64, seeds int, out string, stdout, stderr io.Writer) error {
+func runSimTrace(ctx context.Context, path, format string, o sim.TraceOptions, feedPeriod time.Duration, prefillPenalty float64, seed uint64, seeds int, out string, stdout, stderr io.Writer) error {
 	tr, err := sim.ReadTraceFile(path, format)
 	if err != nil {
 		return err
 	}
-	sc := sim.TraceScenario(tr, o)
+	sc := sim.TraceScenario(tr, o).WithPrefillBatchPenalty(prefillPenalty)
 	sc.FeedPeriod = feedPeriod
 	start := time.Now()
 	results, err := sim.RunScenarios(ctx, []sim.Scenario{sc}, seed, seeds)

@@ -95,6 +95,13 @@ func TestSimRoutersAndFeedPeriod(t *testing.T) {
 	if !strings.Contains(out, "12 backends") || !strings.Contains(base, "3 backends") {
 		t.Errorf("--scale 4 not applied:\n%s\nbase:\n%s", out, base)
 	}
+	out, _, err = runSimArgs(t, append(args, "--prefill-batch-penalty", "1")...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "prefill slowed by 1 + 1 x busy/slots") {
+		t.Errorf("--prefill-batch-penalty not applied:\n%s", out)
+	}
 }
 
 func TestSimFlags(t *testing.T) {
@@ -108,6 +115,7 @@ func TestSimFlags(t *testing.T) {
 		{"negative routers", []string{"--routers", "-1"}, errUsage},
 		{"negative feed period", []string{"--feed-period", "-1s"}, errUsage},
 		{"scale 0", []string{"--scale", "0"}, errUsage},
+		{"negative prefill penalty", []string{"--prefill-batch-penalty", "-1"}, errUsage},
 		{"stray argument", []string{"extra"}, errUsage},
 		{"unknown policy", []string{"--scenario", "low-traffic", "--duration", "10s", "--policies", "nope"}, nil},
 	}

@@ -467,6 +467,9 @@ func (s *sim) startService(be *backend, att *attempt) {
 	uncached := req.promptTokens - cached
 	speed := s.speed(be)
 	prefill := (spec.PrefillBaseMs + spec.PrefillPerTokenMs*float64(uncached)) * speed
+	if spec.PrefillBatchPenalty > 0 {
+		prefill *= 1 + spec.PrefillBatchPenalty*float64(be.busy-1)/float64(spec.Slots)
+	}
 	decode := float64(req.outputTokens) * spec.DecodePerTokenMs * speed *
 		(1 + spec.BatchPenalty*float64(be.busy-1)/float64(spec.Slots))
 	att.firstToken = s.now + extra + prefill

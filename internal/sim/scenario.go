@@ -88,6 +88,12 @@ type BackendSpec struct {
 	// BatchPenalty slows decode by (1 + BatchPenalty x busy/Slots). If
 	// zero, 0.5 is used.
 	BatchPenalty float64
+	// PrefillBatchPenalty slows a new request's prefill by (1 +
+	// PrefillBatchPenalty x the other busy slots / Slots): a server that
+	// runs its decodes and a new prompt's prefill in the same steps
+	// (vLLM's chunked prefill). Zero (the default model) starts a prompt
+	// at full speed whatever the slots decode.
+	PrefillBatchPenalty float64
 	// Speed multiplies every time (2: twice as slow). If zero, 1 is used.
 	Speed float64
 	// CacheSize is the number of prefixes the prefix cache (LRU) holds. If
@@ -282,6 +288,20 @@ func (s Scenario) Scaled(k int) Scenario {
 		}
 	}
 	s.Workload.RatePerSec *= float64(k)
+	return s
+}
+
+// WithPrefillBatchPenalty returns the scenario with every backend's
+// PrefillBatchPenalty set to k (k <= 0: s unchanged).
+func (s Scenario) WithPrefillBatchPenalty(k float64) Scenario {
+	if k <= 0 {
+		return s
+	}
+	s.Backends = slices.Clone(s.Backends)
+	for i := range s.Backends {
+		s.Backends[i].PrefillBatchPenalty = k
+	}
+	s.Description += fmt.Sprintf("; prefill slowed by 1 + %g x busy/slots", k)
 	return s
 }
 

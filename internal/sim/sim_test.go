@@ -284,6 +284,31 @@ func TestScaled(t *testing.T) {
 	}
 }
 
+// PrefillBatchPenalty slows a prompt's prefill by the other busy slots:
+// the same run with the penalty has a higher p50 TTFT, and a scenario
+// without it is unchanged.
+func TestPrefillBatchPenalty(t *testing.T) {
+	sc := scenario(t, MixedEqual).Shorten(time.Minute)
+	if got := sc.WithPrefillBatchPenalty(0); !cmp.Equal(got, sc, cmpopts.EquateNaNs()) {
+		t.Error("WithPrefillBatchPenalty(0) changed the scenario")
+	}
+	slowed := sc.WithPrefillBatchPenalty(2)
+	if sc.Backends[0].PrefillBatchPenalty != 0 || slowed.Backends[3].PrefillBatchPenalty != 2 {
+		t.Fatalf("penalty on the original %v, on the copy %v", sc.Backends[0].PrefillBatchPenalty, slowed.Backends[3].PrefillBatchPenalty)
+	}
+	base, err := Run(sc, LeastConn, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow, err := Run(slowed, LeastConn, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(slow.TTFTP50 > base.TTFTP50*1.05) {
+		t.Errorf("p50 TTFT %.1f ms with the penalty, %.1f without: want it higher", slow.TTFTP50, base.TTFTP50)
+	}
+}
+
 func TestUnknownPolicy(t *testing.T) {
 	if _, err := Run(scenario(t, FastFailure), "no-such-policy", 1); err == nil {
 		t.Error("Run with an unknown policy: no error")
