@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +14,8 @@ import (
 // TestRouteScanLargerPool runs the scan of few routers with real
 // processes: `fleetwatch serve` as a subprocess, sixteen fake backends and
 // two routers, each with its own clients. Once the snapshot counts the two
-// routers, every pick compares all sixteen (p2c.Settings.ScanRouters). One
+// routers, every pick compares all sixteen (p2c.Settings.ScanRouters; each
+// router's fleetwatch_route_pick_candidates says 16). One
 // backend (b5) then fails fast: an instant 500 leaves it the emptiest
 // backend of the pool, which a scan compares on every pick
 // (least-connections' trap), so the routers' local breakers and retries
@@ -39,10 +41,8 @@ func TestRouteScanLargerPool(t *testing.T) {
 	// slow rule is out of reach of a loaded machine's TTFT spikes.
 	cfg := routeConfig(t, natsURL, backends, "    analyzer: {open_base: 2m, max_open_fraction: 0.75, slow_factor: 50}\n")
 	startServe(t, bin, cfg, natsURL)
-	loads := []*loadGen{
-		startLoad(t, startRouteCmd(t, cfg, "--source", "route-a"), 4),
-		startLoad(t, startRouteCmd(t, cfg, "--source", "route-b"), 4),
-	}
+	bases := []string{startRouteCmd(t, cfg, "--source", "route-a"), startRouteCmd(t, cfg, "--source", "route-b")}
+	loads := []*loadGen{startLoad(t, bases[0], 4), startLoad(t, bases[1], 4)}
 	count := func(phase int) (total, failed int, by map[string]int) {
 		by = map[string]int{}
 		for _, g := range loads {
@@ -60,6 +60,11 @@ func TestRouteScanLargerPool(t *testing.T) {
 		}
 	}
 	eventually(t, 30*time.Second, "a snapshot counting both routers: "+decisions.describe(), func() bool { return decisions.routers() == 2 })
+	for _, base := range bases {
+		eventually(t, 30*time.Second, "the router to compare all 16 backends", func() bool {
+			return strings.Contains(routeMetricsText(t, base), `fleetwatch_route_pick_candidates{pool="llama"} 16`)
+		})
+	}
 
 	// Phase 1: b5 fails fast until its breaker opens.
 	setPhase(1)

@@ -547,6 +547,22 @@ func (p *Picker) Choose(backend string) (Choice, error) {
 	return p.start(st, i, false), nil
 }
 
+// Compared returns how many candidates a fresh pick compares under the
+// applied snapshot: the backends with a weight (at most ScanMax) while it
+// scans (Settings.ScanRouters), else the sampled choices; 0 before the
+// first snapshot. In failover mode a pick compares within a tier, so
+// fewer.
+func (p *Picker) Compared() int {
+	st := p.state.Load()
+	switch {
+	case st == nil:
+		return 0
+	case st.scan:
+		return min(st.fresh.positive, ScanMax)
+	}
+	return st.choices
+}
+
 // UnbalancedDone returns how many Choice.Done calls found their backend's
 // in-flight count already at zero: a copy of a Choice finished after the
 // original. It is 0 in a correct program.

@@ -191,3 +191,35 @@ func TestScanInlineScoreMatchesScoreOf(t *testing.T) {
 		}
 	}
 }
+
+// Compared says how many candidates a fresh pick compares: the pool's
+// backends with a weight while it scans (at most ScanMax), else the
+// sampled choices.
+func TestCompared(t *testing.T) {
+	for _, tt := range []struct {
+		n, routers, choices, want int
+	}{
+		{4, 4, 0, 4},
+		{100, 4, 0, ScanMax},
+		{16, 12, 0, DefaultChoices},
+		{16, 20, 0, DefaultChoicesMany},
+		{16, 0, 0, DefaultChoices},
+		{16, 4, 5, 5},
+	} {
+		c := &clock{now: t0}
+		p := newPicker(c, Settings{Choices: tt.choices})
+		if got := p.Compared(); got != 0 {
+			t.Errorf("no snapshot: Compared() = %d, want 0", got)
+		}
+		snap := scanPool(tt.n, 0, tt.routers)
+		snap.Backends[1].Weight = 0 // not a candidate
+		p.Update(snap)
+		want := tt.want
+		if tt.want == tt.n {
+			want = tt.n - 1
+		}
+		if got := p.Compared(); got != want {
+			t.Errorf("%d backends, %d routers, choices %d: Compared() = %d, want %d", tt.n, tt.routers, tt.choices, got, want)
+		}
+	}
+}

@@ -183,6 +183,7 @@ func (rt *Router) writeGauges(w io.Writer) {
 			age = now.Sub(snap.At.Time).Seconds()
 		}
 		fmt.Fprintf(w, "fleetwatch_route_decision_age_seconds{pool=%s} %g\n", pool, age)
+		fmt.Fprintf(w, "fleetwatch_route_pick_candidates{pool=%s} %d\n", pool, p.picker.Compared())
 		for _, b := range snap.Backends {
 			be := fleetwatch.QuoteLabel(b.Backend)
 			open := 0

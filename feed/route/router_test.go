@@ -86,6 +86,7 @@ func TestRouteProxiesAndPublishesEvents(t *testing.T) {
 		`fleetwatch_route_attempts_total{pool="llama",backend="b`,
 		`fleetwatch_route_events_published_total 4`,
 		`fleetwatch_route_decision_age_seconds{pool="llama"} -1`, // no decision yet
+		`fleetwatch_route_pick_candidates{pool="llama"} 3`,       // no router counted yet: 3 sampled
 		`fleetwatch_route_backend_weight{pool="llama",backend="b0"} 1`,
 		`fleetwatch_route_backend_open{pool="llama",backend="b1"} 0`,
 		`fleetwatch_route_in_flight{pool="llama",backend="b0"} 0`,
