@@ -550,13 +550,15 @@ func (p *Picker) Choose(backend string) (Choice, error) {
 // Compared returns how many candidates a fresh pick compares under the
 // applied snapshot: the backends with a weight (at most ScanMax) while it
 // scans (Settings.ScanRouters), else the sampled choices; 0 before the
-// first snapshot. In failover mode a pick compares within a tier, so
-// fewer.
+// first snapshot, and when every backend is open and the pool sheds. In
+// failover mode it counts the tier with the largest share.
 func (p *Picker) Compared() int {
 	st := p.state.Load()
 	switch {
-	case st == nil:
+	case st == nil || (st.allOpen && st.shed):
 		return 0
+	case st.scan && st.allOpen:
+		return min(st.spread.positive, ScanMax)
 	case st.scan:
 		return min(st.fresh.positive, ScanMax)
 	}

@@ -222,4 +222,22 @@ func TestCompared(t *testing.T) {
 			t.Errorf("%d backends, %d routers, choices %d: Compared() = %d, want %d", tt.n, tt.routers, tt.choices, got, want)
 		}
 	}
+	// Every backend open: nothing to compare when the pool sheds, all of
+	// them when it spreads.
+	for _, allOpen := range []fleetwatch.AllOpen{fleetwatch.AllOpenShed, fleetwatch.AllOpenSpread} {
+		p := newPicker(&clock{now: t0}, Settings{})
+		snap := scanPool(6, 0, 2)
+		for i := range snap.Backends {
+			snap.Backends[i].State = fleetwatch.StateOpen
+		}
+		snap.AllOpen = allOpen
+		p.Update(snap)
+		want := 0
+		if allOpen == fleetwatch.AllOpenSpread {
+			want = 6
+		}
+		if got := p.Compared(); got != want {
+			t.Errorf("all open, %s: Compared() = %d, want %d", allOpen, got, want)
+		}
+	}
 }
