@@ -202,7 +202,7 @@ func (p *Picker) scanBest(st *state, tbl *table, r Rand, ex int, now int64) int 
 	// fast: the default load score, which the loop computes inline with
 	// the same operations as scoreOf and loadDecayed (so the same bits),
 	// its pick-wide factors taken once: the decay since the snapshot and
-	// the outlier guard's line.
+	// the outlier guard's line (as slowPenalty).
 	fast := p.inFlightRank && p.score.FleetLoad && !p.score.Weighted && p.loadStale > 0
 	since := now - st.at
 	if fast && since >= 0 {
@@ -219,19 +219,13 @@ func (p *Picker) scanBest(st *state, tbl *table, r Rand, ex int, now int64) int 
 		if w <= 0 || i == ex || (w < tbl.maxWeight && unitFloat(r.Uint64())*tbl.maxWeight >= w) {
 			continue
 		}
-		en := &st.entries[i]
-		e := en.feedEWMA // ewmaFor on a fresh snapshot
-		if math.IsNaN(e) {
-			e = st.median
-			if v, ok := en.local.ewma(); ok {
-				e = v
-			}
-		}
+		e := p.ewmaFor(st, i, false)
 		if math.IsNaN(e) {
 			e = fill
 		}
 		var sc float64
 		if fast {
+			en := &st.entries[i]
 			own := en.local.inFlight.Load()
 			load := st.routers * float64(own)
 			if !math.IsNaN(en.pubLoad) && now < en.loadStaleAt {
