@@ -41,8 +41,9 @@ func TestRoutePoolsCostExchangeRate(t *testing.T) {
 	}
 }
 
-// score, choices, scan_routers, load_stale and load_baseline_at_report reach the pool's
-// picker; absent, the caller's settings stay.
+// score, choices, scan_routers, load_stale, load_baseline_at_report and
+// load_running_weight reach the pool's picker; absent, the caller's
+// settings stay.
 func TestRoutePoolsPickerKeys(t *testing.T) {
 	c, err := Parse([]byte(`pools:
   - id: tuned
@@ -62,10 +63,12 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
 	pools := c.RoutePools(func(string) string { return "" }, p2c.Settings{Choices: 5})
 	tuned, plain := pools[0].Picker, pools[1].Picker
 	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.ScanRouters != -1 || tuned.LoadStale != 500*time.Millisecond || !tuned.BaselineAtSnapshot || tuned.RunningWeight != -1 {
-		t.Errorf("tuned pool's picker: score %q, choices %d, scan_routers %d, load_stale %v, baseline at snapshot %v", tuned.Score.Name, tuned.Choices, tuned.ScanRouters, tuned.LoadStale, tuned.BaselineAtSnapshot)
+		t.Errorf("tuned pool's picker: score %q, choices %d, scan_routers %d, load_stale %v, baseline at snapshot %v, running weight %v",
+			tuned.Score.Name, tuned.Choices, tuned.ScanRouters, tuned.LoadStale, tuned.BaselineAtSnapshot, tuned.RunningWeight)
 	}
 	if plain.Score.Rank != nil || plain.Choices != 5 || plain.ScanRouters != 0 || plain.LoadStale != 0 || plain.BaselineAtSnapshot || plain.RunningWeight != 0 {
-		t.Errorf("plain pool's picker: score %q, choices %d, load_stale %v; want the caller's", plain.Score.Name, plain.Choices, plain.LoadStale)
+		t.Errorf("plain pool's picker: score %q, choices %d, scan_routers %d, load_stale %v, running weight %v; want the caller's",
+			plain.Score.Name, plain.Choices, plain.ScanRouters, plain.LoadStale, plain.RunningWeight)
 	}
 }
 
