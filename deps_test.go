@@ -36,6 +36,9 @@ var allowed = map[string][]string{
 	// The operator side: request and reply types, the JetStream stores, the
 	// CLI's clients and text views.
 	"internal/control": {".", "probes", "probes/drift"},
+	// Partition leases, fencing, hand-back and takeover between serve
+	// instances; its dependencies are interfaces it declares.
+	"internal/ha": {"."},
 	// `fleetwatch route` as a value: the one assembly of the router.
 	"internal/router": {".", "feed", "feed/p2c", "feed/route", "internal/config"},
 	// Helpers shared by tests; imported only from _test.go files.

@@ -79,6 +79,8 @@ type natsProc struct {
 	bin  string
 	args []string
 	port int
+	// monitor is the monitoring listener (host:port) of a cluster node.
+	monitor string
 
 	cmd    *exec.Cmd
 	logs   *syncBuffer

@@ -63,6 +63,30 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
+// timeLines writes what it is given to to, each line prefixed with the
+// time it arrived (the process output of a failed test, in order).
+type timeLines struct {
+	mu   sync.Mutex
+	to   io.Writer
+	open bool // inside a line
+}
+
+func (w *timeLines) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, line := range bytes.SplitAfter(p, []byte("\n")) {
+		if len(line) == 0 {
+			continue
+		}
+		if !w.open {
+			fmt.Fprint(w.to, time.Now().Format("15:04:05.000 "))
+		}
+		_, _ = w.to.Write(line)
+		w.open = line[len(line)-1] != '\n'
+	}
+	return len(p), nil
+}
+
 // proc is a fleetwatch subprocess.
 type proc struct {
 	t      testing.TB
@@ -70,6 +94,7 @@ type proc struct {
 	stdout syncBuffer
 	stderr syncBuffer
 	all    syncBuffer // stdout and stderr interleaved
+	timed  syncBuffer // the same, each line with the time it was read
 	done   chan struct{}
 	err    error
 	// HTTPAddr is the address serve printed ("HTTP on http://ADDR"), or "".
@@ -98,8 +123,9 @@ func startProcEnv(t testing.TB, env []string, wantHTTP bool, args ...string) *pr
 	if env != nil {
 		p.cmd.Env = append(os.Environ(), env...)
 	}
-	p.cmd.Stdout = io.MultiWriter(&p.stdout, &p.all)
-	p.cmd.Stderr = io.MultiWriter(&p.stderr, &p.all)
+	timed := &timeLines{to: &p.timed}
+	p.cmd.Stdout = io.MultiWriter(&p.stdout, &p.all, timed)
+	p.cmd.Stderr = io.MultiWriter(&p.stderr, &p.all, timed)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +133,7 @@ func startProcEnv(t testing.TB, env []string, wantHTTP bool, args ...string) *pr
 	t.Cleanup(func() {
 		p.stop()
 		if t.Failed() {
-			t.Logf("fleetwatch %s\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), p.stdout.String(), p.stderr.String())
+			t.Logf("fleetwatch %s\noutput:\n%s", strings.Join(args, " "), p.timed.String())
 		}
 	})
 	if wantHTTP {

@@ -175,7 +175,7 @@ func (s *Server) listenHTTP() (net.Listener, error) {
 		getenv = os.Getenv
 	}
 	var err error
-	if s.httpAuth, err = newHTTPAuth(s.cfg.HTTP, getenv); err != nil {
+	if s.web.auth, err = newHTTPAuth(s.cfg.HTTP, getenv); err != nil {
 		return nil, err
 	}
 	var tlsConfig *tls.Config

@@ -269,7 +269,7 @@ func TestExpiredBackendForgetsTransitions(t *testing.T) {
 		s.countTransition(tr)
 	}
 	want := map[transitionKey]uint64{{"p", "stays", fleetwatch.StateOpen, analyzer.CauseFailureRate}: 1}
-	if !maps.Equal(want, s.transitions) {
-		t.Errorf("transitions = %v, want %v", s.transitions, want)
+	if !maps.Equal(want, s.rec.transitions) {
+		t.Errorf("transitions = %v, want %v", s.rec.transitions, want)
 	}
 }

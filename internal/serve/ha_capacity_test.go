@@ -63,7 +63,7 @@ func TestHACapacity(t *testing.T) {
 	took := time.Since(start)
 	var received uint64
 	for _, in := range ins {
-		received += in.ha.fromOthers.Get()
+		received += in.m.fromOthers.Get()
 	}
 	report := fmt.Sprintf("two instances accepted %d events in %v: %.0f events/s together; %d were taken by the non-owner's collector and forwarded\n",
 		want, took.Round(time.Millisecond), float64(want)/took.Seconds(), received)
@@ -72,9 +72,7 @@ func TestHACapacity(t *testing.T) {
 	killed := time.Now()
 	b.kill()
 	testkit.Eventually(t, 60*time.Second, "a to hold every partition", func() bool { return len(a.ownedPartitions()) == 8 })
-	a.ha.mu.Lock()
-	rebuilt := a.ha.rebuilt
-	a.ha.mu.Unlock()
+	rebuilt := a.leases.LastRebuild()
 	report += fmt.Sprintf("takeover of b's 4 partitions (about %d stored events of theirs) done %v after the kill (lease_ttl 5s); the last rebuild took %v\n",
 		want/2, time.Since(killed).Round(time.Millisecond), rebuilt.Round(time.Millisecond))
 	t.Log(report)

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/VictoriaMetrics/metrics"
@@ -23,18 +24,24 @@ func (s *Server) publishStaleAfter() time.Duration {
 	return max(3*hb, 3*time.Second)
 }
 
+// publishTimes are when each pool's last snapshot was published.
+type publishTimes struct {
+	mu   sync.Mutex // guards last
+	last map[string]time.Time
+}
+
 // notePublished records when pools were last sent on their subjects.
 func (s *Server) notePublished(pools []string, at time.Time) {
 	if len(pools) == 0 {
 		return
 	}
-	s.pubMu.Lock()
-	defer s.pubMu.Unlock()
-	if s.lastPub == nil {
-		s.lastPub = map[string]time.Time{}
+	s.published.mu.Lock()
+	defer s.published.mu.Unlock()
+	if s.published.last == nil {
+		s.published.last = map[string]time.Time{}
 	}
 	for _, p := range pools {
-		s.lastPub[p] = at
+		s.published.last[p] = at
 	}
 }
 
@@ -42,18 +49,18 @@ func (s *Server) notePublished(pools []string, at time.Time) {
 // snapshot was published, sorted by pool; pools it no longer holds are
 // forgotten.
 func (s *Server) publishAges(now time.Time) (pools []string, ages []time.Duration) {
-	s.pubMu.Lock()
-	defer s.pubMu.Unlock()
-	for p := range s.lastPub {
-		if _, _, held := s.ha.owns(p, now); !held {
-			delete(s.lastPub, p)
+	s.published.mu.Lock()
+	defer s.published.mu.Unlock()
+	for p := range s.published.last {
+		if _, _, held := s.leases.Owns(p, now); !held {
+			delete(s.published.last, p)
 			continue
 		}
 		pools = append(pools, p)
 	}
 	slices.Sort(pools)
 	for _, p := range pools {
-		ages = append(ages, now.Sub(s.lastPub[p]))
+		ages = append(ages, now.Sub(s.published.last[p]))
 	}
 	return pools, ages
 }
@@ -81,12 +88,12 @@ func (s *Server) health(now time.Time) (int, map[string]any) {
 	if !connected {
 		return fail("nats disconnected")
 	}
-	if s.js != nil && s.ha.view.Load() != nil {
-		held, instances, lastAnswer := s.ha.summary()
+	if !s.leases.Standalone() {
+		held, instances, lastAnswer := s.leases.Summary()
 		body["partitions_owned"] = held
 		body["instances"] = instances
 		if held == 0 && instances <= 1 {
-			if lastAnswer.IsZero() || now.Sub(lastAnswer) > s.ha.ttl {
+			if lastAnswer.IsZero() || now.Sub(lastAnswer) > s.leases.TTL() {
 				return fail(fmt.Sprintf("no partition lease: JetStream has not answered a lease request for %v", sinceOr(now, lastAnswer)))
 			}
 			return fail("no partition lease held and no other instance alive")
@@ -116,19 +123,6 @@ func sinceOr(now, t time.Time) string {
 		return "ever"
 	}
 	return now.Sub(t).Round(100 * time.Millisecond).String()
-}
-
-// summary is the lease state /healthz reports: partitions live here, the
-// instances counted, and when a lease request was last answered.
-func (h *ha) summary() (live, instances int, lastAnswer time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, l := range h.leases {
-		if l.state == stateLive {
-			live++
-		}
-	}
-	return live, max(h.instances, 1), h.lastLeaseOK
 }
 
 // ingestHealth is the ingest part of /healthz: how events reach the

@@ -55,7 +55,7 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /-/reload", s.handleReload)        // reload.go
 	s.statusRoutes(mux)
 	s.newIngestHTTP().Register(mux) // POST /v1/outcomes, /v1/ingest/litellm, /v1/traces (ingest.go)
-	return s.httpAuth.wrap(mux)     // /healthz stays open
+	return s.web.auth.wrap(mux)     // /healthz stays open
 }
 
 // registerAnalyzerMetrics writes the per-backend series at scrape time from
@@ -152,18 +152,18 @@ func (s *Server) writeTransitions(w io.Writer, snaps []fleetwatch.Snapshot) {
 			present[[2]string{snap.Pool, b.Backend}] = true
 		}
 	}
-	s.mu.Lock()
-	keys := make([]transitionKey, 0, len(s.transitions))
-	counts := make([]uint64, 0, len(s.transitions))
-	for k, n := range s.transitions {
+	s.rec.mu.Lock()
+	keys := make([]transitionKey, 0, len(s.rec.transitions))
+	counts := make([]uint64, 0, len(s.rec.transitions))
+	for k, n := range s.rec.transitions {
 		if !present[[2]string{k.pool, k.backend}] {
-			delete(s.transitions, k)
+			delete(s.rec.transitions, k)
 			continue
 		}
 		keys = append(keys, k)
 		counts = append(counts, n)
 	}
-	s.mu.Unlock()
+	s.rec.mu.Unlock()
 	for i, k := range keys {
 		metrics.WriteCounterUint64(w, fmt.Sprintf(`fleetwatch_breaker_transitions_total{pool=%s,backend=%s,to=%s,cause=%s}`,
 			fleetwatch.QuoteLabel(k.pool), fleetwatch.QuoteLabel(k.backend), fleetwatch.QuoteLabel(string(k.to)), fleetwatch.QuoteLabel(k.cause)), counts[i])

@@ -24,12 +24,13 @@ import (
 // stream (the server may have come back without it). Ensuring is
 // idempotent: a resource that exists is bound as it is.
 //
-// The lease bucket is file storage, like the others, so that a restart of
-// the server keeps its revisions; should it be lost anyway (a server that
-// came back with an empty store, an operator who deleted it), it is created
-// again with its first sequence above every fence used before (see
-// leaseFloor), so that a new owner's fence is still higher than any fence a
-// router has seen and the fences keep deciding.
+// The lease bucket (internal/ha's JetStreamStore) is file storage, like
+// the others, so that a restart of the server keeps its revisions; should
+// it be lost anyway (a server that came back with an empty store, an
+// operator who deleted it), it is created again with its first sequence
+// above every fence used before (see leaseFloor), so that a new owner's
+// fence is still higher than any fence a router has seen and the fences
+// keep deciding.
 
 // kickEnsure asks the ensure loop to check the JetStream resources now (a
 // reconnect, or an operation that got no answer from a stream).
@@ -38,71 +39,6 @@ func (s *Server) kickEnsure() {
 	case s.ensure <- struct{}{}:
 	default:
 	}
-}
-
-func (h *ha) kickEnsure() { h.s.kickEnsure() }
-
-// leaseRefused reports whether err is the server's answer that a lease
-// write was refused (the key's revision is not the one expected: the lease
-// expired or another instance holds it), as opposed to no answer at all.
-func leaseRefused(err error) bool {
-	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
-		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
-	}
-	return false
-}
-
-// leaseStreamConfig is the stream behind the lease bucket, laid out as
-// nats.go's CreateKeyValue lays out a bucket (so that KeyValue binds it),
-// with file storage and first sequence floor.
-func (h *ha) leaseStreamConfig(floor uint64) jetstream.StreamConfig {
-	bucket := h.s.subj.BucketLeases()
-	return jetstream.StreamConfig{
-		Name:              "KV_" + bucket,
-		Description:       "fleetwatch: partition leases of the serve instances",
-		Subjects:          []string{"$KV." + bucket + ".>"},
-		MaxMsgsPerSubject: 1,
-		MaxBytes:          -1,
-		MaxAge:            h.ttl,
-		MaxMsgSize:        -1,
-		MaxMsgs:           -1,
-		MaxConsumers:      -1,
-		Storage:           jetstream.FileStorage,
-		Replicas:          h.s.cfg.HASettings().Replicas,
-		AllowRollup:       true,
-		DenyDelete:        true,
-		AllowDirect:       true,
-		Duplicates:        min(2*time.Minute, h.ttl),
-		Discard:           jetstream.DiscardNew,
-		FirstSeq:          floor,
-	}
-}
-
-// leaseFloor is the first sequence of a lease bucket created now: above
-// the wall clock in microseconds (every bucket created earlier was created
-// with an earlier clock, and renewals write far fewer than a million
-// revisions a second, so its revisions stay below), above every fence this
-// instance held, and above every fence stored in the decisions bucket.
-func (h *ha) leaseFloor(ctx context.Context) uint64 {
-	floor := uint64(time.Now().UnixMicro())
-	h.mu.Lock()
-	floor = max(floor, h.maxFence+1)
-	h.mu.Unlock()
-	c, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	snaps, err := h.s.lastSnapshots(c, func(string) bool { return true })
-	if err != nil {
-		h.s.logf("ha: lease bucket floor: %v (using the clock and this instance's fences)", err)
-	}
-	for _, snap := range snaps {
-		floor = max(floor, snap.Fence+1)
-	}
-	return floor
 }
 
 // startWait bounds how long serve's start waits for a NATS server that does
@@ -189,49 +125,6 @@ const (
 	jsClusterNotAvailable jetstream.ErrorCode = 10008
 )
 
-// ensureBucket binds the lease bucket, creating it when the server does not
-// have it, and applies the configured TTL to one that exists. It is called
-// at start and by the ensure loop.
-func (h *ha) ensureBucket(ctx context.Context) error {
-	js := h.s.js
-	bucket := h.s.subj.BucketLeases()
-	name := "KV_" + bucket
-	stream, err := js.Stream(ctx, name)
-	switch {
-	case errors.Is(err, jetstream.ErrStreamNotFound):
-		floor := h.leaseFloor(ctx)
-		if _, err := js.CreateStream(ctx, h.leaseStreamConfig(floor)); err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-			return fmt.Errorf("serve: lease bucket %s: %w", bucket, err)
-		}
-		if h.kv != nil {
-			h.s.logf("ha: the server had no lease bucket %s: created it again (first revision %d)", bucket, floor)
-		}
-	case err != nil:
-		return fmt.Errorf("serve: lease bucket %s: %w", bucket, err)
-	default:
-		cfg := stream.CachedInfo().Config
-		if cfg.Storage == jetstream.MemoryStorage && h.kv == nil {
-			h.s.logf("ha: lease bucket %s is memory storage (an earlier version made it): a restart of NATS loses it and serve creates it again on file; delete it while no serve runs to move it now", bucket)
-		}
-		if cfg.MaxAge != h.ttl {
-			cfg.MaxAge, cfg.Duplicates = h.ttl, min(2*time.Minute, h.ttl)
-			if _, err := js.UpdateStream(ctx, cfg); err != nil {
-				h.s.logf("ha: using lease bucket %s as configured (TTL %v: %v)", bucket, stream.CachedInfo().Config.MaxAge, err)
-			}
-		}
-	}
-	if h.kv != nil {
-		return nil // the handle names the bucket: it works with the stream created again
-	}
-	kv, err := js.KeyValue(ctx, bucket)
-	if err != nil {
-		return fmt.Errorf("serve: lease bucket %s: %w", bucket, err)
-	}
-	h.kv = kv
-	h.view.Store(&ownership{held: make([]bool, h.n), live: make([]bool, h.n), fence: make([]uint64, h.n), validUntil: make([]time.Time, h.n)})
-	return nil
-}
-
 // ensureEvery bounds how often the ensure loop checks the resources.
 const ensureEvery = time.Second
 
@@ -270,7 +163,7 @@ func (s *Server) ensureJetStream(ctx context.Context) {
 		what string
 		do   func(context.Context) error
 	}{
-		{"lease bucket", s.ha.ensureBucket},
+		{"lease bucket", s.leases.EnsureStore},
 		{"decisions bucket", s.pub.Ensure},
 		{"outcome streams", s.col.Ensure},
 		{"overrides", s.ovr.ensure},
@@ -280,12 +173,12 @@ func (s *Server) ensureJetStream(ctx context.Context) {
 	for _, step := range steps {
 		if err := step.do(c); err != nil {
 			failed = true
-			s.ensureErrors.Inc()
+			s.m.ensureErrors.Inc()
 			s.logf("jetstream: ensuring the %s: %v (tried again on the next reconnect or missing answer)", step.what, err)
 		}
 	}
 	if failed {
-		s.ha.kickEnsure() // after ensureEvery
+		s.kickEnsure() // after ensureEvery
 	}
 }
 

@@ -62,7 +62,7 @@ func (s *Server) explain(pool, backend string, now time.Time) (Explained, bool) 
 	}
 	for _, e := range es {
 		be := BackendExplanation{Explanation: e, Transitions: []ExplainTransition{}}
-		for _, t := range s.tlog.newestFirst(pool, e.Backend) {
+		for _, t := range s.rec.tlog.newestFirst(pool, e.Backend) {
 			be.Transitions = append(be.Transitions, ExplainTransition{At: fleetwatch.At(t.At), From: t.From, To: t.To, Cause: t.Cause, Reason: t.Reason})
 		}
 		out.Backends = append(out.Backends, be)
@@ -163,7 +163,7 @@ func (s *Server) afterTransitions(ts []analyzer.Transition, now time.Time) {
 	if len(ts) == 0 {
 		return
 	}
-	s.tlog.record(ts)
+	s.rec.tlog.record(ts)
 	if s.notifier == nil {
 		return
 	}

@@ -31,6 +31,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/internal/alert"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/ha"
 	"github.com/fleetwatch/fleetwatch/internal/natsrv"
 )
 
@@ -86,15 +87,13 @@ type Server struct {
 
 	an      *analyzer.Analyzer
 	seed    uint64           // the analyzer's, also given to a takeover's scratch analyzer
-	ha      *ha              // partitions and leases (every partition is live without JetStream)
+	leases  *ha.Manager      // partitions and leases (every partition is live without JetStream)
 	fps     *fingerprintSink // the collector's sink: the analyzer, and the fingerprints of traffic for the probes
-	window  time.Duration
 	col     *collector.Collector
 	pub     *feed.Publisher
 	metrics *metrics.Set
-	ln      net.Listener
-	httpSrv *http.Server
-	urgent  chan struct{}
+	m       serveMetrics
+	web     web // the HTTP API (http.go, auth.go)
 	hist    *history
 
 	scraper *scraper         // nil without metrics_url targets (scrape.go)
@@ -102,38 +101,56 @@ type Server struct {
 	// notifier sends the alerts block's notifications (nil without
 	// receivers; ops.go).
 	notifier *alert.Notifier
-	// tlog keeps each backend's last transitions for /api/explain.
-	tlog transitionLog
 	// ovr holds the operator overrides (overrides.go).
 	ovr *overrides
 
-	// httpAuth guards the HTTP API (nil: no authentication configured);
-	// ln is a TLS listener when http.tls_cert is set (listenHTTP).
-	httpAuth *httpAuth
+	ensure    chan struct{} // kicks the ensure loop (jsensure.go)
+	alone     bool          // no other instance answered at start: the collector catches up on the capture
+	published publishTimes  // when each pool was last published (health.go)
+	urgency   urgency       // the evaluation loop's wake-up
+	rec       record        // what happened: drift alerts, transition counts and logs (wire.go, ops.go)
 
-	decisionLatency *metrics.Histogram
-	unpublished     *metrics.Counter // snapshots not sent while NATS was unreachable
-	ensureErrors    *metrics.Counter // JetStream resources that could not be ensured again (jsensure.go)
-	ensure          chan struct{}    // kicks the ensure loop (jsensure.go)
+	mu    sync.Mutex   // guards drift
+	drift *driftProbes // the running drift probes (restoreDrift); nil until Run starts them
 
-	alone        bool                 // no other instance answered at start: the collector catches up on the capture
-	pubMu        sync.Mutex           // guards lastPub
-	lastPub      map[string]time.Time // when each pool's last snapshot was published (health.go)
-	evalDuration *metrics.Histogram
+	// rl is the state of configuration reloads (reload.go).
+	rl   reloadState
+	life lifecycle
+}
 
-	mu          sync.Mutex   // guards urgentAt, alerts, transitions, ran, running, runDone, closed, drift
-	drift       *driftProbes // the running drift probes (restoreDrift); nil until Run starts them
-	urgentAt    time.Time    // when the oldest unhandled urgent signal arrived
-	alerts      []fleetwatch.DriftAlert
-	transitions map[transitionKey]uint64
+// serveMetrics are the daemon's own series (the components register
+// theirs in the same set).
+type serveMetrics struct {
+	decisionLatency, evalDuration *metrics.Histogram
+	unpublished                   *metrics.Counter // snapshots not sent while NATS was unreachable
+	ensureErrors                  *metrics.Counter // JetStream resources that could not be ensured again (jsensure.go)
+	partitionCounters
+}
+
+// web is the HTTP API: its listener (a TLS listener when http.tls_cert is
+// set: listenHTTP), its server, and its authentication (nil: none
+// configured).
+type web struct {
+	ln   net.Listener
+	srv  *http.Server
+	auth *httpAuth
+}
+
+// urgency wakes the evaluation loop at once when an event may have tripped
+// a breaker, and remembers since when.
+type urgency struct {
+	ch chan struct{}
+	mu sync.Mutex // guards at
+	at time.Time  // when the oldest unhandled signal arrived
+}
+
+// lifecycle is Run's and Close's state (docs/DECISIONS.md "Lifecycles").
+type lifecycle struct {
+	mu          sync.Mutex    // guards ran, running, runDone, closed
 	ran         bool          // Run was called (and took the server)
 	running     bool          // that Run has not returned yet
 	runDone     chan struct{} // closed when Run returns; nil before Run
 	closed      bool
-
-	// rl is the state of configuration reloads (reload.go).
-	rl reloadState
-
 	stop        chan struct{} // closed by Close: ends Run
 	stopOnce    sync.Once
 	releaseOnce sync.Once
@@ -163,10 +180,10 @@ func New(cfg *config.Config, opts Options) (_ *Server, err error) {
 		subj:    fleetwatch.Subjects{Prefix: cfg.Prefix},
 		logf:    opts.Logf,
 		metrics: metrics.NewSet(),
-		urgent:  make(chan struct{}, 1),
 		ensure:  make(chan struct{}, 1),
 		hist:    newHistory(defaultHistoryPoints),
-		stop:    make(chan struct{}),
+		urgency: urgency{ch: make(chan struct{}, 1)},
+		life:    lifecycle{stop: make(chan struct{})},
 	}
 	if s.logf == nil {
 		s.logf = func(string, ...any) {}
@@ -270,21 +287,22 @@ func (s *Server) build() error {
 	if s.an, err = analyzer.New(ac); err != nil {
 		return fmt.Errorf("serve: analyzer: %w", err)
 	}
-	s.window = ac.Settings.WithDefaults().Window
-	s.decisionLatency = s.metrics.NewHistogram("fleetwatch_decision_latency_seconds")
-	s.evalDuration = s.metrics.NewHistogram("fleetwatch_evaluate_duration_seconds")
-	s.unpublished = s.metrics.NewCounter("fleetwatch_decisions_unpublished_total")
-	s.ensureErrors = s.metrics.NewCounter("fleetwatch_jetstream_ensure_errors_total")
+	s.m = serveMetrics{
+		decisionLatency:   s.metrics.NewHistogram("fleetwatch_decision_latency_seconds"),
+		evalDuration:      s.metrics.NewHistogram("fleetwatch_evaluate_duration_seconds"),
+		unpublished:       s.metrics.NewCounter("fleetwatch_decisions_unpublished_total"),
+		ensureErrors:      s.metrics.NewCounter("fleetwatch_jetstream_ensure_errors_total"),
+		partitionCounters: newPartitionCounters(s.metrics),
+	}
 	s.registerAnalyzerMetrics()
 	s.registerHealthMetrics()
 	s.registerReloadMetrics()
 
-	s.ha = newHA(s)
+	if err := s.newLeases(); err != nil {
+		return err
+	}
 	s.ovr = newOverrides(s)
 	if s.js != nil {
-		if err := s.untilPlaced("creating the lease bucket", 10*time.Second, s.ha.ensureBucket); err != nil {
-			return err
-		}
 		if err := s.untilPlaced("creating the overrides bucket", 10*time.Second, func(ctx context.Context) error { return s.ovr.open(ctx, s.js) }); err != nil {
 			return err
 		}
@@ -307,7 +325,7 @@ func (s *Server) build() error {
 	if s.js == nil && cs.Capture {
 		s.logf("ingest: the NATS server has no JetStream: no capture, so events published while no serve runs are lost, uncounted (see /healthz)")
 	}
-	cs.CountsIntakeLoss = s.ha.leader
+	cs.CountsIntakeLoss = s.leases.Leader
 	cs.CatchUp = func() bool { return s.alone }
 	cs.Metrics, cs.Logf, cs.OnUrgent = s.metrics, s.logf, s.signalUrgent
 	var sink collector.RefusingSink = s.an
@@ -315,14 +333,14 @@ func (s *Server) build() error {
 		// Accepted events go to their partition's subject, for its owner
 		// and FW_OUTCOMES; this instance observes at once only those of
 		// the partitions it decides.
-		partitions := make([]string, s.ha.n)
+		n := s.leases.Partitions()
+		partitions := make([]string, n)
 		for p := range partitions {
 			partitions[p] = s.subj.Partition(p)
 		}
-		n := s.ha.n
 		cs.StreamSubject = func(pool string) string { return partitions[fleetwatch.PartitionOf(pool, n)] }
-		cs.StreamHeader = s.ha.header
-		sink = &haSink{h: s.ha, an: s.an}
+		cs.StreamHeader = nats.Header{originHeader: []string{s.leases.ID()}}
+		sink = &haSink{leases: s.leases, forwarded: s.m.forwarded, an: s.an}
 	}
 	s.fps = newFingerprintSink(sink)
 	s.col, err = collector.New(s.nc, s.fps, cs)
@@ -332,16 +350,16 @@ func (s *Server) build() error {
 	if err := s.buildAlerts(); err != nil {
 		return err
 	}
-	if s.ln, err = s.listenHTTP(); err != nil {
+	if s.web.ln, err = s.listenHTTP(); err != nil {
 		return err
 	}
-	s.httpSrv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	s.web.srv = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
 	s.buildScraper()
 	return nil
 }
 
 // HTTPAddr is the address the HTTP server listens on (host:port).
-func (s *Server) HTTPAddr() string { return s.ln.Addr().String() }
+func (s *Server) HTTPAddr() string { return s.web.ln.Addr().String() }
 
 // NATSURL is the URL of the NATS server in use (the embedded one's when
 // the configuration has no URL).
@@ -377,9 +395,9 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	defer func() { // registered first: runs last, after the drain
 		s.release()
-		s.mu.Lock()
-		s.running = false
-		s.mu.Unlock()
+		s.life.mu.Lock()
+		s.life.running = false
+		s.life.mu.Unlock()
 		close(runDone)
 	}()
 	ctx, cancelRun := context.WithCancel(ctx)
@@ -388,7 +406,7 @@ func (s *Server) Run(ctx context.Context) error {
 	// Close ends Run as ctx does.
 	go func() {
 		select {
-		case <-s.stop:
+		case <-s.life.stop:
 			cancelRun()
 		case <-ctx.Done():
 		}
@@ -404,9 +422,7 @@ func (s *Server) Run(ctx context.Context) error {
 		return fmt.Errorf("serve: overrides: %w", err)
 	}
 	defer ovrSub.Unsubscribe()
-	if s.js != nil {
-		s.ha.start(ctx) // the restore and replay of the partitions taken
-	}
+	s.leases.Start(ctx) // the restore and replay of the partitions taken (nothing without JetStream)
 	defer s.stopDrift()
 	if err := s.startProbes(ctx); err != nil { // reload.go; reloads start them under ctx too
 		return fmt.Errorf("serve: probes: %w", err)
@@ -436,14 +452,14 @@ func (s *Server) Run(ctx context.Context) error {
 	work.Go(func() { s.evaluateLoop(runCtx) })
 	work.Go(func() { s.runScrapers(runCtx) }) // reload.go
 	if s.js != nil {
-		work.Go(func() { s.ha.loop(runCtx) })
+		work.Go(func() { s.leases.Run(runCtx) })
 		work.Go(func() { s.ensureLoop(runCtx) })
 	}
 	if s.notifier != nil {
 		work.Go(func() { s.notifier.Run(runCtx) })
 	}
 	httpDone := make(chan error, 1)
-	go func() { httpDone <- s.httpSrv.Serve(s.ln) }() // ends with Shutdown below
+	go func() { httpDone <- s.web.srv.Serve(s.web.ln) }() // ends with Shutdown below
 
 	var first error
 	select {
@@ -461,17 +477,17 @@ func (s *Server) Run(ctx context.Context) error {
 // another Run runs, ErrClosed after Close or a finished Run) and returns
 // the channel Run closes when it is done.
 func (s *Server) begin() (chan struct{}, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.life.mu.Lock()
+	defer s.life.mu.Unlock()
 	switch {
-	case s.closed || (s.ran && !s.running):
+	case s.life.closed || (s.life.ran && !s.life.running):
 		return nil, ErrClosed
-	case s.running:
+	case s.life.running:
 		return nil, ErrRunning
 	}
-	s.ran, s.running = true, true
+	s.life.ran, s.life.running = true, true
 	runDone := make(chan struct{})
-	s.runDone = runDone
+	s.life.runDone = runDone
 	return runDone, nil
 }
 
@@ -482,9 +498,9 @@ func (s *Server) begin() (chan struct{}, error) {
 func (s *Server) drain(first error, errs chan error, httpDone chan error) error {
 	s.stopDrift()
 	s.finalSnapshot()
-	s.ha.releaseAll()
+	s.leases.Release()
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-	s.httpSrv.Shutdown(sctx)
+	s.web.srv.Shutdown(sctx)
 	scancel()
 	<-httpDone
 	close(errs)
@@ -506,11 +522,11 @@ func (s *Server) drain(first error, errs chan error, httpDone chan error) error 
 // Run returns ErrClosed. It is idempotent, safe concurrently with Run, and
 // returns nil; do not call it from a handler Run waits for.
 func (s *Server) Close() error {
-	s.stopOnce.Do(func() { close(s.stop) })
-	s.mu.Lock()
-	s.closed = true
-	done := s.runDone
-	s.mu.Unlock()
+	s.life.stopOnce.Do(func() { close(s.life.stop) })
+	s.life.mu.Lock()
+	s.life.closed = true
+	done := s.life.runDone
+	s.life.mu.Unlock()
 	if done != nil {
 		<-done
 	}
@@ -520,9 +536,9 @@ func (s *Server) Close() error {
 
 // release releases what New acquired, once.
 func (s *Server) release() {
-	s.releaseOnce.Do(func() {
-		if s.ln != nil {
-			s.ln.Close()
+	s.life.releaseOnce.Do(func() {
+		if s.web.ln != nil {
+			s.web.ln.Close()
 		}
 		s.closeNATS()
 		if s.embedded != nil {
@@ -557,13 +573,13 @@ func (s *Server) closeNATS() {
 // signalUrgent asks the evaluation loop to run now: an event may have
 // tripped a breaker.
 func (s *Server) signalUrgent() {
-	s.mu.Lock()
-	if s.urgentAt.IsZero() {
-		s.urgentAt = time.Now()
+	s.urgency.mu.Lock()
+	if s.urgency.at.IsZero() {
+		s.urgency.at = time.Now()
 	}
-	s.mu.Unlock()
+	s.urgency.mu.Unlock()
 	select {
-	case s.urgent <- struct{}{}:
+	case s.urgency.ch <- struct{}{}:
 	default:
 	}
 }
@@ -579,24 +595,24 @@ func (s *Server) evaluateLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		case <-s.urgent:
+		case <-s.urgency.ch:
 		}
 		s.evaluate(ctx, time.Now())
 	}
 }
 
 func (s *Server) evaluate(ctx context.Context, now time.Time) {
-	s.mu.Lock()
-	urgentAt := s.urgentAt
-	s.urgentAt = time.Time{}
-	s.mu.Unlock()
+	s.urgency.mu.Lock()
+	urgentAt := s.urgency.at
+	s.urgency.at = time.Time{}
+	s.urgency.mu.Unlock()
 
 	s.drainLoads()
 	ev := s.an.Evaluate(now)
-	s.evalDuration.UpdateDuration(now)
+	s.m.evalDuration.UpdateDuration(now)
 	s.publish(ctx, ev.Snapshots)
 	if !urgentAt.IsZero() && len(ev.Transitions) > 0 {
-		s.decisionLatency.UpdateDuration(urgentAt)
+		s.m.decisionLatency.UpdateDuration(urgentAt)
 	}
 	for _, t := range ev.Transitions {
 		s.countTransition(t)
@@ -624,7 +640,7 @@ func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
 	filtered := false
 	kept := snaps[:0:0]
 	for i := range snaps {
-		fence, ok, held := s.ha.owns(snaps[i].Pool, now)
+		fence, ok, held := s.leases.Owns(snaps[i].Pool, now)
 		if !ok {
 			filtered = true
 			if !held { // another instance's now: forget it here
@@ -642,7 +658,7 @@ func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
 		kept = snaps
 	}
 	if len(foreign) > 0 {
-		s.ha.unowned.Add(len(foreign))
+		s.m.unowned.Add(len(foreign))
 		s.an.Forget(func(pool string) bool { return foreign[pool] })
 	}
 	if s.nc.IsConnected() {
@@ -656,7 +672,7 @@ func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
 		}
 		s.notePublished(sent, now)
 	} else if len(kept) > 0 {
-		s.unpublished.Add(len(kept))
+		s.m.unpublished.Add(len(kept))
 	}
 	s.hist.record(kept)
 }

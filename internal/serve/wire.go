@@ -2,6 +2,7 @@ package serve
 
 import (
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
@@ -42,11 +43,11 @@ func (s *Server) ingested() ingestCounts {
 
 // driftAlerts returns the latest n drift alerts, newest first.
 func (s *Server) driftAlerts(n int) []fleetwatch.DriftAlert {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]fleetwatch.DriftAlert, 0, min(n, len(s.alerts)))
-	for i := len(s.alerts) - 1; i >= 0 && len(out) < n; i-- {
-		out = append(out, s.alerts[i])
+	s.rec.mu.Lock()
+	defer s.rec.mu.Unlock()
+	out := make([]fleetwatch.DriftAlert, 0, min(n, len(s.rec.alerts)))
+	for i := len(s.rec.alerts) - 1; i >= 0 && len(out) < n; i-- {
+		out = append(out, s.rec.alerts[i])
 	}
 	return out
 }
@@ -56,12 +57,12 @@ const maxKeptAlerts = 200
 
 // noteAlert remembers a drift alert for the status page.
 func (s *Server) noteAlert(a fleetwatch.DriftAlert) {
-	s.mu.Lock()
-	s.alerts = append(s.alerts, a)
-	if len(s.alerts) > maxKeptAlerts {
-		s.alerts = append(s.alerts[:0], s.alerts[len(s.alerts)-maxKeptAlerts:]...)
+	s.rec.mu.Lock()
+	s.rec.alerts = append(s.rec.alerts, a)
+	if len(s.rec.alerts) > maxKeptAlerts {
+		s.rec.alerts = append(s.rec.alerts[:0], s.rec.alerts[len(s.rec.alerts)-maxKeptAlerts:]...)
 	}
-	s.mu.Unlock()
+	s.rec.mu.Unlock()
 }
 
 // nextReview is when the drift review runs next (zero when not scheduled).
@@ -105,8 +106,6 @@ func budgetsOf(statuses []probes.BackendStatus) []probeBudget {
 
 func (s *Server) statusRoutes(mux *http.ServeMux) { statusRoutes(mux, s, s.hist) }
 
-func (s *Server) recordHistory(snaps []fleetwatch.Snapshot) { s.hist.record(snaps) }
-
 // probeDepsOf is what startProbes needs to start the probes of cfg;
 // prober, when not nil, is the prober of an earlier start to update and
 // reuse (a reload).
@@ -124,10 +123,10 @@ func (s *Server) probeDepsOf(cfg *config.Config, prober *probes.Prober) probeDep
 		logf:         s.logf,
 		onReview:     s.notifyReview,
 		owns: func(pool string) bool {
-			_, ok, _ := s.ha.owns(pool, time.Now())
+			_, ok, _ := s.leases.Owns(pool, time.Now())
 			return ok
 		},
-		leader: s.ha.leader,
+		leader: s.leases.Leader,
 		onAlert: func(a fleetwatch.DriftAlert) {
 			s.noteAlert(a)
 			s.notifyDrift(a)
@@ -136,6 +135,16 @@ func (s *Server) probeDepsOf(cfg *config.Config, prober *probes.Prober) probeDep
 			}
 		},
 	}
+}
+
+// record is what happened, for the status page, /metrics and
+// /api/explain: the latest drift alerts, the transitions counted per
+// series, and each backend's last transitions.
+type record struct {
+	mu          sync.Mutex // guards alerts and transitions
+	alerts      []fleetwatch.DriftAlert
+	transitions map[transitionKey]uint64
+	tlog        transitionLog
 }
 
 // transitionKey names one series of fleetwatch_breaker_transitions_total.
@@ -160,18 +169,18 @@ var transitionCauses = []string{
 // An expiry (To "") is not counted: it forgets the backend's counts at
 // once, so that they never outlive it when nobody scrapes.
 func (s *Server) countTransition(t analyzer.Transition) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.rec.mu.Lock()
+	defer s.rec.mu.Unlock()
 	if t.To == "" {
 		for _, to := range []fleetwatch.State{fleetwatch.StateOpen, fleetwatch.StateHalfOpen, fleetwatch.StateClosed} {
 			for _, cause := range transitionCauses {
-				delete(s.transitions, transitionKey{t.Pool, t.Backend, to, cause})
+				delete(s.rec.transitions, transitionKey{t.Pool, t.Backend, to, cause})
 			}
 		}
 		return
 	}
-	if s.transitions == nil {
-		s.transitions = map[transitionKey]uint64{}
+	if s.rec.transitions == nil {
+		s.rec.transitions = map[transitionKey]uint64{}
 	}
-	s.transitions[transitionKey{t.Pool, t.Backend, t.To, t.Cause}]++
+	s.rec.transitions[transitionKey{t.Pool, t.Backend, t.To, t.Cause}]++
 }
