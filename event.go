@@ -50,7 +50,7 @@ type Event struct {
 	OutputTokens int64 // >= 0; 0 when absent
 
 	Cold         bool    // the proxy knows this request hit a cold backend
-	RetryAfterMs float64 // the wait the backend's answer stated, ms (ParseRetryHint); 0 when absent
+	RetryAfterMs float64 // the wait the backend's answer stated, ms (internal/retryhint.Parse); 0 when absent
 	Prefix       string  // hash of the request's shared prefix; "" when absent
 	CacheHit     bool    // the backend reported a prefix-cache hit
 	Fingerprint  string  // artefact id the backend reported; "" when absent

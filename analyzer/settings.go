@@ -328,21 +328,8 @@ func (s Settings) Validate() error { return s.WithDefaults().validate("analyzer"
 // validate checks settings whose defaults are already applied; prefix is the
 // YAML path of the block ("analyzer", "pools[1].analyzer").
 func (s Settings) validate(prefix string) error {
-	durPositive := func(key string, d time.Duration) error {
-		if d <= 0 {
-			return settingErr(prefix, key, d.String(), "must be > 0")
-		}
-		return nil
-	}
-	fraction := func(key string, v float64, zeroOK bool) error {
-		if math.IsNaN(v) || v > 1 || v < 0 || (v == 0 && !zeroOK) {
-			if zeroOK {
-				return settingErr(prefix, key, fmtFloat(v), "must be in [0, 1]")
-			}
-			return settingErr(prefix, key, fmtFloat(v), "must be in (0, 1]")
-		}
-		return nil
-	}
+	durPositive := func(key string, d time.Duration) error { return durPositive(prefix, key, d) }
+	fraction := func(key string, v float64, zeroOK bool) error { return fraction(prefix, key, v, zeroOK) }
 	atLeastOne := func(key string, n int) error {
 		if n < 1 {
 			return settingErr(prefix, key, fmt.Sprint(n), "must be >= 1")
@@ -395,8 +382,23 @@ func (s Settings) validate(prefix string) error {
 			}
 			return nil
 		},
-		func() error { return fraction("max_weight_step", s.MaxWeightStep, false) },
-		func() error { return durPositive("load_max_age", s.LoadMaxAge) },
+		func() error { return s.validateLater(prefix) },
+	}
+	for _, check := range checks {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateLater checks the settings added after the design's (weights,
+// loads, the pool hold, client errors, what the 429 rules count), in
+// validate's order.
+func (s Settings) validateLater(prefix string) error {
+	checks := []func() error{
+		func() error { return fraction(prefix, "max_weight_step", s.MaxWeightStep, false) },
+		func() error { return durPositive(prefix, "load_max_age", s.LoadMaxAge) },
 		func() error {
 			if math.IsNaN(s.PoolThrottleHold) || s.PoolThrottleHold > 1 {
 				return settingErr(prefix, "pool_throttle_hold", fmtFloat(s.PoolThrottleHold), "must be <= 1 (negative disables the hold)")
@@ -409,7 +411,7 @@ func (s Settings) validate(prefix string) error {
 			}
 			return nil
 		},
-		func() error { return fraction("client_error_margin", s.ClientErrorMargin, false) },
+		func() error { return fraction(prefix, "client_error_margin", s.ClientErrorMargin, false) },
 		func() error {
 			if s.ThrottledRunCounts != RunCountsHinted && s.ThrottledRunCounts != RunCountsAll {
 				return settingErr(prefix, "throttled_run_counts", s.ThrottledRunCounts, "must be "+RunCountsHinted+" or "+RunCountsAll)
@@ -431,8 +433,26 @@ func (s Settings) validate(prefix string) error {
 	return nil
 }
 
-// validateBuckets checks that the window is a whole number of buckets,
-// at most maxBucketsPerWindow.
+// durPositive checks that the duration setting key is positive.
+func durPositive(prefix, key string, d time.Duration) error {
+	if d <= 0 {
+		return settingErr(prefix, key, d.String(), "must be > 0")
+	}
+	return nil
+}
+
+// fraction checks that the setting key is in (0, 1], or [0, 1] with
+// zeroOK.
+func fraction(prefix, key string, v float64, zeroOK bool) error {
+	if math.IsNaN(v) || v > 1 || v < 0 || (v == 0 && !zeroOK) {
+		if zeroOK {
+			return settingErr(prefix, key, fmtFloat(v), "must be in [0, 1]")
+		}
+		return settingErr(prefix, key, fmtFloat(v), "must be in (0, 1]")
+	}
+	return nil
+}
+
 func (s Settings) validateBuckets(prefix string) error {
 	if s.Bucket > s.Window {
 		return settingErr(prefix, "bucket", s.Bucket.String(), "must be <= window ("+s.Window.String()+")")

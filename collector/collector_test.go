@@ -284,6 +284,9 @@ func TestRejectRateLimit(t *testing.T) {
 	if notice.Suppressed != 15 || notice.Code != fleetwatch.ReasonMissingField {
 		t.Errorf("notice after the pause = %+v, want 15 suppressed missing_field", notice)
 	}
+	// The counter is incremented after the publish: the notice can reach
+	// the subscriber first.
+	waitFor(t, "12 notices counted", func() bool { return c.Stats().RejectsPublished >= 12 })
 	st := c.Stats()
 	if st.RejectsPublished != 12 || st.RejectsSuppressed != 15 {
 		t.Errorf("published %d, suppressed %d; want 12 and 15", st.RejectsPublished, st.RejectsSuppressed)

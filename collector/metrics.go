@@ -7,6 +7,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/promlabel"
 )
 
 // collectorMetrics holds the collector's series. Every label value is
@@ -122,7 +123,7 @@ func (m *collectorMetrics) rejectBySource(r fleetwatch.Reason, source string) *m
 	c := m.bySource[k]
 	if c == nil {
 		c = m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_rejects_by_source_total{reason=%q,source=%s}`,
-			string(r), fleetwatch.QuoteLabel(source)))
+			string(r), promlabel.Quote(source)))
 		m.bySource[k] = c
 	}
 	return c

@@ -8,6 +8,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	fleetwatch "github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/promlabel"
 )
 
 // proberMetrics are the Prober's series in its *metrics.Set. Per-backend
@@ -34,7 +35,7 @@ func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
 	}
 	set.RegisterMetricsWriter(func(w io.Writer) {
 		for _, st := range p.Statuses() {
-			l := fmt.Sprintf(`{pool=%s,backend=%s}`, fleetwatch.QuoteLabel(st.Pool), fleetwatch.QuoteLabel(st.Backend))
+			l := fmt.Sprintf(`{pool=%s,backend=%s}`, promlabel.Quote(st.Pool), promlabel.Quote(st.Backend))
 			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_score"+l, finite(st.Score))
 			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_threshold"+l, finite(st.Threshold))
 			metrics.WriteGaugeFloat64(w, "fleetwatch_drift_cusum"+l, st.CUSUM)
@@ -58,19 +59,19 @@ func newProberMetrics(set *metrics.Set, p *Prober) *proberMetrics {
 // probeErrors is the counter of probe errors of one backend and kind.
 func (m *proberMetrics) probeErrors(pool, backend, kind string) *metrics.Counter {
 	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_probe_errors_total{pool=%s,backend=%s,kind=%s}`,
-		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(kind)))
+		promlabel.Quote(pool), promlabel.Quote(backend), promlabel.Quote(kind)))
 }
 
 // fingerprintEvents is the counter of traffic fingerprint events of one
 // backend and kind.
 func (m *proberMetrics) fingerprintEvents(pool, backend, kind string) *metrics.Counter {
 	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_fingerprint_events_total{pool=%s,backend=%s,kind=%s}`,
-		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(kind)))
+		promlabel.Quote(pool), promlabel.Quote(backend), promlabel.Quote(kind)))
 }
 
 // alerts is the counter of drift alerts by status.
 func (m *proberMetrics) alerts(s fleetwatch.DriftStatus) *metrics.Counter {
-	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_alerts_total{status=%s}`, fleetwatch.QuoteLabel(string(s))))
+	return m.set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_drift_alerts_total{status=%s}`, promlabel.Quote(string(s))))
 }
 
 // writeBudget writes a backend's probe budget gauges: the budget and the
@@ -81,13 +82,13 @@ func writeBudget(w io.Writer, st BackendStatus) {
 	if b == nil {
 		return
 	}
-	l := fmt.Sprintf(`pool=%s,backend=%s`, fleetwatch.QuoteLabel(st.Pool), fleetwatch.QuoteLabel(st.Backend))
+	l := fmt.Sprintf(`pool=%s,backend=%s`, promlabel.Quote(st.Pool), promlabel.Quote(st.Backend))
 	if b.TokensPerDay > 0 {
 		metrics.WriteGaugeUint64(w, "fleetwatch_probe_budget_tokens_per_day{"+l+"}", uint64(b.TokensPerDay))
 		metrics.WriteGaugeFloat64(w, "fleetwatch_probe_budget_available_tokens{"+l+"}", b.Available)
 	}
 	for _, tier := range budgetTiers {
-		tl := "{" + l + ",tier=" + fleetwatch.QuoteLabel(tier) + "}"
+		tl := "{" + l + ",tier=" + promlabel.Quote(tier) + "}"
 		metrics.WriteGaugeUint64(w, "fleetwatch_probe_tokens_24h"+tl, uint64(b.Spent[tier]))
 		if b.Cost != nil {
 			metrics.WriteGaugeFloat64(w, "fleetwatch_probe_cost_24h"+tl, b.Cost[tier])
@@ -97,7 +98,7 @@ func writeBudget(w io.Writer, st BackendStatus) {
 
 func (m *proberMetrics) backendTier(name, pool, backend, tier string) string {
 	return fmt.Sprintf(`%s{pool=%s,backend=%s,tier=%s}`, name,
-		fleetwatch.QuoteLabel(pool), fleetwatch.QuoteLabel(backend), fleetwatch.QuoteLabel(tier))
+		promlabel.Quote(pool), promlabel.Quote(backend), promlabel.Quote(tier))
 }
 
 // tokens is the counter of the tokens a backend's tier spent.

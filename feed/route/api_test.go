@@ -3,7 +3,6 @@ package route
 import (
 	"errors"
 	"fmt"
-	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"maps"
 	"net/http"
@@ -14,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fleetwatch/fleetwatch/internal/retryhint"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
+
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
@@ -117,7 +118,7 @@ func TestRetryAfterMs(t *testing.T) {
 		{"date", 503, http.Header{"Retry-After": {now.Add(3 * time.Second).Format(http.TimeFormat)}}, "", 3000},
 		{"date past", 429, http.Header{"Retry-After": {now.Add(-time.Minute).Format(http.TimeFormat)}}, "", 0},
 		{"garbage", 429, http.Header{"Retry-After": {"soon"}}, "", 0},
-		{"capped at an hour", 429, http.Header{"Retry-After": {"99999999"}}, "", fleetwatch.MaxRetryHintMs},
+		{"capped at an hour", 429, http.Header{"Retry-After": {"99999999"}}, "", retryhint.MaxMs},
 		{"openai", 429, http.Header{"X-Ratelimit-Reset-Requests": {"2m0s"}}, "", 120_000},
 		{"anthropic", 429, http.Header{"Anthropic-Ratelimit-Tokens-Reset": {"2026-12-02T08:00:09Z"}}, "", 9000},
 		{"body", 429, http.Header{"Content-Type": {"application/json"}}, `{"error":{"retryDelay":"7s"}}`, 7000},

@@ -8,6 +8,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/promlabel"
 )
 
 // routerMetrics are the router's metrics in its Settings.Metrics set:
@@ -20,7 +21,7 @@ import (
 //	fleetwatch_route_pick_duration_seconds              time spent in the picker (histogram)
 //	fleetwatch_route_load_reports_total{pool,result}    ORCA load reports read (ok) or not understood (invalid)
 //	fleetwatch_route_retry_hint_malformed_total{pool,source} retry hints of 429/5xx answers that did not parse, ignored
-//	                                                    (source: a fleetwatch.RetryHintSources value)
+//	                                                    (source: a retryhint.Sources value)
 //	fleetwatch_route_stream_errors_total{pool,backend,reason} 2xx streams that failed on the way, published
 //	                                                    as outcome error (reason: error_event or cut; check.go)
 //	fleetwatch_route_model_mismatch_total{pool,backend} answers that named another model than the one asked for
@@ -53,7 +54,7 @@ type routerMetrics struct {
 type counterKey struct {
 	kind          uint8
 	pool, backend string
-	source        string // kindHintMalformed: a fleetwatch.RetryHintSources value; kindStreamError: the reason
+	source        string // kindHintMalformed: a retryhint.Sources value; kindStreamError: the reason
 	code          int
 }
 
@@ -89,12 +90,12 @@ func (m *routerMetrics) counter(k counterKey) *metrics.Counter {
 	if c, ok := m.counters.Load(k); ok {
 		return c.(*metrics.Counter)
 	}
-	pool := fleetwatch.QuoteLabel(k.pool)
+	pool := promlabel.Quote(k.pool)
 	var name string
 	switch k.kind {
 	case kindAttempt:
 		name = fmt.Sprintf(`fleetwatch_route_attempts_total{pool=%s,backend=%s,code="%d"}`,
-			pool, fleetwatch.QuoteLabel(k.backend), k.code)
+			pool, promlabel.Quote(k.backend), k.code)
 	case kindRequest:
 		name = fmt.Sprintf(`fleetwatch_route_requests_total{pool=%s,code="%d"}`, pool, k.code)
 	case kindRetry:
@@ -108,16 +109,16 @@ func (m *routerMetrics) counter(k counterKey) *metrics.Counter {
 	case kindLoadInvalid:
 		name = fmt.Sprintf(`fleetwatch_route_load_reports_total{pool=%s,result="invalid"}`, pool)
 	case kindHintMalformed:
-		name = fmt.Sprintf(`fleetwatch_route_retry_hint_malformed_total{pool=%s,source=%s}`, pool, fleetwatch.QuoteLabel(k.source))
+		name = fmt.Sprintf(`fleetwatch_route_retry_hint_malformed_total{pool=%s,source=%s}`, pool, promlabel.Quote(k.source))
 	case kindStreamError:
 		name = fmt.Sprintf(`fleetwatch_route_stream_errors_total{pool=%s,backend=%s,reason=%s}`,
-			pool, fleetwatch.QuoteLabel(k.backend), fleetwatch.QuoteLabel(k.source))
+			pool, promlabel.Quote(k.backend), promlabel.Quote(k.source))
 	case kindModelMismatch:
-		name = fmt.Sprintf(`fleetwatch_route_model_mismatch_total{pool=%s,backend=%s}`, pool, fleetwatch.QuoteLabel(k.backend))
+		name = fmt.Sprintf(`fleetwatch_route_model_mismatch_total{pool=%s,backend=%s}`, pool, promlabel.Quote(k.backend))
 	case kindToolCallBroken:
-		name = fmt.Sprintf(`fleetwatch_route_tool_call_broken_total{pool=%s,backend=%s}`, pool, fleetwatch.QuoteLabel(k.backend))
+		name = fmt.Sprintf(`fleetwatch_route_tool_call_broken_total{pool=%s,backend=%s}`, pool, promlabel.Quote(k.backend))
 	case kindFakeStream:
-		name = fmt.Sprintf(`fleetwatch_route_fake_stream_total{pool=%s,backend=%s}`, pool, fleetwatch.QuoteLabel(k.backend))
+		name = fmt.Sprintf(`fleetwatch_route_fake_stream_total{pool=%s,backend=%s}`, pool, promlabel.Quote(k.backend))
 	}
 	c, _ := m.counters.LoadOrStore(k, m.set.GetOrCreateCounter(name))
 	return c.(*metrics.Counter)
@@ -176,7 +177,7 @@ func (rt *Router) writeGauges(w io.Writer) {
 	now := rt.now()
 	for _, id := range rt.ids {
 		p := rt.pools[id]
-		pool := fleetwatch.QuoteLabel(id)
+		pool := promlabel.Quote(id)
 		snap := p.applied.Load()
 		age := -1.0
 		if snap.Epoch != configEpoch {
@@ -185,7 +186,7 @@ func (rt *Router) writeGauges(w io.Writer) {
 		fmt.Fprintf(w, "fleetwatch_route_decision_age_seconds{pool=%s} %g\n", pool, age)
 		fmt.Fprintf(w, "fleetwatch_route_pick_candidates{pool=%s} %d\n", pool, p.picker.Compared())
 		for _, b := range snap.Backends {
-			be := fleetwatch.QuoteLabel(b.Backend)
+			be := promlabel.Quote(b.Backend)
 			open := 0
 			if b.State == fleetwatch.StateOpen {
 				open = 1

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
+	"github.com/fleetwatch/fleetwatch/internal/retryhint"
 )
 
 // hopHeaders are the hop-by-hop headers a proxy must not forward (RFC 9110
@@ -442,20 +443,20 @@ func ms(d time.Duration) float64 {
 }
 
 // retryHint is the wait a failed attempt's answer states, in ms (0: none),
-// read by fleetwatch.ParseRetryHint from its headers and, for a 429 or 503
+// read by retryhint.Parse from its headers and, for a 429 or 503
 // that no header answered, from the start of its body. The body read is
 // held and put back in front of the rest, so whoever reads resp.Body next
 // (the client's copy, or the discard before a retry) sees every byte.
 // Malformed hints are counted by source.
 func (rt *Router) retryHint(pool string, resp *http.Response, now time.Time) float64 {
-	hint := fleetwatch.ParseRetryHint(resp.StatusCode, resp.Header.Get, func() []byte { return peekBody(resp) }, now)
+	hint := retryhint.Parse(resp.StatusCode, resp.Header.Get, func() []byte { return peekBody(resp) }, now)
 	for _, source := range hint.Malformed {
 		rt.metrics.hintMalformed(pool, source).Inc()
 	}
 	return hint.Ms
 }
 
-// peekBody reads up to fleetwatch.MaxRetryHintBody bytes of a non-streaming
+// peekBody reads up to retryhint.MaxBody bytes of a non-streaming
 // body and puts them back. A stream is left alone: an error answer that
 // streams has no JSON error body to read, and reading ahead would hold
 // its first events back.
@@ -463,7 +464,7 @@ func peekBody(resp *http.Response) []byte {
 	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		return nil
 	}
-	head, err := io.ReadAll(io.LimitReader(resp.Body, fleetwatch.MaxRetryHintBody))
+	head, err := io.ReadAll(io.LimitReader(resp.Body, retryhint.MaxBody))
 	rest := io.Reader(resp.Body)
 	if err != nil {
 		rest = errReader{err} // the client's copy meets the same break

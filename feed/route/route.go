@@ -22,7 +22,7 @@
 // (all_open=shed) the answer is 503 with Retry-After. Responses carry
 // X-Fleetwatch-Backend and X-Fleetwatch-Attempts. The wait a 429 or 5xx
 // states, in whichever provider's header or JSON error body
-// (fleetwatch.ParseRetryHint), becomes its event's retry_after_ms.
+// (retryhint.Parse), becomes its event's retry_after_ms.
 //
 // Every 2xx answer is also checked in passing (check.go): a stream that
 // carries an error event after it started, or ends with neither a finish

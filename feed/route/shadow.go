@@ -6,6 +6,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
+	"github.com/fleetwatch/fleetwatch/internal/promlabel"
 )
 
 // Shadow mode (PROTOCOL.md "Shadow mode (extension)"). A pool whose
@@ -44,7 +45,7 @@ func (rt *Router) ShadowStats(pool string) (stats p2c.ShadowStats, ok bool) {
 func (rt *Router) writeShadow(w io.Writer) {
 	for _, id := range rt.ids {
 		st := rt.pools[id].picker.ShadowStats()
-		pool := fleetwatch.QuoteLabel(id)
+		pool := promlabel.Quote(id)
 		mode := string(st.Mode)
 		if mode == "" {
 			mode = string(fleetwatch.ShadowOffName)

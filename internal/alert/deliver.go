@@ -16,6 +16,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/promlabel"
 )
 
 // Lifecycle errors of the Notifier (docs/DECISIONS.md "Lifecycles").
@@ -46,9 +47,9 @@ func newReceiver(r Receiver, name string, s *Settings) *receiver {
 	if r.Kind == "" {
 		r.Kind = KindWebhook
 	}
-	label := fmt.Sprintf("{receiver=%s}", fleetwatch.QuoteLabel(name))
+	label := fmt.Sprintf("{receiver=%s}", promlabel.Quote(name))
 	dropped := func(reason string) *metrics.Counter {
-		return s.Metrics.NewCounter(fmt.Sprintf("fleetwatch_alert_dropped_total{receiver=%s,reason=%q}", fleetwatch.QuoteLabel(name), reason))
+		return s.Metrics.NewCounter(fmt.Sprintf("fleetwatch_alert_dropped_total{receiver=%s,reason=%q}", promlabel.Quote(name), reason))
 	}
 	rc := &receiver{
 		r: r, name: name, s: s,

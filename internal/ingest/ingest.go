@@ -32,6 +32,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/retryhint"
 )
 
 // Publisher is where an Emitter sends its batches; *nats.Conn is one.
@@ -94,7 +95,7 @@ type Metrics struct {
 	rejects       map[fleetwatch.Reason]*metrics.Counter // by adapter and reason
 	sharedRejects map[fleetwatch.Reason]*metrics.Counter // fleetwatch_ingest_rejects_total, shared with the collector
 	skipped       map[string]*metrics.Counter
-	hintMalformed map[string]*metrics.Counter // by fleetwatch.RetryHintSources
+	hintMalformed map[string]*metrics.Counter // by retryhint.Sources
 }
 
 // NewMetrics registers adapter's series in set (a new set if nil). The
@@ -127,14 +128,14 @@ func NewMetrics(set *metrics.Set, adapter string) *Metrics {
 	for _, s := range SkipReasons {
 		m.skipped[s] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_adapter_skipped_total{%s,reason=%q}`, label, s))
 	}
-	for _, s := range fleetwatch.RetryHintSources {
+	for _, s := range retryhint.Sources {
 		m.hintMalformed[s] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_adapter_retry_hint_malformed_total{%s,source=%q}`, label, s))
 	}
 	return m
 }
 
 // RetryHintMalformed counts retry hints that did not parse, by source (see
-// fleetwatch.ParseRetryHint).
+// retryhint.Parse).
 func (m *Metrics) RetryHintMalformed(sources []string) {
 	for _, s := range sources {
 		if c, ok := m.hintMalformed[s]; ok {

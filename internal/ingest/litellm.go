@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/retryhint"
 )
 
 // LiteLLM's logging payload (StandardLoggingPayload, docs/proxy/logging_spec
@@ -160,7 +161,7 @@ func (p *litellmPayload) field(name string) string {
 // returns a skip reason ("" when ev is filled) or a parse error.
 //
 // A failed call's retry_after_ms is the provider's stated wait
-// (fleetwatch.ParseRetryHint) from the response headers the payload
+// (retryhint.Parse) from the response headers the payload
 // carries (response_headers, hidden_params.response_headers or
 // hidden_params.additional_headers, whose keys LiteLLM may write with
 // underscores or an "llm_provider-" prefix) and from the error message
@@ -234,7 +235,7 @@ func mapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event
 		ev.OutputTokens = tokenCount(*p.CompletionTokens)
 	}
 	if ev.Status == 429 || ev.Status >= 500 {
-		hint := fleetwatch.ParseRetryHint(ev.Status, litellmHeaders(&p), func() []byte { return litellmErrorBody(&p) }, ev.TS)
+		hint := retryhint.Parse(ev.Status, litellmHeaders(&p), func() []byte { return litellmErrorBody(&p) }, ev.TS)
 		ev.RetryAfterMs, malformed = hint.Ms, hint.Malformed
 	}
 	return "", malformed, nil

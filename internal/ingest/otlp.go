@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/retryhint"
 )
 
 // OpenTelemetry GenAI semantic-convention attributes the OTLP adapter reads.
@@ -109,7 +110,7 @@ func isGenAI(attrs pcommon.Map) bool {
 // ("" when ev is filled).
 //
 // A failed call's retry_after_ms is the provider's stated wait
-// (fleetwatch.ParseRetryHint) from the response headers the span records
+// (retryhint.Parse) from the response headers the span records
 // as the HTTP semantic conventions name them, http.response.header.<key>
 // (a string array, the first value read; a plain string accepted), and
 // from the span's status message or exception.message, which may carry the
@@ -181,7 +182,7 @@ func mapSpan(span ptrace.Span, resource pcommon.Map, s OTLPSettings, m *Mapping,
 	}
 	if ev.Status == 429 || ev.Status >= 500 {
 		header := func(name string) string { return spanHeader(attrs, name) }
-		hint := fleetwatch.ParseRetryHint(ev.Status, header, func() []byte { return spanErrorText(span) }, ev.TS)
+		hint := retryhint.Parse(ev.Status, header, func() []byte { return spanErrorText(span) }, ev.TS)
 		ev.RetryAfterMs, malformed = hint.Ms, hint.Malformed
 	}
 	return "", malformed

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/ingest"
+	"github.com/fleetwatch/fleetwatch/internal/retryhint"
 )
 
 // A failed LiteLLM call's retry_after_ms is the provider's stated wait,
@@ -31,7 +32,7 @@ func TestMapLiteLLMRetryHints(t *testing.T) {
 		{"google retryDelay in error_message", `{` + base + `,"error_information":{"error_code":"429","error_message":` +
 			`"litellm.RateLimitError: VertexAIException - {\n  \"error\": {\"code\": 429, \"details\": [{\"@type\": \"type.googleapis.com/google.rpc.RetryInfo\", \"retryDelay\": \"180s\"}]}}"}}`, 180_000},
 		{"retryDelay in error_str", `{` + base + `,"error_information":{"error_code":503},"error_str":"{\"error\":{\"retryDelay\":\"20s\"}}"}`, 20_000},
-		{"capped at an hour", `{` + base + `,"error_information":{"error_code":429},"response_headers":{"retry-after":"86400"}}`, fleetwatch.MaxRetryHintMs},
+		{"capped at an hour", `{` + base + `,"error_information":{"error_code":429},"response_headers":{"retry-after":"86400"}}`, retryhint.MaxMs},
 		{"a 500's reset headers say nothing", `{` + base + `,"error_information":{"error_code":500},"response_headers":{"x-ratelimit-reset-requests":"2m0s"}}`, 0},
 		{"a success is never throttled", `{"status":"success","model_group":"g","api_base":"x","response_headers":{"retry-after":"7"}}`, 0},
 		{"malformed", `{` + base + `,"error_information":{"error_code":429},"response_headers":{"retry-after":"soon"}}`, 0},
@@ -114,8 +115,8 @@ func TestRetryHintMalformedCounted(t *testing.T) {
 		t.Fatalf("otlp: %d %q", code, raw)
 	}
 	got := map[string]uint64{
-		"litellm": h.Metrics(ingest.AdapterLiteLLM).RetryHintsMalformed(fleetwatch.HintResetRequests),
-		"otlp":    h.Metrics(ingest.AdapterOTLP).RetryHintsMalformed(fleetwatch.HintRetryAfter),
+		"litellm": h.Metrics(ingest.AdapterLiteLLM).RetryHintsMalformed(retryhint.ResetRequests),
+		"otlp":    h.Metrics(ingest.AdapterOTLP).RetryHintsMalformed(retryhint.RetryAfter),
 	}
 	if diff := cmp.Diff(map[string]uint64{"litellm": 1, "otlp": 1}, got); diff != "" {
 		t.Errorf("malformed (-want +got):\n%s", diff)

@@ -10,6 +10,7 @@ import (
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/internal/promlabel"
 )
 
 // routes is serve's HTTP API: /metrics (Prometheus text), /healthz,
@@ -105,7 +106,7 @@ func writeBackendGauges(w io.Writer, snaps []fleetwatch.Snapshot) {
 			for i := range snap.Backends {
 				b := &snap.Backends[i]
 				if v, ok := g.value(b); ok {
-					metrics.WriteGaugeFloat64(w, fmt.Sprintf("%s{pool=%s,backend=%s}", g.name, fleetwatch.QuoteLabel(snap.Pool), fleetwatch.QuoteLabel(b.Backend)), v)
+					metrics.WriteGaugeFloat64(w, fmt.Sprintf("%s{pool=%s,backend=%s}", g.name, promlabel.Quote(snap.Pool), promlabel.Quote(b.Backend)), v)
 				}
 			}
 		}
@@ -166,6 +167,6 @@ func (s *Server) writeTransitions(w io.Writer, snaps []fleetwatch.Snapshot) {
 	s.rec.mu.Unlock()
 	for i, k := range keys {
 		metrics.WriteCounterUint64(w, fmt.Sprintf(`fleetwatch_breaker_transitions_total{pool=%s,backend=%s,to=%s,cause=%s}`,
-			fleetwatch.QuoteLabel(k.pool), fleetwatch.QuoteLabel(k.backend), fleetwatch.QuoteLabel(string(k.to)), fleetwatch.QuoteLabel(k.cause)), counts[i])
+			promlabel.Quote(k.pool), promlabel.Quote(k.backend), promlabel.Quote(string(k.to)), promlabel.Quote(k.cause)), counts[i])
 	}
 }

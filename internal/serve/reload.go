@@ -15,9 +15,9 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
-	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/promlabel"
 	"github.com/fleetwatch/fleetwatch/probes"
 	"github.com/fleetwatch/fleetwatch/probes/drift"
 )
@@ -389,7 +389,7 @@ func (s *Server) runScrapers(ctx context.Context) {
 
 // scrapeLabels are the labels of a target's scrape series (scraper.run).
 func scrapeLabels(t config.ScrapeTarget) string {
-	return fmt.Sprintf("{pool=%s,backend=%s}", fleetwatch.QuoteLabel(t.Pool), fleetwatch.QuoteLabel(t.Backend))
+	return fmt.Sprintf("{pool=%s,backend=%s}", promlabel.Quote(t.Pool), promlabel.Quote(t.Backend))
 }
 
 // handleReload is POST /-/reload (behind the API's authentication): 200

@@ -15,9 +15,9 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
-	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/promlabel"
 )
 
 // The metrics scraper (docs/DECISIONS.md "Backend load"): for every
@@ -221,7 +221,7 @@ func newScraper(s config.ScrapeSettings, out chan<- loadReading, set *metrics.Se
 func (sc *scraper) run(ctx context.Context, set *metrics.Set) {
 	var wg sync.WaitGroup
 	for _, t := range sc.targets {
-		labels := fmt.Sprintf("{pool=%s,backend=%s}", fleetwatch.QuoteLabel(t.Pool), fleetwatch.QuoteLabel(t.Backend))
+		labels := fmt.Sprintf("{pool=%s,backend=%s}", promlabel.Quote(t.Pool), promlabel.Quote(t.Backend))
 		scrapes := set.GetOrCreateCounter("fleetwatch_load_scrapes_total" + labels)
 		failures := set.GetOrCreateCounter("fleetwatch_load_scrape_failures_total" + labels)
 		wg.Go(func() { sc.loop(ctx, t, scrapes, failures) })

@@ -1,13 +1,16 @@
-package fleetwatch
+// Package promlabel quotes Prometheus label values. A leaf: it imports
+// the standard library only, so every package that names metric series
+// may use it.
+package promlabel
 
 import "strings"
 
-// QuoteLabel quotes v as a Prometheus label value in the text exposition
+// Quote quotes v as a Prometheus label value in the text exposition
 // format: a backslash, a double quote and a line feed are escaped, and
 // nothing else is (strconv.Quote writes \t, \x.. and \u.... escapes that
 // Prometheus does not read back). Ids that need no escaping cost one
 // allocation.
-func QuoteLabel(v string) string {
+func Quote(v string) string {
 	if !strings.ContainsAny(v, "\\\"\n") {
 		return `"` + v + `"`
 	}

@@ -1,4 +1,9 @@
-package fleetwatch
+// Package retryhint parses provider retry hints: how long a throttled (or
+// unavailable) backend says to wait before the next request, from wherever
+// its API puts it. The one parser shared by feed/route and the ingest
+// adapters, so that a 429 means the same retry_after_ms whichever path
+// reports it. A leaf: it imports the standard library only.
+package retryhint
 
 import (
 	"bytes"
@@ -13,40 +18,40 @@ import (
 // parser shared by feed/route and the ingest adapters, so that a 429 means
 // the same retry_after_ms whichever path reports it.
 
-// MaxRetryHintMs caps a stated wait: one hour, the longest a throttled
+// MaxMs caps a stated wait: one hour, the longest a throttled
 // breaker stays open for a retry-after. A larger value is capped, never
 // trusted beyond it.
-const MaxRetryHintMs = 3_600_000
+const MaxMs = 3_600_000
 
-// Sources of a retry hint, in the order of preference ParseRetryHint takes
+// Sources of a retry hint, in the order of preference Parse takes
 // them: the first that yields a wait wins. They are also the values of the
 // malformed-hint metrics' source label, so the set is fixed.
 const (
-	HintRetryAfterMs      = "retry-after-ms"             // Azure OpenAI, ms
-	HintRetryAfter        = "retry-after"                // RFC 9110: seconds or an HTTP date
-	HintResetRequests     = "x-ratelimit-reset-requests" // OpenAI: "6m0s", "20ms", "0.5"
-	HintResetTokens       = "x-ratelimit-reset-tokens"
-	HintAnthropicRequests = "anthropic-ratelimit-requests-reset" // Anthropic: RFC 3339
-	HintAnthropicTokens   = "anthropic-ratelimit-tokens-reset"
-	HintAnthropicInput    = "anthropic-ratelimit-input-tokens-reset"
-	HintAnthropicOutput   = "anthropic-ratelimit-output-tokens-reset"
-	HintBodyRetryDelay    = "body.retryDelay" // Google RetryInfo.retryDelay in a JSON error body
+	RetryAfterMs      = "retry-after-ms"             // Azure OpenAI, ms
+	RetryAfter        = "retry-after"                // RFC 9110: seconds or an HTTP date
+	ResetRequests     = "x-ratelimit-reset-requests" // OpenAI: "6m0s", "20ms", "0.5"
+	ResetTokens       = "x-ratelimit-reset-tokens"
+	AnthropicRequests = "anthropic-ratelimit-requests-reset" // Anthropic: RFC 3339
+	AnthropicTokens   = "anthropic-ratelimit-tokens-reset"
+	AnthropicInput    = "anthropic-ratelimit-input-tokens-reset"
+	AnthropicOutput   = "anthropic-ratelimit-output-tokens-reset"
+	BodyRetryDelay    = "body.retryDelay" // Google RetryInfo.retryDelay in a JSON error body
 )
 
-// MaxRetryHintBody is how much of a body ParseRetryHint scans; callers
+// MaxBody is how much of a body Parse scans; callers
 // read at most this much of a response for it.
-const MaxRetryHintBody = 64 << 10
+const MaxBody = 64 << 10
 
-// RetryHintSources lists every source, for pre-registering metrics.
-var RetryHintSources = []string{HintRetryAfterMs, HintRetryAfter, HintResetRequests, HintResetTokens,
-	HintAnthropicRequests, HintAnthropicTokens, HintAnthropicInput, HintAnthropicOutput, HintBodyRetryDelay}
+// Sources lists every source, for pre-registering metrics.
+var Sources = []string{RetryAfterMs, RetryAfter, ResetRequests, ResetTokens,
+	AnthropicRequests, AnthropicTokens, AnthropicInput, AnthropicOutput, BodyRetryDelay}
 
-// RetryHint is the wait a response states.
-type RetryHint struct {
-	// Ms is the wait in milliseconds, in (0, MaxRetryHintMs]; 0 when the
+// Hint is the wait a response states.
+type Hint struct {
+	// Ms is the wait in milliseconds, in (0, MaxMs]; 0 when the
 	// response states none.
 	Ms float64
-	// Source is where Ms came from (one of RetryHintSources), "" when
+	// Source is where Ms came from (one of Sources), "" when
 	// Ms is 0.
 	Source string
 	// Malformed lists the sources that were present but did not parse (or
@@ -60,18 +65,18 @@ type rateLimitReset struct{ reset, remaining string }
 
 var (
 	openAIResets = []rateLimitReset{
-		{HintResetRequests, "x-ratelimit-remaining-requests"},
-		{HintResetTokens, "x-ratelimit-remaining-tokens"},
+		{ResetRequests, "x-ratelimit-remaining-requests"},
+		{ResetTokens, "x-ratelimit-remaining-tokens"},
 	}
 	anthropicResets = []rateLimitReset{
-		{HintAnthropicRequests, "anthropic-ratelimit-requests-remaining"},
-		{HintAnthropicTokens, "anthropic-ratelimit-tokens-remaining"},
-		{HintAnthropicInput, "anthropic-ratelimit-input-tokens-remaining"},
-		{HintAnthropicOutput, "anthropic-ratelimit-output-tokens-remaining"},
+		{AnthropicRequests, "anthropic-ratelimit-requests-remaining"},
+		{AnthropicTokens, "anthropic-ratelimit-tokens-remaining"},
+		{AnthropicInput, "anthropic-ratelimit-input-tokens-remaining"},
+		{AnthropicOutput, "anthropic-ratelimit-output-tokens-remaining"},
 	}
 )
 
-// ParseRetryHint reads the wait a response of the given HTTP status
+// Parse reads the wait a response of the given HTTP status
 // states. header returns a response header's value by its (lower-case)
 // name, "" when absent; body, which may be nil, returns the start of the
 // response body and is only called for a 429 or 503 that no header
@@ -98,23 +103,23 @@ var (
 // larger of all when no remaining count says which limit ran out: waiting
 // for the longer reset is the one wait after which the request can succeed.
 //
-// A value above MaxRetryHintMs is capped; zero, or a time already past,
+// A value above MaxMs is capped; zero, or a time already past,
 // states no wait; a negative or unparsable value is ignored and listed in
 // Malformed.
-func ParseRetryHint(status int, header func(string) string, body func() []byte, now time.Time) RetryHint {
-	var h RetryHint
-	if v := strings.TrimSpace(header(HintRetryAfterMs)); v != "" {
+func Parse(status int, header func(string) string, body func() []byte, now time.Time) Hint {
+	var h Hint
+	if v := strings.TrimSpace(header(RetryAfterMs)); v != "" {
 		if ms, ok := parseHintNumber(v, 1); !ok {
-			h.Malformed = append(h.Malformed, HintRetryAfterMs)
+			h.Malformed = append(h.Malformed, RetryAfterMs)
 		} else if ms > 0 {
-			return h.with(ms, HintRetryAfterMs)
+			return h.with(ms, RetryAfterMs)
 		}
 	}
-	if v := strings.TrimSpace(header(HintRetryAfter)); v != "" {
+	if v := strings.TrimSpace(header(RetryAfter)); v != "" {
 		if ms, ok := parseRetryAfter(v, now); !ok {
-			h.Malformed = append(h.Malformed, HintRetryAfter)
+			h.Malformed = append(h.Malformed, RetryAfter)
 		} else if ms > 0 {
-			return h.with(ms, HintRetryAfter)
+			return h.with(ms, RetryAfter)
 		}
 	}
 	if status == 429 {
@@ -138,22 +143,22 @@ func ParseRetryHint(status int, header func(string) string, body func() []byte, 
 	if (status == 429 || status == 503) && body != nil {
 		if v, found := findRetryDelay(body()); found {
 			if ms, ok := parseHintDuration(v); !ok {
-				h.Malformed = append(h.Malformed, HintBodyRetryDelay)
+				h.Malformed = append(h.Malformed, BodyRetryDelay)
 			} else if ms > 0 {
-				return h.with(ms, HintBodyRetryDelay)
+				return h.with(ms, BodyRetryDelay)
 			}
 		}
 	}
 	return h
 }
 
-func (h RetryHint) with(ms float64, source string) RetryHint {
-	h.Ms, h.Source = min(ms, MaxRetryHintMs), source
+func (h Hint) with(ms float64, source string) Hint {
+	h.Ms, h.Source = min(ms, MaxMs), source
 	return h
 }
 
-// largestReset reads a provider's reset headers (see ParseRetryHint).
-func (h *RetryHint) largestReset(resets []rateLimitReset, header func(string) string,
+// largestReset reads a provider's reset headers (see Parse).
+func (h *Hint) largestReset(resets []rateLimitReset, header func(string) string,
 	parse func(string) (float64, bool)) (ms float64, source string) {
 	var exhaustedMs, anyMs float64
 	var exhaustedSrc, anySrc string
@@ -237,7 +242,7 @@ var keyRetryDelay = []byte("retryDelay")
 // caller's read limit. found is false when there is no such key; a key
 // followed by no string yields found with an empty (malformed) value.
 func findRetryDelay(body []byte) (value string, found bool) {
-	body = body[:min(len(body), MaxRetryHintBody)]
+	body = body[:min(len(body), MaxBody)]
 	for {
 		i := bytes.Index(body, keyRetryDelay)
 		if i < 0 {

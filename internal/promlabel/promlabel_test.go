@@ -1,8 +1,8 @@
-package fleetwatch
+package promlabel
 
 import "testing"
 
-func TestQuoteLabel(t *testing.T) {
+func TestQuote(t *testing.T) {
 	for _, tc := range []struct{ in, want string }{
 		{"", `""`},
 		{"vllm-a", `"vllm-a"`},
@@ -13,8 +13,8 @@ func TestQuoteLabel(t *testing.T) {
 		{"tab\there", "\"tab\there\""}, // a tab is legal inside a label value as is
 		{"é✓", `"é✓"`},                 // UTF-8 passes through untouched
 	} {
-		if got := QuoteLabel(tc.in); got != tc.want {
-			t.Errorf("QuoteLabel(%q) = %s, want %s", tc.in, got, tc.want)
+		if got := Quote(tc.in); got != tc.want {
+			t.Errorf("Quote(%q) = %s, want %s", tc.in, got, tc.want)
 		}
 	}
 }
