@@ -121,6 +121,7 @@ func (d *decisionLog) describe() string {
 
 // loadResult is what one client request got.
 type loadResult struct {
+	worker  int
 	phase   int
 	status  int
 	backend string
@@ -153,7 +154,7 @@ func startLoad(t *testing.T, base string, workers int) *loadGen {
 				phase := int(g.phase.Load())
 				r, err := c.Chat("", fmt.Sprintf("worker %d request %d", w, i), i%2 == 0)
 				g.mu.Lock()
-				g.results = append(g.results, loadResult{phase: phase, status: r.Status, backend: r.Backend, err: err})
+				g.results = append(g.results, loadResult{worker: w, phase: phase, status: r.Status, backend: r.Backend, err: err})
 				g.mu.Unlock()
 				time.Sleep(2 * time.Millisecond)
 			}
@@ -170,6 +171,20 @@ func (g *loadGen) halt() {
 		close(g.stop)
 	}
 	g.wg.Wait()
+}
+
+// allWorkersIn reports whether each of the workers has finished a request
+// it started in phase: none still runs one it started before.
+func (g *loadGen) allWorkersIn(phase, workers int) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	seen := map[int]bool{}
+	for _, r := range g.results {
+		if r.phase == phase {
+			seen[r.worker] = true
+		}
+	}
+	return len(seen) == workers
 }
 
 // failuresOtherThan counts the failed requests of phase whose status is not
@@ -268,8 +283,11 @@ func TestRouteEndToEnd(t *testing.T) {
 	})
 	// Wait for the router to apply it, then measure a phase with b3 open.
 	eventually(t, 30*time.Second, "the router to apply b3's open breaker", func() bool { return routeGauge(t, base, "open", "b3") == 1 })
-	b3Before := backends[3].Stats().Requests
+	// A request a worker started before the router applied it may still
+	// reach b3: count from when every worker finished one started after.
 	load.phase.Store(2)
+	eventually(t, 30*time.Second, "every worker done with a request of phase 2", func() bool { return load.allWorkersIn(2, 6) })
+	b3Before := backends[3].Stats().Requests
 	eventually(t, 30*time.Second, "600 requests with b3 open", func() bool { n, _, _ := load.count(2); return n >= 600 })
 	if decisions.state("b3") == fleetwatch.StateOpen {
 		if got := backends[3].Stats().Requests - b3Before; got != 0 {
@@ -295,8 +313,9 @@ func TestRouteEndToEnd(t *testing.T) {
 		return decisions.state("b1") == fleetwatch.StateOpen
 	})
 	eventually(t, 30*time.Second, "the router to apply b1's open breaker", func() bool { return routeGauge(t, base, "open", "b1") == 1 })
-	refused := attemptsTo(t, base, "b1")
 	load.phase.Store(4)
+	eventually(t, 30*time.Second, "every worker done with a request of phase 4", func() bool { return load.allWorkersIn(4, 6) })
+	refused := attemptsTo(t, base, "b1")
 	eventually(t, 30*time.Second, "200 requests with b1 open", func() bool { n, _, _ := load.count(4); return n >= 200 })
 	if decisions.state("b1") == fleetwatch.StateOpen {
 		if got := attemptsTo(t, base, "b1") - refused; got != 0 {
