@@ -267,6 +267,15 @@ type Request struct {
 	// Retry marks a retry of a failed attempt even without Exclude. Retries
 	// withdraw from the retry budget; first attempts deposit into it.
 	Retry bool
+	// Among, when not empty, restricts the pick to these backend ids (an
+	// endpoint subset the caller can reach); ids the snapshot does not name
+	// are ignored, and at most ScanMax are considered. Avoid lists backends
+	// never to choose (the earlier endpoints of an ordered fallback list);
+	// unlike Exclude it does not mark a retry, and an avoided backend is not
+	// chosen even when nothing else is left. Either takes the restricted
+	// path of among.go, which may return ErrNoCandidates, and allocates
+	// nothing.
+	Among, Avoid []string
 }
 
 // Choice is the backend Pick (or Choose) chose, and the handle that finishes

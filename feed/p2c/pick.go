@@ -83,6 +83,13 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 			ex = i
 		}
 	}
+	if req.restricted() {
+		i, sticky, err := p.pickAmong(st, r, req, ex, now, fresh)
+		if err != nil {
+			return Choice{}, err
+		}
+		return p.start(st, i, sticky), nil
+	}
 	if st.full != nil {
 		return p.pickShadow(st, r, req, ex, now, fresh)
 	}

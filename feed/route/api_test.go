@@ -95,7 +95,7 @@ func TestBackendTarget(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := rt.pools["p"].backends["b"].target(tc.path); got != tc.want {
+		if got := rt.core.pools["p"].backends["b"].target(tc.path); got != tc.want {
 			t.Errorf("%s + %s = %s, want %s", tc.base, tc.path, got, tc.want)
 		}
 	}

@@ -3,7 +3,6 @@ package route
 import (
 	"bytes"
 	"fmt"
-	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"net/http"
 	"slices"
@@ -12,6 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"

@@ -2,11 +2,12 @@ package route
 
 import (
 	"fmt"
-	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"

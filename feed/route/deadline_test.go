@@ -177,7 +177,7 @@ func TestStallDeadline(t *testing.T) {
 			if tt.backends != nil {
 				rt.Apply(feedtest.Snapshot("p", "e", 1, now, tt.backends...))
 			}
-			if got := rt.stallDeadline(rt.pools["p"]); got != tt.want {
+			if got := rt.stallDeadline(rt.core.pools["p"]); got != tt.want {
 				t.Errorf("deadline %v, want %v", got, tt.want)
 			}
 		})

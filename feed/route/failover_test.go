@@ -2,12 +2,13 @@ package route
 
 import (
 	"fmt"
-	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http"
 	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 
 	"github.com/fleetwatch/fleetwatch"
 )

@@ -175,8 +175,8 @@ func (m *routerMetrics) fakeStream(pool, backend string) *metrics.Counter {
 // current state; the metrics set calls it on every scrape.
 func (rt *Router) writeGauges(w io.Writer) {
 	now := rt.now()
-	for _, id := range rt.ids {
-		p := rt.pools[id]
+	for _, id := range rt.core.ids {
+		p := rt.core.pools[id]
 		pool := promlabel.Quote(id)
 		snap := p.applied.Load()
 		age := -1.0

@@ -2,6 +2,7 @@ package route
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"slices"
 	"strings"
@@ -100,6 +101,19 @@ func (b *backend) target(path string) string {
 		path = path[len("/v1"):]
 	}
 	return base + path
+}
+
+// address is the backend's host:port (the scheme's default port when its
+// URL names none).
+func (b *backend) address() string {
+	if b.base.Port() != "" {
+		return b.base.Host
+	}
+	port := "80"
+	if b.base.Scheme == "https" {
+		port = "443"
+	}
+	return net.JoinHostPort(b.base.Hostname(), port)
 }
 
 // markUsed records a request sent now and reports whether, as far as this

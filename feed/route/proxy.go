@@ -173,10 +173,7 @@ func (rt *Router) readRequest(w http.ResponseWriter, r *http.Request) (body []by
 		openAIError(w, http.StatusBadRequest, "invalid_request_error", "route: the request body is not a JSON object: "+err.Error())
 		return nil, info, nil, false
 	}
-	p = rt.byModel[info.Model]
-	if p == nil {
-		p = rt.single
-	}
+	p = rt.core.lookup(info.Model)
 	if p == nil {
 		rt.errorHandler(w, r, fmt.Errorf("%w: model %q (GET /v1/models lists them)", ErrUnknownModel, info.Model))
 		return nil, info, nil, false

@@ -52,13 +52,11 @@ package route
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -257,11 +255,7 @@ func (e *BackendError) Timeout() bool { return isTimeout(e.Err) }
 
 // Router is the HTTP handler. It is safe for concurrent use.
 type Router struct {
-	pools   map[string]*pool // by pool id
-	ids     []string         // pool ids, sorted
-	byModel map[string]*pool // request `model` -> pool
-	models  []string         // every routable model, for GET /v1/models
-	single  *pool            // the only pool, when there is exactly one
+	core *Pools // the pools and their pickers (core.go)
 
 	client        *http.Client
 	ownTransport  *http.Transport // nil when Settings.Transport was given
@@ -291,8 +285,6 @@ func New(s Settings) (*Router, error) {
 		return nil, fmt.Errorf("%w: no pools", ErrConfig)
 	}
 	rt := &Router{
-		pools:        make(map[string]*pool, len(s.Pools)),
-		byModel:      map[string]*pool{},
 		events:       s.Publisher,
 		source:       s.Source,
 		prefixFrom:   s.PrefixFrom,
@@ -321,7 +313,8 @@ func New(s Settings) (*Router, error) {
 		transport = rt.ownTransport
 	}
 	rt.client = &http.Client{Transport: transport}
-	if err := rt.addPools(s.Pools); err != nil {
+	var err error
+	if rt.core, err = NewPools(s.Pools, rt.now, rt.logf); err != nil {
 		return nil, err
 	}
 	seed := s.Seed
@@ -384,52 +377,20 @@ func (rt *Router) withDefaults(s Settings) error {
 	return nil
 }
 
-// addPools builds the pools and the table of models to pools (a model
-// served by two pools goes to the first by id).
-func (rt *Router) addPools(pools []Pool) error {
-	for i, pc := range pools {
-		p, err := newPool(i, pc, rt.now, rt.logf)
-		if err != nil {
-			return err
-		}
-		if _, dup := rt.pools[p.id]; dup {
-			return fmt.Errorf("%w: pools[%d]: pool id %q appears twice", ErrConfig, i, p.id)
-		}
-		rt.pools[p.id] = p
-	}
-	rt.ids = slices.Sorted(maps.Keys(rt.pools))
-	for _, id := range rt.ids {
-		p := rt.pools[id]
-		for _, m := range p.models {
-			if _, dup := rt.byModel[m]; !dup {
-				rt.byModel[m] = p
-				rt.models = append(rt.models, m)
-			}
-		}
-	}
-	if len(rt.pools) == 1 {
-		rt.single = rt.pools[rt.ids[0]]
-	}
-	return nil
-}
-
 // Pools returns the configured pool ids, sorted: what to follow
 // (feed.WatcherSettings.Pools).
-func (rt *Router) Pools() []string { return slices.Clone(rt.ids) }
+func (rt *Router) Pools() []string { return rt.core.IDs() }
+
+// Core returns the router's pick core, for another front end of the same
+// decisions in the same process.
+func (rt *Router) Core() *Pools { return rt.core }
 
 // Apply hands a decision snapshot to the picker of the pool it names; a
 // snapshot of another pool, or not newer than the one applied, is ignored.
 // Backends the snapshot names that are not configured are left out, and
 // configured backends it does not name are routed to as healthy. Apply fits
 // feed.WatcherSettings.OnUpdate; snap is not modified or retained.
-func (rt *Router) Apply(snap *fleetwatch.Snapshot) {
-	if snap == nil {
-		return
-	}
-	if p := rt.pools[snap.Pool]; p != nil {
-		p.apply(snap)
-	}
-}
+func (rt *Router) Apply(snap *fleetwatch.Snapshot) { rt.core.Apply(snap) }
 
 // Close makes the Router answer every later request with ErrClosed and
 // closes the idle connections of its default transport. Requests in flight
@@ -490,9 +451,9 @@ func (rt *Router) listModels(w http.ResponseWriter) {
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
 	}
-	data := make([]model, len(rt.models))
-	for i, m := range rt.models {
-		data[i] = model{ID: m, Object: "model", OwnedBy: "fleetwatch:" + rt.byModel[m].id}
+	data := make([]model, len(rt.core.models))
+	for i, m := range rt.core.models {
+		data[i] = model{ID: m, Object: "model", OwnedBy: "fleetwatch:" + rt.core.byModel[m].id}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }

@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -131,7 +132,7 @@ func TestRouteRetriesFailuresTheClientHasNotSeen(t *testing.T) {
 	// Every pick, retry or substitute was finished: nothing is left in
 	// flight, and nothing was finished twice.
 	for _, id := range []string{"b0", "b1", "b2"} {
-		p := rt.pools["llama"].picker
+		p := rt.core.pools["llama"].picker
 		if n := p.InFlight(id); n != 0 || p.UnbalancedDone() != 0 {
 			t.Errorf("%s: in flight %d, unbalanced Done %d; want 0, 0", id, n, p.UnbalancedDone())
 		}
@@ -351,7 +352,7 @@ func TestRouteClientCancellationReachesTheBackend(t *testing.T) {
 		return len(evs) == 1 && evs[0].Outcome == fleetwatch.OutcomeCanceled &&
 			strings.Contains(rt.metricsText(), `fleetwatch_route_requests_total{pool="llama",code="499"} 1`)
 	})
-	if n := rt.pools["llama"].picker.InFlight("b0"); n != 0 {
+	if n := rt.core.pools["llama"].picker.InFlight("b0"); n != 0 {
 		t.Errorf("in flight after the cancellation: %d", n)
 	}
 }

@@ -33,7 +33,7 @@ import (
 // ShadowStats returns the shadow-mode counts of pool (p2c.ShadowStats);
 // ok is false for a pool the router does not route.
 func (rt *Router) ShadowStats(pool string) (stats p2c.ShadowStats, ok bool) {
-	p := rt.pools[pool]
+	p := rt.core.pools[pool]
 	if p == nil {
 		return p2c.ShadowStats{}, false
 	}
@@ -43,8 +43,8 @@ func (rt *Router) ShadowStats(pool string) (stats p2c.ShadowStats, ok bool) {
 // writeShadow writes the shadow-mode series of every pool; the metrics set
 // calls it on every scrape.
 func (rt *Router) writeShadow(w io.Writer) {
-	for _, id := range rt.ids {
-		st := rt.pools[id].picker.ShadowStats()
+	for _, id := range rt.core.ids {
+		st := rt.core.pools[id].picker.ShadowStats()
 		pool := promlabel.Quote(id)
 		mode := string(st.Mode)
 		if mode == "" {

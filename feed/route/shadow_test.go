@@ -152,7 +152,7 @@ func TestRouteShadowUntried(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	p := rt.pools["llama"]
+	p := rt.core.pools["llama"]
 	for _, tt := range []struct {
 		mode fleetwatch.Shadow
 		want string

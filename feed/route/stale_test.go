@@ -2,12 +2,13 @@ package route
 
 import (
 	"fmt"
-	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
