@@ -67,6 +67,7 @@ const (
 	tablePrefix
 	tableStreamError
 	tableModel
+	tableShed
 	numTables
 )
 
@@ -143,6 +144,8 @@ const (
 	fieldModelMismatch
 	fieldToolCallBroken
 	fieldFakeStream
+	fieldQuotaReset
+	fieldShed
 	numFields
 	noField = numFields
 )
@@ -157,6 +160,7 @@ var fieldNames = [numFields]string{
 	fieldRunning: "running", fieldWaiting: "waiting", fieldKVCache: "kv_cache_usage",
 	fieldStreamError: "stream_error", fieldModelMismatch: "model_mismatch",
 	fieldToolCallBroken: "tool_call_broken", fieldFakeStream: "fake_stream",
+	fieldQuotaReset: "quota_reset_ms", fieldShed: "shed",
 }
 
 // fieldOf returns the field named key, noField for an unknown key. It is
@@ -425,7 +429,7 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 	}
 	switch k {
 	case fieldPool, fieldBackend, fieldTS, fieldOutcome, fieldPrefix, fieldFingerprint, fieldSource,
-		fieldStreamError, fieldModelMismatch:
+		fieldStreamError, fieldModelMismatch, fieldShed:
 		if c != '"' {
 			return wrongType(data, pos, k)
 		}
@@ -498,9 +502,9 @@ func (d *Decoder) value(data []byte, pos int, k field, ev *Event) (failure, int)
 			return fail(ErrOutOfRange), end
 		}
 		ev.KVCacheUsage, ev.HasKVCache = f, true
-	case fieldTTFT, fieldDuration, fieldRetryAfter:
+	case fieldTTFT, fieldDuration, fieldRetryAfter, fieldQuotaReset:
 		f, ok := n.float(num)
-		if !ok || !(f >= 0 && f <= MaxDurationMs) { // NaN fails both
+		if !ok || !(f >= 0 && f <= durationLimit(k)) { // NaN fails both
 			return fail(ErrOutOfRange), end
 		}
 		setDuration(ev, k, f)
@@ -552,9 +556,20 @@ func setDuration(ev *Event, k field, f float64) {
 		ev.TTFTMs, ev.HasTTFT = f, true
 	case fieldDuration:
 		ev.DurationMs, ev.HasDuration = f, true
+	case fieldQuotaReset:
+		ev.QuotaResetMs = f
 	default:
 		ev.RetryAfterMs = f
 	}
+}
+
+// durationLimit is the largest value of duration field k: an hour, or 30
+// days for quota_reset_ms.
+func durationLimit(k field) float64 {
+	if k == fieldQuotaReset {
+		return MaxQuotaResetMs
+	}
+	return MaxDurationMs
 }
 
 // setString validates and stores the string value s of field k.
@@ -624,6 +639,12 @@ func (d *Decoder) setString(ev *Event, k field, s []byte) error {
 			return err
 		}
 		ev.ModelMismatch = v
+	case fieldShed:
+		v, err := d.boundedString(tableShed, s, MaxShedLen)
+		if err != nil {
+			return err
+		}
+		ev.Shed = v
 	}
 	return nil
 }
@@ -693,5 +714,9 @@ func clearField(ev *Event, k field) {
 		ev.ToolCallBroken = false
 	case fieldFakeStream:
 		ev.FakeStream = false
+	case fieldQuotaReset:
+		ev.QuotaResetMs = 0
+	case fieldShed:
+		ev.Shed = ""
 	}
 }

@@ -193,6 +193,10 @@ func TestDecodeValid(t *testing.T) {
 		{"stream_error of a newer proxy", ev(`"stream_error":"truncated_json"`), with(func(e *Event) { e.StreamError = "truncated_json" })},
 		{"checked in passing null", ev(`"stream_error":null`, `"model_mismatch":null`, `"tool_call_broken":null`, `"fake_stream":null`), base()},
 		{"model_mismatch 256 bytes", ev(`"model_mismatch":"` + long(256) + `"`), with(func(e *Event) { e.ModelMismatch = long(256) })},
+		{"quota and shed", ev(`"quota_reset_ms":274579000`, `"shed":"queue_full"`),
+			with(func(e *Event) { e.QuotaResetMs, e.Shed = 274579000, "queue_full" })},
+		{"quota_reset_ms 30 days", ev(`"quota_reset_ms":2592000000`), with(func(e *Event) { e.QuotaResetMs = MaxQuotaResetMs })},
+		{"quota and shed null", ev(`"quota_reset_ms":null`, `"shed":null`), base()},
 
 		{"unknown fields skipped", `{"x":{"a":[1,-2.5e+3,{"b":null}],"c":"\"}\u1234"},"pool":"p","y":[[],{}],"backend":"b","z":true,"w":"s"}`, base()},
 		{"unknown field case differs", ev(`"Pool":7`, `"TTFT_MS":"x"`), base()},
@@ -331,6 +335,12 @@ func TestDecodeRejects(t *testing.T) {
 		{"source object", ev(`"source":{}`), ErrWrongType, "source"},
 		{"stream_error 65 bytes", ev(`"stream_error":"` + long(65) + `"`), ErrTooLong, "stream_error"},
 		{"stream_error bool", ev(`"stream_error":true`), ErrWrongType, "stream_error"},
+		{"quota_reset_ms over 30 days", ev(`"quota_reset_ms":2592000001`), ErrOutOfRange, "quota_reset_ms"},
+		{"quota_reset_ms negative", ev(`"quota_reset_ms":-1`), ErrOutOfRange, "quota_reset_ms"},
+		{"quota_reset_ms string", ev(`"quota_reset_ms":"3d"`), ErrWrongType, "quota_reset_ms"},
+		{"retry_after_ms over an hour", ev(`"retry_after_ms":3600001`), ErrOutOfRange, "retry_after_ms"},
+		{"shed 65 bytes", ev(`"shed":"` + long(65) + `"`), ErrTooLong, "shed"},
+		{"shed number", ev(`"shed":1`), ErrWrongType, "shed"},
 		{"model_mismatch 257 bytes", ev(`"model_mismatch":"` + long(257) + `"`), ErrTooLong, "model_mismatch"},
 		{"tool_call_broken string", ev(`"tool_call_broken":"yes"`), ErrWrongType, "tool_call_broken"},
 		{"fake_stream number", ev(`"fake_stream":1`), ErrWrongType, "fake_stream"},
@@ -801,6 +811,10 @@ func crossCheck(t *testing.T, data []byte, ev *Event) {
 	want.Pool, want.Backend = str("pool"), str("backend")
 	want.Prefix, want.Fingerprint, want.Source = str("prefix"), str("fingerprint"), str("source")
 	want.StreamError, want.ModelMismatch = str("stream_error"), str("model_mismatch")
+	want.Shed = str("shed")
+	if n, ok := num("quota_reset_ms"); ok {
+		want.QuotaResetMs, _ = n.Float64()
+	}
 	want.ToolCallBroken, _ = m["tool_call_broken"].(bool)
 	want.FakeStream, _ = m["fake_stream"].(bool)
 	if s := str("ts"); s != "" {

@@ -104,6 +104,14 @@ func AppendEvent(dst []byte, ev *Event) []byte {
 	if ev.FakeStream {
 		dst = append(dst, `,"fake_stream":true`...)
 	}
+	if ev.QuotaResetMs != 0 {
+		dst = append(dst, `,"quota_reset_ms":`...)
+		dst = appendFloat(dst, ev.QuotaResetMs)
+	}
+	if ev.Shed != "" {
+		dst = append(dst, `,"shed":`...)
+		dst = appendString(dst, ev.Shed)
+	}
 	return append(dst, '}')
 }
 

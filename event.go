@@ -14,6 +14,10 @@ const (
 	MaxSourceLen = 256
 	// MaxStreamErrorLen bounds stream_error.
 	MaxStreamErrorLen = 64
+	// MaxShedLen bounds shed.
+	MaxShedLen = 64
+	// MaxQuotaResetMs bounds quota_reset_ms: 30 days.
+	MaxQuotaResetMs = 30 * 24 * 3_600_000
 	// MaxModelLen bounds model_mismatch.
 	MaxModelLen = 256
 	// MaxSkew is how far ts may be from the collector's clock before it is
@@ -73,6 +77,19 @@ type Event struct {
 	ModelMismatch  string // the model the answer named, when it is not the one asked for; "" when absent
 	ToolCallBroken bool   // a required tool call is missing, or its arguments are not JSON
 	FakeStream     bool   // the stream's content arrived all at once, after the first-token wait
+
+	// QuotaResetMs is the wait a quota's retry hint stated when it is
+	// longer than retry_after_ms may say (an hour): a spend limit that
+	// resets in days. In (MaxDurationMs, MaxQuotaResetMs]; 0 when absent.
+	// An extension (docs/PROTOCOL.md "Quotas and sheds"): the analyzer
+	// keeps the backend out of quota until then.
+	QuotaResetMs float64
+	// Shed is set when the request was refused in front of the backend,
+	// by a gateway or a scheduler (the reason it gave: an endpoint
+	// picker's x-llm-d-request-dropped-reason, a proxy's own 503 with no
+	// upstream); such an event never counts for or against the backend.
+	// "" when absent. An extension, like QuotaResetMs.
+	Shed string
 }
 
 // Values of Event.StreamError. Decode accepts any other short string too

@@ -336,6 +336,10 @@ func eventGen() *rapid.Generator[Event] {
 		e.ModelMismatch = truncateUTF8(optGen(MaxModelLen).Draw(t, "modelMismatch"), MaxModelLen)
 		e.ToolCallBroken = rapid.Bool().Draw(t, "toolCallBroken")
 		e.FakeStream = rapid.Bool().Draw(t, "fakeStream")
+		if rapid.Bool().Draw(t, "quota") {
+			e.QuotaResetMs = rapid.Float64Range(MaxDurationMs, MaxQuotaResetMs).Draw(t, "quotaResetMs")
+		}
+		e.Shed = optGen(MaxShedLen).Draw(t, "shed")
 		e.Backend = truncateUTF8(e.Backend, MaxIDLen)
 		return e
 	})

@@ -23,6 +23,10 @@ import (
 // trusted beyond it.
 const MaxMs = 3_600_000
 
+// MaxQuotaMs caps a stated wait beyond MaxMs: 30 days, the bound of an
+// event's quota_reset_ms.
+const MaxQuotaMs = 30 * 24 * 3_600_000
+
 // Sources of a retry hint, in the order of preference Parse takes
 // them: the first that yields a wait wins. They are also the values of the
 // malformed-hint metrics' source label, so the set is fixed.
@@ -57,6 +61,10 @@ type Hint struct {
 	// Malformed lists the sources that were present but did not parse (or
 	// were negative) and were therefore ignored; a caller counts them.
 	Malformed []string
+	// QuotaMs is the stated wait when it is longer than MaxMs, in
+	// (MaxMs, MaxQuotaMs]: a quota that resets in hours or days (the
+	// quota_reset_ms of the event); 0 otherwise.
+	QuotaMs float64
 }
 
 // rateLimitResets are the per-limit reset headers of one provider with the
@@ -103,7 +111,8 @@ var (
 // larger of all when no remaining count says which limit ran out: waiting
 // for the longer reset is the one wait after which the request can succeed.
 //
-// A value above MaxMs is capped; zero, or a time already past,
+// A value above MaxMs is capped in Ms and kept in QuotaMs (at most
+// MaxQuotaMs): a spend limit that resets in days; zero, or a time already past,
 // states no wait; a negative or unparsable value is ignored and listed in
 // Malformed.
 func Parse(status int, header func(string) string, body func() []byte, now time.Time) Hint {
@@ -154,6 +163,9 @@ func Parse(status int, header func(string) string, body func() []byte, now time.
 
 func (h Hint) with(ms float64, source string) Hint {
 	h.Ms, h.Source = min(ms, MaxMs), source
+	if ms > MaxMs {
+		h.QuotaMs = min(ms, MaxQuotaMs)
+	}
 	return h
 }
 
