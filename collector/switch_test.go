@@ -58,7 +58,7 @@ func waitRepublished(t *testing.T, js jetstream.JetStream, cs ...*Collector) {
 }
 
 // countBackend is how many events of backend sink holds.
-func countBackend(sink *recordingSink, backend string) int {
+func countBackend(sink interface{ snapshot() []fleetwatch.Event }, backend string) int {
 	n := 0
 	for _, ev := range sink.snapshot() {
 		if ev.Backend == backend {
@@ -208,15 +208,22 @@ func TestIntakeTakesOverTheCapture(t *testing.T) {
 		t.Errorf("New with the intake beside a running collector: %v; want ErrStreamOverlap naming FW_CAPTURE and the command", err)
 	}
 
-	// Events published all through the switch, on a connection of their
-	// own: none may be lost on the way from the core subscriptions to
-	// the intake.
+	// Events published all through the hand-over from the core
+	// subscriptions to the intake, from the moment the catch-up hands its
+	// events over (its range is known by then), on a connection of their
+	// own: none may be lost.
+	sink := &signallingSink{started: make(chan struct{})}
 	pub := feedtest.Connect(t, url)
 	during := make(chan int)
 	stopPublishing := make(chan struct{})
 	go func() {
 		n := 0
 		defer func() { during <- n }()
+		select {
+		case <-sink.started:
+		case <-stopPublishing:
+			return
+		}
 		for {
 			select {
 			case <-stopPublishing:
@@ -226,14 +233,13 @@ func TestIntakeTakesOverTheCapture(t *testing.T) {
 				return
 			default:
 			}
-			if err := pub.Publish("fw.outcomes.edge", []byte(`{"pool":"p","backend":"during","status":200}`)); err != nil {
+			n++
+			if err := pub.Publish("fw.outcomes.edge", fmt.Appendf(nil, `{"pool":"p","backend":"during","status":200,"ttft_ms":%d}`, n)); err != nil {
 				t.Error(err)
 			}
-			n++
 			time.Sleep(100 * time.Microsecond)
 		}
 	}()
-	sink := &recordingSink{}
 	c, err := New(nc, sink, Settings{Intake: true})
 	if err != nil {
 		t.Fatal(err)
@@ -255,9 +261,25 @@ func TestIntakeTakesOverTheCapture(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // some published after the switch too
 	close(stopPublishing)
 	published := <-during
-	waitFor(t, "every event published during the switch", func() bool { return countBackend(sink, "during") >= published })
-	t.Logf("%d events published during the switch, %d decided on (more: taken by both the core subscriptions and the intake)",
-		published, countBackend(sink, "during"))
+	waitFor(t, "every event published during the hand-over", func() bool { return countBackend(sink, "during") >= published })
+	time.Sleep(100 * time.Millisecond) // a late duplicate would arrive within this
+	seen := map[float64]int{}
+	for _, ev := range sink.snapshot() {
+		if ev.Backend == "during" {
+			seen[ev.TTFTMs]++
+		}
+	}
+	twice := 0
+	for i := 1; i <= published; i++ {
+		switch seen[float64(i)] {
+		case 0:
+			t.Errorf("event %d of the %d published during the hand-over is lost", i, published)
+		case 1:
+		default:
+			twice++
+		}
+	}
+	t.Logf("%d events published during the hand-over, %d of them taken by both the core subscriptions and the intake", published, twice)
 	if got := countBackend(sink, "down"); got != 11 {
 		t.Errorf("%d events of down decided on, want the 11 published while no collector ran", got)
 	}
@@ -307,6 +329,18 @@ func TestCatchUpEndedEarlyIsCounted(t *testing.T) {
 	if got := metricValue(t, c, "fleetwatch_capture_unreplayed_messages_total"); got != float64(st.CaptureUnreplayed) {
 		t.Errorf("fleetwatch_capture_unreplayed_messages_total = %v, want %d", got, st.CaptureUnreplayed)
 	}
+}
+
+// signallingSink closes started when it observes its first batch.
+type signallingSink struct {
+	recordingSink
+	started chan struct{}
+	once    sync.Once
+}
+
+func (s *signallingSink) Observe(batch []fleetwatch.Event) bool {
+	s.once.Do(func() { close(s.started) })
+	return s.recordingSink.Observe(batch)
 }
 
 // purgingSink purges FW_CAPTURE when it observes its first batch.
