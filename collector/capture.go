@@ -75,31 +75,35 @@ func nextCaptureRetry(wait time.Duration) time.Duration {
 }
 
 // captureLoop keeps FW_CAPTURE in place until ctx ends or Close is
-// called: while it is missing it tries again (nextCaptureRetry), and
-// while it is in place it waits for Ensure to find it missing
-// (kickCapture).
-func (c *Collector) captureLoop(ctx context.Context) {
-	wait := captureRetryMin
+// called (keepCapture with tryCapture).
+func (c *Collector) captureLoop(ctx context.Context) { c.keepCapture(ctx, c.tryCapture) }
+
+// keepCapture calls try, which reports whether the capture is in place:
+// while it is missing after nextCaptureRetry's waits, and while it is in
+// place when Ensure found it missing (kickCapture), until ctx ends or
+// Close is called.
+func (c *Collector) keepCapture(ctx context.Context, try func(context.Context) bool) {
+	on, wait := c.captureOn(), captureRetryMin
 	for {
-		goOn, timedOut := c.captureWait(ctx, wait)
+		goOn, timedOut := c.captureWait(ctx, on, wait)
 		if !goOn {
 			return
 		}
 		if timedOut {
 			wait = nextCaptureRetry(wait)
 		}
-		if c.tryCapture(ctx) {
+		if on = try(ctx); on {
 			wait = captureRetryMin
 		}
 	}
 }
 
-// captureWait waits for a kick, and while the capture is missing at most
+// captureWait waits for a kick, and while the capture is not on at most
 // wait; it reports whether to go on (not once ctx ended or Close was
 // called) and whether the wait ran out.
-func (c *Collector) captureWait(ctx context.Context, wait time.Duration) (goOn, timedOut bool) {
-	var retry <-chan time.Time // nil, never ready, while the capture is in place
-	if !c.captureOn() {
+func (c *Collector) captureWait(ctx context.Context, on bool, wait time.Duration) (goOn, timedOut bool) {
+	var retry <-chan time.Time // nil, never ready, while the capture is on
+	if !on {
 		t := time.NewTimer(wait)
 		defer t.Stop()
 		retry = t.C
