@@ -29,11 +29,30 @@ import (
 // started beside a running one of the other mode takes nothing over: with
 // the default it runs and /healthz says degraded, naming the stream in
 // the way and the command that deletes it; with ingest.durable: true it
-// refuses to start, saying the same.
+// refuses to start, saying the same. With the current nats-server and
+// with Debian's 2.9.
 func TestSwitchingIngestDurable(t *testing.T) {
 	t.Parallel()
-	ns, nc := startNATSWithClient(t)
-	_, snaps := watchSnapshots(t, ns.url())
+	for _, tc := range []struct {
+		name string
+		bin  func(testing.TB) string
+	}{
+		{"2.15", natsServerBinary},
+		{"debian-2.9", debianNATSServerBinary},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			bin := tc.bin(t)
+			if bin == "" {
+				t.Skip("Debian's nats-server is not installed")
+			}
+			switchIngestDurable(t, startNATSProc(t, bin))
+		})
+	}
+}
+
+func switchIngestDurable(t *testing.T, ns *natsProc) {
+	nc, snaps := watchSnapshots(t, ns.url())
 	js, err := jetstream.New(nc)
 	if err != nil {
 		t.Fatal(err)
