@@ -23,11 +23,18 @@ import (
 // interval (10 ms) before it died stored before that batch's time are
 // neither republished nor replayed; events of a period the capture's
 // bounds discarded before anyone replayed them are lost, and that period
-// is counted (fleetwatch_capture_uncovered_seconds_total). A server before
-// 2.10 stores them too; only the replay's start time is needed.
+// is counted (fleetwatch_capture_uncovered_seconds_total); what a
+// catch-up that ended early did not replay is lost and counted
+// (fleetwatch_capture_unreplayed_messages_total). A server before 2.10
+// stores them too; only the replay's start time is needed. While the
+// capture cannot be created, events published while no collector runs
+// are lost, uncounted: captureLoop tries again, and Stats (serve's
+// /healthz, fleetwatch_capture_missing) says so meanwhile.
 
 // ensureCapture creates or updates FW_CAPTURE, binding one whose
-// configuration may not be changed.
+// configuration may not be changed. When another stream holds the
+// outcome subjects, the error is an overlap (ErrStreamOverlap) that names
+// it and what to do.
 func (c *Collector) ensureCapture(ctx context.Context, js jetstream.JetStream) error {
 	name := c.subjects.StreamCapture()
 	cfg := jetstream.StreamConfig{
@@ -44,11 +51,121 @@ func (c *Collector) ensureCapture(ctx context.Context, js jetstream.JetStream) e
 	cfg.PersistMode = persistMode(ctx, js, name, cfg.Replicas)
 	if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
 		if _, bindErr := js.Stream(ctx, name); bindErr != nil {
-			return fmt.Errorf("collector: capture stream %s: %w", name, err)
+			return c.streamError(ctx, js, name, err)
 		}
 		c.settings.Logf("collector: using stream %s as configured (update refused: %v)", name, err)
 	}
 	return nil
+}
+
+// The capture's retries. A capture that cannot be created (another stream
+// holds its subjects, the server's disk is full, a permission is missing)
+// is tried again after captureRetryMin, the wait doubling up to
+// captureRetryMax, for as long as Run runs; meanwhile Stats (and serve's
+// /healthz) say it is missing and why, and fleetwatch_capture_missing is 1.
+const (
+	captureRetryMin = time.Second
+	captureRetryMax = 30 * time.Second
+)
+
+// nextCaptureRetry is the wait after a failed attempt that followed a wait
+// of wait.
+func nextCaptureRetry(wait time.Duration) time.Duration {
+	return min(2*wait, captureRetryMax)
+}
+
+// captureLoop keeps FW_CAPTURE in place until ctx ends or Close is
+// called (keepCapture with tryCapture).
+func (c *Collector) captureLoop(ctx context.Context) { c.keepCapture(ctx, c.tryCapture) }
+
+// keepCapture calls try, which reports whether the capture is in place:
+// while it is missing after nextCaptureRetry's waits, and while it is in
+// place when Ensure found it missing (kickCapture), until ctx ends or
+// Close is called.
+func (c *Collector) keepCapture(ctx context.Context, try func(context.Context) bool) {
+	on, wait := c.captureOn(), captureRetryMin
+	for {
+		goOn, timedOut := c.captureWait(ctx, on, wait)
+		if !goOn {
+			return
+		}
+		if timedOut {
+			wait = nextCaptureRetry(wait)
+		}
+		if on = try(ctx); on {
+			wait = captureRetryMin
+		}
+	}
+}
+
+// captureWait waits for a kick, and while the capture is not on at most
+// wait; it reports whether to go on (not once ctx ended or Close was
+// called) and whether the wait ran out.
+func (c *Collector) captureWait(ctx context.Context, on bool, wait time.Duration) (goOn, timedOut bool) {
+	var retry <-chan time.Time // nil, never ready, while the capture is on
+	if !on {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		retry = t.C
+	}
+	select {
+	case <-ctx.Done():
+		return false, false
+	case <-c.closed:
+		return false, false
+	case <-retry:
+		return true, true
+	case <-c.captureKick:
+		return true, false
+	}
+}
+
+// kickCapture wakes captureLoop.
+func (c *Collector) kickCapture() {
+	select {
+	case c.captureKick <- struct{}{}:
+	default:
+	}
+}
+
+// tryCapture creates or binds FW_CAPTURE and records the outcome; it
+// reports whether the capture is in place.
+func (c *Collector) tryCapture(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, setupTimeout)
+	defer cancel()
+	err := c.ensureCapture(cctx, c.js)
+	c.setCapture(err)
+	return err == nil
+}
+
+// captureOn reports whether FW_CAPTURE is in place.
+func (c *Collector) captureOn() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.capture
+}
+
+// setCapture records whether FW_CAPTURE is in place (err is nil) or why
+// not, and logs each change.
+func (c *Collector) setCapture(err error) {
+	c.mu.Lock()
+	was, wasErr := c.capture, c.captureErr
+	c.capture, c.captureErr = err == nil, err
+	c.mu.Unlock()
+	if err == nil {
+		c.m.captureMissing.Set(0)
+		if !was && wasErr != nil {
+			c.settings.Logf("collector: capture stream %s in place: events published while no serve runs are kept again", c.subjects.StreamCapture())
+		}
+		return
+	}
+	c.m.captureMissing.Set(1)
+	if was || wasErr == nil || wasErr.Error() != err.Error() {
+		c.settings.Logf("%v: running without it meanwhile (events published while no serve runs would be lost, uncounted)", err)
+	}
+	if was {
+		c.kickCapture() // lost while in place: captureLoop waits for this
+	}
 }
 
 // persistMode is the persist mode for the stream name: the one it has
@@ -76,20 +193,25 @@ func persistMode(ctx context.Context, js jetstream.JetStream, name string, repli
 // catchUp replays, through w, the messages FW_CAPTURE stored after
 // FW_OUTCOMES' last batch and up to its last message now (the caller's
 // subscriptions are in place: later ones come live). It returns how many
-// messages it replayed.
+// messages it replayed. When it ends early, the messages after the last
+// one it replayed up to that last message are counted
+// (fleetwatch_capture_unreplayed_messages_total): nobody will decide on
+// them, since a later catch-up starts after the events accepted
+// meanwhile. Its error, or nil, is kept for Stats.
 func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
+	defer func() { w.flush(false); w.flush(true) }()
 	outcomes, err := c.js.Stream(ctx, c.stream)
 	if err != nil {
-		return 0, fmt.Errorf("collector: catch-up: %s: %w", c.stream, err)
+		return 0, c.noteCatchUp(fmt.Errorf("collector: catch-up: %s: %w", c.stream, err))
 	}
 	capture, err := c.js.Stream(ctx, c.subjects.StreamCapture())
 	if err != nil {
-		return 0, fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err)
+		return 0, c.noteCatchUp(fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err))
 	}
 	last := outcomes.CachedInfo().State.LastTime
 	cs := capture.CachedInfo().State
 	if cs.Msgs == 0 || !cs.LastTime.After(last) {
-		return 0, nil // nothing was published after the last accepted event
+		return 0, c.noteCatchUp(nil) // nothing was published after the last accepted event
 	}
 	if !last.IsZero() && cs.FirstTime.After(last) && capture.CachedInfo().Created.Before(last) {
 		// The capture ran through the gap, but its bounds discarded the
@@ -108,49 +230,83 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 		OptStartTime:  &start,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err)
+		return 0, c.noteCatchUp(fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err))
 	}
 	info, err := cons.Info(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err)
+		return 0, c.noteCatchUp(fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err))
 	}
 	if info.NumPending == 0 {
-		return 0, nil
+		return 0, c.noteCatchUp(nil)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(512), jetstream.PullExpiry(replayPullExpiry)) // as Replay: recreated 2 s after its node dies, and waited for
+	before := info.Delivered.Stream // the sequence before the first to replay
+	// As Replay: recreated 2 s after its node dies, and waited for.
+	it, err := cons.Messages(jetstream.PullMaxMessages(512), jetstream.PullExpiry(replayPullExpiry))
 	if err != nil {
-		return 0, fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err)
+		return 0, c.failedCatchUp(fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err), cs.LastSeq, before)
 	}
 	defer it.Stop()
-	n := 0
-	var seen uint64
+	n, seen, err := c.replayStored(ctx, w, it, capture, cs.LastSeq, false)
+	if err != nil {
+		return n, c.failedCatchUp(err, cs.LastSeq, max(seen, before))
+	}
+	return n, c.noteCatchUp(nil)
+}
+
+// replayStored hands w the messages of it, a consumer of stream, up to
+// sequence last (acknowledging each when ack), and counts them in
+// fleetwatch_capture_replayed_messages_total. It returns how many it
+// handed and the sequence of the last one it read.
+func (c *Collector) replayStored(ctx context.Context, w *worker, it jetstream.MessagesContext, stream jetstream.Stream, last uint64, ack bool) (n int, seen uint64, err error) {
+	name := stream.CachedInfo().Config.Name
+	defer func() { c.m.captureReplayed.Add(n) }()
 	for {
-		msg, waited, err := nextStored(ctx, it, capture, seen, cs.LastSeq, replayNextTimeout, func(waited time.Duration) {
+		msg, waited, err := nextStored(ctx, it, stream, seen, last, replayNextTimeout, func(waited time.Duration) {
 			c.settings.Logf("collector: catch-up of %s: no message for %v after %d while the stream holds more; waiting again",
-				c.subjects.StreamCapture(), waited, n)
+				name, waited, n)
 		})
 		if errors.Is(err, errNoneStored) {
-			return n, fmt.Errorf("%w: catch-up of %s after %d messages, none within %v", ErrReplayEndedEarly, c.subjects.StreamCapture(), n, waited)
+			return n, seen, fmt.Errorf("%w: catch-up of %s after %d messages, none within %v", ErrReplayEndedEarly, name, n, waited)
 		}
 		if err != nil {
-			return n, fmt.Errorf("collector: catch-up: %s after %d messages: %w", c.subjects.StreamCapture(), n, err)
+			return n, seen, fmt.Errorf("collector: catch-up: %s after %d messages: %w", name, n, err)
 		}
 		meta, err := msg.Metadata()
 		if err != nil {
-			return n, fmt.Errorf("collector: catch-up: metadata: %w", err)
+			return n, seen, fmt.Errorf("collector: catch-up: metadata: %w", err)
+		}
+		if meta.Sequence.Stream > last {
+			return n, seen, nil // arrived live too
 		}
 		seen = meta.Sequence.Stream
-		if meta.Sequence.Stream > cs.LastSeq {
-			break // arrived live too
-		}
 		w.handle(msg.Subject(), msg.Data(), meta.Timestamp)
 		n++
-		if meta.Sequence.Stream >= cs.LastSeq || meta.NumPending == 0 {
-			break
+		if ack {
+			_ = msg.Ack() // the stream is deleted next: a lost ack costs nothing
+		}
+		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
+			return n, seen, nil
 		}
 	}
-	w.flush(false)
-	w.flush(true)
-	c.m.captureReplayed.Add(n)
-	return n, nil
+}
+
+// failedCatchUp counts, after a catch-up that replayed up to sequence
+// done of the messages up to last and then failed with err, the messages
+// it did not replay, logs them, and keeps err for Stats.
+func (c *Collector) failedCatchUp(err error, last, done uint64) error {
+	if last > done {
+		c.m.captureUnreplayed.Add(int(last - done))
+		c.settings.Logf("%v: %d messages published while no collector ran are not decided on; counted in fleetwatch_capture_unreplayed_messages_total",
+			err, last-done)
+	}
+	return c.noteCatchUp(err)
+}
+
+// noteCatchUp keeps the outcome of the last catch-up for Stats and returns
+// err.
+func (c *Collector) noteCatchUp(err error) error {
+	c.mu.Lock()
+	c.catchUpErr = err
+	c.mu.Unlock()
+	return err
 }

@@ -49,6 +49,7 @@ var (
 	ErrNoJetStream = errors.New("collector: jetstream not available")
 	// ErrReplayEndedEarly is returned by Replay when the stream stopped
 	// delivering before its last stored batch: the replay is partial.
+	// Stats.CatchUpErr matches it when the capture's catch-up ended so.
 	ErrReplayEndedEarly = errors.New("collector: replay ended early")
 )
 
@@ -169,7 +170,9 @@ type Settings struct {
 	// or while a collector reconnects, are kept (within IntakeMaxAge and
 	// IntakeMaxBytes) and consumed when one runs again, at least once. It
 	// needs JetStream; without it New fails. It costs ingest rate: see
-	// BENCHMARKS.md.
+	// BENCHMARKS.md. When FW_CAPTURE holds the outcome subjects, a
+	// collector that starts alone takes it over (switch.go); beside
+	// others New fails with an error that says what to do.
 	Intake bool
 	// IntakeMaxAge and IntakeMaxBytes bound what FW_INTAKE keeps while no
 	// collector consumes it (oldest discarded first, counted by the
@@ -181,8 +184,11 @@ type Settings struct {
 	// IntakeMaxAge and IntakeMaxBytes, beside the live core path, and a
 	// collector that starts while CatchUp says no other one runs replays
 	// what it stored after the last accepted event. Ignored with Intake or
-	// without JetStream; a stream that cannot be created (another stream
-	// takes those subjects, FW_INTAKE for one) turns it off, logged.
+	// without JetStream. A capture that cannot be created (another stream
+	// holds those subjects, a full disk, a permission) is tried again
+	// while Run runs, and Stats says it is missing and why; a leftover
+	// FW_INTAKE in its way is taken over by a collector that starts alone
+	// (switch.go).
 	Capture bool
 	// CatchUp reports whether this collector is the only one running, so
 	// that Run replays the capture (see Capture). If nil, it does.
@@ -276,10 +282,20 @@ type Collector struct {
 	m        *collectorMetrics
 	rejects  *rejectLimiter
 
-	js      jetstream.JetStream // nil without JetStream
-	stream  string              // FW_OUTCOMES, when js != nil
-	intake  jetstream.Consumer  // FW_INTAKE's durable consumer, with Settings.Intake
-	capture bool                // FW_CAPTURE is in place (Settings.Capture)
+	js     jetstream.JetStream // nil without JetStream
+	stream string              // FW_OUTCOMES, when js != nil
+	// intake is FW_INTAKE's durable consumer, with Settings.Intake; set by
+	// New, or by the Run that takes FW_CAPTURE over.
+	intake jetstream.Consumer
+	// wantCapture: FW_CAPTURE is configured (Settings.Capture, with
+	// JetStream and without the intake); set by New. Whether it is in
+	// place is capture, below.
+	wantCapture bool
+	// takeOver is the other ingest mode's stream that New found holding
+	// the outcome subjects while this collector was alone: Run takes it
+	// over (switch.go) and clears it. Touched by New and Run only.
+	takeOver    string
+	captureKick chan struct{} // wakes captureLoop; capacity 1
 	// intakeLossMark is the highest intake sequence already counted as
 	// lost or seen delivered (intake.go); used by the loss loop alone.
 	intakeLossMark uint64
@@ -288,13 +304,20 @@ type Collector struct {
 	refusePool sync.Pool // *[]fleetwatch.Refusal for ObserveRefusing
 	streamPool sync.Pool // *[]byte for republished NDJSON batches
 
-	// mu guards running, workers and the lifecycle channels.
+	// mu guards running, workers, the lifecycle channels and the
+	// capture's state.
 	mu      sync.Mutex
 	running bool
 	workers []*worker
 	closed  chan struct{} // closed by Close
 	done    chan struct{} // closed when a Run returns; nil before Run
 	once    sync.Once
+	// capture: FW_CAPTURE is in place; captureErr: why not, while it is
+	// wanted and is not (capture.go); catchUpErr: how the last catch-up
+	// failed, nil when it did not.
+	capture    bool
+	captureErr error
+	catchUpErr error
 	// ready is closed once a Run has subscribed (readyOnce).
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -332,6 +355,8 @@ func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
 		m:        newCollectorMetrics(s.Metrics, s.MaxRejectSources),
 		closed:   make(chan struct{}),
 		ready:    make(chan struct{}),
+
+		captureKick: make(chan struct{}, 1),
 	}
 	c.refusing, _ = sink.(RefusingSink)
 	c.refusePool.New = func() any {
@@ -371,15 +396,31 @@ func New(nc *nats.Conn, sink Sink, s Settings) (*Collector, error) {
 	}
 	c.m.jetstream.Set(1)
 	if s.Intake {
-		if err := c.setupIntake(ctx); err != nil {
+		err := c.setupIntake(ctx)
+		if err != nil && (overlapHolder(err) != c.subjects.StreamCapture() || !c.alone()) {
 			return nil, err
 		}
-	} else if s.Capture {
-		if err := c.ensureCapture(ctx, c.js); err != nil {
-			s.Logf("%v: running without it (events published while no collector runs are lost, uncounted)", err)
-		} else {
-			c.capture = true
+		if err != nil {
+			c.takeOver = c.subjects.StreamCapture()
+			s.Logf("collector: stream %s, the capture of ingest.durable unset, holds %s and %s; no other collector runs: taking it over",
+				c.takeOver, c.subjects.Outcomes(), c.subjects.OutcomesWildcard())
 		}
+	} else if s.Capture {
+		c.wantCapture = true
+		err := c.ensureCapture(ctx, c.js)
+		if overlapHolder(err) == c.subjects.StreamIntake() && c.alone() {
+			c.takeOver = c.subjects.StreamIntake()
+			s.Logf("collector: stream %s, the durable intake of ingest.durable: true, holds %s and %s; no other collector runs: taking it over",
+				c.takeOver, c.subjects.Outcomes(), c.subjects.OutcomesWildcard())
+			c.mu.Lock()
+			c.captureErr = err
+			c.mu.Unlock()
+			c.m.captureMissing.Set(1)
+		} else {
+			c.setCapture(err)
+		}
+	} else {
+		c.noteLeftovers(ctx)
 	}
 	return c, nil
 }
@@ -423,12 +464,17 @@ func (c *Collector) Run(ctx context.Context) error {
 
 	var workers []*worker
 	var err error
-	if c.intake != nil {
+	switch {
+	case c.intake != nil:
 		// Before taking anything: what the bounds discarded while no
 		// collector ran is counted exactly (intake.go).
 		c.countIntakeLoss(ctx)
 		workers, err = c.consumeIntake()
-	} else {
+	case c.takeOver == c.subjects.StreamCapture():
+		if workers, err = c.takeOverCapture(ctx); err == nil {
+			c.takeOver = "" // else the next Run tries again
+		}
+	default:
 		workers, err = c.subscribe()
 	}
 	if err != nil {
@@ -441,17 +487,10 @@ func (c *Collector) Run(ctx context.Context) error {
 		c.drain(workers)
 		return fmt.Errorf("collector: subscribing: %w", err)
 	}
-	if c.capture && (c.settings.CatchUp == nil || c.settings.CatchUp()) {
+	if c.wantCapture && c.alone() {
 		// Before Ready: the first decisions include what was published
 		// while no collector ran.
-		w := newWorker(c)
-		n, err := c.catchUp(ctx, w)
-		if err != nil {
-			c.settings.Logf("%v (the rest of what was published while no collector ran is not decided on)", err)
-		}
-		if n > 0 {
-			c.settings.Logf("collector: caught up on %d messages published while no collector ran (from %s)", n, c.subjects.StreamCapture())
-		}
+		c.catchUpAtStart(ctx)
 	}
 	c.readyOnce.Do(func() { close(c.ready) })
 	if c.intake != nil {
@@ -462,6 +501,12 @@ func (c *Collector) Run(ctx context.Context) error {
 			c.subjects.Outcomes(), c.subjects.OutcomesWildcard(), fleetwatch.QueueCollectors, c.settings.Subscriptions)
 	}
 
+	if c.wantCapture {
+		captureDone := make(chan struct{})
+		captureCtx, stopCapture := context.WithCancel(ctx)
+		go func() { defer close(captureDone); c.captureLoop(captureCtx) }()
+		defer func() { stopCapture(); <-captureDone }()
+	}
 	if c.intake != nil {
 		lossDone := make(chan struct{})
 		lossCtx, stopLoss := context.WithCancel(ctx)
@@ -471,6 +516,31 @@ func (c *Collector) Run(ctx context.Context) error {
 	c.flushLoop(ctx, workers)
 	c.drain(workers)
 	return nil
+}
+
+// catchUpAtStart replays what was published while no collector ran: from
+// the capture, or from a leftover intake that New found in the capture's
+// way (taken over once, switch.go).
+func (c *Collector) catchUpAtStart(ctx context.Context) {
+	w := newWorker(c)
+	from := c.subjects.StreamCapture()
+	var n int
+	var err error
+	switch {
+	case c.takeOver == c.subjects.StreamIntake():
+		c.takeOver, from = "", c.takeOver
+		n, err = c.takeOverIntake(ctx, w)
+	case c.captureOn():
+		n, err = c.catchUp(ctx, w)
+	default:
+		return // nothing to replay from: the capture loop says why
+	}
+	if err != nil {
+		c.settings.Logf("%v (the rest of what was published while no collector ran is not decided on)", err)
+	}
+	if n > 0 {
+		c.settings.Logf("collector: caught up on %d messages published while no collector ran (from %s)", n, from)
+	}
 }
 
 // flushLoop hands partial batches to the sink every FlushInterval and

@@ -44,7 +44,9 @@ func (c *Collector) setupIntake(ctx context.Context) error {
 }
 
 // ensureIntake creates or updates FW_INTAKE and its durable consumer,
-// binding a stream whose configuration may not be changed.
+// binding a stream whose configuration may not be changed. When another
+// stream holds the outcome subjects, the error is an overlap
+// (ErrStreamOverlap) that names it and what to do.
 func (c *Collector) ensureIntake(ctx context.Context) (jetstream.Consumer, error) {
 	name := c.subjects.StreamIntake()
 	cfg := jetstream.StreamConfig{
@@ -60,10 +62,12 @@ func (c *Collector) ensureIntake(ctx context.Context) (jetstream.Consumer, error
 	}
 	stream, err := c.js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
-		if stream, err = c.js.Stream(ctx, name); err != nil {
-			return nil, fmt.Errorf("collector: intake stream %s: %w", name, err)
+		var bindErr error
+		if stream, bindErr = c.js.Stream(ctx, name); bindErr != nil {
+			// The server's answer to the creation, not "not found".
+			return nil, c.streamError(ctx, c.js, name, err)
 		}
-		c.settings.Logf("collector: using stream %s as configured (update refused)", name)
+		c.settings.Logf("collector: using stream %s as configured (update refused: %v)", name, err)
 	}
 	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable:       fleetwatch.QueueCollectors,

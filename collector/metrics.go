@@ -34,6 +34,8 @@ type collectorMetrics struct {
 	intakeLost            *metrics.Counter
 	captureReplayed       *metrics.Counter
 	captureUncovered      *metrics.FloatCounter
+	captureUnreplayed     *metrics.Counter
+	captureMissing        *metrics.Gauge
 	jetstream             *metrics.Gauge
 
 	// bySourceMu guards bySource and sources: the rejects by reason and
@@ -79,6 +81,8 @@ func newCollectorMetrics(set *metrics.Set, maxSources int) *collectorMetrics {
 		intakeLost:            set.GetOrCreateCounter("fleetwatch_intake_lost_messages_total"),
 		captureReplayed:       set.GetOrCreateCounter("fleetwatch_capture_replayed_messages_total"),
 		captureUncovered:      set.GetOrCreateFloatCounter("fleetwatch_capture_uncovered_seconds_total"),
+		captureUnreplayed:     set.GetOrCreateCounter("fleetwatch_capture_unreplayed_messages_total"),
+		captureMissing:        set.GetOrCreateGauge("fleetwatch_capture_missing", nil),
 		jetstream:             set.GetOrCreateGauge("fleetwatch_collector_jetstream", nil),
 		bySource:              make(map[sourceKey]*metrics.Counter),
 		sources:               make(map[string]struct{}),
@@ -91,6 +95,7 @@ func newCollectorMetrics(set *metrics.Set, maxSources int) *collectorMetrics {
 		m.rejects[r] = set.GetOrCreateCounter(fmt.Sprintf(`fleetwatch_ingest_rejects_total{reason=%q}`, string(r)))
 	}
 	m.jetstream.Set(0)
+	m.captureMissing.Set(0)
 	return m
 }
 
@@ -150,12 +155,23 @@ type Stats struct {
 	JetStream  bool   // capture and replay are on
 	Intake     bool   // the durable intake is on
 	IntakeLost uint64 // intake messages discarded undelivered (counted by this collector)
-	Capture    bool   // the capture is on (FW_CAPTURE beside the core path)
+	// CaptureWanted: the capture is configured (Settings.Capture, with
+	// JetStream, without the intake). Capture: FW_CAPTURE is in place
+	// beside the core path. While it is wanted and not in place,
+	// CaptureErr says why (errors.Is ErrStreamOverlap when another stream
+	// holds the outcome subjects) and Run keeps trying to create it.
+	CaptureWanted bool
+	Capture       bool
+	CaptureErr    error
 	// CaptureReplayed are the captured messages replayed at start;
 	// CaptureUncoveredSeconds the seconds between the last accepted event
-	// and the oldest captured one that nobody replayed (lost).
+	// and the oldest captured one that nobody replayed (lost);
+	// CaptureUnreplayed the messages a catch-up that ended early did not
+	// replay (lost), and CatchUpErr how the last catch-up failed.
 	CaptureReplayed         uint64
 	CaptureUncoveredSeconds float64
+	CaptureUnreplayed       uint64
+	CatchUpErr              error
 }
 
 // AcceptedTotal is the number of accepted events of every outcome.
@@ -179,6 +195,9 @@ func (s Stats) RejectedTotal() uint64 {
 // Stats returns the collector's counters.
 func (c *Collector) Stats() Stats {
 	m := c.m
+	c.mu.Lock()
+	capture, captureErr, catchUpErr := c.capture, c.captureErr, c.catchUpErr
+	c.mu.Unlock()
 	s := Stats{
 		Messages:                m.messages.Get(),
 		Rejected:                make(map[fleetwatch.Reason]uint64, len(m.rejects)),
@@ -192,11 +211,15 @@ func (c *Collector) Stats() Stats {
 		RejectsPublished:        m.rejectsPublished.Get(),
 		RejectsSuppressed:       m.rejectsSuppressed.Get(),
 		JetStream:               c.js != nil,
-		Intake:                  c.intake != nil,
+		Intake:                  c.js != nil && c.settings.Intake,
 		IntakeLost:              m.intakeLost.Get(),
-		Capture:                 c.capture,
+		CaptureWanted:           c.wantCapture,
+		Capture:                 capture,
+		CaptureErr:              captureErr,
 		CaptureReplayed:         m.captureReplayed.Get(),
 		CaptureUncoveredSeconds: m.captureUncovered.Get(),
+		CaptureUnreplayed:       m.captureUnreplayed.Get(),
+		CatchUpErr:              catchUpErr,
 	}
 	for o := fleetwatch.OutcomeOK; int(o) < fleetwatch.NumOutcomes; o++ {
 		s.Accepted[o] = m.events[o].Get()

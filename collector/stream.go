@@ -69,7 +69,9 @@ func (c *Collector) ensureOutcomes(ctx context.Context, js jetstream.JetStream) 
 // Ensure creates the streams and the intake consumer again if the server
 // lost them (it came back with an empty store, or an operator deleted
 // them); what exists is left as it is. serve calls it after every
-// reconnect. Without JetStream it does nothing.
+// reconnect. Without JetStream it does nothing. A capture it cannot
+// create is not its error: Stats reports it missing, and Run keeps trying
+// (captureLoop).
 func (c *Collector) Ensure(ctx context.Context) error {
 	if c.js == nil {
 		return nil
@@ -77,10 +79,11 @@ func (c *Collector) Ensure(ctx context.Context) error {
 	if err := c.ensureOutcomes(ctx, c.js); err != nil {
 		return err
 	}
-	if c.capture {
-		return c.ensureCapture(ctx, c.js)
+	if c.wantCapture {
+		c.setCapture(c.ensureCapture(ctx, c.js))
+		return nil
 	}
-	if c.intake == nil {
+	if !c.settings.Intake {
 		return nil
 	}
 	_, err := c.ensureIntake(ctx)

@@ -303,7 +303,7 @@
     const ing = data.ingest || {};
     const dl = $("ingest");
     const items = [["received", ing.received], ["accepted", ing.accepted], ["rejected", ing.rejected], ["skewed", ing.skewed], ["dropped", ing.dropped]];
-    if (ing.mode === "core + capture") items.push(["caught up", ing.capture_replayed || 0], ["lost period (s)", ing.capture_uncovered_seconds || 0]);
+    if (ing.mode === "core + capture") items.push(["caught up", ing.capture_replayed || 0], ["not caught up", ing.capture_unreplayed || 0], ["lost period (s)", ing.capture_uncovered_seconds || 0]);
     if (ing.mode === "durable intake") items.push(["lost in intake", ing.intake_lost || 0]);
     const prev = state.last && state.last.ingest;
     const dt = state.last ? (nowMs - Date.parse(state.last.now)) / 1000 : 0;

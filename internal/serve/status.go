@@ -53,10 +53,11 @@ type ingestCounts struct {
 	// is lost uncounted in that mode (health.go).
 	Mode string `json:"mode"`
 	Loss string `json:"loss"`
-	// CaptureReplayed and CaptureUncoveredSeconds (the capture), and
-	// IntakeLost (the durable intake): what was kept, and what was lost
-	// and counted (DECISIONS.md "No silent loss").
+	// CaptureReplayed, CaptureUnreplayed and CaptureUncoveredSeconds (the
+	// capture), and IntakeLost (the durable intake): what was kept, and
+	// what was lost and counted (DECISIONS.md "No silent loss").
 	CaptureReplayed         int64   `json:"capture_replayed,omitempty"`
+	CaptureUnreplayed       int64   `json:"capture_unreplayed,omitempty"`
 	CaptureUncoveredSeconds float64 `json:"capture_uncovered_seconds,omitempty"`
 	IntakeLost              int64   `json:"intake_lost,omitempty"`
 }
