@@ -52,7 +52,7 @@ var leafAdapters = []string{"internal/alert", "internal/haproxyctl", "internal/i
 // leafHelpers are the helpers under internal/ that any package may import
 // (DESIGN.md: they import nothing of the project, the standard library
 // only); the root keeps only the wire vocabulary.
-var leafHelpers = []string{"internal/promlabel", "internal/retryhint"}
+var leafHelpers = []string{"internal/promlabel", "internal/retryhint", "internal/shed"}
 
 // testOnly are packages that only tests may import.
 var testOnly = []string{"internal/testkit", "feed/feedtest"}
@@ -60,7 +60,7 @@ var testOnly = []string{"internal/testkit", "feed/feedtest"}
 // stdlibOnly are the packages that must not import anything outside the
 // standard library and the project: the shared vocabulary and the pure
 // decision logic, which run unchanged in the simulator and in routers.
-var stdlibOnly = []string{".", "analyzer", "feed/p2c", "probes/drift", "internal/promlabel", "internal/retryhint"}
+var stdlibOnly = []string{".", "analyzer", "feed/p2c", "probes/drift", "internal/promlabel", "internal/retryhint", "internal/shed"}
 
 // natsServerOK may import nats-server (feedtest is the documented exception:
 // a test helper that embeds a server).

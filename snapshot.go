@@ -174,6 +174,11 @@ type Backend struct {
 	// the published state and weight already reflect (an extension,
 	// omitted when none).
 	Override *Override `json:"override,omitempty"`
+	// QuotaUntil is set on an open backend that is out of quota: its
+	// provider said (quota_reset_ms) that it resets then, and open_until is
+	// that time (an extension, omitted when none; docs/PROTOCOL.md
+	// "Quotas and sheds").
+	QuotaUntil *Time `json:"quota_until,omitempty"`
 }
 
 // Find returns the decision for backend id, or nil.

@@ -220,6 +220,13 @@ func (a *Analyzer) Observe(batch []fleetwatch.Event) (urgent bool) {
 func (a *Analyzer) observe(batch []fleetwatch.Event, refused []fleetwatch.Refusal) (urgent bool, _ []fleetwatch.Refusal) {
 	for i := range batch {
 		ev := &batch[i]
+		if ev.Shed != "" {
+			// Refused in front of the backend (a gateway's or a
+			// scheduler's shed): it says nothing of the backend, and
+			// creates nothing.
+			a.stats.Shed++
+			continue
+		}
 		p, b := a.lastPool, a.lastBackend
 		if p == nil || p.id != ev.Pool || b.id != ev.Backend {
 			var reason fleetwatch.Reason
@@ -342,6 +349,7 @@ const (
 	CauseHalfOpenClientErr = "half_open_client_error" // half_open -> open: client errors again, after a client_error_rate trip
 	CauseHalfOpenFailure   = "half_open_failure"      // half_open -> open: an error or timeout
 	CauseHalfOpenThrottled = "half_open_throttled"    // half_open -> open: a 429
+	CauseQuota             = "quota"                  // closed or half_open -> open: a quota spent until a time hours or days ahead (quota_reset_ms)
 	CauseOpenElapsed       = "open_elapsed"           // open -> half_open
 	CauseRecovered         = "recovered"              // half_open -> closed
 	CauseExpired           = "expired"                // dropped after Expiry without events

@@ -44,6 +44,10 @@ type backend struct {
 	generation uint64    // +1 per transition
 	genStart   time.Time // events older than this belong to an older generation
 	openUntil  time.Time
+	// quotaUntil is when the backend's quota resets, by the latest
+	// quota_reset_ms of a 429 (zero when none is ahead): it stays open
+	// until then (rules.go openForQuota).
+	quotaUntil time.Time
 	trips      int    // consecutive trips since the backend last closed
 	tripCause  string // the cause of the last opening
 
@@ -161,8 +165,13 @@ func (a *Analyzer) observeOne(p *pool, b *backend, ev *fleetwatch.Event, outcome
 	if ms, ok := tpotSample(ev, outcome); ok {
 		b.observeTPOT(num, ms)
 	}
-
-	return b.step(s, outcome, ev.RetryAfterMs)
+	quota := false
+	if outcome == fleetwatch.OutcomeThrottled && ev.QuotaResetMs > 0 {
+		if until := ts.Add(time.Duration(ev.QuotaResetMs * float64(time.Millisecond))).Round(time.Millisecond); until.After(b.quotaUntil) {
+			b.quotaUntil, quota = until, true // out of quota: open it now
+		}
+	}
+	return b.step(s, outcome, ev.RetryAfterMs) || quota
 }
 
 // step is the breaker's reaction to one outcome: the consecutive run of a

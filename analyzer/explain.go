@@ -32,6 +32,9 @@ type Explanation struct {
 	// open); Trips counts its consecutive trips.
 	OpenUntil fleetwatch.Time `json:"open_until,omitzero"`
 	Trips     int             `json:"trips"`
+	// QuotaUntil is when an open backend's spent quota resets (zero
+	// unless it is out of quota: then OpenUntil is the same time).
+	QuotaUntil fleetwatch.Time `json:"quota_until,omitzero"`
 
 	// Verdict is the state an Evaluate at At leaves the backend in, with
 	// the cause and reason of the transition it makes ("" when none), and
@@ -291,6 +294,9 @@ func (a *Analyzer) explainState(p, cp *pool, b, cb *backend, expired bool, out E
 	}
 	if b.state == fleetwatch.StateOpen {
 		e.OpenUntil = fleetwatch.At(b.openUntil)
+		if b.tripCause == CauseQuota && !b.quotaUntil.IsZero() {
+			e.QuotaUntil = fleetwatch.At(b.quotaUntil)
+		}
 	}
 	if b.state == fleetwatch.StateHalfOpen {
 		e.HalfOpenOK, e.HalfOpenSuccesses = b.halfOpenOK, s.HalfOpenSuccesses

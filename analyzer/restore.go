@@ -97,6 +97,11 @@ func (a *Analyzer) restoreBackend(p *pool, b *backend, prev *fleetwatch.Backend,
 				b.enter(fleetwatch.StateOpen, since, prev.Reason)
 				b.openUntil = until
 			}
+			if prev.QuotaUntil != nil && prev.QuotaUntil.After(now) {
+				// Out of quota: not a trip of the breaker's own.
+				b.quotaUntil, b.tripCause = prev.QuotaUntil.Time, CauseQuota
+				b.trips = 0
+			}
 			b.weight, b.weightSet, b.weightAt = 0, true, now
 			r.Open++
 			return

@@ -55,14 +55,8 @@ func (a *Analyzer) evaluatePool(p *pool, now time.Time, beat bool, out *Evaluati
 		}
 	}
 
-	// open -> half_open when the open time is over.
-	for _, b := range bs {
-		if b.state == fleetwatch.StateOpen && !now.Before(b.openUntil) {
-			reason := fmt.Sprintf("open for %s; probing with weight %.2f", fmtDur(now.Sub(b.since)), s.HalfOpenWeight)
-			a.transition(p, b, fleetwatch.StateHalfOpen, now, CauseOpenElapsed, reason, out)
-			b.view = b.win.stats()
-		}
-	}
+	a.openForQuota(p, bs, now, out)
+	a.halfOpenElapsed(p, bs, now, out)
 	open := 0
 	for _, b := range bs {
 		if b.state == fleetwatch.StateOpen {
@@ -233,6 +227,56 @@ func (a *Analyzer) openBreaker(p *pool, b *backend, now time.Time, cause, reason
 	a.stats.trips[cause]++
 }
 
+// halfOpenElapsed moves every open backend whose open time is over to
+// half_open.
+func (a *Analyzer) halfOpenElapsed(p *pool, bs []*backend, now time.Time, out *Evaluation) {
+	for _, b := range bs {
+		if b.state == fleetwatch.StateOpen && !now.Before(b.openUntil) {
+			reason := fmt.Sprintf("open for %s; probing with weight %.2f", fmtDur(now.Sub(b.since)), p.settings.HalfOpenWeight)
+			a.transition(p, b, fleetwatch.StateHalfOpen, now, CauseOpenElapsed, reason, out)
+			b.view = b.win.stats()
+		}
+	}
+}
+
+// openForQuota keeps every backend whose quota resets ahead of now open
+// until then: a quota spent for hours or days (a spend limit) is certain,
+// not a sign to probe on a schedule, so it is not a trip (the open time of
+// the next one does not grow), it is not held by the ejection cap (a
+// backend that cannot serve until then helps nobody by staying closed),
+// and its open_until is the reset. A quota that has reset clears.
+func (a *Analyzer) openForQuota(p *pool, bs []*backend, now time.Time, out *Evaluation) {
+	for _, b := range bs {
+		switch {
+		case b.quotaUntil.IsZero():
+			continue
+		case !now.Before(b.quotaUntil):
+			// Reset: the usual rules again, and the expiry counts from
+			// now (no event came while it was out).
+			b.quotaUntil = time.Time{}
+			if now.After(b.lastSeen) {
+				b.lastSeen = now
+			}
+			continue
+		case b.state == fleetwatch.StateOpen && !b.openUntil.Before(b.quotaUntil):
+			continue
+		}
+		reason := fmt.Sprintf("out of quota until %s (in %s): the backend's retry hint",
+			b.quotaUntil.UTC().Format(time.RFC3339), fmtDur(b.quotaUntil.Sub(now)))
+		b.holdReason = ""
+		if b.state == fleetwatch.StateOpen {
+			b.openUntil, b.stateReason, b.tripCause = b.quotaUntil, reason, CauseQuota
+			continue
+		}
+		a.transition(p, b, fleetwatch.StateOpen, now, CauseQuota, reason, out)
+		b.tripCause = CauseQuota
+		b.openUntil = b.quotaUntil
+		b.weight, b.weightSet, b.weightAt = 0, true, now
+		b.halfOpenOK, b.halfOpen4xx, b.verdict, b.verdictWait = 0, 0, verdictNone, 0
+		a.stats.trips[CauseQuota]++
+	}
+}
+
 // openDuration is OpenBase x trips, jittered by +-OpenJitter, capped at
 // OpenMax, rounded to the millisecond.
 func openDuration(s *Settings, trips int, rng *rand.Rand) time.Duration {
@@ -256,11 +300,13 @@ func (a *Analyzer) transition(p *pool, b *backend, to fleetwatch.State, now time
 }
 
 // expire drops the backends that are not configured and sent no event for
-// longer than Expiry.
+// longer than Expiry, but for one out of quota until later.
 func (a *Analyzer) expire(p *pool, now time.Time, out *Evaluation) {
 	var gone []*backend
 	for _, b := range p.sorted() {
-		if !b.configured && now.Sub(b.lastSeen) > p.settings.Expiry {
+		// A backend out of quota gets no traffic, so no event, until its
+		// reset: it is kept (and stays open) until then.
+		if !b.configured && now.Sub(b.lastSeen) > p.settings.Expiry && b.quotaUntil.IsZero() {
 			gone = append(gone, b)
 		}
 	}

@@ -73,6 +73,9 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		}
 		if b.state == fleetwatch.StateOpen {
 			d.OpenUntil = tptr(b.openUntil)
+			if !b.quotaUntil.IsZero() && b.tripCause == CauseQuota {
+				d.QuotaUntil = tptr(b.quotaUntil)
+			}
 		}
 		if !b.since.IsZero() {
 			d.Since = tptr(b.since)

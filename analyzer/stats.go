@@ -53,6 +53,9 @@ type Stats struct {
 	// ClampedFuture counts events more than two heartbeats ahead of the
 	// latest Evaluate, counted in the newest bucket.
 	ClampedFuture uint64
+	// Shed counts events refused in front of their backend (the event's
+	// shed field): never counted for or against it.
+	Shed uint64
 }
 
 // Discounts counts latency samples left out of the EWMA and histograms.

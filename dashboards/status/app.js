@@ -222,11 +222,13 @@
     if (b.override) tr.dataset.override = b.override.kind;
     const id = el("td", "id", b.backend);
     id.title = b.backend;
-    const st = el("span", "state", b.state);
+    const st = el("span", "state", b.quota_until ? "out of quota" : b.state);
     st.dataset.state = b.state;
+    if (b.quota_until) st.dataset.quota = "1";
     const stTd = el("td");
     stTd.appendChild(st);
-    if (b.state === "open" && b.open_until) stTd.title = "open until " + b.open_until;
+    if (b.quota_until) stTd.title = "out of quota until " + b.quota_until + " (its provider's retry hint)";
+    else if (b.state === "open" && b.open_until) stTd.title = "open until " + b.open_until;
     const wTd = el("td");
     const bar = el("span", "bar");
     const fill = el("span");

@@ -130,7 +130,7 @@ func TestRetryAfterMs(t *testing.T) {
 	}
 	for _, tc := range tests {
 		resp := &http.Response{StatusCode: tc.status, Header: tc.header, Body: io.NopCloser(strings.NewReader(tc.body))}
-		if got := rt.retryHint("p", resp, now); got != tc.want {
+		if got := rt.retryHint("p", resp, now).Ms; got != tc.want {
 			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 		if got, _ := io.ReadAll(resp.Body); string(got) != tc.body {

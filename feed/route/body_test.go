@@ -205,7 +205,7 @@ func FuzzRetryAfterMs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, retryAfter, retryAfterMsValue, body string) {
 		resp := &http.Response{StatusCode: 429, Body: io.NopCloser(strings.NewReader(body)),
 			Header: http.Header{"Retry-After": {retryAfter}, "Retry-After-Ms": {retryAfterMsValue}}}
-		if v := rt.retryHint("p", resp, now); !(v >= 0 && v <= retryhint.MaxMs) {
+		if v := rt.retryHint("p", resp, now).Ms; !(v >= 0 && v <= retryhint.MaxMs) {
 			t.Fatalf("retryHint(%q, %q) = %v", retryAfter, retryAfterMsValue, v)
 		}
 		if got, _ := io.ReadAll(resp.Body); string(got) != body {

@@ -245,6 +245,8 @@ func (ps *Pools) Why(pool, backend string) Why {
 		w.Class = WhyStale
 	case b.Override != nil:
 		w.Class = WhyOverride
+	case b.State == fleetwatch.StateOpen && b.QuotaUntil != nil:
+		w.Class = WhyQuota
 	case b.State == fleetwatch.StateOpen:
 		w.Class = WhyOpen
 	case b.State == fleetwatch.StateHalfOpen:

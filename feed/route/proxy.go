@@ -18,6 +18,7 @@ import (
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/internal/retryhint"
+	"github.com/fleetwatch/fleetwatch/internal/shed"
 )
 
 // hopHeaders are the hop-by-hop headers a proxy must not forward (RFC 9110
@@ -306,8 +307,12 @@ func (rt *Router) classify(ctx context.Context, resp *http.Response, err error, 
 	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
 		ev.Outcome = fleetwatch.OutcomeFromStatus(resp.StatusCode)
-		ev.RetryAfterMs = rt.retryHint(a.pool.id, resp, a.headersAt)
+		hint := rt.retryHint(a.pool.id, resp, a.headersAt)
+		ev.RetryAfterMs, ev.QuotaResetMs = hint.Ms, hint.QuotaMs
 		ev.TTFTMs, ev.HasTTFT = ms(a.headersAt.Sub(a.sent)), true
+		// A gateway or scheduler in front of the backend refused it: not
+		// the backend's fault (retried elsewhere all the same).
+		ev.Shed = shed.Reason(resp.StatusCode, resp.Header.Get)
 		return true
 	}
 	return false
@@ -445,12 +450,12 @@ func ms(d time.Duration) float64 {
 // held and put back in front of the rest, so whoever reads resp.Body next
 // (the client's copy, or the discard before a retry) sees every byte.
 // Malformed hints are counted by source.
-func (rt *Router) retryHint(pool string, resp *http.Response, now time.Time) float64 {
+func (rt *Router) retryHint(pool string, resp *http.Response, now time.Time) retryhint.Hint {
 	hint := retryhint.Parse(resp.StatusCode, resp.Header.Get, func() []byte { return peekBody(resp) }, now)
 	for _, source := range hint.Malformed {
 		rt.metrics.hintMalformed(pool, source).Inc()
 	}
-	return hint.Ms
+	return hint
 }
 
 // peekBody reads up to retryhint.MaxBody bytes of a non-streaming

@@ -295,10 +295,13 @@ func (n *Notifier) Transition(t analyzer.Transition) {
 	key := "breaker/" + t.Pool + "/" + t.Backend
 	switch t.To {
 	case fleetwatch.StateOpen:
+		summary := fmt.Sprintf("breaker open: %s in pool %s", t.Backend, t.Pool)
+		if t.Cause == analyzer.CauseQuota {
+			summary = fmt.Sprintf("out of quota: %s in pool %s", t.Backend, t.Pool)
+		}
 		n.start(key, Notification{
 			Event: EventBreakerOpen, Pool: t.Pool, Backend: t.Backend, Cause: t.Cause, Reason: t.Reason,
-			Summary:  fmt.Sprintf("breaker open: %s in pool %s", t.Backend, t.Pool),
-			StartsAt: fleetwatch.At(t.At),
+			Summary: summary, StartsAt: fleetwatch.At(t.At),
 		})
 	case fleetwatch.StateClosed:
 		n.end(key, t.At, t.Reason)

@@ -153,6 +153,21 @@ func TestWebhookEpisode(t *testing.T) {
 	}
 }
 
+// TestQuotaNotification: an opening for a spent quota says "out of quota".
+func TestQuotaNotification(t *testing.T) {
+	s := newSink(t)
+	n := start(t, Settings{Receivers: []Receiver{{Name: "hook", URL: s.URL + "/fw"}}})
+	n.Transition(open("p", "a", t0, fleetwatch.StateClosed, analyzer.CauseQuota, "out of quota until 2026-12-05T10:00:00Z (in 3d4h): the backend's retry hint"))
+	waitFor(t, "one notification", func() bool { return len(s.received()) == 1 })
+	var note Notification
+	if err := json.Unmarshal(s.received()[0], &note); err != nil {
+		t.Fatal(err)
+	}
+	if note.Summary != "out of quota: a in pool p" || note.Cause != analyzer.CauseQuota {
+		t.Errorf("notification %+v, want an out-of-quota summary", note)
+	}
+}
+
 // TestSlackPayload: text for notifications, blocks with the reason, and
 // mrkdwn's special characters escaped in ids and reasons.
 func TestSlackPayload(t *testing.T) {

@@ -29,12 +29,13 @@ type ExplainedBackend struct {
 	Backend string          `json:"backend"`
 	At      fleetwatch.Time `json:"at"`
 
-	State     fleetwatch.State `json:"state"`
-	Since     fleetwatch.Time  `json:"since"`
-	Reason    string           `json:"reason"`
-	Weight    float64          `json:"weight"`
-	OpenUntil fleetwatch.Time  `json:"open_until"`
-	Trips     int              `json:"trips"`
+	State      fleetwatch.State `json:"state"`
+	Since      fleetwatch.Time  `json:"since"`
+	Reason     string           `json:"reason"`
+	Weight     float64          `json:"weight"`
+	OpenUntil  fleetwatch.Time  `json:"open_until"`
+	QuotaUntil fleetwatch.Time  `json:"quota_until"`
+	Trips      int              `json:"trips"`
 
 	Verdict       fleetwatch.State `json:"verdict"`
 	VerdictCause  string           `json:"verdict_cause"`
@@ -105,7 +106,9 @@ func WriteExplained(w io.Writer, ex Explained) error {
 		if !e.Since.IsZero() {
 			fmt.Fprintf(&b, ", since %s", fleetwatch.FormatTime(e.Since.Time))
 		}
-		if !e.OpenUntil.IsZero() {
+		if !e.QuotaUntil.IsZero() {
+			fmt.Fprintf(&b, ", out of quota until %s (not a trip: no probe before then)", fleetwatch.FormatTime(e.QuotaUntil.Time))
+		} else if !e.OpenUntil.IsZero() {
 			fmt.Fprintf(&b, ", open until %s (trip %d)", fleetwatch.FormatTime(e.OpenUntil.Time), e.Trips)
 		}
 		b.WriteString("\n")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/retryhint"
+	"github.com/fleetwatch/fleetwatch/internal/shed"
 )
 
 // LiteLLM's logging payload (StandardLoggingPayload, docs/proxy/logging_spec
@@ -235,8 +236,10 @@ func mapLiteLLM(data []byte, s LiteLLMSettings, m *Mapping, ev *fleetwatch.Event
 		ev.OutputTokens = tokenCount(*p.CompletionTokens)
 	}
 	if ev.Status == 429 || ev.Status >= 500 {
-		hint := retryhint.Parse(ev.Status, litellmHeaders(&p), func() []byte { return litellmErrorBody(&p) }, ev.TS)
-		ev.RetryAfterMs, malformed = hint.Ms, hint.Malformed
+		header := litellmHeaders(&p)
+		hint := retryhint.Parse(ev.Status, header, func() []byte { return litellmErrorBody(&p) }, ev.TS)
+		ev.RetryAfterMs, ev.QuotaResetMs, malformed = hint.Ms, hint.QuotaMs, hint.Malformed
+		ev.Shed = shed.Reason(ev.Status, header)
 	}
 	return "", malformed, nil
 }

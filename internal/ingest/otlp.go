@@ -15,6 +15,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/internal/retryhint"
+	"github.com/fleetwatch/fleetwatch/internal/shed"
 )
 
 // OpenTelemetry GenAI semantic-convention attributes the OTLP adapter reads.
@@ -183,7 +184,8 @@ func mapSpan(span ptrace.Span, resource pcommon.Map, s OTLPSettings, m *Mapping,
 	if ev.Status == 429 || ev.Status >= 500 {
 		header := func(name string) string { return spanHeader(attrs, name) }
 		hint := retryhint.Parse(ev.Status, header, func() []byte { return spanErrorText(span) }, ev.TS)
-		ev.RetryAfterMs, malformed = hint.Ms, hint.Malformed
+		ev.RetryAfterMs, ev.QuotaResetMs, malformed = hint.Ms, hint.QuotaMs, hint.Malformed
+		ev.Shed = shed.Reason(ev.Status, header)
 	}
 	return "", malformed
 }

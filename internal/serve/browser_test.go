@@ -187,6 +187,10 @@ func (f *fleetFixture) beat(now time.Time) {
 	for i := range big {
 		big[i] = testBackend(fmt.Sprintf("gpu-%03d.example:8000", i), 150+float64(i%17)*10+float64(f.seq%5))
 	}
+	// One out of quota for days (a spend limit).
+	big[7] = openBackend(big[7], now, "out of quota until the provider's reset")
+	quota := fleetwatch.At(now.Add(72 * time.Hour))
+	big[7].OpenUntil, big[7].QuotaUntil = &quota, &quota
 	snaps := []fleetwatch.Snapshot{
 		testSnapshot("llama-3.1-70b", f.seq, now, small...),
 		testSnapshot("meta-llama/Llama-3.1-8B-Instruct", f.seq, now, big...),
@@ -316,6 +320,12 @@ func TestStatusPageInBrowser(t *testing.T) {
 		if !strings.Contains(summary, want) {
 			t.Errorf("summary lacks %q:\n%s", want, summary)
 		}
+	}
+
+	// A backend out of quota says so, and until when.
+	q := evalIn[[]string](t, ctx, `(() => { const r = document.querySelector("tr[data-backend='gpu-007.example:8000']"); return [r.dataset.state, r.querySelector(".state").textContent, r.querySelector(".state").parentElement.title]; })()`)
+	if q[0] != "open" || q[1] != "out of quota" || !strings.HasPrefix(q[2], "out of quota until ") {
+		t.Errorf("the backend out of quota shows %q, want state open, \"out of quota\" and its reset time", q)
 	}
 
 	// The breaker opens: the row turns open with its reason.

@@ -79,6 +79,7 @@ func (s *Server) registerAnalyzerMetrics() {
 		metrics.WriteCounterUint64(w, `fleetwatch_analyzer_held_total{by="cap",cause="any"}`, uint64(st.HeldByCap))
 		metrics.WriteCounterUint64(w, `fleetwatch_analyzer_held_total{by="recency",cause="rate"}`, st.HeldByRecency)
 		metrics.WriteCounterUint64(w, `fleetwatch_analyzer_held_total{by="median",cause="slow"}`, st.HeldByMedian)
+		metrics.WriteCounterUint64(w, "fleetwatch_analyzer_events_shed_total", st.Shed)
 	})
 }
 
@@ -89,6 +90,12 @@ var backendGauges = []struct {
 }{
 	{"fleetwatch_backend_state", func(b *fleetwatch.Backend) (float64, bool) { return stateValue(b.State), true }},
 	{"fleetwatch_backend_weight", func(b *fleetwatch.Backend) (float64, bool) { return b.Weight, true }},
+	{"fleetwatch_backend_quota_until_seconds", func(b *fleetwatch.Backend) (float64, bool) {
+		if b.QuotaUntil == nil {
+			return 0, false
+		}
+		return float64(b.QuotaUntil.UnixMilli()) / 1000, true
+	}},
 	{"fleetwatch_backend_ewma_ttft_ms", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.EWMATTFTMs) }},
 	{"fleetwatch_backend_p50_ttft_ms", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.P50TTFTMs) }},
 	{"fleetwatch_backend_p95_ttft_ms", func(b *fleetwatch.Backend) (float64, bool) { return opt(b.P95TTFTMs) }},
