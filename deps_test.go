@@ -25,6 +25,7 @@ var allowed = map[string][]string{
 	"feed":          {".", "feed/p2c"},
 	"feed/p2c":      {"."},
 	"feed/route":    {".", "feed", "feed/p2c"},
+	"feed/epp":      {".", "feed", "feed/p2c", "feed/route"},
 	"feed/feedtest": {".", "feed"},
 	"probes":        {".", "probes/drift"},
 	"probes/drift":  {"."},
