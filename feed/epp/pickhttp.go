@@ -31,7 +31,8 @@ import (
 //	X-Fleetwatch-Backend:  <backend id>
 //
 // and, with PickSettings.Why, the decision visibility headers
-// (X-Fleetwatch-State, -Weight, -Reason-Class, -Decision-Age). The pool is
+// (route.Why.SetHeaders: X-Fleetwatch-State, -Weight, -Reason-Class,
+// -Decision-Age). The pool is
 // the query's pool, else the X-Fleetwatch-Pool header, else the pool that
 // serves the model of the X-Fleetwatch-Model header, else the only pool.
 // X-Fleetwatch-Among restricts the pick to a comma list of addresses or
@@ -53,18 +54,14 @@ import (
 
 // Headers of the pick endpoint.
 const (
-	HeaderUpstream    = "X-Fleetwatch-Upstream"
-	HeaderBackend     = "X-Fleetwatch-Backend"
-	HeaderPool        = "X-Fleetwatch-Pool"
-	HeaderModel       = "X-Fleetwatch-Model"
-	HeaderAmong       = "X-Fleetwatch-Among"
-	HeaderPrefix      = "X-Fleetwatch-Prefix"
-	HeaderShed        = "X-Fleetwatch-Shed"
-	HeaderShedStatus  = "X-Fleetwatch-Shed-Status"
-	HeaderState       = "X-Fleetwatch-State"
-	HeaderWeight      = "X-Fleetwatch-Weight"
-	HeaderReasonClass = "X-Fleetwatch-Reason-Class"
-	HeaderDecisionAge = "X-Fleetwatch-Decision-Age"
+	HeaderUpstream   = "X-Fleetwatch-Upstream"
+	HeaderBackend    = "X-Fleetwatch-Backend"
+	HeaderPool       = "X-Fleetwatch-Pool"
+	HeaderModel      = "X-Fleetwatch-Model"
+	HeaderAmong      = "X-Fleetwatch-Among"
+	HeaderPrefix     = "X-Fleetwatch-Prefix"
+	HeaderShed       = "X-Fleetwatch-Shed"
+	HeaderShedStatus = "X-Fleetwatch-Shed-Status"
 )
 
 // DefaultHold is PickSettings.Hold's default.
@@ -205,7 +202,7 @@ func (h *PickHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set(HeaderUpstream, h.s.Pools.Address(pool, backend))
 	hdr.Set(HeaderBackend, backend)
 	if h.s.Why {
-		setWhy(hdr, h.s.Pools.Why(pool, backend))
+		h.s.Pools.Why(pool, backend).SetHeaders(hdr)
 	}
 	hdr.Set("Cache-Control", "no-store")
 	h.count(pool, PickOK)
@@ -260,16 +257,6 @@ func (h *PickHandler) poolOf(r *http.Request) (pool string, ok bool) {
 		return ids[0], true
 	}
 	return "", false
-}
-
-// setWhy writes the decision visibility headers.
-func setWhy(hdr http.Header, why route.Why) {
-	if why.State != "" {
-		hdr.Set(HeaderState, string(why.State))
-		hdr.Set(HeaderWeight, strconv.FormatFloat(why.Weight, 'f', -1, 64))
-	}
-	hdr.Set(HeaderReasonClass, why.Class)
-	hdr.Set(HeaderDecisionAge, strconv.FormatFloat(why.AgeSeconds(), 'f', -1, 64))
 }
 
 // Outcome finishes the oldest pick outstanding on ev's backend with ev's

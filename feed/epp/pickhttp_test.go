@@ -179,8 +179,8 @@ func TestPickWhyAndAffinity(t *testing.T) {
 			t.Fatalf("a prefix went to %s, then %s", first, got)
 		}
 		f.h.Outcome(&fleetwatch.Event{Pool: "chat", Backend: first, Outcome: fleetwatch.OutcomeOK})
-		if resp.Header.Get(HeaderState) != "closed" || resp.Header.Get(HeaderWeight) != "1" ||
-			resp.Header.Get(HeaderReasonClass) != route.WhyHealthy || resp.Header.Get(HeaderDecisionAge) != "0" {
+		if resp.Header.Get(route.HeaderState) != "closed" || resp.Header.Get(route.HeaderWeight) != "1" ||
+			resp.Header.Get(route.HeaderReasonClass) != route.WhyHealthy || resp.Header.Get(route.HeaderDecisionAge) != "0" {
 			t.Errorf("why headers %v", resp.Header)
 		}
 	}

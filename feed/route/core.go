@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/http"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
@@ -259,6 +261,28 @@ func (ps *Pools) Why(pool, backend string) Why {
 		w.Class = WhyHealthy
 	}
 	return w
+}
+
+// Decision visibility headers (docs/INTEGRATIONS.md "Decision
+// visibility"): the router's responses carry them with
+// Settings.Why, the pick endpoint's with its own setting.
+const (
+	HeaderState       = "X-Fleetwatch-State"
+	HeaderWeight      = "X-Fleetwatch-Weight"
+	HeaderReasonClass = "X-Fleetwatch-Reason-Class"
+	HeaderDecisionAge = "X-Fleetwatch-Decision-Age"
+)
+
+// SetHeaders writes w as the decision visibility headers: the state and
+// weight (when a decision names the backend), the reason class, and the
+// decisions' age in seconds (-1 before the first).
+func (w Why) SetHeaders(h http.Header) {
+	if w.State != "" {
+		h.Set(HeaderState, string(w.State))
+		h.Set(HeaderWeight, strconv.FormatFloat(w.Weight, 'f', -1, 64))
+	}
+	h.Set(HeaderReasonClass, w.Class)
+	h.Set(HeaderDecisionAge, strconv.FormatFloat(w.AgeSeconds(), 'f', -1, 64))
 }
 
 // AgeSeconds is Age in seconds rounded to milliseconds, -1 before the

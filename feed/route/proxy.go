@@ -332,7 +332,7 @@ func isTimeout(err error) bool {
 func (rt *Router) answerFailure(w http.ResponseWriter, r *http.Request, a *attempt, resp *http.Response, err error) {
 	if resp != nil {
 		defer resp.Body.Close()
-		copyResponseHeaders(w.Header(), resp.Header, a)
+		rt.copyResponseHeaders(w.Header(), resp.Header, a)
 		w.WriteHeader(resp.StatusCode)
 		rt.metrics.clientCode(a.pool.id, resp.StatusCode).Inc()
 		io.Copy(w, resp.Body)
@@ -346,7 +346,10 @@ func (rt *Router) answerFailure(w http.ResponseWriter, r *http.Request, a *attem
 	rt.handleError(w, r, a.pool, &BackendError{Pool: a.pool.id, Backend: a.backend.id, Err: err})
 }
 
-func copyResponseHeaders(dst, src http.Header, a *attempt) {
+// copyResponseHeaders gives the client the backend's headers, less the
+// hop-by-hop ones, with the backend and attempt count (and, with
+// Settings.Why, why the backend stood where it did).
+func (rt *Router) copyResponseHeaders(dst, src http.Header, a *attempt) {
 	for k, vs := range src {
 		dst[k] = vs
 	}
@@ -355,6 +358,9 @@ func copyResponseHeaders(dst, src http.Header, a *attempt) {
 	}
 	dst.Set("X-Fleetwatch-Backend", a.backend.id)
 	dst.Set("X-Fleetwatch-Attempts", strconv.Itoa(a.n+1))
+	if rt.why {
+		rt.core.Why(a.pool.id, a.backend.id).SetHeaders(dst)
+	}
 }
 
 // deliver passes a successful (or client-error) response through to the
@@ -363,7 +369,7 @@ func copyResponseHeaders(dst, src http.Header, a *attempt) {
 func (rt *Router) deliver(ctx context.Context, w http.ResponseWriter, resp *http.Response, a *attempt,
 	ev *fleetwatch.Event) {
 	defer resp.Body.Close()
-	copyResponseHeaders(w.Header(), resp.Header, a)
+	rt.copyResponseHeaders(w.Header(), resp.Header, a)
 	streaming := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	if streaming {
 		w.Header().Del("Content-Length")

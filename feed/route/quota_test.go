@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fleetwatch/fleetwatch"
 )
@@ -72,5 +73,41 @@ func TestRoutePublishesQuotasAndSheds(t *testing.T) {
 					ev.RetryAfterMs, ev.QuotaResetMs, ev.Shed, c.wantQuota, c.wantShed)
 			}
 		})
+	}
+}
+
+// With Why, a response says why its backend stood where it did; without,
+// nothing of it.
+func TestRouteWhyHeaders(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write([]byte(`{"model":"p","choices":[{"message":{"content":"hi"},"finish_reason":"stop"}]}`))
+	}))
+	defer srv.Close()
+	for _, why := range []bool{false, true} {
+		rt, err := New(Settings{Pools: []Pool{{ID: "p", Backends: []Backend{{ID: "b", URL: srv.URL}}}}, Why: why})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		rt.Apply(&fleetwatch.Snapshot{V: 1, Pool: "p", Epoch: "e", Seq: 1, At: fleetwatch.At(now), TTLMs: 60000,
+			Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed,
+			Backends: []fleetwatch.Backend{{Backend: "b", State: fleetwatch.StateClosed, Weight: 0.5}}})
+		front := httptest.NewServer(rt)
+		resp, err := http.Post(front.URL+"/v1/chat/completions", "application/json",
+			strings.NewReader(`{"model":"p","messages":[{"role":"user","content":"hi"}]}`))
+		front.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		got := [3]string{resp.Header.Get(HeaderState), resp.Header.Get(HeaderWeight), resp.Header.Get(HeaderReasonClass)}
+		want := [3]string{}
+		if why {
+			want = [3]string{"closed", "0.5", WhyDownWeighted}
+		}
+		if got != want || (why && resp.Header.Get(HeaderDecisionAge) == "") {
+			t.Errorf("why %v: headers %v, want %v and an age", why, got, want)
+		}
 	}
 }

@@ -222,6 +222,11 @@ type Settings struct {
 	// router has set its URL, headers and API key, and may change them
 	// (add headers, rewrite the path). It must not read or replace Body.
 	Rewrite func(out *http.Request, a Attempt)
+	// Why adds the decision visibility headers to every response: the
+	// state, weight and reason class of the backend that answered in the
+	// decisions the router followed, and their age (Why.SetHeaders). If
+	// false, only X-Fleetwatch-Backend and X-Fleetwatch-Attempts.
+	Why bool
 	// SkipResponseChecks turns off the checks of 2xx answers in passing
 	// (check.go, docs/INTEGRATIONS.md "Responses checked in passing"): error
 	// events and cuts in streams (outcome error), another model than the one
@@ -268,6 +273,7 @@ type Router struct {
 	stallMultiple float64
 	maxBody       int64
 	checks        bool // !Settings.SkipResponseChecks
+	why           bool // Settings.Why
 	metrics       *routerMetrics
 	now           func() time.Time
 	logf          func(format string, args ...any)
@@ -292,6 +298,7 @@ func New(s Settings) (*Router, error) {
 		idleGap:      s.IdleGap,
 		maxBody:      s.MaxBody,
 		checks:       !s.SkipResponseChecks,
+		why:          s.Why,
 		now:          s.Now,
 		logf:         s.Logf,
 		rewrite:      s.Rewrite,

@@ -383,6 +383,7 @@ type RouteConfig struct {
 	HeaderTimeout *Duration `yaml:"header_timeout"` // wait for a backend's response headers (a timeout outcome, retried); default 0: as long as the client
 	RetryRatio    *float64  `yaml:"retry_ratio"`    // retries allowed per first attempt (the retry budget); default 0.2, negative: no budget
 	PrefixFrom    string    `yaml:"prefix_from"`    // what the affinity prefix hash is computed from: system (default) or none
+	Why           bool      `yaml:"why"`            // decision visibility headers on every response (state, weight, reason class, decision age); default false
 }
 
 // Duration is a time.Duration written as a Go duration string in YAML.

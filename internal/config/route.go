@@ -112,6 +112,9 @@ func (c *Config) RouteSettings(s route.Settings) route.Settings {
 	if r.PrefixFrom != "" {
 		s.PrefixFrom = r.PrefixFrom
 	}
+	if r.Why {
+		s.Why = true
+	}
 	return s
 }
 
