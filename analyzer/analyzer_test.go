@@ -234,6 +234,35 @@ func TestWeights(t *testing.T) {
 			t.Errorf("%d snapshots in 41 ticks over 4s, want 5 (one per heartbeat)", published)
 		}
 	})
+	t.Run("the ramp takes as long at the heartbeat of many routers", func(t *testing.T) {
+		// More than fleetwatch.ManyRouters sources: the pool beats every
+		// 250 ms, and the weight must still move 0.25 a second (it moved
+		// 0.25 a beat: four times faster).
+		a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
+		openX(t, a)
+		a.Evaluate(at(36 * time.Second)) // half-open
+		var routers []fleetwatch.Event
+		for i := range 2 * fleetwatch.ManyRouters {
+			e := event("p", "a", ok, at(36*time.Second+time.Duration(i)*time.Millisecond), 200)
+			e.Source = fmt.Sprintf("router-%d", i)
+			routers = append(routers, e)
+		}
+		a.Observe(concat(routers, series("p", "x", ok, 5, at(36100*time.Millisecond), 500*time.Millisecond, 200)))
+		var weights []float64
+		for ms := 36250; ms <= 41000; ms += 250 {
+			now := at(time.Duration(ms) * time.Millisecond)
+			a.Evaluate(now)
+			if ms%1000 == 0 {
+				weights = append(weights, backendOf(t, a, "p", "x", now).Weight)
+			}
+		}
+		if snap, _ := a.Snapshot("p", at(41*time.Second)); snap.Routers <= fleetwatch.ManyRouters {
+			t.Fatalf("setup: %d routers counted, want more than %d", snap.Routers, fleetwatch.ManyRouters)
+		}
+		if diff := cmp.Diff([]float64{0.30, 0.55, 0.80, 1, 1}, weights); diff != "" {
+			t.Errorf("weights per second at the 250 ms beat (-want +got): 0.25 a second, as at the 1 s beat:\n%s", diff)
+		}
+	})
 	t.Run("shrinkage toward the pool prior", func(t *testing.T) {
 		// Peers at a 429 rate of 0.25 observe weight 0.5, the prior.
 		peers := concat(

@@ -138,8 +138,9 @@
 // floored at HalfOpenWeight so a throttled backend keeps a trickle to show its
 // recovery. A backend's first weight is its target; afterwards a closed
 // backend's weight moves toward its target on the pool's heartbeat (however
-// often Evaluate runs), by MaxWeightStep (0.25) per heartbeat elapsed since it
-// last moved, so a recovered backend ramps up over about four heartbeats
+// often Evaluate runs), by MaxWeightStep (0.25) per Heartbeat of time elapsed
+// since it last moved, whatever the pool's beat, so a recovered backend ramps
+// up over about four seconds
 // instead of drawing every router at once. Weights are rounded to 4 decimals.
 // A backend not evaluated yet is published with weight 1.
 //
@@ -178,8 +179,8 @@
 // snapshot's time and its source, and is nil once the newest report is
 // older than LoadMaxAge. Load never changes a decision and never triggers
 // a snapshot: it rides on the heartbeat. Routers counts the distinct event
-// sources of the pool seen within the window, up to MaxRouters (128), from
-// a fixed array per pool: the hot path allocates nothing for either.
+// sources of the pool seen within the window, up to MaxRouters (4,096): a
+// new source costs a slot and a map entry, every other event none.
 //
 // # Time
 //

@@ -11,16 +11,19 @@ import (
 // is usually one model name (hundreds at most), a backend one inference
 // server (a big pool has tens to a few hundred replicas, a big fleet a few
 // thousand). A tracked backend costs about 5.4 KiB of analyzer state with a
-// full 30 s window (BenchmarkMemory10kBackends), and in serve about 57 KiB
-// more for the status page's ten minutes of history: about 62 KiB of live
-// heap in all, so 5,000 backends are about 310 MiB once the history is
-// full (20,000 measured 1.4 GiB of heap in use, docs/DECISIONS.md "Bounded under
-// abuse"). A pool of 1,000 backends encodes to about 450 KB of snapshot
-// JSON, under NATS's default max_payload of 1 MiB.
+// full 30 s window (BenchmarkMemory10kBackends), and in serve about 20 KiB
+// more for the status page's ten minutes of history
+// (TestHistoryMemoryPerBackend): about 25 KiB of live heap in all, so the
+// 20,000 of MaxBackends are about 500 MiB once the history is full. The
+// limit is per instance: 20,000 lets the survivor of a failover hold a
+// fleet of 10,000 backends with room (it was 5,000, under which such a
+// survivor refused events; docs/DECISIONS.md "Bounded under abuse"). A pool
+// of 1,000 backends encodes to about 450 KB of snapshot JSON, under NATS's
+// default max_payload of 1 MiB.
 const (
 	DefaultMaxPools           = 1000
 	DefaultMaxBackendsPerPool = 1000
-	DefaultMaxBackends        = 5000
+	DefaultMaxBackends        = 20000
 )
 
 // Limits bound how many pools and backends the analyzer tracks. The zero
@@ -36,7 +39,7 @@ type Limits struct {
 	// included. If zero, 1,000 is used.
 	MaxBackendsPerPool int
 	// MaxBackends bounds the backends of all pools together. If zero,
-	// 5,000 is used.
+	// 20,000 is used.
 	MaxBackends int
 }
 

@@ -52,6 +52,26 @@ func TestLimitsDefaults(t *testing.T) {
 	}
 }
 
+// TestDefaultsHoldAFleetOf10kBackends: with the default limits one
+// analyzer takes a fleet of 100 pools of 100 backends whole, as the survivor
+// of a failover must (the default of 5,000 refused half of it).
+func TestDefaultsHoldAFleetOf10kBackends(t *testing.T) {
+	a := newAnalyzer(t, Config{})
+	batch := make([]fleetwatch.Event, 0, 10_000)
+	for p := range 100 {
+		for b := range 100 {
+			batch = append(batch, event(fmt.Sprintf("pool-%03d", p), fmt.Sprintf("backend-%03d", b), ok, at(time.Second), 100))
+		}
+	}
+	_, refused := a.ObserveRefusing(batch, []fleetwatch.Refusal{})
+	if len(refused) != 0 {
+		t.Errorf("%d of 10,000 events refused with the default limits (first: %+v)", len(refused), refused[0])
+	}
+	if st := a.Stats(); st.Backends != 10_000 {
+		t.Errorf("%d backends tracked, want 10,000", st.Backends)
+	}
+}
+
 // TestObserveRefusesBeyondLimits: configured backends always fit and count
 // toward the limits; an event for a new pool or backend beyond a limit is
 // refused with its index and reason, and leaves nothing behind.

@@ -1,7 +1,6 @@
 package analyzer
 
 import (
-	"slices"
 	"time"
 	"unsafe"
 
@@ -21,10 +20,11 @@ import (
 // LoadMaxAge. The snapshot's load is nil once every field is older than
 // LoadMaxAge: a picker must not rank by a queue that emptied seconds ago.
 
-// MaxRouters is the most routers Snapshot.Routers counts per pool: the
-// distinct sources are kept in a fixed array scanned on every event, so it
-// stays small; a pool shared by more routers publishes MaxRouters.
-const MaxRouters = 128
+// MaxRouters is the most routers Snapshot.Routers counts per pool: beyond
+// it the count saturates. A fleet of 1,000 routers is counted exactly (128,
+// before 2026-12-06, undercounted it eightfold, and the picker's fleet-load
+// term with it).
+const MaxRouters = 4096
 
 // LoadReport is one load report for ObserveLoad. A field whose Has flag is
 // false was not reported; the one reported earlier is kept while fresh.
@@ -142,21 +142,21 @@ func (a *Analyzer) ObserveLoad(poolID, backendID string, r LoadReport, at time.T
 }
 
 // routerSet counts the distinct event sources of a pool over its window:
-// a fixed array of (source, last seen) slots. Sources are interned by the
-// decoder, so the address of a source's bytes identifies it; a small
-// direct-mapped index from that address to its slot finds it without a
-// scan, whatever the order of the sources' events. A miss (another string
-// in the index's entry, or a source not interned) falls back to comparing
-// the slots' strings.
+// (source, last seen) slots, grown as sources appear, up to MaxRouters.
+// Sources are interned by the decoder, so the address of a source's bytes
+// identifies it: a batch comes from one router, so the previous event's
+// slot is checked first, then a small direct-mapped index from that
+// address to a slot; a miss (another string in the index's entry, or a
+// source not interned) falls back to a map of the sources.
 type routerSet struct {
-	sources [MaxRouters]string
-	seen    [MaxRouters]int64      // Unix nanoseconds of the newest event
-	n       int                    // slots in use
-	last    int                    // the previous event's slot: a batch comes from one router
-	index   [routerIndexSize]uint8 // slot+1 by address hash; 0: none
+	sources []string
+	seen    []int64 // Unix nanoseconds of the newest event
+	last    int     // the previous event's slot
+	index   [routerIndexSize]uint16 // slot+1 by address hash; 0: none
+	slots   map[string]int          // every source's slot
 }
 
-const routerIndexSize = 256 // a power of two, twice MaxRouters; slot+1 fits a uint8
+const routerIndexSize = 1024 // a power of two
 
 // routerIndex hashes the address of s's bytes (MurmurHash3's 64-bit
 // finalizer: allocations sit at small strides, which a plain
@@ -170,37 +170,45 @@ func routerIndex(s string) int {
 }
 
 // observe records an event of source at ts (Unix nanoseconds). A new
-// source takes a free slot, or the slot of the source seen longest ago
-// when that is older than window; when every slot was seen within the
-// window it is not counted (the count saturates at MaxRouters).
+// source takes a new slot, or, at MaxRouters, the slot of the source seen
+// longest ago when that is older than window; when every slot was seen
+// within the window it is not counted (the count saturates).
 func (r *routerSet) observe(source string, ts, window int64) {
 	if source == "" {
 		return // an anonymous publisher is no router we can count
 	}
-	if last := r.sources[r.last]; len(last) == len(source) && unsafe.StringData(last) == unsafe.StringData(source) {
-		if ts > r.seen[r.last] {
-			r.seen[r.last] = ts
+	if r.last < len(r.sources) {
+		if last := r.sources[r.last]; len(last) == len(source) && unsafe.StringData(last) == unsafe.StringData(source) {
+			if ts > r.seen[r.last] {
+				r.seen[r.last] = ts
+			}
+			return
 		}
-		return
 	}
 	h := routerIndex(source)
 	slot := int(r.index[h]) - 1
 	if slot < 0 || r.sources[slot] != source {
-		slot = slices.Index(r.sources[:r.n], source)
+		var ok bool
+		slot, ok = r.slots[source]
 		switch {
-		case slot >= 0:
-		case r.n < MaxRouters:
-			slot = r.n
-			r.n++
-			r.sources[slot], r.seen[slot] = source, ts
+		case ok:
+		case len(r.sources) < MaxRouters:
+			if r.slots == nil {
+				r.slots = map[string]int{}
+			}
+			slot = len(r.sources)
+			r.sources, r.seen = append(r.sources, source), append(r.seen, ts)
+			r.slots[source] = slot
 		default:
 			slot = r.oldest()
 			if ts-r.seen[slot] <= window {
 				return
 			}
+			delete(r.slots, r.sources[slot])
 			r.sources[slot], r.seen[slot] = source, ts
+			r.slots[source] = slot
 		}
-		r.index[h] = uint8(slot + 1)
+		r.index[h] = uint16(slot + 1)
 	}
 	r.last = slot
 	if ts > r.seen[slot] {
@@ -211,7 +219,7 @@ func (r *routerSet) observe(source string, ts, window int64) {
 // oldest returns the slot seen longest ago.
 func (r *routerSet) oldest() int {
 	oldest := 0
-	for i := 1; i < r.n; i++ {
+	for i := 1; i < len(r.sources); i++ {
 		if r.seen[i] < r.seen[oldest] {
 			oldest = i
 		}
@@ -222,7 +230,7 @@ func (r *routerSet) oldest() int {
 // count returns the sources seen within window of now.
 func (r *routerSet) count(now, window int64) int {
 	n := 0
-	for i := 0; i < r.n; i++ {
+	for i := range r.seen {
 		if now-r.seen[i] <= window {
 			n++
 		}

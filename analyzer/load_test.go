@@ -222,6 +222,24 @@ func TestRoutersSaturate(t *testing.T) {
 	}
 }
 
+// TestThousandRoutersCounted: a fleet of 1,000 routers is counted as
+// 1,000 (the picker's fleet-load term scales the router's own count by it),
+// whatever the order of their events.
+func TestThousandRoutersCounted(t *testing.T) {
+	a := newAnalyzer(t, Config{})
+	a.Evaluate(at(0))
+	var batch []fleetwatch.Event
+	for round := range 3 {
+		for i := range 1000 {
+			batch = append(batch, loadEvent("a", fmt.Sprintf("router-%04d", (i*7+round)%1000), at(time.Second), -1, -1, -1))
+		}
+	}
+	a.Observe(batch)
+	if s, _ := a.Snapshot("p", at(2*time.Second)); s.Routers != 1000 {
+		t.Errorf("routers = %d, want 1000", s.Routers)
+	}
+}
+
 // TestObserveLoadAllocatesNothing: events with load fields and sources add
 // no allocation to Observe.
 func TestObserveLoadAllocatesNothing(t *testing.T) {

@@ -457,7 +457,8 @@ func median(v []float64) float64 {
 // backend keeps a trickle to show its recovery. Open and quarantined backends
 // get 0 and half-open and cap-held ones HalfOpenWeight at once; a closed
 // backend's weight moves toward its target on the pool's heartbeat, by
-// MaxWeightStep per heartbeat elapsed since it last moved.
+// MaxWeightStep per Heartbeat of time elapsed since it last moved
+// (dampedWeight), whatever the pool's beat.
 func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time, beat bool) {
 	s := &p.settings
 	prior := weightPrior(s, bs)
@@ -481,7 +482,7 @@ func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time, beat bool) 
 				// tick.
 				continue
 			}
-			w = dampedWeight(s, b.weight, target, b.weightAt, now)
+			w = dampedWeight(s, b.weight, target, b.weightAt, now, p.heartbeat(now))
 		}
 		b.weight = roundWeight(w)
 		b.weightSet, b.weightAt = true, now

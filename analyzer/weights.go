@@ -40,11 +40,15 @@ func shrunkWeight(s *Settings, v *windowStats, prior float64) float64 {
 	return max(target, s.HalfOpenWeight)
 }
 
-// dampedWeight moves current toward target by MaxWeightStep per heartbeat
-// elapsed since the weight last moved (at least one).
-func dampedWeight(s *Settings, current, target float64, movedAt, now time.Time) float64 {
-	beats := math.Round(float64(now.Sub(movedAt)) / float64(s.Heartbeat))
-	step := s.MaxWeightStep * max(beats, 1)
+// dampedWeight moves current toward target by MaxWeightStep per Heartbeat
+// of time: at the pool's beat, every beat elapsed since the weight last
+// moved (at least one, rounded: a beat may come a little early) moves it
+// MaxWeightStep x beat / Heartbeat. A rate, whatever the pool's beat:
+// ManyRoutersHeartbeat beats four times as often, and a whole step per beat
+// moved weights four times faster than the damping says.
+func dampedWeight(s *Settings, current, target float64, movedAt, now time.Time, beat time.Duration) float64 {
+	beats := math.Round(float64(now.Sub(movedAt)) / float64(beat))
+	step := s.MaxWeightStep * max(beats, 1) * float64(beat) / float64(s.Heartbeat)
 	return min(max(target, current-step), current+step)
 }
 

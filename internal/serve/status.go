@@ -97,13 +97,19 @@ func stateCode(s fleetwatch.State) int8 {
 
 // historyPoint is one backend's numbers at one recorded evaluation. NaN stands
 // for a null of the snapshot (no sample yet).
+//
+// 32 bytes: float32 keeps what the page draws (TTFTs in ms, rates and
+// weights to four decimals) and a uint32 counts record calls for 13 years
+// of ten a second. With exact capacity a backend's ten minutes take 19 KiB
+// (it took 57 KiB with float64 fields and append's doubling: the cost that
+// bounded limits.max_backends; docs/DECISIONS.md "Bounded under abuse").
 type historyPoint struct {
-	seq     uint64 // the record call that added it
 	atMs    int64  // the snapshot's At
-	ewma    float64
-	p95     float64
-	success float64
-	weight  float64
+	seq     uint32 // the record call that added it
+	ewma    float32
+	p95     float32
+	success float32
+	weight  float32
 	state   int8
 }
 
@@ -126,7 +132,7 @@ type backendSeries struct {
 	next        int
 	lastState   fleetwatch.State
 	lastAtMs    int64
-	lastSeen    uint64 // record call that last saw the backend
+	lastSeen    uint32 // record call that last saw the backend
 	transitions []stateTransition
 }
 
@@ -139,7 +145,7 @@ type history struct {
 	maxPoints int
 
 	mu     sync.Mutex // guards everything below
-	seq    uint64     // number of record calls
+	seq    uint32     // number of record calls
 	series map[seriesKey]*backendSeries
 	recent []stateTransition // the fleet's last transitions, oldest first
 }
@@ -192,8 +198,11 @@ func (h *history) record(snaps []fleetwatch.Snapshot) {
 			ser.lastState, ser.lastAtMs = b.State, atMs
 			p := historyPoint{
 				seq: h.seq, atMs: atMs,
-				ewma: nullable(b.EWMATTFTMs), p95: nullable(b.P95TTFTMs), success: nullable(b.SuccessRate),
-				weight: b.Weight, state: stateCode(b.State),
+				ewma: float32(nullable(b.EWMATTFTMs)), p95: float32(nullable(b.P95TTFTMs)), success: float32(nullable(b.SuccessRate)),
+				weight: float32(b.Weight), state: stateCode(b.State),
+			}
+			if ser.points == nil {
+				ser.points = make([]historyPoint, 0, h.maxPoints)
 			}
 			if len(ser.points) < h.maxPoints {
 				ser.points = append(ser.points, p)
@@ -204,7 +213,7 @@ func (h *history) record(snaps []fleetwatch.Snapshot) {
 		}
 	}
 	for k, ser := range h.series {
-		if h.seq-ser.lastSeen >= uint64(h.maxPoints) {
+		if h.seq-ser.lastSeen >= uint32(h.maxPoints) {
 			delete(h.series, k)
 		}
 	}
@@ -295,9 +304,15 @@ func (s *statusSeries) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
+// widen turns a stored float32 back into a float64 rounded to decimals
+// places (the float32's own artefacts gone: 0.3 stays 0.3); NaN stays NaN.
+func widen(v float32, decimals float64) float64 {
+	return math.Round(float64(v)*decimals) / decimals
+}
+
 // since returns the backend's points added after record call seq, oldest
 // first, at most the newest limit of them.
-func (ser *backendSeries) since(seq uint64, limit int) statusSeries {
+func (ser *backendSeries) since(seq uint32, limit int) statusSeries {
 	var out statusSeries
 	n := len(ser.points)
 	// Points are in record order, so the first newer one is found by
@@ -316,10 +331,10 @@ func (ser *backendSeries) since(seq uint64, limit int) statusSeries {
 			continue
 		}
 		out.T = append(out.T, p.atMs)
-		out.EWMA = append(out.EWMA, p.ewma)
-		out.P95 = append(out.P95, p.p95)
-		out.Success = append(out.Success, p.success)
-		out.Weight = append(out.Weight, p.weight)
+		out.EWMA = append(out.EWMA, widen(p.ewma, 1e3))
+		out.P95 = append(out.P95, widen(p.p95, 1e3))
+		out.Success = append(out.Success, widen(p.success, 1e4))
+		out.Weight = append(out.Weight, widen(p.weight, 1e4))
 		out.State = append(out.State, p.state)
 	}
 	return out
@@ -389,7 +404,7 @@ func (h *history) status(snaps []fleetwatch.Snapshot, since uint64, limit int, n
 		for _, b := range s.Backends {
 			row := statusBackend{Backend: b}
 			if ser := h.series[seriesKey{s.Pool, b.Backend}]; ser != nil {
-				row.Series = ser.since(since, limit)
+				row.Series = ser.since(uint32(min(since, math.MaxUint32)), limit)
 				if n := len(ser.transitions); n > 0 {
 					t := ser.transitions[n-1]
 					row.LastChange = &t
@@ -402,7 +417,7 @@ func (h *history) status(snaps []fleetwatch.Snapshot, since uint64, limit int, n
 	slices.SortFunc(pools, func(a, b statusPool) int { return cmp.Compare(a.Pool, b.Pool) })
 	recent := slices.Clone(h.recent)
 	slices.Reverse(recent)
-	return pools, h.seq, recent
+	return pools, uint64(h.seq), recent
 }
 
 // topRejects returns the n most frequent reject reasons, most frequent first.

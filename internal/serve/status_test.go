@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -366,4 +367,38 @@ func BenchmarkStatusJSON(b *testing.B) {
 	b.Run("full-history-600", func(b *testing.B) { encode(b, 0, defaultHistoryPoints) })
 	b.Run("page-first-180", func(b *testing.B) { encode(b, 0, statusPagePoints) })
 	b.Run("incremental", func(b *testing.B) { encode(b, uint64(defaultHistoryPoints-1), statusPagePoints) })
+}
+
+// TestHistoryMemoryPerBackend measures the live heap of a full history
+// (defaultHistoryPoints per backend) over 2,000 backends: what a backend
+// costs serve beyond the analyzer (DECISIONS.md "Bounded under abuse").
+// It logs the figure, and fails above 24 KiB a backend (19 KiB of points
+// at exact capacity, and the maps).
+func TestHistoryMemoryPerBackend(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills a history")
+	}
+	const backends = 2000
+	snap := fleetwatch.Snapshot{Pool: "p"}
+	for i := range backends {
+		snap.Backends = append(snap.Backends, fleetwatch.Backend{Backend: fmt.Sprintf("b%05d", i), State: fleetwatch.StateClosed,
+			Weight: 1, EWMATTFTMs: new(float64(180)), P95TTFTMs: new(float64(400)), SuccessRate: new(float64(0.99))})
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	h := newHistory(defaultHistoryPoints)
+	t0 := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	for i := range defaultHistoryPoints {
+		snap.At = fleetwatch.At(t0.Add(time.Duration(i) * time.Second))
+		h.record([]fleetwatch.Snapshot{snap})
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	per := float64(after.HeapInuse-before.HeapInuse) / backends
+	t.Logf("history: %.1f KiB per backend with %d points", per/1024, defaultHistoryPoints)
+	if per > 24*1024 {
+		t.Errorf("history: %.1f KiB per backend, want at most 24", per/1024)
+	}
+	runtime.KeepAlive(h)
 }
