@@ -150,8 +150,8 @@ func (a *Analyzer) ObserveLoad(poolID, backendID string, r LoadReport, at time.T
 // source not interned) falls back to a map of the sources.
 type routerSet struct {
 	sources []string
-	seen    []int64 // Unix nanoseconds of the newest event
-	last    int     // the previous event's slot
+	seen    []int64                 // Unix nanoseconds of the newest event
+	last    int                     // the previous event's slot
 	index   [routerIndexSize]uint16 // slot+1 by address hash; 0: none
 	slots   map[string]int          // every source's slot
 }
