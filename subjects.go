@@ -139,6 +139,23 @@ func (s Subjects) DecisionsPool(subject string) (string, bool) {
 	return subject[len(p):], true
 }
 
+// Feed is the subject of one pool's compact feed ("fw.feed.<pool>"; an
+// extension: docs/PROTOCOL.md "Compact feed (extension)").
+func (s Subjects) Feed(pool string) string { return s.prefix() + ".feed." + pool }
+
+// FeedWildcard matches every pool's compact feed ("fw.feed.>").
+func (s Subjects) FeedWildcard() string { return s.prefix() + ".feed.>" }
+
+// FeedPool returns the pool id of a compact feed subject, and false when
+// the subject is not one.
+func (s Subjects) FeedPool(subject string) (string, bool) {
+	p := s.prefix() + ".feed."
+	if !strings.HasPrefix(subject, p) || len(subject) == len(p) {
+		return "", false
+	}
+	return subject[len(p):], true
+}
+
 // Drift is the subject one pool's drift alerts are published on.
 func (s Subjects) Drift(pool string) string { return s.prefix() + ".drift." + pool }
 
@@ -190,6 +207,10 @@ func (s Subjects) StreamDrift() string { return strings.ToUpper(s.jsName()) + "_
 // BucketDecisions is the JetStream KV bucket holding the last snapshot of
 // each pool under the pool id ("fw_decisions").
 func (s Subjects) BucketDecisions() string { return strings.ToLower(s.jsName()) + "_decisions" }
+
+// BucketFeed is the JetStream KV bucket holding the last key frame of the
+// compact feed of each pool under the pool id ("fw_feed"; an extension).
+func (s Subjects) BucketFeed() string { return strings.ToLower(s.jsName()) + "_feed" }
 
 // BucketLeases is the JetStream KV bucket holding the partition leases of
 // the serve instances of a deployment ("fw_leases"; an extension).

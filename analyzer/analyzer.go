@@ -74,6 +74,7 @@ type pool struct {
 	seq       uint64
 	published bool          // a snapshot of the pool was returned
 	beatAt    time.Time     // the pool's last heartbeat, the anchor of the next
+	loadAt    time.Time     // the pool's last snapshot or load beat, the anchor of the next load beat
 	signature []decisionKey // the decisions of the last returned snapshot
 	spare     []decisionKey // the other buffer of signature
 	peers     peers         // scratch of the slowness rule
@@ -319,6 +320,13 @@ type Evaluation struct {
 	// Snapshots to publish, sorted by pool: every pool whose decisions
 	// changed and every pool whose last snapshot is a heartbeat old.
 	Snapshots []fleetwatch.Snapshot
+	// Loads lists the pools whose load beat is due (Settings.LoadBeat)
+	// and that are not in Snapshots, sorted by pool: each a snapshot of
+	// its decisions, with the seq of the pool's last snapshot, and its
+	// loads, EWMAs, median and retry budget now. Reasons, TTFT and TPOT
+	// quantiles, rates and since are left out (the compact feed's load
+	// frames carry none of them).
+	Loads []fleetwatch.Snapshot
 	// Transitions lists every breaker state change, in pool and backend
 	// order.
 	Transitions []Transition
@@ -382,9 +390,13 @@ func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
 		if all || gone || beat || !slices.Equal(sig, p.signature) {
 			p.seq++
 			p.published, p.signature, p.spare = true, sig, p.signature
-			ev.Snapshots = append(ev.Snapshots, a.snapshot(p, now))
+			p.loadAt = now
+			ev.Snapshots = append(ev.Snapshots, a.snapshot(p, now, false))
 		} else {
 			p.spare = sig // keep the grown buffer
+			if p.loadBeat(now) {
+				ev.Loads = append(ev.Loads, a.snapshot(p, now, true))
+			}
 		}
 		if gone {
 			dropped = append(dropped, p.id)
@@ -426,7 +438,7 @@ func (a *Analyzer) Snapshots(now time.Time) []fleetwatch.Snapshot {
 	out := make([]fleetwatch.Snapshot, 0, len(a.pools))
 	for _, p := range a.sortedPools() {
 		p.advance(now)
-		out = append(out, a.snapshot(p, now))
+		out = append(out, a.snapshot(p, now, false))
 	}
 	return out
 }
@@ -441,7 +453,7 @@ func (a *Analyzer) Snapshot(poolID string, now time.Time) (snap fleetwatch.Snaps
 	}
 	a.tick(now)
 	p.advance(now)
-	return a.snapshot(p, now), true
+	return a.snapshot(p, now, false), true
 }
 
 // Epoch returns the analyzer's epoch ("" before the first Evaluate when
@@ -453,54 +465,82 @@ func (a *Analyzer) Epoch() string {
 }
 
 // beat reports whether the pool's heartbeat is due at now, and if so moves
-// the anchor. Beats are anchored at the pool's first Evaluate (t, t+hb,
-// t+2hb, ...) and a beat may come a tenth of a heartbeat early, so that a
-// caller ticking at or faster than the heartbeat gets exactly one beat per
-// heartbeat whatever the jitter of its ticks. A caller that fell more than
-// two heartbeats behind re-anchors at now.
+// the anchor. The first beat is the pool's first Evaluate (t); the next
+// ones are anchored a phase earlier (t-ph+hb, t-ph+2hb, ...), ph a hash of
+// the pool id below the heartbeat, so that pools created together beat
+// apart instead of in one burst. A beat may come a tenth of a heartbeat
+// early, so that a caller ticking at or faster than the heartbeat gets
+// exactly one beat per heartbeat whatever the jitter of its ticks. A caller
+// that fell more than two heartbeats behind re-anchors at now.
 func (p *pool) beat(now time.Time) bool {
-	hb := p.heartbeat(now)
+	hb := p.settings.Heartbeat
 	if !p.published {
-		p.beatAt = now
+		p.beatAt = now.Add(-phase(p.id, hb))
 		return true
 	}
-	next := p.beatAt.Add(hb)
-	if now.Before(next.Add(-hb / 10)) {
+	return nextBeat(&p.beatAt, now, hb)
+}
+
+// nextBeat reports whether the beat of period d anchored at *anchor is due
+// at now (a tenth of d early at most), and if so moves the anchor: to the
+// beat, or to now when it is more than d late.
+func nextBeat(anchor *time.Time, now time.Time, d time.Duration) bool {
+	next := anchor.Add(d)
+	if now.Before(next.Add(-d / 10)) {
 		return false
 	}
-	if now.Sub(next) > hb {
-		p.beatAt = now
+	if now.Sub(next) > d {
+		*anchor = now
 	} else {
-		p.beatAt = next
+		*anchor = next
 	}
 	return true
 }
 
-// heartbeat is the pool's heartbeat at now: ManyRoutersHeartbeat while
-// more than fleetwatch.ManyRouters routers share it (and it is the shorter), else
-// Heartbeat.
-func (p *pool) heartbeat(now time.Time) time.Duration {
-	hb, many := p.settings.Heartbeat, p.settings.ManyRoutersHeartbeat
-	if many > 0 && many < hb && p.routers.count(now.UnixNano(), int64(p.settings.Window)) > fleetwatch.ManyRouters {
-		return many
+// loadBeat reports whether the pool's load beat is due at now (between
+// snapshots; Settings.LoadBeat), and if so moves its anchor.
+func (p *pool) loadBeat(now time.Time) bool {
+	lb := p.settings.LoadBeat
+	if lb <= 0 || lb >= p.settings.Heartbeat || !p.published {
+		return false
 	}
-	return hb
+	return nextBeat(&p.loadAt, now, lb)
 }
 
-// Heartbeat returns the pool's heartbeat as of the latest Evaluate
-// (Settings.ManyRoutersHeartbeat): how soon a caller that evaluates on the
-// heartbeat alone should call Evaluate again. 0 for an unknown pool.
-func (a *Analyzer) Heartbeat(poolID string) time.Duration {
+// phase is a pool's offset within a period: FNV-1a of its id, mixed
+// (ids that differ in their last characters differ in the low bits only),
+// modulo d.
+func phase(id string, d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(id); i++ {
+		h = (h ^ uint64(id[i])) * 1099511628211
+	}
+	h ^= h >> 33 // murmur3's finalizer
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	h ^= h >> 33
+	return time.Duration(h % uint64(d))
+}
+
+// Beat returns how soon a caller that evaluates on the beat alone should
+// call Evaluate again for the pool: its load beat (Settings.LoadBeat) when
+// it is on and shorter than its heartbeat, else its heartbeat. 0 for an
+// unknown pool.
+func (a *Analyzer) Beat(poolID string) time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	p := a.pools[poolID]
-	switch {
-	case p == nil:
+	if p == nil {
 		return 0
-	case !a.hasNow: // no events counted yet, and no time to count them at
-		return p.settings.Heartbeat
 	}
-	return p.heartbeat(a.lastNow)
+	if lb := p.settings.LoadBeat; lb > 0 && lb < p.settings.Heartbeat {
+		return lb
+	}
+	return p.settings.Heartbeat
 }
 
 // advance moves every window of the pool to now and refreshes the views.

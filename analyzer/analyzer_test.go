@@ -103,11 +103,14 @@ func TestEvaluatePublishing(t *testing.T) {
 		at      time.Duration
 		wantSeq map[string]uint64 // pool -> seq of the returned snapshot
 	}
+	// Heartbeats are a phase apart (phase): p's at 10.23 s, 11.23 s, ...,
+	// q's at 10.70 s, 11.70 s, ...
 	steps := []step{
 		{"first Evaluate publishes every pool", nil, 10 * time.Second, map[string]uint64{"p": 1, "q": 1}},
-		{"nothing changed within the heartbeat", nil, 10500 * time.Millisecond, map[string]uint64{}},
-		{"heartbeat (a tenth early is tolerated)", nil, 10950 * time.Millisecond, map[string]uint64{"p": 2, "q": 2}},
-		{"a trip publishes at once", series("p", "x", fail, 5, at(11*time.Second), 100*time.Millisecond, 0), 11200 * time.Millisecond, map[string]uint64{"p": 3}},
+		{"nothing changed within the heartbeat", nil, 10100 * time.Millisecond, map[string]uint64{}},
+		{"p's heartbeat (a tenth early is tolerated)", nil, 10150 * time.Millisecond, map[string]uint64{"p": 2}},
+		{"q's heartbeat, a phase later", nil, 10650 * time.Millisecond, map[string]uint64{"q": 2}},
+		{"a trip publishes at once", series("p", "x", fail, 5, at(10700*time.Millisecond), 50*time.Millisecond, 0), 11 * time.Second, map[string]uint64{"p": 3}},
 		{"heartbeat again", nil, 12200 * time.Millisecond, map[string]uint64{"p": 4, "q": 3}},
 	}
 	for _, st := range steps {
@@ -234,10 +237,11 @@ func TestWeights(t *testing.T) {
 			t.Errorf("%d snapshots in 41 ticks over 4s, want 5 (one per heartbeat)", published)
 		}
 	})
-	t.Run("the ramp takes as long at the heartbeat of many routers", func(t *testing.T) {
-		// More than fleetwatch.ManyRouters sources: the pool beats every
-		// 250 ms, and the weight must still move 0.25 a second (it moved
-		// 0.25 a beat: four times faster).
+	t.Run("the ramp takes as long when loads beat every 250 ms", func(t *testing.T) {
+		// More than fleetwatch.ManyRouters sources, evaluated every 250 ms:
+		// the pool's loads go out every 250 ms, and the weight must still
+		// move 0.25 a second (at the 250 ms heartbeat many routers had, it
+		// moved 0.25 a beat: four times faster).
 		a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
 		openX(t, a)
 		a.Evaluate(at(36 * time.Second)) // half-open

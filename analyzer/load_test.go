@@ -325,49 +325,86 @@ func TestRetryBudgetFollowsLoad(t *testing.T) {
 	}
 }
 
-// TestManyRoutersHeartbeat: a pool shared by more than fleetwatch.ManyRouters routers
-// gets a snapshot every ManyRoutersHeartbeat (250 ms), one of fleetwatch.ManyRouters
-// or fewer every Heartbeat (1 s); a negative ManyRoutersHeartbeat turns
-// that off. The caller ticks every 100 ms, as serve does.
-func TestManyRoutersHeartbeat(t *testing.T) {
+// TestLoadBeat: every pool, whatever its routers, gets a snapshot every
+// Heartbeat (1 s) and its loads every LoadBeat (250 ms) in between
+// (Evaluation.Loads, three per second, with the last snapshot's seq and
+// without reasons); a negative LoadBeat turns the load beats off. The
+// caller ticks every 100 ms, as serve does.
+func TestLoadBeat(t *testing.T) {
 	for _, tt := range []struct {
-		routers int
-		many    time.Duration
-		want    int           // snapshots from 2 s to 4 s
-		hb      time.Duration // Analyzer.Heartbeat after the events
+		routers   int
+		loadBeat  time.Duration
+		snapshots int           // from 2 s to 4 s
+		loads     int           // from 2 s to 4 s
+		beat      time.Duration // Analyzer.Beat
 	}{
-		{fleetwatch.ManyRouters, 0, 2, time.Second},
-		{fleetwatch.ManyRouters + 1, 0, 8, 250 * time.Millisecond},
-		{fleetwatch.ManyRouters + 1, -1, 2, time.Second},
+		{1, 0, 2, 6, 250 * time.Millisecond},
+		{fleetwatch.ManyRouters + 1, 0, 2, 6, 250 * time.Millisecond},
+		{fleetwatch.ManyRouters + 1, -1, 2, 0, time.Second},
 	} {
-		t.Run(fmt.Sprintf("%d routers, %v", tt.routers, tt.many), func(t *testing.T) {
-			a := newAnalyzer(t, Config{Settings: Settings{ManyRoutersHeartbeat: tt.many}})
+		t.Run(fmt.Sprintf("%d routers, %v", tt.routers, tt.loadBeat), func(t *testing.T) {
+			a := newAnalyzer(t, Config{Settings: Settings{LoadBeat: tt.loadBeat}})
 			a.Evaluate(at(0))
 			var batch []fleetwatch.Event
 			for r := range tt.routers {
 				batch = append(batch, loadEvent("a", fmt.Sprintf("r%d", r), at(time.Second), -1, -1, -1))
 			}
 			a.Observe(batch)
-			n := 0
+			snaps, loads := 0, 0
+			var seq uint64
 			for d := time.Second; d < 4*time.Second; d += 100 * time.Millisecond {
 				ev := a.Evaluate(at(d))
+				for _, s := range ev.Snapshots {
+					seq = s.Seq
+				}
+				for _, l := range ev.Loads {
+					if l.Seq != seq || l.Backends[0].Reason != "" || l.Backends[0].P95TTFTMs != nil {
+						t.Errorf("load beat at %v: seq %d (last snapshot's %d), reason %q, p95 %v", d, l.Seq, seq, l.Backends[0].Reason, l.Backends[0].P95TTFTMs)
+					}
+				}
 				if d >= 2*time.Second {
-					n += len(ev.Snapshots)
+					snaps += len(ev.Snapshots)
+					loads += len(ev.Loads)
 				}
 			}
-			if n != tt.want {
-				t.Errorf("%d snapshots from 2 s to 4 s, want %d", n, tt.want)
+			if snaps != tt.snapshots || loads != tt.loads {
+				t.Errorf("%d snapshots and %d load beats from 2 s to 4 s, want %d and %d", snaps, loads, tt.snapshots, tt.loads)
 			}
-			if got := a.Heartbeat("p"); got != tt.hb {
-				t.Errorf("Heartbeat = %v, want %v", got, tt.hb)
+			if got := a.Beat("p"); got != tt.beat {
+				t.Errorf("Beat = %v, want %v", got, tt.beat)
 			}
 		})
 	}
 	fresh := newAnalyzer(t, Config{Pools: []PoolConfig{{ID: "p"}}})
-	if got := fresh.Heartbeat("nope"); got != 0 {
-		t.Errorf("Heartbeat of an unknown pool = %v, want 0", got)
+	if got := fresh.Beat("nope"); got != 0 {
+		t.Errorf("Beat of an unknown pool = %v, want 0", got)
 	}
-	if got := fresh.Heartbeat("p"); got != time.Second {
-		t.Errorf("Heartbeat before any Evaluate = %v, want 1s", got)
+}
+
+// TestHeartbeatsSpreadAcrossPools: pools that appear together beat apart
+// (each at a phase of its own within the heartbeat), so a tick carries a
+// fraction of them instead of all at once.
+func TestHeartbeatsSpreadAcrossPools(t *testing.T) {
+	const pools = 100
+	var cfg Config
+	for i := range pools {
+		cfg.Pools = append(cfg.Pools, PoolConfig{ID: fmt.Sprintf("pool-%03d", i)})
+	}
+	a := newAnalyzer(t, cfg)
+	if ev := a.Evaluate(at(0)); len(ev.Snapshots) != pools {
+		t.Fatalf("first Evaluate: %d snapshots, want every pool's", len(ev.Snapshots))
+	}
+	most, total := 0, 0
+	for d := 100 * time.Millisecond; d < 6*time.Second; d += 100 * time.Millisecond {
+		n := len(a.Evaluate(at(d)).Snapshots)
+		if d >= time.Second { // whole heartbeats after the first
+			most, total = max(most, n), total+n
+		}
+	}
+	if total != 5*pools {
+		t.Errorf("%d snapshots over 5 s, want one per pool per second (%d)", total, 5*pools)
+	}
+	if most > pools/4 {
+		t.Errorf("a tick carried %d of %d pools' heartbeats, want them spread (at most a quarter)", most, pools)
 	}
 }

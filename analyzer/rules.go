@@ -482,7 +482,7 @@ func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time, beat bool) 
 				// tick.
 				continue
 			}
-			w = dampedWeight(s, b.weight, target, b.weightAt, now, p.heartbeat(now))
+			w = dampedWeight(s, b.weight, target, b.weightAt, now, s.Heartbeat)
 		}
 		b.weight = roundWeight(w)
 		b.weightSet, b.weightAt = true, now

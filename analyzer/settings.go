@@ -60,19 +60,19 @@ const (
 	DefaultHalfOpenSuccesses    = 5
 	DefaultMaxOpenFraction      = 0.5
 	DefaultHeartbeat            = time.Second
-	// DefaultManyRoutersHeartbeat is Settings.ManyRoutersHeartbeat's default.
-	DefaultManyRoutersHeartbeat = 250 * time.Millisecond
-	DefaultTTL                  = 5 * time.Second
-	DefaultExpiry               = 10 * time.Minute
-	DefaultMaxWeightStep        = 0.25
-	DefaultOpenJitter           = 0.1
-	DefaultThrottledRunCounts   = RunCountsHinted
-	DefaultThrottleRateCounts   = RunCountsHinted
-	DefaultRecentMinRequests    = 10
-	DefaultPoolThrottleHold     = 0.25
-	DefaultLoadMaxAge           = 3 * time.Second
-	DefaultClientErrorRate      = 0.5
-	DefaultClientErrorMargin    = 0.4
+	// DefaultLoadBeat is Settings.LoadBeat's default.
+	DefaultLoadBeat           = 250 * time.Millisecond
+	DefaultTTL                = 5 * time.Second
+	DefaultExpiry             = 10 * time.Minute
+	DefaultMaxWeightStep      = 0.25
+	DefaultOpenJitter         = 0.1
+	DefaultThrottledRunCounts = RunCountsHinted
+	DefaultThrottleRateCounts = RunCountsHinted
+	DefaultRecentMinRequests  = 10
+	DefaultPoolThrottleHold   = 0.25
+	DefaultLoadMaxAge         = 3 * time.Second
+	DefaultClientErrorRate    = 0.5
+	DefaultClientErrorMargin  = 0.4
 )
 
 // maxBucketsPerWindow bounds Window/Bucket so that a typo cannot allocate a
@@ -178,14 +178,14 @@ type Settings struct {
 	// Heartbeat is the longest time between two snapshots of a pool, and
 	// the unit of the weight damping. If zero, 1s is used.
 	Heartbeat time.Duration
-	// ManyRoutersHeartbeat is the heartbeat of a pool whose snapshot counts
-	// more than fleetwatch.ManyRouters (16) routers, when it is shorter than
-	// Heartbeat: each of many routers sees a small share of the traffic, so
-	// the published loads are most of what it knows, and their age is what
-	// the routers herd on (docs/EVALUATION.md, "The steady-state cells").
-	// The weight damping keeps Heartbeat as its unit. If zero, 250ms is
-	// used; a negative value gives every pool Heartbeat.
-	ManyRoutersHeartbeat time.Duration
+	// LoadBeat is how often a pool's loads go out between its snapshots,
+	// when it is shorter than Heartbeat: Evaluate lists the pool in
+	// Evaluation.Loads, for the compact feed's load frames. The published
+	// loads are most of what each of many routers knows, and their age is
+	// what routers herd on (docs/EVALUATION.md, "The steady-state cells").
+	// If zero, 250ms is used; a negative value sends loads with the
+	// snapshots only.
+	LoadBeat time.Duration
 	// TTL is the snapshot's ttl_ms. If zero, 5s is used.
 	TTL time.Duration
 	// Expiry drops a backend that is not configured after this long without
@@ -266,7 +266,7 @@ func (Settings) defaults() Settings {
 		HalfOpenSuccesses:    DefaultHalfOpenSuccesses,
 		MaxOpenFraction:      DefaultMaxOpenFraction,
 		Heartbeat:            DefaultHeartbeat,
-		ManyRoutersHeartbeat: DefaultManyRoutersHeartbeat,
+		LoadBeat:             DefaultLoadBeat,
 		TTL:                  DefaultTTL,
 		Expiry:               DefaultExpiry,
 		MaxWeightStep:        DefaultMaxWeightStep,
@@ -301,7 +301,7 @@ func (s Settings) Override(pool Settings) Settings {
 	pick(&s.HalfOpenSuccesses, pool.HalfOpenSuccesses)
 	pick(&s.MaxOpenFraction, pool.MaxOpenFraction)
 	pick(&s.Heartbeat, pool.Heartbeat)
-	pick(&s.ManyRoutersHeartbeat, pool.ManyRoutersHeartbeat)
+	pick(&s.LoadBeat, pool.LoadBeat)
 	pick(&s.TTL, pool.TTL)
 	pick(&s.Expiry, pool.Expiry)
 	pick(&s.MaxWeightStep, pool.MaxWeightStep)

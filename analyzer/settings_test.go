@@ -16,7 +16,7 @@ func TestSettingsWithDefaults(t *testing.T) {
 		ConsecutiveFailures: 5, ConsecutiveStalls: 2, ConsecutiveThrottled: 5, ThrottledRunCounts: "hinted", ThrottleRate: 0.5, ThrottleRateCounts: "hinted", SlowFactor: 5, EWMAAlpha: 0.2,
 		IdleGap: 5 * time.Minute, OpenBase: 30 * time.Second, OpenMax: 5 * time.Minute,
 		OpenJitter: 0.1, HalfOpenWeight: 0.05, HalfOpenSuccesses: 5, MaxOpenFraction: 0.5,
-		Heartbeat: time.Second, ManyRoutersHeartbeat: 250 * time.Millisecond, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,
+		Heartbeat: time.Second, LoadBeat: 250 * time.Millisecond, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,
 		RecentMinRequests: 10, PoolThrottleHold: 0.25, LoadMaxAge: 3 * time.Second,
 		ClientErrorRate: 0.5, ClientErrorMargin: 0.4,
 	}

@@ -9,8 +9,11 @@ import (
 
 // snapshot builds the pool's snapshot at now from the backends' current
 // decisions and window views. It allocates the nullable numbers of all
-// backends in one backing array.
-func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
+// backends in one backing array. A light snapshot (a load beat's,
+// Evaluation.Loads) leaves out the reasons, the TTFT and TPOT quantiles,
+// the rates and since: what a load frame does not carry and costs the
+// most to compute.
+func (a *Analyzer) snapshot(p *pool, now time.Time, light bool) fleetwatch.Snapshot {
 	s := &p.settings
 	bs := p.sorted()
 	snap := fleetwatch.Snapshot{
@@ -41,7 +44,10 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 		return &times[len(times)-1]
 	}
 	ewmas := make([]float64, 0, len(bs))
-	prior := weightPrior(s, bs) // for the weights' reasons
+	prior := 0.0
+	if !light {
+		prior = weightPrior(s, bs) // for the weights' reasons
+	}
 	for i, b := range bs {
 		v := &b.view
 		d := fleetwatch.Backend{
@@ -51,9 +57,11 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 			Priority: b.priority,
 			Requests: int64(v.requests),
 			WindowMs: s.Window.Milliseconds(),
-			Reason:   a.snapshotReason(p, b, prior),
 			Drift:    b.drift,
 			Trips:    b.trips,
+		}
+		if !light {
+			d.Reason = a.snapshotReason(p, b, prior)
 		}
 		if !b.weightSet {
 			d.Weight = 1 // not evaluated yet: a router treats it as healthy
@@ -62,14 +70,8 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 			d.EWMATTFTMs = ptr(b.ewma)
 			ewmas = append(ewmas, b.ewma)
 		}
-		if p50, p95, ok := b.win.ttftQuantiles(); ok {
-			d.P50TTFTMs, d.P95TTFTMs = ptr(p50), ptr(p95)
-		}
-		if r, ok := v.successRate(); ok {
-			d.SuccessRate = ptr(r)
-		}
-		if r, ok := v.rate429(); ok {
-			d.Rate429 = ptr(r)
+		if !light {
+			a.windowFields(b, &d, ptr)
 		}
 		if b.state == fleetwatch.StateOpen {
 			d.OpenUntil = tptr(b.openUntil)
@@ -77,7 +79,7 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 				d.QuotaUntil = tptr(b.quotaUntil)
 			}
 		}
-		if !b.since.IsZero() {
+		if !b.since.IsZero() && !light {
 			d.Since = tptr(b.since)
 		}
 		if b.cost != nil {
@@ -93,7 +95,7 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 			loads = append(loads, l)
 			d.Load = &loads[len(loads)-1]
 		}
-		if p50, p95, ok := b.tpotQuantiles(now); ok {
+		if p50, p95, ok := b.tpotQuantiles(now); ok && !light {
 			d.P50TPOTMs, d.P95TPOTMs = ptr(p50), ptr(p95)
 		}
 		a.applyOverride(p.id, &d, now) // override.go
@@ -106,4 +108,17 @@ func (a *Analyzer) snapshot(p *pool, now time.Time) fleetwatch.Snapshot {
 	snap.Routers = p.routers.count(now.UnixNano(), int64(s.Window))
 	snap.RetryBudget = retryBudget(snap.Backends, s.Window)
 	return snap
+}
+
+// windowFields fills d's TTFT quantiles and rates from b's window.
+func (a *Analyzer) windowFields(b *backend, d *fleetwatch.Backend, ptr func(float64) *float64) {
+	if p50, p95, ok := b.win.ttftQuantiles(); ok {
+		d.P50TTFTMs, d.P95TTFTMs = ptr(p50), ptr(p95)
+	}
+	if r, ok := b.view.successRate(); ok {
+		d.SuccessRate = ptr(r)
+	}
+	if r, ok := b.view.rate429(); ok {
+		d.Rate429 = ptr(r)
+	}
 }

@@ -54,11 +54,12 @@ func TestWatcherDropsAStaleOwnersSnapshot(t *testing.T) {
 func TestPublisherKVPutIsFenced(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, url)
-	newOwner, err := NewPublisher(t.Context(), nc, PublisherSettings{})
+	every := PublisherSettings{KVEvery: -1} // every snapshot is put
+	newOwner, err := NewPublisher(t.Context(), nc, every)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stale, err := NewPublisher(t.Context(), feedtest.Connect(t, url), PublisherSettings{})
+	stale, err := NewPublisher(t.Context(), feedtest.Connect(t, url), every)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,8 +96,17 @@ func TestPublisherKVPutIsFenced(t *testing.T) {
 	if e, seq := stored(); e != "new" || seq != 1 {
 		t.Errorf("KV holds (%s, %d) after the stale owner's put, want (new, 1)", e, seq)
 	}
-	if got := stale.kvFenced.Get(); got != 1 {
-		t.Errorf("stale publisher's fenced puts = %d, want 1", got)
+	if got := stale.kvFenced.Get(); got != 2 {
+		t.Errorf("stale publisher's fenced puts = %d, want 2 (the snapshot and its key frame)", got)
+	}
+	feedKV, err := js.KeyValue(t.Context(), "fw_feed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := feedKV.Get(t.Context(), "p"); err != nil {
+		t.Error(err)
+	} else if key, _, err := DecodeKey(e.Value(), "p"); err != nil || key.Epoch != "new" {
+		t.Errorf("fw_feed holds %+v (%v), want the new owner's key frame", key, err)
 	}
 	put(newOwner, fenced("new", 2, 9, t0.Add(2*time.Second), t0.Add(2*time.Minute)))
 	if e, seq := stored(); e != "new" || seq != 2 {

@@ -155,11 +155,12 @@ func TestSnapshotValidateBackendsTotal(t *testing.T) {
 
 // TestPublisherKVKeepsLatestPerPool: many pools published many times in a
 // burst end up with their latest snapshot in the KV; every queued snapshot
-// was either put or superseded by a newer one of its pool.
+// (and each pool's one key frame: the decisions do not change) was either
+// put or superseded by a newer one of its key.
 func TestPublisherKVKeepsLatestPerPool(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, url)
-	p, err := NewPublisher(t.Context(), nc, PublisherSettings{})
+	p, err := NewPublisher(t.Context(), nc, PublisherSettings{KVEvery: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,8 +175,8 @@ func TestPublisherKVKeepsLatestPerPool(t *testing.T) {
 	if err := p.Flush(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	if put, superseded, failed := p.kvPuts.Get(), p.kvSuperseded.Get(), p.kvPutErrs.Get(); put+superseded+failed != pools*rounds || failed != 0 {
-		t.Errorf("puts %d + superseded %d + failed %d, want %d with none failed", put, superseded, failed, pools*rounds)
+	if put, superseded, failed := p.kvPuts.Get(), p.kvSuperseded.Get(), p.kvPutErrs.Get(); put+superseded+failed != pools*rounds+pools || failed != 0 {
+		t.Errorf("puts %d + superseded %d + failed %d, want %d with none failed", put, superseded, failed, pools*rounds+pools)
 	}
 	js, _ := jetstream.New(nc)
 	kv, err := js.KeyValue(t.Context(), "fw_decisions")

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
 // Sentinel errors of the watcher.
@@ -60,6 +61,19 @@ type WatcherSettings struct {
 	Metrics *metrics.Set
 	// Logf receives operational messages. If nil, nothing is logged.
 	Logf func(format string, args ...any)
+	// Compact follows the compact feed (fw.feed.<pool>, docs/PROTOCOL.md
+	// "Compact feed (extension)") instead of the JSON snapshots when the
+	// server has its bucket (fw_feed): key frames are applied as snapshots
+	// (OnUpdate; they carry what a router reads, not the reasons or the
+	// counts), load frames through OnLoads. Without the bucket (a serve
+	// that does not publish it, or no JetStream) the watcher follows the
+	// JSON snapshots (see watchcompact.go).
+	Compact bool
+	// OnLoads is called with every load frame the watcher applies in
+	// compact mode, on Run's goroutine, in order: the loads and EWMAs that
+	// moved since the key frame applied (fit for p2c.Picker.UpdateLoads).
+	// u is reused once OnLoads returns. If nil, nothing is called.
+	OnLoads func(pool string, u *p2c.LoadUpdate)
 }
 
 // View is what a router knows about one pool.
@@ -68,8 +82,9 @@ type View struct {
 	Snapshot *fleetwatch.Snapshot
 	// Received is when the watcher applied it (WatcherSettings.Now).
 	Received time.Time
-	// Stale reports whether the snapshot is older than at + ttl_ms now;
-	// apply Effective(Snapshot, now) rather than Snapshot then.
+	// Stale reports whether the snapshot is older than at + ttl_ms now
+	// (in compact mode, with at the last load frame's based on it); apply
+	// Effective(Snapshot, now) rather than Snapshot then.
 	Stale bool
 }
 
@@ -81,6 +96,9 @@ type watched struct {
 	// with a lower non-zero fence comes from an instance that lost the
 	// pool's partition and is dropped.
 	fence uint64
+	// heard is the at (unix ns) of the newest load frame based on snap
+	// (compact mode), which keeps it fresh.
+	heard atomic.Int64
 }
 
 // poolSlots maps a pool id to its slot. The map is copied when a pool
@@ -115,6 +133,20 @@ type Watcher struct {
 	dropped   *metrics.Counter
 	kvReads   *metrics.Counter
 	kvErrors  *metrics.Counter
+
+	loadsApplied *metrics.Counter
+	gaps         *metrics.Counter
+	keyFetches   *metrics.Counter
+
+	// Run's goroutine only: the mode (also read by Mode), the subscriptions
+	// of each feed, the compact feed's state and its key frame fetches.
+	mode     atomic.Int32
+	jsonSubs []*nats.Subscription
+	feedSubs []*nats.Subscription
+	feedKV   jetstream.KeyValue
+	compact  map[string]*compactPool
+	fetching map[string]bool
+	fetched  chan keyResult
 
 	// mu guards running and done.
 	mu      sync.Mutex
@@ -156,6 +188,9 @@ func NewWatcher(nc *nats.Conn, s WatcherSettings) (*Watcher, error) {
 	if s.OnUpdate == nil {
 		s.OnUpdate = func(*fleetwatch.Snapshot) {}
 	}
+	if s.OnLoads == nil {
+		s.OnLoads = func(string, *p2c.LoadUpdate) {}
+	}
 	if s.Buffer <= 0 {
 		s.Buffer = 4096
 	}
@@ -174,6 +209,18 @@ func NewWatcher(nc *nats.Conn, s WatcherSettings) (*Watcher, error) {
 	w.dropped = set.GetOrCreateCounter("fleetwatch_feed_snapshots_dropped_total")
 	w.kvReads = set.GetOrCreateCounter("fleetwatch_feed_kv_reads_total")
 	w.kvErrors = set.GetOrCreateCounter("fleetwatch_feed_kv_read_errors_total")
+	w.loadsApplied = set.GetOrCreateCounter("fleetwatch_feed_load_frames_applied_total")
+	w.gaps = set.GetOrCreateCounter("fleetwatch_feed_frame_gaps_total")
+	w.keyFetches = set.GetOrCreateCounter("fleetwatch_feed_key_fetches_total")
+	set.GetOrCreateGauge("fleetwatch_feed_compact", func() float64 {
+		if w.mode.Load() == modeCompact {
+			return 1
+		}
+		return 0
+	})
+	w.compact = map[string]*compactPool{}
+	w.fetching = map[string]bool{}
+	w.fetched = make(chan keyResult, maxFetches)
 	empty := poolSlots{}
 	w.pools.Store(&empty)
 	return w, nil
@@ -187,8 +234,12 @@ func (w *Watcher) View(pool string) (View, bool) {
 		return View{}, false
 	}
 	e := slot.Load()
-	return View{Snapshot: e.snap, Received: e.received, Stale: Stale(e.snap, w.settings.Now())}, true
+	return View{Snapshot: e.snap, Received: e.received, Stale: w.settings.Now().After(staleAt(e.snap, e.heard.Load()))}, true
 }
+
+// Compact reports whether the watcher follows the compact feed now
+// (WatcherSettings.Compact, and the server has its bucket).
+func (w *Watcher) Compact() bool { return w.mode.Load() == modeCompact }
 
 // Pools returns the sorted ids of the pools the watcher has a snapshot of.
 func (w *Watcher) Pools() []string {
@@ -241,16 +292,26 @@ func (w *Watcher) Run(ctx context.Context) error {
 	defer w.nc.RemoveStatusListener(status)
 
 	msgs := make(chan *nats.Msg, w.settings.Buffer)
-	subs, err := w.subscribe(msgs)
-	if err != nil {
+	w.mode.Store(modeJSON)
+	if w.settings.Compact {
+		w.mode.Store(modeUnknown)
+	}
+	var err error
+	if w.jsonSubs, err = w.subscribe(msgs, w.subjects.DecisionsWildcard(), w.subjects.Decisions); err != nil {
 		return err
 	}
-	lastDropped := make([]int, len(subs))
-	defer func() {
-		w.countDropped(subs, lastDropped)
-		for _, sub := range subs {
-			_ = sub.Unsubscribe()
+	if w.settings.Compact {
+		if w.feedSubs, err = w.subscribe(msgs, w.subjects.FeedWildcard(), w.subjects.Feed); err != nil {
+			unsubscribe(w.jsonSubs)
+			return err
 		}
+	}
+	lastDropped := map[*nats.Subscription]int{}
+	defer func() {
+		w.countDropped(lastDropped)
+		unsubscribe(w.jsonSubs)
+		unsubscribe(w.feedSubs)
+		w.jsonSubs, w.feedSubs, w.feedKV = nil, nil, nil
 	}()
 
 	kv := newKVReader(w)
@@ -269,6 +330,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 
 	dropTicker := time.NewTicker(time.Second)
 	defer dropTicker.Stop()
+	var redetect <-chan time.Time
+	if w.settings.Compact {
+		t := time.NewTicker(feedRedetect)
+		defer t.Stop()
+		redetect = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -277,15 +344,72 @@ func (w *Watcher) Run(ctx context.Context) error {
 			return nil
 		case msg := <-msgs:
 			w.handleMsg(msg)
+		case r := <-w.fetched:
+			w.fetchedKey(r)
 		case <-status:
+			if w.mode.Load() == modeCompact {
+				// The next load frames say what was missed.
+				w.settings.Logf("feed: reconnected; following the compact feed")
+				w.reconnected()
+				continue
+			}
 			w.settings.Logf("feed: reconnected; reading the current decisions again")
 			kv.reset()
 			readKV()
 		case <-retry.C:
 			readKV()
+		case <-redetect:
+			if w.mode.Load() == modeJSON {
+				w.redetect(ctx, msgs)
+			}
 		case <-dropTicker.C:
-			w.countDropped(subs, lastDropped)
+			w.countDropped(lastDropped)
 		}
+	}
+}
+
+// redetect looks for the fw_feed bucket while the watcher follows the JSON
+// snapshots though asked for the compact feed (the bucket was missing),
+// and switches to the compact feed when it is there: it subscribes to the
+// feed, reads the key frames, and then leaves the JSON snapshots.
+func (w *Watcher) redetect(ctx context.Context, msgs chan *nats.Msg) {
+	ctx, cancel := context.WithTimeout(ctx, kvReadTimeout)
+	defer cancel()
+	kv, err := w.bindFeed(ctx)
+	if err != nil {
+		return
+	}
+	subs, err := w.subscribe(msgs, w.subjects.FeedWildcard(), w.subjects.Feed)
+	if err != nil {
+		return
+	}
+	if err := w.readKeys(ctx, kv); err != nil {
+		unsubscribe(subs)
+		return
+	}
+	w.feedSubs, w.feedKV = subs, kv
+	w.enterCompact()
+}
+
+// enterCompact leaves the JSON snapshots for the compact feed.
+func (w *Watcher) enterCompact() {
+	w.mode.Store(modeCompact)
+	unsubscribe(w.jsonSubs)
+	w.jsonSubs = nil
+	w.settings.Logf("feed: following the compact feed (%s)", w.subjects.FeedWildcard())
+}
+
+// enterJSON leaves the compact feed for the JSON snapshots.
+func (w *Watcher) enterJSON(why string) {
+	w.mode.Store(modeJSON)
+	unsubscribe(w.feedSubs)
+	w.feedSubs = nil
+	w.settings.Logf("feed: following the JSON snapshots (%s): %s", w.subjects.DecisionsWildcard(), why)
+}
+
+func unsubscribe(subs []*nats.Subscription) {
+	for _, s := range subs {
+		_ = s.Unsubscribe()
 	}
 }
 
@@ -297,13 +421,14 @@ func (w *Watcher) markSynced() {
 	}
 }
 
-// subscribe subscribes to the followed pools' subjects, delivering into msgs.
-func (w *Watcher) subscribe(msgs chan *nats.Msg) ([]*nats.Subscription, error) {
-	subjects := []string{w.subjects.DecisionsWildcard()}
+// subscribe subscribes to the followed pools' subjects of one feed (the
+// wildcard, or each pool's), delivering into msgs.
+func (w *Watcher) subscribe(msgs chan *nats.Msg, wildcard string, of func(pool string) string) ([]*nats.Subscription, error) {
+	subjects := []string{wildcard}
 	if w.follow != nil {
 		subjects = subjects[:0]
 		for _, p := range w.settings.Pools {
-			subjects = append(subjects, w.subjects.Decisions(p))
+			subjects = append(subjects, of(p))
 		}
 	}
 	var subs []*nats.Subscription
@@ -320,21 +445,33 @@ func (w *Watcher) subscribe(msgs chan *nats.Msg) ([]*nats.Subscription, error) {
 	return subs, nil
 }
 
-// countDropped adds the snapshot messages nats.go dropped on subs since
-// the last call (last holds the counts already added) to the dropped metric.
-func (w *Watcher) countDropped(subs []*nats.Subscription, last []int) {
-	for i, sub := range subs {
-		if n, err := sub.Dropped(); err == nil && n > last[i] {
-			w.dropped.Add(n - last[i])
-			last[i] = n
+// countDropped adds the messages nats.go dropped on the subscriptions
+// since the last call (last holds the counts already added) to the
+// dropped metric.
+func (w *Watcher) countDropped(last map[*nats.Subscription]int) {
+	for _, subs := range [][]*nats.Subscription{w.jsonSubs, w.feedSubs} {
+		for _, sub := range subs {
+			if n, err := sub.Dropped(); err == nil && n > last[sub] {
+				w.dropped.Add(n - last[sub])
+				last[sub] = n
+			}
 		}
 	}
 }
 
-// handleMsg applies a snapshot received on a decisions subject.
+// handleMsg applies a snapshot received on a decisions subject, or a
+// frame of the compact feed; what the mode does not follow (left in the
+// buffer when it changed) is dropped.
 func (w *Watcher) handleMsg(msg *nats.Msg) {
+	mode := w.mode.Load()
+	if pool, ok := w.subjects.FeedPool(msg.Subject); ok {
+		if mode != modeJSON {
+			w.handleFrame(pool, msg.Subject, msg.Data)
+		}
+		return
+	}
 	pool, ok := w.subjects.DecisionsPool(msg.Subject)
-	if !ok {
+	if !ok || mode == modeCompact {
 		return
 	}
 	snap, err := decodeSnapshot(msg.Data, pool)
@@ -483,6 +620,28 @@ func (r *kvReader) read(ctx context.Context) (retryAfter time.Duration, ok bool)
 }
 
 func (r *kvReader) readOnce(ctx context.Context) error {
+	if r.w.mode.Load() == modeUnknown {
+		kv, err := r.w.bindFeed(ctx)
+		switch {
+		case err == nil:
+			if err := r.w.readKeys(ctx, kv); err != nil {
+				return err
+			}
+			r.w.feedKV = kv
+			r.w.enterCompact()
+			return nil
+		case errors.Is(err, errNoJetStream):
+			r.w.enterJSON("no JetStream")
+			return err
+		case errors.Is(err, jetstream.ErrBucketNotFound):
+			r.w.enterJSON("no " + r.w.subjects.BucketFeed() + " bucket")
+		default:
+			return err
+		}
+	}
+	if r.w.mode.Load() == modeCompact {
+		return nil // the load frames say what to fetch
+	}
 	if r.kv == nil {
 		js, err := jetstream.New(r.w.nc)
 		if err != nil {

@@ -33,6 +33,7 @@ type routeOptions struct {
 	// headerTimeout bounds the wait for a backend's response headers; 0:
 	// none (a hanging backend holds the request until the client gives up).
 	headerTimeout time.Duration
+	feed          string // route.feed: compact or json
 }
 
 // runRoute is `fleetwatch route`: internal/router (the feed/route router,
@@ -60,8 +61,13 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Float64Var(&o.retryRatio, "retry-ratio", p2c.DefaultRetryRatio, "retries allowed per first attempt (the retry budget; overrides route.retry_ratio)")
 	fs.Int64Var(&o.maxBody, "max-body", route.DefaultMaxBody, "largest request body accepted, in bytes (overrides route.max_body_bytes)")
 	fs.DurationVar(&o.headerTimeout, "header-timeout", 0, "give up on a backend that sends no response headers within this time (a timeout outcome, retried); 0: wait as long as the client does (overrides route.header_timeout)")
+	fs.StringVar(&o.feed, "feed", config.FeedCompact, "the feed followed: compact (the JSON snapshots when the server has no fw_feed bucket) or json (overrides route.feed)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
+	}
+	if o.feed != config.FeedCompact && o.feed != config.FeedJSON {
+		fmt.Fprintf(stderr, "--feed = %q: want compact or json\n", o.feed)
+		return errUsage
 	}
 	if o.prefixFrom != "system" && o.prefixFrom != "none" {
 		fmt.Fprintf(stderr, "--prefix-from = %q: want system or none\n", o.prefixFrom)
@@ -113,6 +119,8 @@ func (o *routeOptions) override(fs *flag.FlagSet, rc *config.RouteConfig) {
 		switch f.Name {
 		case "prefix-from":
 			rc.PrefixFrom = o.prefixFrom
+		case "feed":
+			rc.Feed = o.feed
 		case "max-attempts":
 			rc.MaxAttempts = &o.maxAttempts
 		case "idle-gap":

@@ -208,7 +208,7 @@ func (p *Picker) scanAmong(st *state, r Rand, cands []int, weights []float64, st
 	}
 	fill := math.NaN()
 	if !stale {
-		fill = st.median
+		fill = st.med()
 	}
 	n := len(cands)
 	start := uniformInt(r.Uint64(), n)
@@ -262,7 +262,7 @@ func (p *Picker) Fallbacks(r Rand, req Request, primary string, n int, dst []str
 		return dst
 	}
 	now := p.now().UnixNano()
-	fresh := now < st.staleAt
+	fresh := now < st.staleAt.Load()
 	avoid := append(make([]string, 0, len(req.Avoid)+n+1), req.Avoid...)
 	avoid = append(avoid, primary)
 	req.Exclude, req.Retry = "", false

@@ -423,7 +423,7 @@ func TestRunningWeight(t *testing.T) {
 		snap.Routers = 2
 		p.Update(snap)
 		st := p.state.Load()
-		if got := st.entries[0].pubLoad; got != tt.want {
+		if got := st.entries[0].pub.pubLoad(); got != tt.want {
 			t.Errorf("RunningWeight %v: published load %v, want %v", tt.weight, got, tt.want)
 		}
 	}

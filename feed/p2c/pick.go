@@ -58,7 +58,7 @@ func (p *Picker) Pick(r Rand, req Request) (Choice, error) {
 	}
 	nowT := p.now()
 	now := nowT.UnixNano()
-	fresh := now < st.staleAt
+	fresh := now < st.staleAt.Load()
 	if !p.unbudgeted {
 		if req.Retry || req.Exclude != "" {
 			allowed := true
@@ -200,7 +200,8 @@ func (p *Picker) scanBest(st *state, tbl *table, r Rand, ex int, now int64) int 
 	// fill scores a candidate with no TTFT estimate at all (no EWMA and no
 	// pool median), as best does: the first known estimate among the
 	// candidates, or 1.
-	fill := st.median
+	median := st.med()
+	fill := median
 	if math.IsNaN(fill) {
 		fill = p.firstEstimate(st, tbl, start, ex)
 	}
@@ -215,7 +216,7 @@ func (p *Picker) scanBest(st *state, tbl *table, r Rand, ex int, now int64) int 
 	if fast && since >= 0 {
 		decay = p.decay.at(since)
 	}
-	line := p.slowFactor * st.median
+	line := p.slowFactor * median
 	guard := p.slowFactor > 0 && !math.IsNaN(line)
 	for k := range min(n, ScanMax) {
 		i := start + k
@@ -235,13 +236,13 @@ func (p *Picker) scanBest(st *state, tbl *table, r Rand, ex int, now int64) int 
 			en := &st.entries[i]
 			own := en.local.inFlight.Load()
 			load := st.routers * float64(own)
-			if !math.IsNaN(en.pubLoad) && now < en.loadStaleAt {
-				est := max(0, en.pubLoad+st.routers*float64(own-en.atSnap))
+			if pub := en.pub.pubLoad(); !math.IsNaN(pub) && now < en.pub.staleAt.Load() {
+				est := max(0, pub+st.routers*float64(own-en.pub.atSnap.Load()))
 				var wt float64
 				if since >= 0 {
-					wt = decay * en.loadDecay
+					wt = min(decay*en.pub.loadDecay(), 1)
 				} else { // a snapshot from the future: the exact age
-					wt = math.Exp(-max(float64(now-en.loadAt), 0) / float64(p.loadStale))
+					wt = math.Exp(-max(float64(now-en.pub.loadAt.Load()), 0) / float64(p.loadStale))
 				}
 				load = wt*est + (1-wt)*load
 			}
@@ -534,16 +535,17 @@ func (p *Picker) scanDraw(st *state, cands []int, prio, ex, skip int, u float64,
 // median.
 func (p *Picker) ewmaFor(st *state, i int, stale bool) float64 {
 	e := &st.entries[i]
-	if !stale && !math.IsNaN(e.feedEWMA) {
-		return e.feedEWMA
+	feed := e.pub.feedEWMA()
+	if !stale && !math.IsNaN(feed) {
+		return feed
 	}
 	if v, ok := e.local.ewma(); ok {
 		return v
 	}
-	if !math.IsNaN(e.feedEWMA) {
-		return e.feedEWMA
+	if !math.IsNaN(feed) {
+		return feed
 	}
-	return st.median
+	return st.med()
 }
 
 // better returns whichever of a and b scores lower, a on a tie.
@@ -623,10 +625,11 @@ func (p *Picker) loadDecayed(st *state, e *entry, stale bool, now int64, decay *
 		return float64(own)
 	}
 	local := st.routers * float64(own)
-	if stale || math.IsNaN(e.pubLoad) || now >= e.loadStaleAt {
+	pub := e.pub.pubLoad()
+	if stale || math.IsNaN(pub) || now >= e.pub.staleAt.Load() {
 		return local
 	}
-	est := max(0, e.pubLoad+st.routers*float64(own-e.atSnap))
+	est := max(0, pub+st.routers*float64(own-e.pub.atSnap.Load()))
 	if p.loadStale < 0 {
 		return est
 	}
@@ -643,9 +646,9 @@ func (p *Picker) loadDecayed(st *state, e *entry, stale bool, now int64, decay *
 		if math.IsNaN(*decay) {
 			*decay = p.decay.at(since)
 		}
-		w = *decay * e.loadDecay
+		w = min(*decay*e.pub.loadDecay(), 1)
 	} else { // a snapshot from the future (clock skew): the exact age
-		w = math.Exp(-max(float64(now-e.loadAt), 0) / float64(p.loadStale))
+		w = math.Exp(-max(float64(now-e.pub.loadAt.Load()), 0) / float64(p.loadStale))
 	}
 	return w*est + (1-w)*local
 }
@@ -659,7 +662,7 @@ func (p *Picker) loadDecayed(st *state, e *entry, stale bool, now int64, decay *
 // its EWMA fresh so that it can recover. 1 for every other candidate, and
 // when the guard is off or the median unknown.
 func (p *Picker) slowPenalty(st *state, ewma float64) float64 {
-	line := p.slowFactor * st.median
+	line := p.slowFactor * st.med()
 	if p.slowFactor <= 0 || math.IsNaN(line) || ewma < line {
 		return 1
 	}
@@ -677,11 +680,12 @@ func (p *Picker) keepSticky(st *state, i, n int, stale bool) bool {
 			return false
 		}
 	}
-	if math.IsNaN(st.median) {
+	median := st.med()
+	if math.IsNaN(median) {
 		return true
 	}
 	e := p.ewmaFor(st, i, stale)
-	return math.IsNaN(e) || e < st.tolerance*st.median
+	return math.IsNaN(e) || e < st.tolerance*median
 }
 
 // sample draws one entry with probability proportional to its weight,

@@ -4,7 +4,7 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"time"
+	"sync/atomic"
 
 	"github.com/fleetwatch/fleetwatch"
 )
@@ -17,21 +17,13 @@ type entry struct {
 	state     fleetwatch.State
 	weight    float64
 	priority  int
-	feedEWMA  float64 // NaN when the snapshot has none
 	cost      float64 // 0 when the snapshot has none
 	costPerMs float64 // cost / Settings.CostWeightPerMs: the in-flight rank's cost term times ewma
 	openUntil int64   // unix ns; for open backends, math.MaxInt64 when unknown
-	// The published load (Score.FleetLoad): pubLoad is NaN when the
-	// snapshot has none; it goes stale at loadStaleAt (unix ns); atSnap is
-	// the router's in-flight count at the first snapshot applied after the
-	// report (with Settings.BaselineAtSnapshot, at this snapshot).
-	pubLoad     float64
-	loadAt      int64 // unix ns of the report: the snapshot's at - age_ms
-	loadStaleAt int64
-	atSnap      int64
-	// loadDecay is exp(-(at - loadAt) / LoadStale), the published load's
-	// decay at the snapshot (see Picker.loadDecayed); 1 when LoadStale < 0.
-	loadDecay float64
+	// pub is what the feed says of the backend between decisions: its
+	// published load and TTFT EWMA, set here and moved by load frames
+	// (UpdateLoads, loads.go) while picks read it.
+	pub *published
 }
 
 // table is a cumulative weight table over all entries, for weighted sampling
@@ -61,11 +53,13 @@ func (t *table) weight(i int) float64 {
 // state is the immutable pick-path view of one snapshot.
 type state struct {
 	header    fleetwatch.Snapshot // epoch, seq, at and fence of the applied snapshot
-	staleAt   int64               // unix ns after which the snapshot is stale
+	staleAt   atomic.Int64        // unix ns after which the snapshot is stale (a load frame moves it)
+	ttl       int64               // ns: the snapshot's ttl_ms
 	at        int64               // unix ns of the snapshot's at
 	mode      fleetwatch.Mode
-	shed      bool    // all_open is shed
-	median    float64 // pool median EWMA TTFT; NaN when unknown
+	shed      bool          // all_open is shed
+	median    atomic.Uint64 // float64 bits: the pool median EWMA TTFT; NaN when unknown (med; a load frame moves it)
+	alone     bool          // the snapshot counts this router only
 	tolerance float64
 	routers   float64 // the snapshot's routers, at least 1
 	choices   int     // candidates a fresh pick compares
@@ -138,12 +132,12 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	n := len(snap.Backends)
 	st := &state{
 		header:  fleetwatch.Snapshot{Epoch: snap.Epoch, Seq: snap.Seq, At: snap.At, Fence: snap.Fence},
-		staleAt: snap.StaleAt().UnixNano(), // the one staleness rule (fleetwatch.Snapshot.Stale)
 		at:      snap.At.UnixNano(),
+		ttl:     int64(snap.StaleAt().Sub(snap.At.Time)),
 		mode:    snap.Mode,
 		shed:    snap.AllOpen != fleetwatch.AllOpenSpread,
-		median:  math.NaN(),
 		routers: float64(max(snap.Routers, 1)),
+		alone:   snap.Routers == 1,
 		choices: p.choices,
 		entries: make([]entry, n),
 		byID:    make(map[string]int, n),
@@ -160,9 +154,8 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 			st.choices = DefaultChoices
 		}
 	}
-	if snap.MedianEWMATTFTMs != nil && *snap.MedianEWMATTFTMs > 0 {
-		st.median = *snap.MedianEWMATTFTMs
-	}
+	st.staleAt.Store(snap.StaleAt().UnixNano()) // the one staleness rule (fleetwatch.Snapshot.Stale)
+	st.setMedian(snap.MedianEWMATTFTMs)
 	st.tolerance = p.tolerance
 	if st.tolerance == 0 {
 		st.tolerance = snap.AffinityTolerance
@@ -170,21 +163,16 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	if st.tolerance <= 0 {
 		st.tolerance = fleetwatch.DefaultAffinityTolerance
 	}
+	pubs := make([]published, n)
 	for i := range snap.Backends {
-		e := p.entryOf(&snap.Backends[i], snap.At, st.at, snap.Routers == 1)
+		e := p.entryOf(&snap.Backends[i], &pubs[i], snap.At, st.at, snap.Routers == 1)
 		if prev != nil {
 			e.local = prev.locals[e.id]
 		}
 		if e.local == nil {
 			e.local = new(local)
 		}
-		e.atSnap = e.local.inFlight.Load()
-		if p.atReport {
-			// Recorded at every snapshot; used only against a published load.
-			if base := e.local.baselineAt(st.at, e.atSnap, e.loadAt); !math.IsNaN(e.pubLoad) {
-				e.atSnap = base
-			}
-		}
+		p.setBaseline(st.at, &e)
 		st.entries[i] = e
 		st.byID[e.id] = i
 		st.locals[e.id] = e.local
@@ -214,31 +202,19 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 // snapshot counts this router only, and a load reported on outcome events
 // is then not the fleet's but an echo of this router's own traffic, which
 // its own counts know exactly and sooner (Score.FleetLoad).
-func (p *Picker) entryOf(b *fleetwatch.Backend, snapAt fleetwatch.Time, at int64, alone bool) entry {
+func (p *Picker) entryOf(b *fleetwatch.Backend, pub *published, snapAt fleetwatch.Time, at int64, alone bool) entry {
 	e := entry{
 		id:       b.Backend,
 		idHash:   hashID(b.Backend),
 		state:    b.State,
 		weight:   b.Weight,
 		priority: b.Priority,
-		feedEWMA: math.NaN(),
-		pubLoad:  math.NaN(),
+		pub:      pub,
 	}
+	pub.ewma.Store(math.Float64bits(math.NaN()))
+	pub.load.Store(math.Float64bits(math.NaN()))
 	if l := b.Load; l != nil && p.score.FleetLoad && !(alone && l.Source == fleetwatch.LoadSourceEvent) {
-		t := l.Total()
-		if p.runningW != 1 {
-			t = l.Waiting + p.runningW*l.Running
-		}
-		if t >= 0 && !math.IsInf(t, 0) {
-			e.pubLoad = t
-			e.loadAt = snapAt.Add(-time.Duration(l.AgeMs) * time.Millisecond).UnixNano()
-			e.loadStaleAt = math.MaxInt64
-			e.loadDecay = 1
-			if p.loadStale >= 0 {
-				e.loadStaleAt = e.loadAt + int64(p.loadStale)
-				e.loadDecay = math.Exp(-max(float64(at-e.loadAt), 0) / float64(p.loadStale))
-			}
-		}
+		p.setLoad(pub, l.Running, l.Waiting, snapAt.UnixNano(), l.AgeMs, at)
 	}
 	if !(e.weight > 0) { // also NaN
 		e.weight = 0
@@ -247,7 +223,7 @@ func (p *Picker) entryOf(b *fleetwatch.Backend, snapAt fleetwatch.Time, at int64
 		e.weight = 1
 	}
 	if b.EWMATTFTMs != nil && *b.EWMATTFTMs > 0 {
-		e.feedEWMA = *b.EWMATTFTMs
+		pub.ewma.Store(math.Float64bits(*b.EWMATTFTMs))
 	}
 	if b.CostPerMTok != nil {
 		e.cost = *b.CostPerMTok

@@ -89,6 +89,16 @@ func (ps *Pools) Apply(snap *fleetwatch.Snapshot) {
 	}
 }
 
+// ApplyLoads hands a load update of the compact feed to the picker of the
+// pool it names (p2c.Picker.UpdateLoads): the loads and EWMAs that moved
+// since the snapshot applied, which stays fresh until the update's at +
+// ttl_ms. It fits feed.WatcherSettings.OnLoads and does not allocate.
+func (ps *Pools) ApplyLoads(pool string, u *p2c.LoadUpdate) {
+	if p := ps.pools[pool]; p != nil {
+		p.picker.UpdateLoads(u)
+	}
+}
+
 // ForModel returns the pool serving a request's model: the pool whose id
 // or Models name it, else the only pool when there is one; ok is false
 // when no pool serves it.
@@ -243,7 +253,7 @@ func (ps *Pools) Why(pool, backend string) Why {
 	}
 	w.State, w.Weight = b.State, b.Weight
 	switch {
-	case snap.Stale(now):
+	case now.After(p.picker.StaleAt()):
 		w.Class = WhyStale
 	case b.Override != nil:
 		w.Class = WhyOverride

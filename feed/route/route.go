@@ -399,6 +399,10 @@ func (rt *Router) Core() *Pools { return rt.core }
 // feed.WatcherSettings.OnUpdate; snap is not modified or retained.
 func (rt *Router) Apply(snap *fleetwatch.Snapshot) { rt.core.Apply(snap) }
 
+// ApplyLoads hands a load update of the compact feed to the picker of the
+// pool it names (Pools.ApplyLoads); it fits feed.WatcherSettings.OnLoads.
+func (rt *Router) ApplyLoads(pool string, u *p2c.LoadUpdate) { rt.core.ApplyLoads(pool, u) }
+
 // Close makes the Router answer every later request with ErrClosed and
 // closes the idle connections of its default transport. Requests in flight
 // finish. It is idempotent and returns nil.

@@ -252,7 +252,9 @@ type AnalyzerConfig struct {
 	HalfOpenSuccesses    *int      `yaml:"half_open_successes"`
 	MaxOpenFraction      *float64  `yaml:"max_open_fraction"`
 	Heartbeat            *Duration `yaml:"heartbeat"`
-	ManyRoutersHeartbeat *Duration `yaml:"many_routers_heartbeat"` // the heartbeat of a pool shared by more than 16 routers when shorter; default 250ms, negative: off
+	LoadBeat             *Duration `yaml:"load_beat"` // how often a pool's loads go out between heartbeats (the compact feed); default 250ms, negative: with the snapshots only
+	// ManyRoutersHeartbeat is a removed key, kept to say what replaced it.
+	ManyRoutersHeartbeat *Duration `yaml:"many_routers_heartbeat"`
 	TTL                  *Duration `yaml:"ttl"`
 	Expiry               *Duration `yaml:"expiry"`
 	MaxWeightStep        *float64  `yaml:"max_weight_step"`     // weight change per heartbeat; default 0.25
@@ -384,7 +386,14 @@ type RouteConfig struct {
 	RetryRatio    *float64  `yaml:"retry_ratio"`    // retries allowed per first attempt (the retry budget); default 0.2, negative: no budget
 	PrefixFrom    string    `yaml:"prefix_from"`    // what the affinity prefix hash is computed from: system (default) or none
 	Why           bool      `yaml:"why"`            // decision visibility headers on every response (state, weight, reason class, decision age); default false
+	Feed          string    `yaml:"feed"`           // the feed followed: compact (default; the JSON snapshots when the server has no fw_feed bucket) or json
 }
+
+// Feeds a router follows (route.feed).
+const (
+	FeedCompact = "compact"
+	FeedJSON    = "json"
+)
 
 // Duration is a time.Duration written as a Go duration string in YAML.
 type Duration struct{ time.Duration }
@@ -746,7 +755,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"open_base", a.OpenBase != nil && a.OpenBase.Duration == 0},
 		{"open_max", a.OpenMax != nil && a.OpenMax.Duration == 0},
 		{"heartbeat", a.Heartbeat != nil && a.Heartbeat.Duration == 0},
-		{"many_routers_heartbeat", a.ManyRoutersHeartbeat != nil && a.ManyRoutersHeartbeat.Duration == 0},
+		{"load_beat", a.LoadBeat != nil && a.LoadBeat.Duration == 0},
 		{"ttl", a.TTL != nil && a.TTL.Duration == 0},
 		{"expiry", a.Expiry != nil && a.Expiry.Duration == 0},
 		{"load_max_age", a.LoadMaxAge != nil && a.LoadMaxAge.Duration == 0},
@@ -772,6 +781,9 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		if c.zero {
 			return fail(key+"."+c.name, "0: must be > 0")
 		}
+	}
+	if a.ManyRoutersHeartbeat != nil {
+		return fail(key+".many_routers_heartbeat", "removed: snapshots go out every heartbeat whatever the routers, and the loads every load_beat (250ms) on the compact feed; use load_beat")
 	}
 	return nil
 }

@@ -38,7 +38,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setDur(&s.OpenBase, a.OpenBase)
 	setDur(&s.OpenMax, a.OpenMax)
 	setDur(&s.Heartbeat, a.Heartbeat)
-	setDur(&s.ManyRoutersHeartbeat, a.ManyRoutersHeartbeat)
+	setDur(&s.LoadBeat, a.LoadBeat)
 	setDur(&s.TTL, a.TTL)
 	setDur(&s.Expiry, a.Expiry)
 	setDur(&s.LoadMaxAge, a.LoadMaxAge)

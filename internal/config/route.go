@@ -144,5 +144,12 @@ func (r *RouteConfig) validate(fail func(key, format string, args ...any) error)
 	if p := r.PrefixFrom; p != "" && p != route.PrefixSystem && p != route.PrefixNone {
 		return fail("route.prefix_from", "%q: want %s or %s", p, route.PrefixSystem, route.PrefixNone)
 	}
+	if f := r.Feed; f != "" && f != FeedCompact && f != FeedJSON {
+		return fail("route.feed", "%q: want %s or %s", f, FeedCompact, FeedJSON)
+	}
 	return nil
 }
+
+// CompactFeed reports whether a router follows the compact feed
+// (route.feed: compact, the default).
+func (r *RouteConfig) CompactFeed() bool { return r.Feed != FeedJSON }

@@ -253,6 +253,8 @@ func (r *Router) serve(ctx context.Context) error {
 		Prefix:   r.cfg.Prefix,
 		Pools:    r.rt.Pools(),
 		OnUpdate: onUpdate,
+		Compact:  r.cfg.Route.CompactFeed(),
+		OnLoads:  r.rt.ApplyLoads,
 		Metrics:  r.set,
 		Logf:     r.opts.Logf,
 	})

@@ -611,6 +611,7 @@ func (s *Server) evaluate(ctx context.Context, now time.Time) {
 	ev := s.an.Evaluate(now)
 	s.m.evalDuration.UpdateDuration(now)
 	s.publish(ctx, ev.Snapshots)
+	s.publishLoads(ev.Loads)
 	if !urgentAt.IsZero() && len(ev.Transitions) > 0 {
 		s.m.decisionLatency.UpdateDuration(urgentAt)
 	}
@@ -660,6 +661,7 @@ func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
 	if len(foreign) > 0 {
 		s.m.unowned.Add(len(foreign))
 		s.an.Forget(func(pool string) bool { return foreign[pool] })
+		s.pub.Forget(func(pool string) bool { return foreign[pool] })
 	}
 	if s.nc.IsConnected() {
 		sent := make([]string, 0, len(kept))
@@ -675,6 +677,27 @@ func (s *Server) publish(ctx context.Context, snaps []fleetwatch.Snapshot) {
 		s.m.unpublished.Add(len(kept))
 	}
 	s.hist.record(kept)
+}
+
+// publishLoads sends the load frames of the pools whose load beat came
+// (analyzer.Evaluation.Loads) on the compact feed, for the pools of the
+// partitions this instance holds; nothing while NATS is unreachable (the
+// next frames say what moved since the last one sent).
+func (s *Server) publishLoads(snaps []fleetwatch.Snapshot) {
+	if len(snaps) == 0 || !s.nc.IsConnected() {
+		return
+	}
+	now := time.Now()
+	for i := range snaps {
+		fence, ok, _ := s.leases.Owns(snaps[i].Pool, now)
+		if !ok {
+			continue
+		}
+		snaps[i].Fence = fence
+		if err := s.pub.PublishLoads(&snaps[i]); err != nil {
+			s.logf("publish loads of %s: %v", snaps[i].Pool, err)
+		}
+	}
 }
 
 // finalSnapshot publishes every pool's snapshot once more on the way out,

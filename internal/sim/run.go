@@ -183,7 +183,7 @@ func newSimAnalyzer(sc Scenario, policy string, pc analyzer.PoolConfig, seed uin
 		// heartbeat (a faster feed is analyzer.heartbeat set lower), for
 		// every router count.
 		settings.Heartbeat = sc.FeedPeriod
-		settings.ManyRoutersHeartbeat = -1
+		settings.LoadBeat = -1
 	}
 	return analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
 }
@@ -606,7 +606,7 @@ func (be *backend) fingerprintAt(t time.Duration) string {
 // (analyzer.Settings.ManyRoutersHeartbeat).
 func (s *sim) nextBeatMs() float64 {
 	if s.an != nil {
-		if hb := ms(s.an.Heartbeat(poolID)); hb > 0 && hb < s.feedMs {
+		if hb := ms(s.an.Beat(poolID)); hb > 0 && hb < s.feedMs {
 			return hb
 		}
 	}

@@ -1,0 +1,549 @@
+package feed
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"time"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+// The compact feed (docs/PROTOCOL.md "Compact feed (extension)"): what
+// fleetwatch's own routers follow on fw.feed.<pool>, beside the JSON
+// snapshot every reader can follow on fw.decisions.<pool>. Two frames:
+//
+//   - K, a key frame: every field a router reads of every backend (state,
+//     weight, priority, open_until, cost, override, quota, EWMA and p95
+//     TTFT, load), ids front-coded. Sent with a decision snapshot whose
+//     decisions changed, and with the first after KeyEvery, and stored in
+//     the fw_feed bucket for a router that joins or lost a key frame.
+//   - L, a load frame: the loads and EWMAs that moved past their threshold
+//     since the last frame, each by its position in the key frame it
+//     applies to (its base, the key frame's seq). Sent with every other
+//     snapshot and on every load beat between them, so a pool's feed costs
+//     what changed.
+//
+// Every frame carries its number n, one more than the pool's previous
+// frame within the epoch, so a router that misses one knows it. Numbers
+// are varints; times are Unix milliseconds, or milliseconds relative to
+// the frame's at.
+
+// Frame kinds.
+const (
+	FrameKey   byte = 'K'
+	FrameLoads byte = 'L'
+)
+
+// compactMagic starts every frame: "FW", then the version (1).
+var compactMagic = [3]byte{'F', 'W', 1}
+
+// ErrCompact wraps every compact frame decoding error.
+var ErrCompact = errors.New("feed: bad compact frame")
+
+// A key frame carries each backend's state, weight, priority, drift
+// status, override kind, open_until, quota_until, cost, EWMA and p95 TTFT
+// and load; the pool's mode, all_open, shadow, median EWMA, affinity
+// tolerance, routers and retry budget; and the snapshot's epoch, seq,
+// fence, at and ttl_ms. A router reads nothing else.
+
+// Scales of the quantized numbers: loads and EWMAs in sixteenths (of a
+// request, of a millisecond), p95 in milliseconds, weights in 1/10,000
+// (the analyzer rounds weights to 4 decimals: exact).
+const (
+	loadScale   = 16
+	ewmaScale   = 16
+	weightScale = 10000
+)
+
+// Backend flags of a key frame (flags1).
+const (
+	kStateMask  = 0x03 // 0 closed, 1 half_open, 2 open
+	kHasEWMA    = 0x04
+	kHasP95     = 0x08
+	kHasLoad    = 0x10
+	kHasOpen    = 0x20 // open_until
+	kHasCost    = 0x40
+	kHasQuota   = 0x80
+	kLoadMetric = 0x01 // flags2: the load's source is metrics (else event)
+	kHasPrio    = 0x02 // flags2
+	kOverShift  = 2    // flags2 bits 2-4: the override kind, 0 none
+	kDriftShift = 5    // flags2 bits 5-6: the drift status (driftStates)
+)
+
+// Pool flags of a key frame.
+const (
+	pFailover    = 0x01
+	pSpread      = 0x02
+	pShadowShift = 2 // bits 2-3: 0 off, 1 breakers, 2 observe
+	pHasMedian   = 0x10
+	pHasBudget   = 0x20
+)
+
+// Load frame flags and entry masks.
+const (
+	lHasMedian  = 0x01
+	lHasBudget  = 0x02
+	eLoad       = 0x01
+	eEWMA       = 0x02
+	eNoLoad     = 0x04 // the load is no longer published
+	eLoadMetric = 0x08
+)
+
+var (
+	overrideKinds = []fleetwatch.OverrideKind{"", fleetwatch.OverrideDrain, fleetwatch.OverrideForceOpen,
+		fleetwatch.OverrideForceClosed, fleetwatch.OverrideWeight}
+	shadowModes = []fleetwatch.Shadow{fleetwatch.ShadowOff, fleetwatch.ShadowBreakers, fleetwatch.ShadowObserve}
+	states      = []fleetwatch.State{fleetwatch.StateClosed, fleetwatch.StateHalfOpen, fleetwatch.StateOpen}
+	driftStates = []fleetwatch.DriftStatus{fleetwatch.DriftUnknown, fleetwatch.DriftOK, fleetwatch.DriftSuspect, fleetwatch.DriftDrifted}
+)
+
+// EpochHash is how a load frame names its epoch: FNV-1a of the epoch.
+func EpochHash(epoch string) uint32 {
+	h := fnv.New32a()
+	h.Write([]byte(epoch))
+	return h.Sum32()
+}
+
+func appendUvarint(b []byte, v uint64) []byte { return binary.AppendUvarint(b, v) }
+
+func appendString(b []byte, s string) []byte {
+	b = appendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func quant(v, scale float64) uint64 {
+	if !(v > 0) { // also NaN
+		return 0
+	}
+	return uint64(math.Round(min(v*scale, math.MaxUint32)))
+}
+
+func timeMs(t fleetwatch.Time) int64 { return t.UnixMilli() }
+
+// AppendKey appends the key frame of snap, numbered n, to dst.
+func AppendKey(dst []byte, snap *fleetwatch.Snapshot, n uint64) []byte {
+	dst = append(dst, compactMagic[:]...)
+	dst = append(dst, FrameKey)
+	dst = appendUvarint(dst, n)
+	dst = appendString(dst, snap.Epoch)
+	dst = appendUvarint(dst, snap.Seq)
+	dst = appendUvarint(dst, snap.Fence)
+	at := timeMs(snap.At)
+	dst = binary.AppendVarint(dst, at)
+	dst = appendUvarint(dst, uint64(max(snap.TTLMs, 0)))
+	var pf byte
+	if snap.Mode == fleetwatch.ModeFailover {
+		pf |= pFailover
+	}
+	if snap.AllOpen == fleetwatch.AllOpenSpread {
+		pf |= pSpread
+	}
+	for i, m := range shadowModes {
+		if snap.Shadow.Normalize() == m {
+			pf |= byte(i) << pShadowShift
+		}
+	}
+	if snap.MedianEWMATTFTMs != nil {
+		pf |= pHasMedian
+	}
+	if snap.RetryBudget != nil {
+		pf |= pHasBudget
+	}
+	dst = append(dst, pf)
+	if snap.MedianEWMATTFTMs != nil {
+		dst = appendUvarint(dst, quant(*snap.MedianEWMATTFTMs, ewmaScale))
+	}
+	dst = appendUvarint(dst, quant(snap.AffinityTolerance, 1000))
+	dst = appendUvarint(dst, uint64(max(snap.Routers, 0)))
+	if rb := snap.RetryBudget; rb != nil {
+		var f byte
+		if rb.Free {
+			f |= 1
+		}
+		if rb.Spare != nil {
+			f |= 2
+		}
+		dst = append(dst, f)
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float32(rb.PerSec)))
+		if rb.Spare != nil {
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float32(*rb.Spare)))
+		}
+	}
+	dst = appendUvarint(dst, uint64(len(snap.Backends)))
+	prev := ""
+	for i := range snap.Backends {
+		dst = appendKeyBackend(dst, &snap.Backends[i], prev, at)
+		prev = snap.Backends[i].Backend
+	}
+	return dst
+}
+
+// appendKeyBackend appends one backend of a key frame, its id front-coded
+// against prev.
+func appendKeyBackend(dst []byte, b *fleetwatch.Backend, prev string, at int64) []byte {
+	var f1, f2 byte
+	for i, s := range states {
+		if b.State == s {
+			f1 |= byte(i)
+		}
+	}
+	if b.EWMATTFTMs != nil {
+		f1 |= kHasEWMA
+	}
+	if b.P95TTFTMs != nil {
+		f1 |= kHasP95
+	}
+	if b.Load != nil {
+		f1 |= kHasLoad
+		if b.Load.Source == fleetwatch.LoadSourceMetrics {
+			f2 |= kLoadMetric
+		}
+	}
+	if b.OpenUntil != nil {
+		f1 |= kHasOpen
+	}
+	if b.CostPerMTok != nil {
+		f1 |= kHasCost
+	}
+	if b.QuotaUntil != nil {
+		f1 |= kHasQuota
+	}
+	if b.Priority != 0 {
+		f2 |= kHasPrio
+	}
+	if b.Override != nil {
+		for i, k := range overrideKinds {
+			if b.Override.Kind == k {
+				f2 |= byte(i) << kOverShift
+			}
+		}
+	}
+	for i, d := range driftStates {
+		if b.Drift == d {
+			f2 |= byte(i) << kDriftShift
+		}
+	}
+	dst = append(dst, f1, f2)
+	shared := 0
+	for shared < len(prev) && shared < len(b.Backend) && prev[shared] == b.Backend[shared] {
+		shared++
+	}
+	dst = appendUvarint(dst, uint64(shared))
+	dst = appendString(dst, b.Backend[shared:])
+	dst = appendUvarint(dst, uint64(math.Round(min(max(b.Weight, 0), 1)*weightScale)))
+	if b.Priority != 0 {
+		dst = binary.AppendVarint(dst, int64(b.Priority))
+	}
+	if b.EWMATTFTMs != nil {
+		dst = appendUvarint(dst, quant(*b.EWMATTFTMs, ewmaScale))
+	}
+	if b.P95TTFTMs != nil {
+		dst = appendUvarint(dst, quant(*b.P95TTFTMs, 1))
+	}
+	if l := b.Load; l != nil {
+		dst = appendUvarint(dst, quant(l.Running, loadScale))
+		dst = appendUvarint(dst, quant(l.Waiting, loadScale))
+		dst = appendUvarint(dst, uint64(max(l.AgeMs, 0)))
+	}
+	if b.OpenUntil != nil {
+		dst = binary.AppendVarint(dst, timeMs(*b.OpenUntil)-at)
+	}
+	if b.CostPerMTok != nil {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float32(*b.CostPerMTok)))
+	}
+	if b.QuotaUntil != nil {
+		dst = binary.AppendVarint(dst, timeMs(*b.QuotaUntil)-at)
+	}
+	return dst
+}
+
+// reader reads a frame; the first error sticks.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) fail(what string) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: %s", ErrCompact, what)
+	}
+}
+
+func (r *reader) uvarint(what string) uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail(what)
+		r.b = nil
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint(what string) int64 {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.fail(what)
+		r.b = nil
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) byte1(what string) byte {
+	if len(r.b) < 1 {
+		r.fail(what)
+		return 0
+	}
+	c := r.b[0]
+	r.b = r.b[1:]
+	return c
+}
+
+func (r *reader) float32(what string) float64 {
+	if len(r.b) < 4 {
+		r.fail(what)
+		r.b = nil
+		return 0
+	}
+	v := math.Float32frombits(binary.LittleEndian.Uint32(r.b))
+	r.b = r.b[4:]
+	return float64(v)
+}
+
+func (r *reader) bytes(n uint64, what string) []byte {
+	if uint64(len(r.b)) < n {
+		r.fail(what)
+		r.b = nil
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+// FrameKind returns the kind of a compact frame (FrameKey or FrameLoads),
+// or an error wrapping ErrCompact.
+func FrameKind(data []byte) (byte, error) {
+	if len(data) < 4 || data[0] != compactMagic[0] || data[1] != compactMagic[1] {
+		return 0, fmt.Errorf("%w: no magic", ErrCompact)
+	}
+	if data[2] != compactMagic[2] {
+		return 0, fmt.Errorf("%w: version %d", ErrCompact, data[2])
+	}
+	switch data[3] {
+	case FrameKey, FrameLoads:
+		return data[3], nil
+	}
+	return 0, fmt.Errorf("%w: kind %q", ErrCompact, data[3])
+}
+
+// maxKeyBackends bounds a key frame's backends on decoding (a garbage
+// count must not allocate gigabytes).
+const maxKeyBackends = 1 << 16
+
+// DecodeKey decodes a key frame into a snapshot of pool (the frame does
+// not name its pool: its subject or its key does) and returns it with the
+// frame's number. The snapshot carries what the frame does, which is what
+// a router reads; the reasons, request counts and rates are not in it, and
+// it passes fleetwatch.Snapshot.Validate or DecodeKey fails.
+func DecodeKey(data []byte, pool string) (*fleetwatch.Snapshot, uint64, error) {
+	kind, err := FrameKind(data)
+	if err != nil {
+		return nil, 0, err
+	}
+	if kind != FrameKey {
+		return nil, 0, fmt.Errorf("%w: not a key frame", ErrCompact)
+	}
+	r := &reader{b: data[4:]}
+	n := r.uvarint("n")
+	snap := &fleetwatch.Snapshot{V: fleetwatch.ProtocolVersion, Pool: pool}
+	snap.Epoch = string(r.bytes(r.uvarint("epoch"), "epoch"))
+	snap.Seq = r.uvarint("seq")
+	snap.Fence = r.uvarint("fence")
+	at := r.varint("at")
+	snap.At = fleetwatch.At(time.UnixMilli(at))
+	snap.TTLMs = int64(r.uvarint("ttl"))
+	pf := r.byte1("pool flags")
+	snap.Mode, snap.AllOpen = fleetwatch.ModeBalance, fleetwatch.AllOpenShed
+	if pf&pFailover != 0 {
+		snap.Mode = fleetwatch.ModeFailover
+	}
+	if pf&pSpread != 0 {
+		snap.AllOpen = fleetwatch.AllOpenSpread
+	}
+	if sh := int(pf>>pShadowShift) & 3; sh < len(shadowModes) {
+		snap.Shadow = shadowModes[sh]
+	}
+	if pf&pHasMedian != 0 {
+		m := float64(r.uvarint("median")) / ewmaScale
+		snap.MedianEWMATTFTMs = &m
+	}
+	snap.AffinityTolerance = float64(r.uvarint("tolerance")) / 1000
+	snap.Routers = int(r.uvarint("routers"))
+	if pf&pHasBudget != 0 {
+		f := r.byte1("budget")
+		rb := &fleetwatch.RetryBudget{Free: f&1 != 0, PerSec: r.float32("budget")}
+		if f&2 != 0 {
+			v := r.float32("spare")
+			rb.Spare = &v
+		}
+		snap.RetryBudget = rb
+	}
+	count := r.uvarint("backends")
+	if count > maxKeyBackends || count > uint64(len(r.b)) {
+		return nil, 0, fmt.Errorf("%w: %d backends", ErrCompact, count)
+	}
+	snap.Backends = make([]fleetwatch.Backend, count)
+	prev := ""
+	for i := range snap.Backends {
+		decodeKeyBackend(r, &snap.Backends[i], prev, at)
+		prev = snap.Backends[i].Backend
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.fail("trailing bytes")
+	}
+	if r.err != nil {
+		return nil, 0, r.err
+	}
+	if err := snap.Validate(); err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", ErrCompact, err)
+	}
+	return snap, n, nil
+}
+
+func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
+	f1, f2 := r.byte1("backend flags"), r.byte1("backend flags")
+	if s := int(f1 & kStateMask); s < len(states) {
+		b.State = states[s]
+	} else {
+		r.fail("state")
+	}
+	shared := r.uvarint("id")
+	if shared > uint64(len(prev)) {
+		r.fail("id prefix")
+		return
+	}
+	b.Backend = prev[:shared] + string(r.bytes(r.uvarint("id"), "id"))
+	b.Weight = float64(r.uvarint("weight")) / weightScale
+	b.Drift = driftStates[int(f2>>kDriftShift)&3]
+	if f2&kHasPrio != 0 {
+		b.Priority = int(r.varint("priority"))
+	}
+	if f1&kHasEWMA != 0 {
+		v := float64(r.uvarint("ewma")) / ewmaScale
+		b.EWMATTFTMs = &v
+	}
+	if f1&kHasP95 != 0 {
+		v := float64(r.uvarint("p95"))
+		b.P95TTFTMs = &v
+	}
+	if f1&kHasLoad != 0 {
+		l := &fleetwatch.Load{Source: fleetwatch.LoadSourceEvent}
+		if f2&kLoadMetric != 0 {
+			l.Source = fleetwatch.LoadSourceMetrics
+		}
+		l.Running = float64(r.uvarint("running")) / loadScale
+		l.Waiting = float64(r.uvarint("waiting")) / loadScale
+		l.AgeMs = int64(r.uvarint("age"))
+		b.Load = l
+	}
+	if f1&kHasOpen != 0 {
+		t := fleetwatch.At(time.UnixMilli(at + r.varint("open_until")))
+		b.OpenUntil = &t
+	}
+	if f1&kHasCost != 0 {
+		v := r.float32("cost")
+		b.CostPerMTok = &v
+	}
+	if f1&kHasQuota != 0 {
+		t := fleetwatch.At(time.UnixMilli(at + r.varint("quota_until")))
+		b.QuotaUntil = &t
+	}
+	if k := int(f2>>kOverShift) & 7; k > 0 {
+		if k < len(overrideKinds) {
+			b.Override = &fleetwatch.Override{Kind: overrideKinds[k]}
+		} else {
+			r.fail("override")
+		}
+	}
+}
+
+// LoadEntry is one backend's entry of a load frame. A value that did not
+// move is NaN (Running and Waiting move together; NoLoad says the load is
+// no longer published).
+type LoadEntry struct {
+	Index            int // position in the key frame's backends
+	Running, Waiting float64
+	AgeMs            int64 // the report's age at the frame's at
+	Metrics          bool  // the load's source is metrics
+	NoLoad           bool
+	EWMATTFTMs       float64
+}
+
+// Loads is a decoded load frame. Its slice is reused by the next decode
+// into the same Loads.
+type Loads struct {
+	Epoch   uint32 // EpochHash of the key frame's epoch
+	Base    uint64 // seq of the key frame it applies to
+	N       uint64 // the frame's number
+	At      time.Time
+	Median  float64 // the pool's median EWMA TTFT; NaN when it did not move, 0 when it went
+	Budget  float64 // the retry budget's per_sec; NaN when it did not move
+	Entries []LoadEntry
+}
+
+// DecodeLoads decodes a load frame into l, reusing its slice.
+func DecodeLoads(data []byte, l *Loads) error {
+	kind, err := FrameKind(data)
+	if err != nil {
+		return err
+	}
+	if kind != FrameLoads {
+		return fmt.Errorf("%w: not a load frame", ErrCompact)
+	}
+	r := &reader{b: data[4:]}
+	if len(r.b) < 4 {
+		return fmt.Errorf("%w: epoch", ErrCompact)
+	}
+	l.Epoch = binary.LittleEndian.Uint32(r.b)
+	r.b = r.b[4:]
+	l.Base = r.uvarint("base")
+	l.N = r.uvarint("n")
+	l.At = time.UnixMilli(r.varint("at"))
+	f := r.byte1("flags")
+	l.Median, l.Budget = math.NaN(), math.NaN()
+	if f&lHasMedian != 0 {
+		l.Median = float64(r.uvarint("median")) / ewmaScale // 0: the median went
+	}
+	if f&lHasBudget != 0 {
+		l.Budget = r.float32("budget")
+	}
+	n := r.uvarint("entries")
+	if n > maxKeyBackends || n > uint64(len(r.b)) {
+		return fmt.Errorf("%w: %d entries", ErrCompact, n)
+	}
+	l.Entries = l.Entries[:0]
+	for range n {
+		e := LoadEntry{Index: int(r.uvarint("index")), Running: math.NaN(), Waiting: math.NaN(), EWMATTFTMs: math.NaN()}
+		m := r.byte1("mask")
+		e.NoLoad, e.Metrics = m&eNoLoad != 0, m&eLoadMetric != 0
+		if m&eLoad != 0 {
+			e.Running = float64(r.uvarint("running")) / loadScale
+			e.Waiting = float64(r.uvarint("waiting")) / loadScale
+			e.AgeMs = int64(r.uvarint("age"))
+		}
+		if m&eEWMA != 0 {
+			e.EWMATTFTMs = float64(r.uvarint("ewma")) / ewmaScale
+		}
+		l.Entries = append(l.Entries, e)
+	}
+	if r.err == nil && len(r.b) != 0 {
+		r.fail("trailing bytes")
+	}
+	return r.err
+}

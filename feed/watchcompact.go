@@ -1,0 +1,288 @@
+package feed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+// The watcher's compact mode (WatcherSettings.Compact; docs/PROTOCOL.md
+// "Compact feed (extension)"). Run subscribes to both feeds, then binds
+// the fw_feed bucket: when it is there, the watcher follows the compact
+// feed alone (it unsubscribes the JSON snapshots) and reads each pool's
+// key frame from the bucket by direct get, a request to the stream that no
+// consumer serves; when it is not (a serve that does not publish it, or no
+// JetStream), the JSON snapshots alone, and it looks for the bucket again
+// every feedRedetect. After a reconnect it reads nothing at once: the next
+// load frame of each pool says whether the router missed a key frame (its
+// base or epoch is not the one applied: the key frame is fetched) or only
+// load frames (its number is not the next: the loads it does not list
+// stop being renewed until the next key frame).
+
+// Watcher modes.
+const (
+	modeUnknown int32 = iota // both feeds, until the first KV read
+	modeJSON
+	modeCompact
+)
+
+const (
+	// feedRedetect is how often a watcher asked for the compact feed that
+	// follows the JSON snapshots looks for the fw_feed bucket again.
+	feedRedetect = 30 * time.Second
+	// keyFetchEvery spaces the key frame fetches of one pool.
+	keyFetchEvery = time.Second
+	// keyFetchTimeout bounds one fetch.
+	keyFetchTimeout = 2 * time.Second
+	// maxFetches bounds the fetches in flight.
+	maxFetches = 8
+)
+
+// compactPool is what the watcher knows of one pool's compact feed (Run's
+// goroutine only).
+type compactPool struct {
+	epoch   string
+	hash    uint32
+	seq     uint64   // the key frame's snapshot seq: the base of its load frames
+	n       uint64   // the last frame's number
+	ids     []string // the key frame's backends, in its order
+	gap     bool     // a load frame was missed since the key frame
+	fetchAt time.Time
+	loads   Loads          // decoded load frames, reused
+	update  p2c.LoadUpdate // reused
+}
+
+// keyResult is a fetched key frame.
+type keyResult struct {
+	pool string
+	data []byte
+	err  error
+}
+
+// handleFrame applies a compact frame of pool.
+func (w *Watcher) handleFrame(pool, subject string, data []byte) {
+	if w.follow != nil && !w.follow[pool] {
+		return
+	}
+	kind, err := FrameKind(data)
+	if err != nil {
+		w.malformed.Inc()
+		w.settings.Logf("feed: ignoring frame on %s: %v", subject, err)
+		return
+	}
+	if kind == FrameKey {
+		w.applyKey(pool, data, subject)
+		return
+	}
+	cp := w.compact[pool]
+	if cp == nil {
+		cp = &compactPool{}
+		w.compact[pool] = cp
+	}
+	if err := DecodeLoads(data, &cp.loads); err != nil {
+		w.malformed.Inc()
+		w.settings.Logf("feed: ignoring frame on %s: %v", subject, err)
+		return
+	}
+	l := &cp.loads
+	switch {
+	case cp.ids == nil || l.Epoch != cp.hash || l.Base != cp.seq:
+		if l.Epoch == cp.hash && l.Base < cp.seq {
+			w.older.Inc() // a load frame of an older key frame
+			return
+		}
+		w.fetchKey(pool) // the key frame it is based on was missed
+		return
+	case l.N <= cp.n:
+		w.older.Inc()
+		return
+	case l.N != cp.n+1:
+		w.gaps.Inc()
+		cp.gap = true
+	}
+	cp.n = l.N
+	w.applyLoads(pool, cp)
+}
+
+// applyLoads hands cp's decoded load frame to OnLoads and renews the
+// pool's freshness.
+func (w *Watcher) applyLoads(pool string, cp *compactPool) {
+	l := &cp.loads
+	u := &cp.update
+	u.Epoch, u.Base, u.At, u.Median, u.Budget, u.Gap = cp.epoch, cp.seq, l.At, l.Median, l.Budget, cp.gap
+	u.Backends = u.Backends[:0]
+	for _, e := range l.Entries {
+		if e.Index < 0 || e.Index >= len(cp.ids) {
+			continue
+		}
+		u.Backends = append(u.Backends, p2c.BackendLoad{Backend: cp.ids[e.Index], Running: e.Running,
+			Waiting: e.Waiting, AgeMs: e.AgeMs, NoLoad: e.NoLoad, Metrics: e.Metrics, EWMATTFTMs: e.EWMATTFTMs})
+	}
+	if slot := (*w.pools.Load())[pool]; slot != nil {
+		at := l.At.UnixNano()
+		if e := slot.Load(); e.snap.Epoch == cp.epoch && e.snap.Seq == cp.seq && at > e.heard.Load() {
+			e.heard.Store(at)
+		}
+	}
+	w.loadsApplied.Inc()
+	w.settings.OnLoads(pool, u)
+}
+
+// applyKey applies a key frame, from the feed subject or a fetch (where
+// names it for the log).
+func (w *Watcher) applyKey(pool string, data []byte, where string) {
+	snap, n, err := DecodeKey(data, pool)
+	if err != nil {
+		w.malformed.Inc()
+		w.settings.Logf("feed: ignoring key frame of %s: %v", where, err)
+		return
+	}
+	cp := w.compact[pool]
+	if cp == nil {
+		cp = &compactPool{}
+		w.compact[pool] = cp
+	}
+	if cp.ids != nil && snap.Epoch == cp.epoch && n <= cp.n {
+		w.older.Inc()
+		return
+	}
+	if !w.apply(snap) {
+		// Not newer than the snapshot applied. When it is that very
+		// snapshot (its JSON came first while the mode was unknown), its
+		// load frames apply to it.
+		v, ok := w.View(pool)
+		if !ok || v.Snapshot.Epoch != snap.Epoch || v.Snapshot.Seq != snap.Seq {
+			return
+		}
+	}
+	cp.epoch, cp.hash, cp.seq, cp.n, cp.gap = snap.Epoch, EpochHash(snap.Epoch), snap.Seq, n, false
+	cp.ids = cp.ids[:0]
+	for i := range snap.Backends {
+		cp.ids = append(cp.ids, snap.Backends[i].Backend)
+	}
+}
+
+// fetchKey fetches pool's key frame from the bucket, at most once per
+// keyFetchEvery and maxFetches at a time; the result comes back to Run's
+// loop.
+func (w *Watcher) fetchKey(pool string) {
+	cp := w.compact[pool]
+	now := time.Now()
+	if w.feedKV == nil || w.fetching[pool] || len(w.fetching) >= maxFetches || now.Sub(cp.fetchAt) < keyFetchEvery {
+		return
+	}
+	cp.fetchAt = now
+	w.fetching[pool] = true
+	w.keyFetches.Inc()
+	kv := w.feedKV
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), keyFetchTimeout)
+		defer cancel()
+		r := keyResult{pool: pool}
+		if e, err := kv.Get(ctx, pool); err != nil {
+			r.err = err
+		} else {
+			r.data = e.Value()
+		}
+		select {
+		case w.fetched <- r:
+		case <-w.closed:
+		}
+	}()
+}
+
+// fetchedKey applies a fetched key frame.
+func (w *Watcher) fetchedKey(r keyResult) {
+	delete(w.fetching, r.pool)
+	switch {
+	case errors.Is(r.err, jetstream.ErrKeyNotFound):
+		// Not put yet: the key frame comes on the subject within KeyEvery.
+	case r.err != nil:
+		w.kvErrors.Inc()
+		w.settings.Logf("feed: fetching the key frame of pool %s: %v", r.pool, r.err)
+	default:
+		w.applyKey(r.pool, r.data, w.subjects.BucketFeed()+"["+r.pool+"]")
+	}
+}
+
+// bindFeed binds the fw_feed bucket: errNoJetStream or an error wrapping
+// jetstream.ErrBucketNotFound when the server has none.
+func (w *Watcher) bindFeed(ctx context.Context) (jetstream.KeyValue, error) {
+	js, err := jetstream.New(w.nc)
+	if err != nil {
+		return nil, fmt.Errorf("feed: jetstream: %w", err)
+	}
+	if err := jetStreamAvailable(ctx, js); err != nil {
+		return nil, err
+	}
+	kv, err := js.KeyValue(ctx, w.subjects.BucketFeed())
+	if err != nil {
+		return nil, fmt.Errorf("feed: bind bucket %s: %w", w.subjects.BucketFeed(), err)
+	}
+	return kv, nil
+}
+
+// readKeys applies the stored key frame of every followed pool: the
+// listed pools, or every key of the bucket, listed from its stream's
+// subjects (no consumer).
+func (w *Watcher) readKeys(ctx context.Context, kv jetstream.KeyValue) error {
+	pools := w.settings.Pools
+	if w.follow == nil {
+		js, err := jetstream.New(w.nc)
+		if err != nil {
+			return err
+		}
+		stream, err := js.Stream(ctx, "KV_"+w.subjects.BucketFeed())
+		if err != nil {
+			return fmt.Errorf("feed: stream of bucket %s: %w", w.subjects.BucketFeed(), err)
+		}
+		prefix := "$KV." + w.subjects.BucketFeed() + "."
+		info, err := stream.Info(ctx, jetstream.WithSubjectFilter(prefix+">"))
+		if err != nil {
+			return fmt.Errorf("feed: list bucket %s: %w", w.subjects.BucketFeed(), err)
+		}
+		pools = pools[:0:0]
+		for subj := range info.State.Subjects {
+			pools = append(pools, strings.TrimPrefix(subj, prefix))
+		}
+	}
+	for _, pool := range pools {
+		e, err := kv.Get(ctx, pool)
+		switch {
+		case errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted):
+			continue
+		case err != nil:
+			return fmt.Errorf("feed: get %s[%s]: %w", w.subjects.BucketFeed(), pool, err)
+		}
+		if fleetwatch.ValidatePoolID(pool) != nil {
+			continue
+		}
+		w.applyKey(pool, e.Value(), w.subjects.BucketFeed()+"["+pool+"]")
+	}
+	return nil
+}
+
+// reconnected marks every pool's loads as possibly missed: their frames
+// were lost while the connection was down.
+func (w *Watcher) reconnected() {
+	for _, cp := range w.compact {
+		cp.gap = true
+	}
+}
+
+// staleAt is when a view goes stale: the snapshot's StaleAt, later by as
+// much as a load frame based on it was heard after its at.
+func staleAt(snap *fleetwatch.Snapshot, heard int64) time.Time {
+	t := snap.StaleAt()
+	if d := heard - snap.At.UnixNano(); d > 0 {
+		t = t.Add(time.Duration(d))
+	}
+	return t
+}
