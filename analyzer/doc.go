@@ -59,8 +59,16 @@
 //  3. throttled: rate_429 >= ThrottleRate (0.5), counting in rate_429 only
 //     the throttled events with a retry hint unless ThrottleRateCounts is
 //     "all" (a bare 429 is a full queue: it lowers the weight, below, but
-//     opens nothing); the open time is at least the largest retry_after_ms
-//     in the window (honoured up to one hour).
+//     opens nothing by this rate); the open time is at least the largest
+//     retry_after_ms in the window (honoured up to one hour). Also
+//     throttled, whatever the hints: every 429 at ThrottleRefuseRate (0.9)
+//     of the newest quarter's counted requests, with RecentMinRequests (10)
+//     of them there, unless a peer answered 429s to PoolThrottleHold/5 or
+//     more of its requests over that quarter: a backend that refuses
+//     nearly everything while its peers serve, which down-weighting alone
+//     left 2-12% of the attempts (its instant 429s leave it idle in every
+//     comparison a router's scan lets it join; docs/EVALUATION.md "A
+//     backend that refuses everything").
 //  4. slow: EWMA > SlowFactor (5) x the median EWMA of the pool's other
 //     backends that have one and are not open, confirmed by the window's
 //     median TTFT > SlowFactor x the median of the other backends' window
