@@ -193,6 +193,13 @@ const (
 	// serving another model, a revoked key, or, on every backend at once,
 	// a flood of bad requests.
 	ClientErrors
+	// BareThrottle answers 429 at once without a retry hint, for a share
+	// Rate of requests (1 if zero), or only Count requests: a server whose
+	// admission limit refuses everything (text-generation-inference's
+	// max_concurrent_requests, held by other clients), which the analyzer
+	// never opens by default (analyzer.throttle_rate_counts: hinted) and
+	// only down-weights.
+	BareThrottle
 )
 
 func (k IncidentKind) String() string {
@@ -211,6 +218,8 @@ func (k IncidentKind) String() string {
 		return "fast"
 	case ClientErrors:
 		return "client-errors"
+	case BareThrottle:
+		return "bare-throttle"
 	}
 	return "unknown"
 }
