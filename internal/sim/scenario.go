@@ -314,6 +314,29 @@ func (s Scenario) WithPrefillBatchPenalty(k float64) Scenario {
 	return s
 }
 
+// WithIncidentRate returns s with every FailFast, Throttle, BareThrottle
+// and ClientErrors incident answering only the share rate of the
+// backend's requests (a Count incident keeps its count); rate <= 0
+// returns s unchanged. `fleetwatch sim --incident-rate` sets it: a backend
+// that refuses part of its requests instead of all.
+func (s Scenario) WithIncidentRate(rate float64) Scenario {
+	if rate <= 0 {
+		return s
+	}
+	s.Incidents = slices.Clone(s.Incidents)
+	for i := range s.Incidents {
+		in := &s.Incidents[i]
+		switch in.Kind {
+		case FailFast, Throttle, BareThrottle, ClientErrors:
+			if in.Count == 0 {
+				in.Rate = rate
+			}
+		}
+	}
+	s.Description += fmt.Sprintf("; incidents answer %g of the requests", rate)
+	return s
+}
+
 func (s Scenario) Shorten(d time.Duration) Scenario {
 	if d <= 0 || d >= s.Duration {
 		return s
