@@ -228,38 +228,10 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 		reason = fmt.Sprintf("%d consecutive 429s", in.latch.latch429)
 		severity = float64(in.latch.latch429) / float64(s.ConsecutiveThrottled)
 	}
-	// Every backend answering 429 is a saturated pool, not a broken
-	// backend: opening one moves its load onto the others, which then 429
-	// more.
-	//
-	// A run of 429s is weaker evidence than a rate over the newest
-	// quarter, and it comes sooner: at the start of an overload the first
-	// backends whose queues fill answer five 429s in a row before the
-	// peers' newest quarter shows any (the simulator's overload opened two
-	// backends per seed with the quarter's hold). So a run is taken only
-	// while no peer answered more than a fifth of the hold in 429s over
-	// the newest two buckets, the run's own time scale (peerMax429).
-	//
-	// The refusal rule counts bare 429s, a full queue's, so it takes the
-	// same strict hold over its own quarter: a backend refuses while its
-	// peers serve, not while any of them answers 429s too (with the
-	// median's hold it opened a slow backend of an overloaded unequal
-	// fleet on the Mooncake trace, and the errors rose 5-7%).
 	var peer429 float64
 	poolHold := false
 	if (reason != "" || rows != nil) && s.PoolThrottleHold > 0 {
-		var ok bool
-		switch {
-		case byRun:
-			peer429, ok = peerMax429(in.b, in.bs, min(2, in.recentLen))
-			poolHold = ok && peer429 >= s.PoolThrottleHold/5
-		case byRefuse:
-			peer429, ok = peerMax429(in.b, in.bs, in.recentLen)
-			poolHold = ok && peer429 >= s.PoolThrottleHold/5
-		default:
-			peer429, ok = peerRecent429(in.b, in.bs, in.recentLen)
-			poolHold = ok && peer429 >= s.PoolThrottleHold
-		}
+		peer429, poolHold = in.poolThrottleHold(byRun, byRefuse)
 	}
 	var t *trip
 	if reason != "" && !poolHold {
@@ -289,6 +261,41 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 		windowFires: windowFires, recentFires: recentFires, peer429: peer429, poolHold: poolHold}, tw, tq)
 	in.throttledRefuseRow(rows, ref, byRefuse, poolHold, peer429, tref)
 	in.throttledRunRow(rows, runFires, byRun, poolHold, peer429, trun)
+}
+
+// poolThrottleHold is the pool-wide hold of a 429 trip, and the peer rate
+// it read.
+//
+// Every backend answering 429 is a saturated pool, not a broken backend:
+// opening one moves its load onto the others, which then 429 more.
+//
+// A run of 429s is weaker evidence than a rate over the newest quarter,
+// and it comes sooner: at the start of an overload the first backends
+// whose queues fill answer five 429s in a row before the peers' newest
+// quarter shows any (the simulator's overload opened two backends per
+// seed with the quarter's hold). So a run is taken only while no peer
+// answered more than a fifth of the hold in 429s over the newest two
+// buckets, the run's own time scale (peerMax429).
+//
+// The refusal rule counts bare 429s, a full queue's, so it takes the same
+// strict hold over its own quarter: a backend refuses while its peers
+// serve, not while any of them answers 429s too (with the median's hold it
+// opened a slow backend of an overloaded unequal fleet on the Mooncake
+// trace, and the errors rose 5-7%). The rate rules hold on the peers'
+// median over the newest quarter.
+func (in *ruleInput) poolThrottleHold(byRun, byRefuse bool) (peer429 float64, hold bool) {
+	s := in.s
+	var ok bool
+	switch {
+	case byRun:
+		peer429, ok = peerMax429(in.b, in.bs, min(2, in.recentLen))
+		return peer429, ok && peer429 >= s.PoolThrottleHold/5
+	case byRefuse:
+		peer429, ok = peerMax429(in.b, in.bs, in.recentLen)
+		return peer429, ok && peer429 >= s.PoolThrottleHold/5
+	}
+	peer429, ok = peerRecent429(in.b, in.bs, in.recentLen)
+	return peer429, ok && peer429 >= s.PoolThrottleHold
 }
 
 // refusal is what the refusal rule (Settings.ThrottleRefuseRate) read:
