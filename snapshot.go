@@ -126,8 +126,7 @@ const (
 )
 
 // ManyRouters is the router count (Snapshot.Routers) beyond which a pool
-// is shared by many routers: the analyzer publishes it every
-// ManyRoutersHeartbeat and the picker's default choices drop from 3 to 2.
+// is shared by many routers: the picker's default choices drop from 3 to 2.
 const ManyRouters = 16
 
 // Total is the load a picker ranks by: requests running plus waiting.

@@ -212,6 +212,15 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 			label, rr, s.ThrottleRate, fmtDur(span), rn, r429, fmtDur(s.Window))
 		severity = rr / s.ThrottleRate
 	}
+	// 429s of every kind over the newest quarter (ThrottleRefuseRate): a
+	// backend refusing nearly everything, bare 429s included.
+	ref := in.refusing()
+	byRefuse := reason == "" && ref.fires
+	if byRefuse {
+		reason = fmt.Sprintf("429 rate %.2f >= %.2f over the newest %s (%d requests), bare 429s included",
+			ref.rate, s.ThrottleRefuseRate, fmtDur(span), ref.n)
+		severity = ref.rate / s.ThrottleRefuseRate
+	}
 	// A run of ConsecutiveThrottled 429s, latched when it happened.
 	runFires := s.ConsecutiveThrottled > 0 && in.latch.latch429 > 0
 	byRun := reason == "" && runFires
@@ -219,28 +228,10 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 		reason = fmt.Sprintf("%d consecutive 429s", in.latch.latch429)
 		severity = float64(in.latch.latch429) / float64(s.ConsecutiveThrottled)
 	}
-	// Every backend answering 429 is a saturated pool, not a broken
-	// backend: opening one moves its load onto the others, which then 429
-	// more.
-	//
-	// A run of 429s is weaker evidence than a rate over the newest
-	// quarter, and it comes sooner: at the start of an overload the first
-	// backends whose queues fill answer five 429s in a row before the
-	// peers' newest quarter shows any (the simulator's overload opened two
-	// backends per seed with the quarter's hold). So a run is taken only
-	// while no peer answered more than a fifth of the hold in 429s over
-	// the newest two buckets, the run's own time scale (peerMax429).
 	var peer429 float64
 	poolHold := false
 	if (reason != "" || rows != nil) && s.PoolThrottleHold > 0 {
-		var ok bool
-		if byRun {
-			peer429, ok = peerMax429(in.b, in.bs, min(2, in.recentLen))
-			poolHold = ok && peer429 >= s.PoolThrottleHold/5
-		} else {
-			peer429, ok = peerRecent429(in.b, in.bs, in.recentLen)
-			poolHold = ok && peer429 >= s.PoolThrottleHold
-		}
+		peer429, poolHold = in.poolThrottleHold(byRun, byRefuse)
 	}
 	var t *trip
 	if reason != "" && !poolHold {
@@ -255,10 +246,12 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	if rows == nil {
 		return
 	}
-	var tw, tq, trun *trip
+	var tw, tq, tref, trun *trip
 	switch {
 	case byRun:
 		trun = t
+	case byRefuse:
+		tref = t
 	case windowFires:
 		tw = t
 	default:
@@ -266,7 +259,112 @@ func (in *ruleInput) throttled(rows *[]RuleCheck, r *ruleResult) {
 	}
 	in.throttledRows(rows, throttledView{r429: r429, ok: r429OK, rr: rr, rrOK: rrOK, rn: rn, half429: half429, halfOK: halfOK,
 		windowFires: windowFires, recentFires: recentFires, peer429: peer429, poolHold: poolHold}, tw, tq)
+	in.throttledRefuseRow(rows, ref, byRefuse, poolHold, peer429, tref)
 	in.throttledRunRow(rows, runFires, byRun, poolHold, peer429, trun)
+}
+
+// poolThrottleHold is the pool-wide hold of a 429 trip, and the peer rate
+// it read.
+//
+// Every backend answering 429 is a saturated pool, not a broken backend:
+// opening one moves its load onto the others, which then 429 more.
+//
+// A run of 429s is weaker evidence than a rate over the newest quarter,
+// and it comes sooner: at the start of an overload the first backends
+// whose queues fill answer five 429s in a row before the peers' newest
+// quarter shows any (the simulator's overload opened two backends per
+// seed with the quarter's hold). So a run is taken only while no peer
+// answered more than a fifth of the hold in 429s over the newest two
+// buckets, the run's own time scale (peerMax429).
+//
+// The refusal rule counts bare 429s, a full queue's, so it takes the same
+// strict hold over its own quarter: a backend refuses while its peers
+// serve, not while any of them answers 429s too (with the median's hold it
+// opened a slow backend of an overloaded unequal fleet on the Mooncake
+// trace, and the errors rose 5-7%). The rate rules hold on the peers'
+// median over the newest quarter.
+func (in *ruleInput) poolThrottleHold(byRun, byRefuse bool) (peer429 float64, hold bool) {
+	s := in.s
+	var ok bool
+	switch {
+	case byRun:
+		peer429, ok = peerMax429(in.b, in.bs, min(2, in.recentLen))
+		return peer429, ok && peer429 >= s.PoolThrottleHold/5
+	case byRefuse:
+		peer429, ok = peerMax429(in.b, in.bs, in.recentLen)
+		return peer429, ok && peer429 >= s.PoolThrottleHold/5
+	}
+	peer429, ok = peerRecent429(in.b, in.bs, in.recentLen)
+	return peer429, ok && peer429 >= s.PoolThrottleHold
+}
+
+// refusal is what the refusal rule (Settings.ThrottleRefuseRate) read:
+// the 429 rate of every kind over the newest quarter and its requests.
+type refusal struct {
+	rate         float64
+	n            uint64
+	ok, on       bool // a rate over the quarter; the rule is on
+	fires        bool // before the pool's hold
+	minRequests  int  // the requests the quarter needs
+	notEvaluated bool // the window holds too few 429s for the quarter to fire: not read
+}
+
+// refusing reads the refusal rule: every 429 (bare or hinted) over the
+// newest quarter, at ThrottleRefuseRate with at least RecentMinRequests
+// counted there (MinRequests when the quarter trip is off). The quarter
+// is merged only when the window holds enough 429s for it to fire.
+func (in *ruleInput) refusing() refusal {
+	s := in.s
+	r := refusal{on: s.ThrottleRefuseRate > 0, minRequests: s.RecentMinRequests}
+	if r.minRequests <= 0 {
+		r.minRequests = s.MinRequests
+	}
+	if !r.on {
+		return r
+	}
+	if float64(in.b.view.throttled()) < s.ThrottleRefuseRate*float64(r.minRequests) {
+		r.notEvaluated = true
+		return r
+	}
+	rec := in.recentStats()
+	r.rate, r.ok = rec.rate429()
+	r.n = rec.counted
+	r.fires = r.ok && r.rate >= s.ThrottleRefuseRate && r.n >= uint64(r.minRequests)
+	return r
+}
+
+// throttledRefuseRow is the refusal rule's row (throttle_refuse_rate).
+func (in *ruleInput) throttledRefuseRow(rows *[]RuleCheck, r refusal, byRefuse, poolHold bool, peer429 float64, t *trip) {
+	if rows == nil {
+		return
+	}
+	s := in.s
+	span := fmtDur(in.recentSpan())
+	if r.notEvaluated || (r.on && !r.ok) {
+		// explain reads the quarter whatever the window holds.
+		rec := in.recentStats()
+		r.rate, r.ok = rec.rate429()
+		r.n = rec.counted
+	}
+	c := RuleCheck{Rule: RuleThrottledRefuse, Value: r.rate, Threshold: s.ThrottleRefuseRate, HasValue: r.on && r.ok, Fires: r.fires}
+	switch {
+	case !r.on:
+		c.Detail = "off (throttle_refuse_rate < 0)"
+	case !r.ok:
+		c.Detail = fmt.Sprintf("no counted request in the newest %s", span)
+	default:
+		c.Detail = fmt.Sprintf("429 rate %.2f over %d requests in the newest %s, bare 429s included (opens at %.2f with at least %d requests)",
+			r.rate, r.n, span, s.ThrottleRefuseRate, r.minRequests)
+	}
+	switch {
+	case r.fires && poolHold && byRefuse:
+		c.HeldBy = HeldByPoolThrottle
+		c.Detail += fmt.Sprintf("; a peer's 429 rate over the newest %s is %.2f (the rule needs every peer's under pool_throttle_hold / 5, %.2f)",
+			span, peer429, s.PoolThrottleHold/5)
+	case r.fires && !byRefuse:
+		c.Detail += "; the hinted 429 rate rule opens it first"
+	}
+	row(rows, c, t)
 }
 
 // throttledRunRow is the row of the run of 429s (consecutive_throttled).

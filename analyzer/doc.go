@@ -59,8 +59,16 @@
 //  3. throttled: rate_429 >= ThrottleRate (0.5), counting in rate_429 only
 //     the throttled events with a retry hint unless ThrottleRateCounts is
 //     "all" (a bare 429 is a full queue: it lowers the weight, below, but
-//     opens nothing); the open time is at least the largest retry_after_ms
-//     in the window (honoured up to one hour).
+//     opens nothing by this rate); the open time is at least the largest
+//     retry_after_ms in the window (honoured up to one hour). Also
+//     throttled, whatever the hints: every 429 at ThrottleRefuseRate (0.9)
+//     of the newest quarter's counted requests, with RecentMinRequests (10)
+//     of them there, unless a peer answered 429s to PoolThrottleHold/5 or
+//     more of its requests over that quarter: a backend that refuses
+//     nearly everything while its peers serve, which down-weighting alone
+//     left 2-12% of the attempts (its instant 429s leave it idle in every
+//     comparison a router's scan lets it join; docs/EVALUATION.md "A
+//     backend that refuses everything").
 //  4. slow: EWMA > SlowFactor (5) x the median EWMA of the pool's other
 //     backends that have one and are not open, confirmed by the window's
 //     median TTFT > SlowFactor x the median of the other backends' window
@@ -148,17 +156,19 @@
 //
 // Evaluate returns a snapshot of every pool whose decisions (the set of
 // backends, a state, weight, reason, drift status or open_until) changed, and
-// of every pool whose heartbeat is due. A pool's heartbeats are anchored at
-// its first Evaluate (t, t+hb, t+2hb, ...) and may come a tenth of a heartbeat
+// of every pool whose heartbeat is due. A pool's first snapshot comes at its
+// first Evaluate (t); its heartbeats are anchored a phase earlier (t-ph+hb,
+// t-ph+2hb, ..., ph a hash of the pool id below the heartbeat, so that pools
+// that appear together beat apart) and may come a tenth of a heartbeat
 // early, so a caller ticking every 100 ms gets exactly one beat per heartbeat
 // whatever the jitter of its ticks; a caller more than two heartbeats late
 // re-anchors. So no snapshot of a pool is ever more than a heartbeat (plus the
-// caller's tick) older than the previous one. A pool whose snapshot counts
-// more than fleetwatch.ManyRouters routers beats every ManyRoutersHeartbeat (250 ms)
-// instead of every Heartbeat (1 s). Damped weights move on the beat too, by
-// MaxWeightStep per Heartbeat elapsed. Seq starts at 1 and grows by one per
-// returned snapshot of a pool; Snapshots and Snapshot return the current
-// state with the last seq. Reasons
+// caller's tick) older than the previous one. Between snapshots, a pool's
+// loads go out every LoadBeat (250 ms; Evaluation.Loads, for the compact
+// feed's load frames, with the last snapshot's seq). Damped weights move on
+// the heartbeat only, by MaxWeightStep per Heartbeat elapsed. Seq starts at 1
+// and grows by one per returned snapshot of a pool; Snapshots and Snapshot
+// return the current state with the last seq. Reasons
 // are the last state change's, or the ejection cap's while it holds a backend;
 // a closed backend's reason goes on with "not evaluated: n of m requests"
 // below the gate and with what lowers its weight (explain.go; only the first

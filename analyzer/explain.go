@@ -98,6 +98,7 @@ const (
 	RuleFailureRateRecent = "failure_rate_recent"
 	RuleThrottledRecent   = "throttled_recent"
 	RuleThrottledRun      = "throttled_consecutive"
+	RuleThrottledRefuse   = "throttled_refuse"
 	RuleClientErrorRecent = "client_error_rate_recent"
 )
 

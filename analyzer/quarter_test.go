@@ -105,6 +105,9 @@ func TestRecentQuarterTrip(t *testing.T) {
 			if st.ConsecutiveThrottled == 0 {
 				st.ConsecutiveThrottled = -1 // the rate rules alone: a run of 429s opens at 5 (consecutive429_test.go)
 			}
+			if st.ThrottleRefuseRate == 0 {
+				st.ThrottleRefuseRate = -1 // and a quarter of 429s alone opens at 0.9 (refuse_test.go)
+			}
 			a := newAnalyzer(t, Config{Settings: noJitter(bareRate(st))})
 			a.Observe(tt.events)
 			ev := a.Evaluate(evalAt)
@@ -179,6 +182,9 @@ func TestPoolThrottleHold(t *testing.T) {
 			st := tt.settings
 			if st.ConsecutiveThrottled == 0 {
 				st.ConsecutiveThrottled = -1 // the rate rules alone: a run of 429s opens at 5 (consecutive429_test.go)
+			}
+			if st.ThrottleRefuseRate == 0 {
+				st.ThrottleRefuseRate = -1 // and a quarter of 429s alone opens at 0.9 (refuse_test.go)
 			}
 			a := newAnalyzer(t, Config{Settings: noJitter(bareRate(st))})
 			a.Observe(tt.events)

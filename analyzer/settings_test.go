@@ -13,7 +13,7 @@ import (
 func TestSettingsWithDefaults(t *testing.T) {
 	want := Settings{
 		Window: 30 * time.Second, Bucket: time.Second, MinRequests: 20, FailureRate: 0.5,
-		ConsecutiveFailures: 5, ConsecutiveStalls: 2, ConsecutiveThrottled: 5, ThrottledRunCounts: "hinted", ThrottleRate: 0.5, ThrottleRateCounts: "hinted", SlowFactor: 5, EWMAAlpha: 0.2,
+		ConsecutiveFailures: 5, ConsecutiveStalls: 2, ConsecutiveThrottled: 5, ThrottledRunCounts: "hinted", ThrottleRate: 0.5, ThrottleRateCounts: "hinted", ThrottleRefuseRate: 0.9, SlowFactor: 5, EWMAAlpha: 0.2,
 		IdleGap: 5 * time.Minute, OpenBase: 30 * time.Second, OpenMax: 5 * time.Minute,
 		OpenJitter: 0.1, HalfOpenWeight: 0.05, HalfOpenSuccesses: 5, MaxOpenFraction: 0.5,
 		Heartbeat: time.Second, LoadBeat: 250 * time.Millisecond, TTL: 5 * time.Second, Expiry: 10 * time.Minute, MaxWeightStep: 0.25,
@@ -87,6 +87,10 @@ func TestSettingsValidate(t *testing.T) {
 		{"throttled_run_counts all", Settings{ThrottledRunCounts: RunCountsAll}, ""},
 		{"throttle_rate_counts unknown", Settings{ThrottleRateCounts: "bare"}, "analyzer.throttle_rate_counts"},
 		{"throttle_rate_counts all", Settings{ThrottleRateCounts: RunCountsAll}, ""},
+		{"throttle_refuse_rate above 1", Settings{ThrottleRefuseRate: 1.1}, "analyzer.throttle_refuse_rate"},
+		{"throttle_refuse_rate NaN", Settings{ThrottleRefuseRate: math.NaN()}, "analyzer.throttle_refuse_rate"},
+		{"throttle_refuse_rate of 1 is valid", Settings{ThrottleRefuseRate: 1}, ""},
+		{"negative throttle_refuse_rate turns the rule off", Settings{ThrottleRefuseRate: -1}, ""},
 		{"client_error_rate above 1", Settings{ClientErrorRate: 1.2}, "analyzer.client_error_rate"},
 		{"client_error_rate NaN", Settings{ClientErrorRate: math.NaN()}, "analyzer.client_error_rate"},
 		{"negative client_error_rate turns the rule off", Settings{ClientErrorRate: -1}, ""},

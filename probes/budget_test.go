@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -313,14 +317,42 @@ func TestProbeBudgetTeacherTierAloneCatchesAChange(t *testing.T) {
 // token per word and leaves the tool definitions out), beside the static
 // estimates a budget starts from (four bytes a token, every answer at its
 // max_tokens, the tool definitions counted), and per day at the default
-// schedule (@every 5m: 288 cycles). docs/DRIFT.md "Probe cost" is its
-// output: go test -count=1 -run TestProbeCostOfTheDefaultSuites -v ./probes/
+// schedule (@every 5m: 288 cycles), and checks docs/DRIFT.md "Probe cost",
+// which is its output (go test -count=1 -run
+// TestProbeCostOfTheDefaultSuites -v ./probes/): every row of the table
+// must be measured again, the static estimates exactly, the fake's tokens
+// within 2% (the fake's answers are seeded, so today they are exact; the
+// margin lets an unrelated change of the toy model's wording through
+// without hiding a change of the suites or of the estimate), the requests
+// and the per-day columns as computed from them.
 func TestProbeCostOfTheDefaultSuites(t *testing.T) {
 	t.Parallel() // CPU and loopback only, on a fake clock: overlaps the rest of the package
 	const perDay = 288
 	m := toylm.New(toylm.Config{}).With(toylm.Options{Sigma: 0.003, NoiseSeed: 1})
 	_, hs := toyServer(t, m, fakeai.Behavior{})
+	doc := probeCostTable(t)
 	var rows []string
+	check := func(suite, tier string, requests int, measured, est float64) {
+		rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.0f | %.0f | %.0f |", suite, tier,
+			requests, measured, est, measured*perDay, est*perDay))
+		key := suite + " " + tier
+		d, ok := doc[key]
+		if !ok {
+			t.Errorf("docs/DRIFT.md's probe cost table has no row %q", key)
+			return
+		}
+		delete(doc, key)
+		want := [5]float64{float64(requests), math.Round(measured), math.Round(est), math.Round(measured * perDay), math.Round(est * perDay)}
+		for i, name := range []string{"requests/cycle", "tokens/cycle (fake)", "tokens/cycle (estimate)", "tokens/day (fake)", "tokens/day (estimate)"} {
+			tol := 0.0
+			if i == 1 || i == 3 {
+				tol = 0.02 * want[i]
+			}
+			if math.Abs(d[i]-want[i]) > tol {
+				t.Errorf("docs/DRIFT.md, %s: %s is %.0f, measured %.0f (tolerance %.0f)", key, name, d[i], want[i], tol)
+			}
+		}
+	}
 	for _, suite := range []string{"default-v1", "default-v1+tools-v1"} {
 		s, err := drift.LoadSuite(suite)
 		if err != nil {
@@ -342,6 +374,7 @@ func TestProbeCostOfTheDefaultSuites(t *testing.T) {
 			t.Fatalf("%s: still enrolling", suite)
 		}
 		var total, totalStatic float64
+		requests := 0
 		for _, tier := range []string{probes.TierTeacher, probes.TierSampled, probes.TierTools} {
 			measured, est := st.Budget.Estimate[tier], static[tier]
 			if _, wanted := static[tier]; !wanted {
@@ -352,13 +385,51 @@ func TestProbeCostOfTheDefaultSuites(t *testing.T) {
 			}
 			total += measured
 			totalStatic += est
-			rows = append(rows, fmt.Sprintf("| %s | %s | %d | %.0f | %.0f | %.0f | %.0f |", suite, probes.TierName(tier),
-				tierRequestsOf(s, tier), measured, est, measured*perDay, est*perDay))
+			requests += tierRequestsOf(s, tier)
+			check(suite, probes.TierName(tier), tierRequestsOf(s, tier), measured, est)
 		}
-		rows = append(rows, fmt.Sprintf("| %s | all | | %.0f | %.0f | %.0f | %.0f |", suite, total, totalStatic, total*perDay, totalStatic*perDay))
+		check(suite, "all", requests, total, totalStatic)
+	}
+	for key := range doc {
+		t.Errorf("docs/DRIFT.md's probe cost table has a row %q that the test does not measure", key)
 	}
 	t.Logf("\n| suite | tier | requests/cycle | tokens/cycle (fake) | tokens/cycle (estimate) | tokens/day (fake) | tokens/day (estimate) |\n|---|---|---|---|---|---|---|\n%s",
 		strings.Join(rows, "\n"))
+}
+
+// probeCostTable reads the table of docs/DRIFT.md "Probe cost": its five
+// numbers by "suite tier".
+func probeCostTable(t *testing.T) map[string][5]float64 {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("..", "docs", "DRIFT.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(data), "\n### Probe cost\n")
+	if !ok {
+		t.Fatal("docs/DRIFT.md has no section \"### Probe cost\"")
+	}
+	section, _, _ = strings.Cut(section, "\n#")
+	out := map[string][5]float64{}
+	for _, line := range strings.Split(section, "\n") {
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		if !strings.HasPrefix(line, "| default") || len(cells) != 7 {
+			continue
+		}
+		var v [5]float64
+		for i, c := range cells[2:] {
+			f, err := strconv.ParseFloat(strings.ReplaceAll(c, ",", ""), 64)
+			if err != nil {
+				t.Fatalf("docs/DRIFT.md, probe cost row %q: %v", line, err)
+			}
+			v[i] = f
+		}
+		out[cells[0]+" "+cells[1]] = v
+	}
+	if len(out) == 0 {
+		t.Fatal("docs/DRIFT.md's probe cost table has no rows")
+	}
+	return out
 }
 
 func tierRequestsOf(s *drift.Suite, tier string) int {

@@ -26,12 +26,15 @@ import (
 )
 
 // countingBackend is an HTTP backend on a loopback socket that counts the
-// requests it gets and answers 200, or 503 while failing.
+// requests it gets and answers 200, 503 while failing, or 429 while
+// throttling (with Retry-After: retryAfter when it is not empty).
 type countingBackend struct {
-	url     string
-	hits    atomic.Int64
-	last    atomic.Int64 // unix ns of the latest request
-	failing atomic.Bool
+	url        string
+	hits       atomic.Int64
+	last       atomic.Int64 // unix ns of the latest request
+	failing    atomic.Bool
+	throttling atomic.Bool
+	retryAfter atomic.Value // string
 }
 
 func startCountingBackend(t *testing.T, name string) *countingBackend {
@@ -47,6 +50,13 @@ func startCountingBackend(t *testing.T, name string) *countingBackend {
 		b.last.Store(time.Now().UnixNano())
 		if b.failing.Load() {
 			http.Error(w, "overloaded", http.StatusServiceUnavailable)
+			return
+		}
+		if b.throttling.Load() {
+			if ra, _ := b.retryAfter.Load().(string); ra != "" {
+				w.Header().Set("Retry-After", ra)
+			}
+			http.Error(w, "rate limited", http.StatusTooManyRequests)
 			return
 		}
 		fmt.Fprintf(w, `{"backend":%q}`, name)
@@ -95,8 +105,10 @@ var nodeRouterListen = regexp.MustCompile(`node-router: listening on (http://\S+
 // TestNodeRouterExample runs examples/node-router, a router in Node with
 // the nats npm client alone, beside a real `fleetwatch serve`: the router
 // reads the pool's snapshot from the KV bucket at start, its outcome events
-// reach the analyzer (a backend failing through it is opened), and it
-// follows the decisions (the open backend gets no requests).
+// reach the analyzer (a backend failing through it is opened), it follows
+// the decisions (the open backend gets no requests), and its event for a
+// 429 carries the answer's Retry-After as retry_after_ms (none for a bare
+// 429).
 func TestNodeRouterExample(t *testing.T) {
 	t.Parallel() // its own servers and processes: overlaps the rest of the package
 	node := testkit.RequireTool(t, toolPath("node"), "nodejs")
@@ -249,5 +261,37 @@ func TestNodeRouterExample(t *testing.T) {
 	}
 	if picks["b0"] == 0 || picks["b1"] == 0 {
 		t.Errorf("the healthy backends should share the traffic: %v", picks)
+	}
+
+	// b1 throttles: a quota's 429 (Retry-After: 2), then a full queue's.
+	for _, c := range []struct {
+		retryAfter string
+		wantMs     float64
+	}{{"2", 2000}, {"", 0}} {
+		backends["b1"].retryAfter.Store(c.retryAfter)
+		backends["b1"].throttling.Store(true)
+		// Events of the phase before may still be on their way: only
+		// requests sent from now on count (an event's ts is when the
+		// router received the request; ms precision).
+		since := time.Now().Add(time.Millisecond)
+		var got *fleetwatch.Event
+		testkit.Eventually(t, 20*time.Second, "a throttled event of b1 from the node router", func() bool {
+			for range 5 {
+				send()
+			}
+			evMu.Lock()
+			defer evMu.Unlock()
+			for _, ev := range fromRouter {
+				if ev.Backend == "b1" && ev.Outcome == fleetwatch.OutcomeThrottled && ev.TS.After(since) {
+					got = &ev
+					return true
+				}
+			}
+			return false
+		})
+		if got.Status != http.StatusTooManyRequests || got.RetryAfterMs != c.wantMs {
+			t.Errorf("Retry-After %q: event status %d, retry_after_ms %v, want 429 and %v", c.retryAfter, got.Status, got.RetryAfterMs, c.wantMs)
+		}
+		backends["b1"].throttling.Store(false)
 	}
 }

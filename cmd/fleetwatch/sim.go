@@ -42,6 +42,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	feedPeriod := fs.Duration("feed-period", 0, "period of the analyzer's evaluations and snapshots (and of the published backend loads); 0 keeps 1s")
 	stallFloor := fs.Duration("stall-floor", 0, "the feed-following routers' first-token deadline floor (route's stall_floor); 0 keeps 10s, negative turns the deadline off")
 	prefillPenalty := fs.Float64("prefill-batch-penalty", 0, "slow every backend's prefill by 1 + this x its other busy slots / slots (a server whose decodes share steps with a new prompt's prefill); 0 keeps the default model")
+	incidentRate := fs.Float64("incident-rate", 0, "answer only this share of a backend's requests as its failing incidents do (fail-fast, throttle, bare-throttle, client-errors), in (0, 1]; 0 keeps each incident's")
 	scale := fs.Int("scale", 1, "run every scenario over this many times its backends at this many times its rate (copies of each backend; an incident on one backend stays on it)")
 	detection := fs.Bool("detection", false, "also print breaker openings and the time to open the watched backend, per seed")
 	variants := fs.Bool("variants", false, "also run the picker's score variants and the default-analyzer variant: "+strings.Join(simVariants, ", "))
@@ -54,7 +55,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	decodeMs := fs.Float64("decode-ms", 5, "with --trace: decode time per output token at an empty batch, ms")
 	fleet := fs.String("fleet", "", "with --trace: the fleet as groups COUNTxSLOTS[@TIMES][:KVBLOCKS], for example 2x8,2x8@2 (two of 8 slots, two more taking twice the time); instead of --backends and --slots")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--scale K] [--prefill-batch-penalty K] [--variants]")
+		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--scale K] [--prefill-batch-penalty K] [--incident-rate R] [--variants]")
 		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N --slots N | --fleet SPEC] [--kv-blocks N] [--prefill-batch-penalty K] [--policies P,...]")
 		fs.PrintDefaults()
 	}
@@ -65,8 +66,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
 	}
-	if *routers < 0 || *feedPeriod < 0 || *scale < 1 || *prefillPenalty < 0 {
-		fmt.Fprintln(stderr, "fleetwatch sim: --routers, --feed-period and --prefill-batch-penalty must be >= 0, --scale >= 1")
+	if *routers < 0 || *feedPeriod < 0 || *scale < 1 || *prefillPenalty < 0 || !(*incidentRate >= 0 && *incidentRate <= 1) {
+		fmt.Fprintln(stderr, "fleetwatch sim: --routers, --feed-period and --prefill-batch-penalty must be >= 0, --scale >= 1, --incident-rate in [0, 1]")
 		return errUsage
 	}
 	if *seeds < 1 {
@@ -112,7 +113,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return errUsage
 	}
 	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feedPeriod: *feedPeriod, scale: *scale, prefillPenalty: *prefillPenalty,
-		stallFloor: *stallFloor, policies: *policies, variants: *variants})
+		incidentRate: *incidentRate, stallFloor: *stallFloor, policies: *policies, variants: *variants})
 	return runScenarios(ctx, scenarios, *seed, *seeds, *detection, *out, stdout, stderr)
 }
 
@@ -121,7 +122,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 type scenarioFlags struct {
 	duration, feedPeriod, stallFloor time.Duration
 	routers, scale                   int
-	prefillPenalty                   float64
+	prefillPenalty, incidentRate     float64
 	policies                         string
 	variants                         bool
 }
@@ -129,7 +130,7 @@ type scenarioFlags struct {
 // adjustScenarios applies the flags to the scenarios chosen.
 func adjustScenarios(scenarios []sim.Scenario, f scenarioFlags) {
 	for i := range scenarios {
-		scenarios[i] = scenarios[i].Shorten(f.duration).Scaled(f.scale).WithPrefillBatchPenalty(f.prefillPenalty)
+		scenarios[i] = scenarios[i].Shorten(f.duration).Scaled(f.scale).WithPrefillBatchPenalty(f.prefillPenalty).WithIncidentRate(f.incidentRate)
 		if f.routers > 0 {
 			scenarios[i].Routers = f.routers
 		}

@@ -166,4 +166,91 @@ function outcomeOf(status) {
   return "error";
 }
 
-module.exports = { newerThan, Pool, isStale, weights, pick, shadowView, shadowPick, outcomeOf };
+// maxRetryHintMs caps a stated wait at one hour, as fleetwatch does.
+const maxRetryHintMs = 3_600_000;
+
+// retryAfterMs is the wait, in ms, that a backend's answer states, for an
+// event's retry_after_ms (docs/PROTOCOL.md "Where retry_after_ms comes
+// from"; fleetwatch.ParseRetryHint in Go): the first of these that states
+// one wins, capped at an hour; 0 when none does. headers are Node's
+// (lower-case names); now is when the answer came (ms since the epoch).
+//
+//  1. retry-after-ms: milliseconds (Azure OpenAI).
+//  2. Retry-After: seconds, or an HTTP date (the wait is date - now).
+//  3. On a 429: x-ratelimit-reset-requests / -tokens (OpenAI), durations
+//     such as "6m0s", "1m30.5s", "20ms", or plain seconds.
+//  4. On a 429: anthropic-ratelimit-{requests,tokens,input-tokens,
+//     output-tokens}-reset, RFC 3339 times (the wait is time - now).
+//
+// Of one provider's reset headers, the largest wait among the limits whose
+// remaining count is 0 is taken (the largest of all when none says which
+// ran out): they come on every answer, so only a 429 reads them. A
+// malformed or negative value is skipped, a past time states no wait. A
+// "retryDelay" in a JSON error body (Google) is not read: this router
+// streams bodies through without keeping them.
+//
+// The hint is what tells a quota (a 429 with a wait) from a full queue (a
+// bare 429): fleetwatch opens a backend on five hinted 429s in a row or a
+// hinted 429 rate, and only lowers the weight of one whose 429s are bare,
+// unless nearly every request of its last seconds is refused while its
+// peers serve (analyzer.throttle_refuse_rate).
+function retryAfterMs(status, headers, now) {
+  const header = (name) => {
+    const v = headers[name];
+    return (Array.isArray(v) ? v[0] : v ?? "").trim();
+  };
+  const capped = (ms) => Math.min(ms, maxRetryHintMs);
+  const number = (v) => (/^(\d+\.?\d*|\.\d+)$/.test(v) ? Number(v) : NaN);
+
+  const ms = number(header("retry-after-ms"));
+  if (ms > 0) return capped(ms);
+  const ra = header("retry-after");
+  if (ra !== "") {
+    const secs = number(ra);
+    const wait = Number.isNaN(secs) ? Date.parse(ra) - now : secs * 1000;
+    if (wait > 0) return capped(wait);
+  }
+  if (status !== 429) return 0;
+  const largest = (limits, parse) => {
+    let exhausted = 0;
+    let any = 0;
+    for (const [reset, remaining] of limits) {
+      const v = header(reset);
+      if (v === "") continue;
+      const wait = parse(v);
+      if (!(wait > 0)) continue;
+      any = Math.max(any, wait);
+      if (header(remaining) === "0") exhausted = Math.max(exhausted, wait);
+    }
+    return exhausted > 0 ? exhausted : any;
+  };
+  const openAI = largest(
+    [
+      ["x-ratelimit-reset-requests", "x-ratelimit-remaining-requests"],
+      ["x-ratelimit-reset-tokens", "x-ratelimit-remaining-tokens"],
+    ],
+    goDuration,
+  );
+  if (openAI > 0) return capped(openAI);
+  const anthropic = largest(
+    ["requests", "tokens", "input-tokens", "output-tokens"].map((k) => [
+      `anthropic-ratelimit-${k}-reset`,
+      `anthropic-ratelimit-${k}-remaining`,
+    ]),
+    (v) => (/^\d{4}-\d{2}-\d{2}T/.test(v) ? Date.parse(v) - now : NaN),
+  );
+  return anthropic > 0 ? capped(anthropic) : 0;
+}
+
+// goDuration parses a Go duration ("6m0s", "1m30.5s", "20ms") or plain
+// seconds ("0.5") into ms; NaN when it is neither.
+function goDuration(v) {
+  if (/^(\d+\.?\d*|\.\d+)$/.test(v)) return Number(v) * 1000;
+  if (!/^((\d+\.?\d*|\.\d+)(h|ms|m|s|us|µs|ns))+$/.test(v)) return NaN;
+  const unit = { h: 3_600_000, m: 60_000, s: 1000, ms: 1, us: 1e-3, "µs": 1e-3, ns: 1e-6 };
+  let total = 0;
+  for (const [, n, u] of v.matchAll(/(\d+\.?\d*|\.\d+)(h|ms|m|s|us|µs|ns)/g)) total += Number(n) * unit[u];
+  return total;
+}
+
+module.exports = { newerThan, Pool, isStale, weights, pick, shadowView, shadowPick, outcomeOf, retryAfterMs };

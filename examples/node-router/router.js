@@ -16,11 +16,19 @@
 //
 // It reads the pool's last snapshot from the KV bucket at start, follows
 // <prefix>.decisions.<pool>, and answers GET /fw/state with what it applied.
+//
+// A 429 (or 5xx) answer's event carries retry_after_ms when the answer
+// states a wait in its headers (Retry-After, retry-after-ms, OpenAI's and
+// Anthropic's reset headers; decisions.js retryAfterMs). That is what tells
+// fleetwatch a quota from a full queue: a backend whose 429s carry it is
+// opened after five in a row, while bare 429s only lower its weight unless
+// it refuses nearly everything while its peers serve (docs/INTEGRATIONS.md
+// "Retry hints").
 "use strict";
 
 const http = require("node:http");
 const { connect, JSONCodec } = require("nats");
-const { Pool, isStale, weights, shadowView, shadowPick, outcomeOf } = require("./decisions");
+const { Pool, isStale, weights, shadowView, shadowPick, outcomeOf, retryAfterMs } = require("./decisions");
 
 const natsURL = process.env.NATS_URL || "nats://127.0.0.1:4222";
 const prefix = process.env.FW_PREFIX || "fw";
@@ -101,6 +109,9 @@ function proxy(nc, req, res) {
   const up = http.request(
     { hostname: target.hostname, port: target.port, method: req.method, path: req.url, headers },
     (ur) => {
+      // A 429's (or 5xx's) stated wait, taken when the headers come: it
+      // tells a quota from a full queue (decisions.js retryAfterMs).
+      const hint = ur.statusCode === 429 || ur.statusCode >= 500 ? retryAfterMs(ur.statusCode, ur.headers, Date.now()) : 0;
       res.writeHead(ur.statusCode, { ...ur.headers, "x-fw-backend": backend });
       ur.on("data", (chunk) => {
         if (ttft === null) ttft = performance.now() - start;
@@ -116,6 +127,7 @@ function proxy(nc, req, res) {
           outcome: outcomeOf(ur.statusCode),
           ttft_ms: Math.min(ttft ?? duration, duration),
           duration_ms: duration,
+          ...(hint > 0 && { retry_after_ms: hint }),
         });
       });
       ur.on("error", () => res.destroy());

@@ -184,7 +184,11 @@ type Settings struct {
 	// weight, and each down-weighted one with probability weight /
 	// largest weight (as a sampled candidate after the first), at most
 	// ScanMax of them (a run of consecutive entries from a random
-	// start); a tie goes to one of the tied at random. If zero,
+	// start); a tie goes to one of the tied at random. An idle
+	// down-weighted backend thus wins weight / largest weight of the
+	// picks whatever the pool's size: a half-open one its 5% trickle,
+	// and one whose every answer is an instant failure, which leaves it
+	// idle, as much (TestScanDownWeighted). If zero,
 	// DefaultScanRouters (8); negative: never, which is the rule before
 	// 2026-12-05 (4 choices for one router, 3 up to 16, 2 beyond).
 	ScanRouters int

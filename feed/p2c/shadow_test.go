@@ -1,6 +1,7 @@
 package p2c
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
@@ -298,24 +299,47 @@ func TestShadowModeChanges(t *testing.T) {
 	}
 }
 
-// TestShadowPickAllocs: the shadow path does not allocate either (except
-// under the race detector, where sync.Pool drops items at random).
+// TestShadowPickAllocs: the shadow path allocates nothing but the replay
+// source of its two picks, which a sync.Pool recycles, so without the race
+// detector nothing at all. Under the race detector (which CI runs) the
+// pool drops a quarter of what is put back, at random, and each drop costs
+// one 8-byte source on a later pick: the test then allows half an
+// allocation per pick on average, which a source allocated on every pick
+// (or anything allocated per candidate) still exceeds. The count is exact
+// (runtime.MemStats), not AllocsPerRun's integer average, which rounds
+// the race detector's quarter down to 0.
 func TestShadowPickAllocs(t *testing.T) {
-	if raceEnabled {
-		t.Skip("sync.Pool drops items under the race detector")
-	}
 	c := &clock{now: t0}
 	p := newPicker(c, Settings{})
 	snap := pool(1, ids(100)...)
 	snap.Shadow = fleetwatch.ShadowObserve
 	p.Update(snap)
 	r := seeded(1)
+	limit := 0.0
+	if raceEnabled {
+		limit = 0.5
+	}
 	for _, req := range []Request{{}, {Prefix: 42, HasPrefix: true}, {Exclude: "b0003"}} {
-		if a := testing.AllocsPerRun(1000, func() {
+		if a := mallocsPerRun(1000, func() {
 			c, _ := p.Pick(r, req)
 			c.Done(fleetwatch.OutcomeOK, 100, false)
-		}); a != 0 {
-			t.Errorf("shadow Pick(%+v) allocates %v times", req, a)
+		}); a > limit {
+			t.Errorf("shadow Pick(%+v) allocates %.3f times per pick, want at most %v (race detector %v)", req, a, limit, raceEnabled)
 		}
 	}
+}
+
+// mallocsPerRun is testing.AllocsPerRun without its rounding down: the
+// mean number of heap allocations of f over runs calls (after one warm-up
+// call), at GOMAXPROCS 1.
+func mallocsPerRun(runs int, f func()) float64 {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	f()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range runs {
+		f()
+	}
+	runtime.ReadMemStats(&after)
+	return float64(after.Mallocs-before.Mallocs) / float64(runs)
 }

@@ -50,7 +50,13 @@ func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta, now f
 	bp := copyBuffers.Get().(*[]byte)
 	defer copyBuffers.Put(bp)
 	buf := *bp
-	var waited time.Duration // in Read since the first content event (checks on)
+	// waited is the time blocked on either end since the first content
+	// event (checks on): in the backend body's Read, and in the client's
+	// Write and Flush. A client that reads slowly holds the router in
+	// Write while the backend's next tokens pile up in the connection, so
+	// the Reads that follow return at once: without the client's time, a
+	// real stream would look buffered (fake_stream).
+	var waited time.Duration
 	for {
 		timed := meta.checks && meta.contentChunks > 0
 		var asked time.Time
@@ -77,11 +83,18 @@ func streamCopy(w http.ResponseWriter, body io.Reader, meta *responseMeta, now f
 				}
 				meta.check.scan(chunk)
 			}
+			var writing time.Time
+			if meta.checks && meta.contentChunks > 0 {
+				writing = now()
+			}
 			if _, werr := w.Write(chunk); werr != nil {
 				return werr, nil
 			}
 			if ferr := rc.Flush(); ferr != nil {
 				return ferr, nil
+			}
+			if !writing.IsZero() {
+				waited += now().Sub(writing)
 			}
 		}
 		if err != nil {

@@ -237,8 +237,8 @@ func (r *clockedEvents) Read(p []byte) (int, error) {
 	return copy(p, e), nil
 }
 
-// slowWriter advances *clock by each write: a router slowed by its machine
-// or its client.
+// slowWriter advances *clock by each write: a client that reads slowly
+// holds the router in Write.
 type slowWriter struct {
 	*httptest.ResponseRecorder
 	clock *time.Time
@@ -250,12 +250,40 @@ func (w slowWriter) Write(b []byte) (int, error) {
 	return w.ResponseRecorder.Write(b)
 }
 
-// TestCopyTimesTheBackendNotTheRouter: the fake-stream check's wait is the
-// time the router spent blocked reading the backend between the first and
-// the last content event: a buffered stream copied by a slow router still
-// waited nothing, a real stream waited for each token, and the wait for
-// the usage chunk and [DONE] after the last token is not counted.
-func TestCopyTimesTheBackendNotTheRouter(t *testing.T) {
+// pacedEvents is a backend streaming in real time: its i-th SSE event is
+// sent at start + i x every, and a Read returns the next event, blocking
+// (advancing *clock) only until it has been sent. A router that comes back
+// late finds it waiting.
+type pacedEvents struct {
+	events [][]byte
+	clock  *time.Time
+	start  time.Time
+	every  time.Duration
+	next   int
+}
+
+func (r *pacedEvents) Read(p []byte) (int, error) {
+	if r.next == len(r.events) {
+		return 0, io.EOF
+	}
+	if sent := r.start.Add(time.Duration(r.next) * r.every); r.clock.Before(sent) {
+		*r.clock = sent
+	}
+	e := r.events[r.next]
+	r.next++
+	return copy(p, e), nil
+}
+
+// TestCopyTimesBothEnds: the fake-stream check's wait is the time the
+// router spent blocked on its two ends, the backend's Read and the
+// client's Write, between the first and the last content event. A
+// buffered stream copied to a fast client waited nothing (fake); a real
+// stream waited for each token; a real stream to a client that reads
+// slowly finds each next token already there, and would look buffered if
+// the client's time were left out (it was, before: fake_stream flagged
+// it); the wait for the usage chunk and [DONE] after the last token is not
+// counted.
+func TestCopyTimesBothEnds(t *testing.T) {
 	tokens := make([]string, 40)
 	for i := range tokens {
 		tokens[i] = "tok"
@@ -270,13 +298,24 @@ func TestCopyTimesTheBackendNotTheRouter(t *testing.T) {
 		return out
 	}
 	for _, tt := range []struct {
-		name             string
-		wait, tail, slow time.Duration
-		want             time.Duration
+		name string
+		body func(clock *time.Time) io.Reader
+		slow time.Duration // per client write
+		want time.Duration
+		fake bool
 	}{
-		{"buffered, slow router", 0, 0, 2 * time.Millisecond, 0},
-		{"streamed, fast router", 2 * time.Millisecond, 0, 0, 39 * 2 * time.Millisecond},
-		{"buffered, slow end", 0, time.Second, 0, 0},
+		{"buffered, fast client", func(c *time.Time) io.Reader { return &clockedEvents{events: events(), clock: c} }, 0, 0, true},
+		{"buffered, slow end", func(c *time.Time) io.Reader {
+			return &clockedEvents{events: events(), clock: c, tail: time.Second}
+		}, 0, 0, true},
+		{"streamed, fast client", func(c *time.Time) io.Reader {
+			return &clockedEvents{events: events(), clock: c, wait: 2 * time.Millisecond}
+		}, 0, 39 * 2 * time.Millisecond, false},
+		{"streamed, slow client", func(c *time.Time) io.Reader {
+			return &pacedEvents{events: events(), clock: c, start: *c, every: 2 * time.Millisecond}
+		}, 5 * time.Millisecond, 39 * 5 * time.Millisecond, false},
+		{"buffered, slow client", func(c *time.Time) io.Reader { return &clockedEvents{events: events(), clock: c} },
+			2 * time.Millisecond, 39 * 2 * time.Millisecond, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			clock := time.Unix(1_800_000_000, 0)
@@ -284,13 +323,16 @@ func TestCopyTimesTheBackendNotTheRouter(t *testing.T) {
 			w := slowWriter{httptest.NewRecorder(), &clock, tt.slow}
 			meta := responseMeta{checks: true}
 			start := clock
-			werr, rerr := streamCopy(w, &clockedEvents{events: events(), clock: &clock, wait: tt.wait, tail: tt.tail}, &meta, now)
+			werr, rerr := streamCopy(w, tt.body(&clock), &meta, now)
 			if werr != nil || rerr != nil || meta.contentChunks != 40 {
 				t.Fatalf("streamCopy: %v %v, %d content events", werr, rerr, meta.contentChunks)
 			}
 			if meta.check.contentWait != tt.want {
-				t.Errorf("waited %v on the backend between the first and last token, want %v (copy took %v)",
+				t.Errorf("waited %v on the backend and the client between the first and last token, want %v (copy took %v)",
 					meta.check.contentWait, tt.want, clock.Sub(start))
+			}
+			if fake := meta.check.contentWait <= fakeStreamSpread; fake != tt.fake {
+				t.Errorf("judged fake %v (waited %v, the line at %v), want %v", fake, meta.check.contentWait, fakeStreamSpread, tt.fake)
 			}
 		})
 	}

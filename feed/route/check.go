@@ -24,14 +24,19 @@ import (
 // the lines carrying tool calls of a request that offered tools.
 
 // Thresholds of the fake-stream check: at least fakeStreamChunks content
-// events for which the router waited on the backend for at most
+// events for which the router waited on its two ends for at most
 // fakeStreamSpread in all between the first and the last, after a
 // first-token wait of at least fakeStreamWait. 32 tokens in 10ms is 3200
 // tokens/s for one stream, after a wait that shows the backend was not
 // simply fast: the tokens were generated before the first was sent. The
-// wait counts only the time spent in the backend body's Read, not the
-// router's own work between reads (writing each read to the client), so a
-// router slowed down by its machine does not hide a buffered stream.
+// wait counts the time blocked in the backend body's Read and in the
+// client's Write and Flush, not the router's own work between them
+// (scanning each read), so a router slowed down by its machine does not
+// hide a buffered stream. The client's time counts because while a slow
+// client holds the router in Write, a real stream's next tokens pile up in
+// the backend connection and the following Reads return at once: the
+// router cannot tell them from a buffered stream's, so such a stream is
+// not judged (never flagged).
 const (
 	fakeStreamChunks = 32
 	fakeStreamSpread = 10 * time.Millisecond
@@ -96,7 +101,7 @@ type streamCheck struct {
 	errorEvent  bool          // an error event passed
 	finished    bool          // a non-null finish_reason (OpenAI) or stop_reason (Anthropic)
 	done        bool          // data: [DONE]
-	contentWait time.Duration // time blocked reading the backend, first to last content event
+	contentWait time.Duration // time blocked on the backend's reads and the client's writes, first to last content event
 	tail        [markerOverlap]byte
 	tailLen     int
 

@@ -243,6 +243,7 @@ type AnalyzerConfig struct {
 	ThrottledRunCounts   *string   `yaml:"throttled_run_counts"`  // which 429s make that run: hinted (default; a bare 429 is a full queue and ends it) or all
 	ThrottleRate         *float64  `yaml:"throttle_rate"`
 	ThrottleRateCounts   *string   `yaml:"throttle_rate_counts"` // which 429s the rate that opens a breaker counts: hinted (default; bare 429s, a full queue, only lower the weight) or all
+	ThrottleRefuseRate   *float64  `yaml:"throttle_refuse_rate"` // open when 429s of every kind are this share of the newest quarter (a backend refusing everything while its peers serve); default 0.9, negative: off
 	SlowFactor           *float64  `yaml:"slow_factor"`
 	EWMAAlpha            *float64  `yaml:"ewma_alpha"`
 	IdleGap              *Duration `yaml:"idle_gap"`
@@ -765,6 +766,7 @@ func (a *AnalyzerConfig) validate(key string, fail func(key, format string, args
 		{"consecutive_throttled", a.ConsecutiveThrottled != nil && *a.ConsecutiveThrottled == 0},
 		{"throttled_run_counts", a.ThrottledRunCounts != nil && *a.ThrottledRunCounts == ""},
 		{"throttle_rate_counts", a.ThrottleRateCounts != nil && *a.ThrottleRateCounts == ""},
+		{"throttle_refuse_rate", a.ThrottleRefuseRate != nil && *a.ThrottleRefuseRate == 0},
 		{"half_open_successes", a.HalfOpenSuccesses != nil && *a.HalfOpenSuccesses == 0},
 		{"failure_rate", a.FailureRate != nil && *a.FailureRate == 0},
 		{"throttle_rate", a.ThrottleRate != nil && *a.ThrottleRate == 0},

@@ -52,6 +52,7 @@ func (a AnalyzerConfig) settings() analyzer.Settings {
 	setIf(&s.FailureRate, a.FailureRate)
 	setIf(&s.ThrottleRate, a.ThrottleRate)
 	setIf(&s.ThrottleRateCounts, a.ThrottleRateCounts)
+	setIf(&s.ThrottleRefuseRate, a.ThrottleRefuseRate)
 	setIf(&s.SlowFactor, a.SlowFactor)
 	setIf(&s.EWMAAlpha, a.EWMAAlpha)
 	setIf(&s.HalfOpenWeight, a.HalfOpenWeight)

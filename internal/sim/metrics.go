@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 
+	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
@@ -66,6 +67,16 @@ type Result struct {
 	// watched backend's breaker at or after it (time to detect); NaN when
 	// it never opened.
 	WatchOpenMs float64
+	// DetectedShare is WatchShare from that first opening on (to
+	// WatchTo): what the watched backend gets once detected, its half-open
+	// trickles included; NaN when it never opened.
+	DetectedShare float64
+	// HalfOpenHits of the HalfOpenAttempts sent while the analyzer had
+	// the watched backend half-open (from WatchFrom to WatchTo, over
+	// HalfOpens such periods) went to it: the trickle. Pool them over
+	// runs (a period ends at its first failure, so a period's own ratio
+	// is biased up).
+	HalfOpenHits, HalfOpenAttempts, HalfOpens int
 	// Shares[t][b] is backend b's share of the attempts of second t.
 	Shares [][]float64
 	// Events is the number of simulated events processed.
@@ -97,7 +108,15 @@ type metrics struct {
 	cachedTokens int64 // of those, served from a prefix cache
 	opened       []int
 	watchOpenMs  float64 // -1 until the watched backend opens in the window
-	quietIdx     int
+	// From the watched backend's first opening in the window: attempts,
+	// and those sent to it.
+	detectedHits, detectedTotal int
+	// While the analyzer has the watched backend half-open (from
+	// watchFrom): attempts, those sent to it, and the periods.
+	watchHalfOpen       bool
+	halfHits, halfTotal int
+	halfOpens           int
+	quietIdx            int
 }
 
 func (m *metrics) init(s *sim) {
@@ -127,6 +146,30 @@ func (m *metrics) attempt(s *sim, b int) {
 		if b == m.watchIdx {
 			m.watchHits++
 		}
+		if m.watchOpenMs >= 0 {
+			m.detectedTotal++
+			if b == m.watchIdx {
+				m.detectedHits++
+			}
+		}
+		if m.watchHalfOpen {
+			m.halfTotal++
+			if b == m.watchIdx {
+				m.halfHits++
+			}
+		}
+	}
+}
+
+// transition records the analyzer's transition of backend b to state at
+// now (the watched backend's half-open periods).
+func (m *metrics) transition(b int, to fleetwatch.State, now float64) {
+	if b < 0 || b != m.watchIdx {
+		return
+	}
+	m.watchHalfOpen = to == fleetwatch.StateHalfOpen
+	if m.watchHalfOpen && now >= m.watchFrom && now < m.watchTo {
+		m.halfOpens++
 	}
 }
 
@@ -175,6 +218,7 @@ func (s *sim) result(seed uint64) *Result {
 		Requests: m.requests, Failed: m.failed, Attempts: m.attempts,
 		Retries: m.retries, Shed: m.shed, Refused: m.refusedRetry,
 		WatchShare: math.NaN(), CacheHitRate: math.NaN(), WatchOpenMs: math.NaN(),
+		DetectedShare: math.NaN(), HalfOpenHits: m.halfHits, HalfOpenAttempts: m.halfTotal, HalfOpens: m.halfOpens,
 		Events: s.events,
 	}
 	if m.requests > 0 {
@@ -229,6 +273,9 @@ func (s *sim) result(seed uint64) *Result {
 	}
 	if m.watchOpenMs >= 0 {
 		r.WatchOpenMs = m.watchOpenMs
+	}
+	if m.detectedTotal > 0 {
+		r.DetectedShare = float64(m.detectedHits) / float64(m.detectedTotal)
 	}
 	if m.quietIdx >= 0 {
 		r.Ejections = m.opened[m.quietIdx]

@@ -57,14 +57,25 @@ const (
 	FW429RateAll = "fw-429-rate-all"
 )
 
+// FWNoRefuse is fleetwatch without the refusal rule
+// (analyzer.Settings.ThrottleRefuseRate < 0, the default before
+// 2026-12-06): a backend answering only bare 429s is down-weighted, never
+// opened. docs/EVALUATION.md "A backend that refuses everything".
+const FWNoRefuse = "fw-no-refuse"
+
 // fwAnalyzerVariants are fleetwatch (the real picker) with other analyzer
 // settings.
 var fwAnalyzerVariants = map[string]analyzer.Settings{
+	// The analyzers of earlier comparisons keep the rules of their time:
+	// no refusal rule.
 	FWOldDetection: {SlowFactor: FleetwatchAnalyzer.SlowFactor, RecentMinRequests: -1, PoolThrottleHold: -1, ConsecutiveThrottled: -1,
-		ThrottleRateCounts: analyzer.RunCountsAll},
-	FWNo429Run:   {SlowFactor: FleetwatchAnalyzer.SlowFactor, ConsecutiveThrottled: -1, ThrottleRateCounts: analyzer.RunCountsAll},
-	FW429RunAll:  {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottledRunCounts: analyzer.RunCountsAll, ThrottleRateCounts: analyzer.RunCountsAll},
-	FW429RateAll: {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottleRateCounts: analyzer.RunCountsAll},
+		ThrottleRateCounts: analyzer.RunCountsAll, ThrottleRefuseRate: -1},
+	FWNo429Run: {SlowFactor: FleetwatchAnalyzer.SlowFactor, ConsecutiveThrottled: -1, ThrottleRateCounts: analyzer.RunCountsAll,
+		ThrottleRefuseRate: -1},
+	FW429RunAll: {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottledRunCounts: analyzer.RunCountsAll, ThrottleRateCounts: analyzer.RunCountsAll,
+		ThrottleRefuseRate: -1},
+	FW429RateAll: {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottleRateCounts: analyzer.RunCountsAll, ThrottleRefuseRate: -1},
+	FWNoRefuse:   {SlowFactor: FleetwatchAnalyzer.SlowFactor, ThrottleRefuseRate: -1},
 }
 
 // FleetLoadPolicies are the fleet-load variants, in report order.
@@ -100,6 +111,7 @@ func init() {
 		FWNo429Run:     "fleetwatch with the run of 429s off (consecutive_throttled: -1, the default before)",
 		FW429RunAll:    "fleetwatch with the run of 429s counting bare 429s too (throttled_run_counts: all)",
 		FW429RateAll:   "fleetwatch with the 429 rate that opens a breaker counting bare 429s too (throttle_rate_counts: all, the default before 2026-12-05)",
+		FWNoRefuse:     "fleetwatch without the refusal rule (throttle_refuse_rate: -1, the default before 2026-12-06): a backend answering only bare 429s is down-weighted, never opened",
 	} {
 		PolicyDescriptions[name] = d
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -301,24 +302,47 @@ func Median(rs []*Result) *Result {
 func WriteDetection(w io.Writer, sc Scenario, runs [][]*Result) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "### %s: detection (%d routers)\n\n", sc.Name, max(sc.Routers, 1))
-	b.WriteString("| policy | opens per seed | median opens | time to open the watched backend, s, per seed | median s |\n")
-	b.WriteString("| --- | --- | ---: | --- | ---: |\n")
+	b.WriteString("| policy | opens per seed | median opens | time to open the watched backend, s, per seed | median s | its share once open, median / max | half-open: its share then (attempts, periods; all seeds) |\n")
+	b.WriteString("| --- | --- | ---: | --- | ---: | --- | --- |\n")
 	for _, rs := range runs {
 		if len(rs) == 0 {
 			continue
 		}
 		var opens, times []string
+		var hits, attempts, periods int
 		for _, r := range rs {
 			opens = append(opens, strconv.Itoa(r.Opens))
 			times = append(times, secs(r.WatchOpenMs))
+			hits, attempts, periods = hits+r.HalfOpenHits, attempts+r.HalfOpenAttempts, periods+r.HalfOpens
+		}
+		half := "-"
+		if attempts > 0 {
+			half = fmt.Sprintf("%.1f%% (%d of %d, %d periods)", 100*float64(hits)/float64(attempts), hits, attempts, periods)
 		}
 		m := Median(rs)
-		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s |\n", rs[0].Policy, strings.Join(opens, " "), m.Opens,
-			strings.Join(times, " "), secs(m.WatchOpenMs))
+		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s |\n", rs[0].Policy, strings.Join(opens, " "), m.Opens,
+			strings.Join(times, " "), secs(m.WatchOpenMs),
+			medMax(rs, func(r *Result) float64 { return r.DetectedShare }), half)
 	}
 	b.WriteString("\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// medMax is the median and the largest of get over the runs that have it,
+// as percentages; "-" when none has.
+func medMax(rs []*Result, get func(*Result) float64) string {
+	var v []float64
+	for _, r := range rs {
+		if x := get(r); !math.IsNaN(x) {
+			v = append(v, x)
+		}
+	}
+	if len(v) == 0 {
+		return "-"
+	}
+	slices.Sort(v)
+	return fmt.Sprintf("%.3f%% / %.3f%%", 100*quantile(v, 0.5), 100*v[len(v)-1])
 }
 
 func secs(msv float64) string {

@@ -371,7 +371,7 @@ func (s *sim) admit(att *attempt) {
 			continue
 		}
 		switch in.Kind {
-		case FailFast, Throttle, ClientErrors:
+		case FailFast, Throttle, BareThrottle, ClientErrors:
 			if in.Count > 0 && be.counted[i] >= in.Count {
 				continue
 			}
@@ -384,6 +384,8 @@ func (s *sim) admit(att *attempt) {
 				s.answer(att, 500, 1)
 			case in.Kind == Throttle:
 				att.quota = true
+				s.answer(att, 429, 1)
+			case in.Kind == BareThrottle:
 				s.answer(att, 429, 1)
 			case in.Status != 0:
 				s.answer(att, in.Status, 1)
@@ -603,7 +605,7 @@ func (be *backend) fingerprintAt(t time.Duration) string {
 
 // nextBeatMs is how long until the next heartbeat event: the feed
 // period, or the analyzer's shorter heartbeat for a pool of many routers
-// (analyzer.Settings.ManyRoutersHeartbeat).
+// (analyzer.Settings.LoadBeat).
 func (s *sim) nextBeatMs() float64 {
 	if s.an != nil {
 		if hb := ms(s.an.Beat(poolID)); hb > 0 && hb < s.feedMs {
@@ -625,9 +627,11 @@ func (s *sim) evaluate() {
 	}
 	ev := s.an.Evaluate(s.wall())
 	for _, tr := range ev.Transitions {
+		b := slices.Index(s.ids, tr.Backend)
 		if tr.To == fleetwatch.StateOpen {
-			s.m.open(slices.Index(s.ids, tr.Backend), s.now)
+			s.m.open(b, s.now)
 		}
+		s.m.transition(b, tr.To, s.now)
 	}
 	if len(ev.Snapshots) > 0 {
 		for i, be := range s.backends {

@@ -193,6 +193,13 @@ const (
 	// serving another model, a revoked key, or, on every backend at once,
 	// a flood of bad requests.
 	ClientErrors
+	// BareThrottle answers 429 at once without a retry hint, for a share
+	// Rate of requests (1 if zero), or only Count requests: a server whose
+	// admission limit refuses everything (text-generation-inference's
+	// max_concurrent_requests, held by other clients), which the analyzer
+	// never opens by default (analyzer.throttle_rate_counts: hinted) and
+	// only down-weights.
+	BareThrottle
 )
 
 func (k IncidentKind) String() string {
@@ -211,6 +218,8 @@ func (k IncidentKind) String() string {
 		return "fast"
 	case ClientErrors:
 		return "client-errors"
+	case BareThrottle:
+		return "bare-throttle"
 	}
 	return "unknown"
 }
@@ -302,6 +311,29 @@ func (s Scenario) WithPrefillBatchPenalty(k float64) Scenario {
 		s.Backends[i].PrefillBatchPenalty = k
 	}
 	s.Description += fmt.Sprintf("; prefill slowed by 1 + %g x busy/slots", k)
+	return s
+}
+
+// WithIncidentRate returns s with every FailFast, Throttle, BareThrottle
+// and ClientErrors incident answering only the share rate of the
+// backend's requests (a Count incident keeps its count); rate <= 0
+// returns s unchanged. `fleetwatch sim --incident-rate` sets it: a backend
+// that refuses part of its requests instead of all.
+func (s Scenario) WithIncidentRate(rate float64) Scenario {
+	if rate <= 0 {
+		return s
+	}
+	s.Incidents = slices.Clone(s.Incidents)
+	for i := range s.Incidents {
+		in := &s.Incidents[i]
+		switch in.Kind {
+		case FailFast, Throttle, BareThrottle, ClientErrors:
+			if in.Count == 0 {
+				in.Rate = rate
+			}
+		}
+	}
+	s.Description += fmt.Sprintf("; incidents answer %g of the requests", rate)
 	return s
 }
 

@@ -18,6 +18,7 @@ const (
 	LowTraffic     = "low-traffic"
 	StallScenario  = "stall"
 	Saturation     = "saturation-429"
+	Refusing       = "bare-429"
 	Degradation    = "degradation"
 	ArtefactChange = "artefact-change"
 	Overload       = "overload"
@@ -201,7 +202,8 @@ func incidentScenarios() []Scenario {
 }
 
 // faultScenarios are one backend's faults: a stall, 429 saturation, a
-// slow degradation, an artefact change.
+// backend refusing everything with bare 429s, a slow degradation, an
+// artefact change.
 func faultScenarios() []Scenario {
 	var out []Scenario
 	out = append(out, Scenario{
@@ -223,6 +225,17 @@ func faultScenarios() []Scenario {
 		Workload:    chatWorkload(12),
 		Incidents:   []Incident{{Backend: "b3", Kind: Throttle, From: time.Minute, To: 3 * time.Minute, Rate: 0.9}},
 		Watch:       "b3", WatchFrom: time.Minute, WatchTo: 3 * time.Minute,
+	})
+	out = append(out, Scenario{
+		Name:        Refusing,
+		Description: "a backend that refuses everything: b3 answers every request with an instant bare 429 (no retry hint, as a full queue's) from 60 s on",
+		Duration:    4 * time.Minute,
+		Routers:     4,
+		Backends:    fleet(4),
+		Workload:    chatWorkload(12),
+		Incidents:   []Incident{{Backend: "b3", Kind: BareThrottle, From: time.Minute}},
+		Policies:    []string{Random, LeastConn, Fleetwatch, FWNoRefuse},
+		Watch:       "b3", WatchFrom: time.Minute,
 	})
 	out = append(out, Scenario{
 		Name:        Degradation,

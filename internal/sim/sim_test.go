@@ -284,6 +284,20 @@ func TestScaled(t *testing.T) {
 	}
 }
 
+// WithIncidentRate sets the share of the requests an answering incident
+// takes, and keeps Count incidents, other kinds and the original.
+func TestWithIncidentRate(t *testing.T) {
+	sc := Scenario{Incidents: []Incident{{Backend: "b3", Kind: BareThrottle}, {Backend: "b2", Kind: FailFast, Count: 1},
+		{Backend: "b1", Kind: Slow, Factor: 2}}}
+	got := sc.WithIncidentRate(0.5)
+	if got.Incidents[0].Rate != 0.5 || got.Incidents[1].Rate != 0 || got.Incidents[2].Rate != 0 || sc.Incidents[0].Rate != 0 {
+		t.Errorf("incidents %+v (original %+v)", got.Incidents, sc.Incidents)
+	}
+	if got := sc.WithIncidentRate(0); !cmp.Equal(got, sc) {
+		t.Error("WithIncidentRate(0) changed the scenario")
+	}
+}
+
 // PrefillBatchPenalty slows a prompt's prefill by the other busy slots:
 // the same run with the penalty has a higher p50 TTFT, and a scenario
 // without it is unchanged.

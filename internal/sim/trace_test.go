@@ -244,13 +244,19 @@ func TestSGLangCacheChoice(t *testing.T) {
 	}
 }
 
-// sharedTraces is ../shared/traces beside the module root (where CI clones
-// it); tests that need it skip without it.
+// sharedTraces is the path of a trace in ../shared/traces beside the
+// module root (../shared/traces/README.md names each file's source, commit
+// and sha256; .ci/run says where CI gets them). These replays are the only
+// automated check of the real-trace path, so without the trace a test
+// fails when CI is set and skips otherwise.
 func sharedTraces(t *testing.T, name string) string {
 	t.Helper()
 	path := filepath.Join("..", "..", "..", "shared", "traces", name)
 	if _, err := os.Stat(path); err != nil {
-		t.Skipf("the shared trace %s is not beside the module root (../shared/traces): %v", name, err)
+		if os.Getenv("CI") != "" {
+			t.Fatalf("the shared trace %s is not beside the module root (../shared/traces): %v; CI must provide it (see .ci/run)", name, err)
+		}
+		t.Skipf("the shared trace %s is not beside the module root (../shared/traces; required when CI is set): %v", name, err)
 	}
 	return path
 }

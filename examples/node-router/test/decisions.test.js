@@ -1,7 +1,7 @@
 "use strict";
 const test = require("node:test");
 const assert = require("node:assert/strict");
-const { newerThan, Pool, isStale, weights, pick, shadowView, shadowPick, outcomeOf } = require("../decisions");
+const { newerThan, Pool, isStale, weights, pick, shadowView, shadowPick, outcomeOf, retryAfterMs } = require("../decisions");
 
 const snap = (o) => ({
   v: 1, pool: "p", epoch: "E1", seq: 1, at: "2026-12-02T07:50:00.000Z", ttl_ms: 5000,
@@ -99,4 +99,27 @@ test("shadowPick follows the view and counts what the decisions would have done"
   const off = { picks: 0, differed: 0, excluded: 0 };
   assert.equal(shadowPick(snap({ backends: s.backends }), ab, now, off, () => 0.75), "a");
   assert.deepEqual(off, { picks: 0, differed: 0, excluded: 0 });
+});
+
+test("retryAfterMs reads the stated wait as fleetwatch.ParseRetryHint does from headers", () => {
+  const t = Date.parse("2026-12-02T08:00:00.000Z");
+  const cases = [
+    ["retry-after-ms first", 429, { "retry-after-ms": "1500", "retry-after": "9" }, 1500],
+    ["Retry-After seconds", 429, { "retry-after": "2" }, 2000],
+    ["Retry-After fraction", 429, { "retry-after": "0.5" }, 500],
+    ["Retry-After HTTP date", 429, { "retry-after": "Wed, 02 Dec 2026 08:00:03 GMT" }, 3000],
+    ["Retry-After date past", 429, { "retry-after": "Wed, 02 Dec 2026 07:59:00 GMT" }, 0],
+    ["malformed skipped", 429, { "retry-after-ms": "-5", "retry-after": "soon" }, 0],
+    ["on a 503 too", 503, { "retry-after": "30" }, 30000],
+    ["capped at an hour", 429, { "retry-after": "86400" }, 3_600_000],
+    ["OpenAI: the exhausted limit's reset", 429,
+      { "x-ratelimit-reset-requests": "6m0s", "x-ratelimit-reset-tokens": "20ms", "x-ratelimit-remaining-tokens": "0" }, 20],
+    ["OpenAI: the larger when none says", 429, { "x-ratelimit-reset-requests": "1m30.5s", "x-ratelimit-reset-tokens": "1s" }, 90500],
+    ["OpenAI: plain seconds", 429, { "x-ratelimit-reset-tokens": "0.5" }, 500],
+    ["reset headers only on a 429", 200, { "x-ratelimit-reset-requests": "6m0s" }, 0],
+    ["reset headers not on a 503", 503, { "x-ratelimit-reset-requests": "6m0s" }, 0],
+    ["Anthropic: RFC 3339", 429, { "anthropic-ratelimit-tokens-reset": "2026-12-02T08:00:10Z" }, 10000],
+    ["bare 429: none", 429, {}, 0],
+  ];
+  for (const [name, status, headers, want] of cases) assert.equal(retryAfterMs(status, headers, t), want, name);
 });
