@@ -112,9 +112,11 @@ func peerCases() []peerCase {
 				return []*extprocv3.ProcessingRequest{reqHeaders(nil, true), respHeaders(map[string]string{":status": "200", "content-type": "application/grpc"}, false),
 					respBody("\x00\x00\x00\x00\x02hi", false), {Request: &extprocv3.ProcessingRequest_ResponseTrailers{ResponseTrailers: &extprocv3.HttpTrailers{}}}}
 			}, check: all(answeredAs("RequestHeaders,ResponseHeaders,ResponseBody,ResponseTrailers"), servedGetsOutcome(""))},
-		{name: "deviation: no pickable backend is a 503, not a 500", source: llmd + "test/integration/epp/hermetic_test.go \"no backend pods available\" " +
-			"(llm-d answers 500 Internal; the protocol says 503 when there are no ready endpoints)",
-			msgs: hinted(listValue("10.0.0.9:8080")), check: rejected(503, DroppedNoEndpoints)},
+		{name: "deviation: no endpoint to pick is a 503, not a 500", source: llmd + "test/integration/epp/hermetic_test.go \"no backend pods available\" " +
+			"(llm-d answers 500 Internal; the protocol says 503 when there are no ready endpoints. A configured pool is never empty, " +
+			"and a decision weighing every backend 0 is spread rather than send nothing (feed/p2c): the case here is a request " +
+			"that may go to no endpoint of the pool)",
+			msgs: hinted(listValue("10.0.0.9:8080")), check: all(rejected(503, DroppedNoEndpoints), metricSays(`fleetwatch_epp_picks_total{pool="gie",result="no_endpoint"} 1`))},
 		{name: "deviation: a body without a model is routed", source: llmd + "test/integration/epp/hermetic_test.go \"request missing model field\" and \"invalid json body\" " +
 			"(llm-d answers 400; this picker serves one pool and picks at the headers: the model server judges the body)",
 			settings: Settings{PrefixFrom: route.PrefixSystem},

@@ -5,10 +5,13 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 )
 
 // The peers' own Envoy-free test cases, written again as one table over a
@@ -32,11 +35,14 @@ var (
 // must come back.
 type peerCase struct {
 	name, source string
-	pool         testPool    // gie3 when empty
-	settings     Settings    // Pools, Publisher, Metrics and Seed are filled in
+	pool         testPool // gie3 when empty
+	settings     Settings // Pools, Publisher, Metrics and Seed are filled in
 	msgs         func() []*extprocv3.ProcessingRequest
 	repeat       int // 1 when zero
-	check        func(t *testing.T, r *caseRun)
+	// decisions, if not nil, are published (a fresh snapshot of the
+	// pool) before the exchanges.
+	decisions []fleetwatch.Backend
+	check     func(t *testing.T, r *caseRun)
 }
 
 // caseRun is what a row's exchanges returned.
@@ -155,6 +161,9 @@ func TestPeerCases(t *testing.T) {
 			s := c.settings
 			s.Source, s.Seed = fmt.Sprintf("case-%d", i), 7
 			pk := startPicker(t, n, s, pool)
+			if c.decisions != nil {
+				pk.publish(t, n, feedtest.Snapshot(pool.id, fmt.Sprintf("case-%d", i), 1, time.Now(), c.decisions...))
+			}
 			r := &caseRun{picks: map[string]int{}, pk: pk, n: n, source: s.Source}
 			for range max(c.repeat, 1) {
 				rs, err := pk.exchange(t, c.msgs()...)
@@ -172,4 +181,3 @@ func TestPeerCases(t *testing.T) {
 		})
 	}
 }
-
