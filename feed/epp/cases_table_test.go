@@ -3,10 +3,13 @@ package epp
 import (
 	"strings"
 	"testing"
+	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/feed/route"
 )
 
@@ -23,6 +26,10 @@ func peerCases() []peerCase {
 			msgs: hinted(str("10.0.0.2:8080,10.0.0.3:8080")), repeat: 30, check: routedWithin(true, "10.0.0.2:8080", "10.0.0.3:8080")},
 		{name: "an empty subset hint is a 503", source: gie + "pkg/lwepp/handlers/request_test.go TestHandleRequestHeaders_SubsetFilterEmptyReturnsNoPods; GIE docs/proposals/004-endpoint-picker-protocol/README.md @ f540ee91",
 			msgs: hinted(listValue()), check: rejected(503, DroppedNoEndpoints)},
+		{name: "a subset whose endpoints are all open is a 503", source: gie + "docs/proposals/004-endpoint-picker-protocol/README.md @ f540ee91 " +
+			"(\"If none of the endpoints in the list is eligible ... 503\"; an open breaker is not eligible, and the subset rule wins over all_open=shed's 429)",
+			decisions: []fleetwatch.Backend{feedtest.Closed("10.0.0.1:8080"), feedtest.Open("10.0.0.2:8080", time.Now().Add(time.Minute), "x"), feedtest.Open("10.0.0.3:8080", time.Now().Add(time.Minute), "x")},
+			msgs:      hinted(listValue("10.0.0.2:8080", "10.0.0.3:8080")), check: rejected(503, DroppedNoEndpoints)},
 		{name: "subset entries trimmed, empty ones skipped", source: gie + "pkg/lwepp/handlers/request_test.go TestHandleRequestHeaders_StringMetadataMalformedWhitespaceTrimming",
 			msgs: hinted(str("  10.0.0.2:8080 ,  ,  10.0.0.3:8080  ")), repeat: 30, check: routedWithin(true, "10.0.0.2:8080", "10.0.0.3:8080")},
 		{name: "a subset naming no endpoint of the pool is a 503", source: gie + "pkg/lwepp/handlers/request_test.go TestHandleRequestHeaders_StringMetadataNoMatchesReturnsNoPods",

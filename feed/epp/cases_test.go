@@ -150,10 +150,10 @@ func all(checks ...func(*testing.T, *caseRun)) func(*testing.T, *caseRun) {
 }
 
 func TestPeerCases(t *testing.T) {
-	n := newNATS(t)
 	for i, c := range peerCases() {
 		t.Run(c.name, func(t *testing.T) {
 			t.Logf("from %s", c.source)
+			n := newNATS(t) // a KV bucket of its own: no row sees another's decisions
 			pool := c.pool
 			if pool.id == "" {
 				pool = gie3

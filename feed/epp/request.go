@@ -94,6 +94,12 @@ func (st *stream) pickAndAnswer(preq p2c.Request, prefix string, endBody bool, a
 	choice, err := st.srv.core.Pick(pool, st.rng, preq)
 	st.srv.metrics.pickSeconds.UpdateDuration(t0)
 	switch {
+	case errors.Is(err, p2c.ErrShed) && st.hinted:
+		// The protocol's subset rule: no eligible endpoint in the list is
+		// a 503, whatever the pool's all_open policy says of the pool.
+		st.srv.metrics.pick(pool, "no_endpoint").Inc()
+		return true, st.reject(http.StatusServiceUnavailable, DroppedNoEndpoints, pool,
+			"every endpoint of the subset hint is open")
 	case errors.Is(err, p2c.ErrShed):
 		st.srv.metrics.pick(pool, "shed").Inc()
 		return true, st.reject(http.StatusTooManyRequests, DroppedSaturated, pool,
