@@ -37,7 +37,7 @@ func TestStaleFeedFailsStatic(t *testing.T) {
 	now := time.Now()
 	old := now.Add(-time.Minute) // at + ttl (5s) is long past: stale on arrival
 	pk.publish(t, n, feedtest.Snapshot("llama", "e1", 1, old,
-		feedtest.Open(llama.addrs[0], now.Add(time.Hour), "error rate 0.9"), // still ahead: honoured
+		feedtest.Open(llama.addrs[0], now.Add(time.Hour), "error rate 0.9"),    // still ahead: honoured
 		feedtest.Open(llama.addrs[1], now.Add(-time.Second), "error rate 0.9"), // passed: picked again
 		feedtest.Closed(llama.addrs[2])))
 	seen := pickCounts(t, pk, 60)
