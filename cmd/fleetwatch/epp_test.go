@@ -135,3 +135,44 @@ func TestEPPFlagErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsCatalogueEPP checks the "fleetwatch epp" section of
+// docs/METRICS.md against the /metrics of a real `fleetwatch epp` that has
+// followed a decision, picked, shed and reported an outcome.
+func TestMetricsCatalogueEPP(t *testing.T) {
+	natsURL, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, natsURL)
+	backends := testkit.StartFakeBackends(t, 2)
+	grpcAddr, httpURL := startEPPCmd(t, routeConfig(t, natsURL, backends, ""))
+	script := feedtest.NewScript(t, nc, "")
+	script.Publish(feedtest.Snapshot("llama", "e1", 1, time.Now(), feedtest.Closed("b0"), feedtest.Closed("b1")))
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := extprocv3.NewExternalProcessorClient(conn)
+	exchange := func(msgs ...*extprocv3.ProcessingRequest) {
+		s, err := client.Process(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range msgs {
+			s.Send(m)
+		}
+		s.CloseSend()
+		for {
+			if _, err := s.Recv(); err != nil {
+				return
+			}
+		}
+	}
+	hm := func(k, v string) *corev3.HeaderMap { return &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: k, RawValue: []byte(v)}}} }
+	exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm(":path", "/"), EndOfStream: true}}},
+		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: hm(":status", "200"), EndOfStream: true}}})
+	eventually(t, 20*time.Second, "the outcome published", func() bool {
+		_, body := testkit.HTTPGet(t, httpURL+"/metrics")
+		return strings.Contains(body, "fleetwatch_route_events_published_total 1")
+	})
+	checkMetricsCatalogue(t, "## fleetwatch epp", httpURL+"/metrics")
+}
