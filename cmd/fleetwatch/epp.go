@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -31,8 +32,11 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	nf.register(fs)
 	var opts pickd.Options
 	host, _ := os.Hostname()
-	var prefixFrom, bodyMode, visibility string
+	var prefixFrom, bodyMode, visibility, grpcTLS, grpcCert, grpcKey string
 	fs.StringVar(&opts.GRPCListen, "grpc", ":9002", "address of the ext_proc and gRPC health services (an InferencePool's endpointPickerRef port)")
+	fs.StringVar(&grpcTLS, "grpc-tls", "off", "TLS on --grpc: off (plaintext h2c), self-signed (a certificate made at start, as GIE's picker serves by default), or files (--grpc-cert and --grpc-key)")
+	fs.StringVar(&grpcCert, "grpc-cert", "", "certificate file of --grpc-tls files (PEM)")
+	fs.StringVar(&grpcKey, "grpc-key", "", "key file of --grpc-tls files (PEM)")
 	fs.StringVar(&opts.HTTPListen, "http", ":9090", "address of /metrics and /healthz (- for none)")
 	fs.StringVar(&opts.EPP.Pool, "pool", "", "the pool this picker serves (default: the configuration's only pool)")
 	fs.StringVar(&opts.EPP.PoolHeader, "pool-header", "", "a request header naming the request's pool or model (such as x-ai-eg-model); without it, --pool")
@@ -55,6 +59,11 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if opts.Source == "" {
 		opts.Source = epp.DefaultSource
 	}
+	var err error
+	if opts.GRPCTLS, err = grpcTLSConfig(grpcTLS, grpcCert, grpcKey); err != nil {
+		fmt.Fprintln(stderr, err)
+		return errUsage
+	}
 	cfg, err := nf.loadConfig()
 	if err != nil {
 		return err
@@ -76,6 +85,27 @@ func runEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	defer d.Close()
 	return d.Run(ctx)
+}
+
+// grpcTLSConfig is the TLS of the gRPC listener for --grpc-tls mode.
+func grpcTLSConfig(mode, certFile, keyFile string) (*tls.Config, error) {
+	if (certFile != "" || keyFile != "") && mode != "files" {
+		return nil, errors.New("--grpc-cert and --grpc-key go with --grpc-tls files")
+	}
+	switch mode {
+	case "off":
+		return nil, nil
+	case "self-signed":
+		host, _ := os.Hostname()
+		return pickd.SelfSignedTLS("localhost", host)
+	case "files":
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("--grpc-cert, --grpc-key: %w", err)
+		}
+		return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}, nil
+	}
+	return nil, fmt.Errorf("--grpc-tls = %q: want off, self-signed or files", mode)
 }
 
 func orNone(s string) string {

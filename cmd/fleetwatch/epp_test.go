@@ -127,6 +127,9 @@ func TestEPPFlagErrors(t *testing.T) {
 		{"--body-mode", "duplex"},
 		{"--prefix-from", "user"},
 		{"--pool", "nope"},
+		{"--grpc-tls", "on"},
+		{"--grpc-cert", "x.pem"},
+		{"--grpc-tls", "files", "--grpc-cert", "missing.pem", "--grpc-key", "missing.key"},
 	} {
 		var stdout, stderr syncBuffer
 		err := runEPP(context.Background(), append([]string{"--config", path}, args...), &stdout, &stderr)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 // listen listens on the gRPC address (ext_proc and health) and the HTTP
@@ -20,7 +21,11 @@ func (d *Daemon) listen(ctx context.Context, nc *nats.Conn) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	g := grpc.NewServer()
+	var gopts []grpc.ServerOption
+	if d.opts.GRPCTLS != nil {
+		gopts = append(gopts, grpc.Creds(credentials.NewTLS(d.opts.GRPCTLS)))
+	}
+	g := grpc.NewServer(gopts...)
 	d.epp.Register(g)
 	var hln net.Listener
 	var hsrv *http.Server

@@ -24,6 +24,7 @@ package pickd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -73,6 +74,9 @@ type Options struct {
 	// GRPCListen is the ext_proc and health address. If empty,
 	// 127.0.0.1:0 (a free loopback port; see GRPCAddr).
 	GRPCListen string
+	// GRPCTLS, if not nil, serves the gRPC listener over TLS (see
+	// SelfSignedTLS); nil serves plaintext HTTP/2 (h2c).
+	GRPCTLS *tls.Config
 	// HTTPListen is the /metrics and /healthz address. If empty,
 	// 127.0.0.1:0; "-" serves no HTTP listener.
 	HTTPListen string

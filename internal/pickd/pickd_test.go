@@ -2,6 +2,7 @@ package pickd
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -193,5 +195,41 @@ func TestDaemonServes(t *testing.T) {
 	}
 	if status, body := testkit.HTTPGet(t, d.HTTPURL()+"/v1/pick"); status != 200 || body != "pools [p]" {
 		t.Errorf("the HTTP hook: %d %q", status, body)
+	}
+}
+
+// With a self-signed certificate the gRPC port speaks TLS only: a client
+// that skips verification (as data planes set up for GIE's picker do)
+// gets its health; a plaintext client does not.
+func TestSelfSignedTLS(t *testing.T) {
+	natsURL, _ := feedtest.NewServer(t)
+	tlsConfig, err := SelfSignedTLS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(parseConfig(t, natsURL), Options{GRPCTLS: tlsConfig, Logf: t.Logf, DrainTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	if err := d.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	check := func(creds grpc.DialOption) error {
+		conn, err := grpc.NewClient(d.GRPCAddr(), creds)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err = healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: epp.LivenessService})
+		return err
+	}
+	if err := check(grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}))); err != nil {
+		t.Errorf("over TLS: %v", err)
+	}
+	if err := check(grpc.WithTransportCredentials(insecure.NewCredentials())); err == nil {
+		t.Error("a plaintext client got an answer from the TLS port")
 	}
 }
