@@ -92,7 +92,9 @@ func TestEPPPicksAndReportsHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hm := func(k, v string) *corev3.HeaderMap { return &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: k, RawValue: []byte(v)}}} }
+	hm := func(k, v string) *corev3.HeaderMap {
+		return &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: k, RawValue: []byte(v)}}}
+	}
 	s.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm(":path", "/v1/models"), EndOfStream: true}}})
 	r, err := s.Recv()
 	if err != nil {
@@ -170,7 +172,9 @@ func TestMetricsCatalogueEPP(t *testing.T) {
 			}
 		}
 	}
-	hm := func(k, v string) *corev3.HeaderMap { return &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: k, RawValue: []byte(v)}}} }
+	hm := func(k, v string) *corev3.HeaderMap {
+		return &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: k, RawValue: []byte(v)}}}
+	}
 	exchange(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hm(":path", "/"), EndOfStream: true}}},
 		&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: hm(":status", "200"), EndOfStream: true}}})
 	eventually(t, 20*time.Second, "the outcome published", func() bool {
