@@ -35,13 +35,14 @@ func FuzzMessageSequences(f *testing.F) {
 	pk.publish(f, n, feedtest.Snapshot("llama", "e1", 1, now,
 		feedtest.Closed(llama.addrs[0]), feedtest.Open(llama.addrs[1], now.Add(time.Hour), "x"), feedtest.Closed(llama.addrs[2])))
 	for _, seed := range [][]byte{
-		{0, 1},                            // header-only
-		{0, 0, 1, 40, 1, 41, 3, 0, 4, 81}, // full duplex, both phases
-		{3, 0, 4, 20, 4, 1},               // response only
-		{0x08, 0, 1, 0xff, 2, 0},          // hinted, a long body, trailers
-		{0x07, 0, 1, 3, 0x13, 1},          // protocol_config, served elsewhere
-		{6, 0, 0x20, 1, 0, 1, 1, 1},       // empty message, observability, headers twice
-		{4, 1, 1, 1, 5, 0, 2, 0},          // everything out of order
+		{0, 1}, // header-only
+		{0, 0, 1, 40, 1, 41, 3, 52, 4, 80, 4, 81}, // full duplex, both phases, a 2xx SSE answer
+		{3, 0, 4, 20, 4, 1},                       // response only
+		{0x08, 0, 1, 0xff, 2, 0},                  // hinted, a long body, trailers
+		{0x40, 0, 1, 3, 0x13, 50, 4, 1},           // protocol_config, served by another backend of the pool
+		{0, 1, 0x13, 51},                          // served by an endpoint outside the pool
+		{6, 0, 0x20, 1, 0, 1, 1, 1},               // empty message, observability, headers twice
+		{4, 1, 1, 1, 5, 0, 2, 0},                  // everything out of order
 	} {
 		f.Add(seed)
 	}
