@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/fleetwatch/fleetwatch"
@@ -176,5 +175,3 @@ func TestDestinationAnswerShape(t *testing.T) {
 		t.Errorf("header mutation %v: want one header that replaces a client's own", hs)
 	}
 }
-
-var _ = extprocv3.ProcessingRequest{}
