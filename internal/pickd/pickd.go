@@ -94,9 +94,10 @@ type Options struct {
 	// DrainTimeout: see DefaultDrainTimeout.
 	DrainTimeout time.Duration
 	// HTTP, if not nil, returns the handler of the HTTP listener's other
-	// routes (beside /metrics and /healthz) over the same pick core: the
-	// hook for the HTTP pick endpoint.
-	HTTP func(core *route.Pools) http.Handler
+	// routes (beside /metrics and /healthz): the hook for the HTTP pick
+	// endpoint (feed/epp's, for nginx auth_request), which picks through
+	// d.Core() and counts in d.Metrics(). Handler calls it (Run once).
+	HTTP func(d *Daemon) http.Handler
 	// Dial connects to NATS; Run calls it once and closes the connection
 	// when it returns. If nil, cfg.NATS.URL (nats.DefaultURL when empty)
 	// is dialled with reconnects forever.
@@ -220,7 +221,7 @@ func (d *Daemon) HTTPURL() string {
 func (d *Daemon) Handler() http.Handler {
 	var extra http.Handler
 	if d.opts.HTTP != nil {
-		extra = d.opts.HTTP(d.core)
+		extra = d.opts.HTTP(d)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		switch {

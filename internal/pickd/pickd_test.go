@@ -148,8 +148,8 @@ func TestDaemonServes(t *testing.T) {
 	nc := feedtest.Connect(t, natsURL)
 	events := testkit.CollectEvents(t, nc)
 	d, err := New(parseConfig(t, natsURL), Options{Source: "epp.1", Logf: t.Logf, DrainTimeout: time.Second,
-		HTTP: func(core *route.Pools) http.Handler {
-			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "pools %v", core.IDs()) })
+		HTTP: func(d *Daemon) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "pools %v", d.Core().IDs()) })
 		}})
 	if err != nil {
 		t.Fatal(err)
