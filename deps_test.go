@@ -42,6 +42,8 @@ var allowed = map[string][]string{
 	"internal/ha": {"."},
 	// `fleetwatch route` as a value: the one assembly of the router.
 	"internal/router": {".", "feed", "feed/p2c", "feed/route", "internal/config"},
+	// `fleetwatch epp` as a value: the one assembly of the endpoint picker.
+	"internal/pickd": {".", "feed", "feed/epp", "feed/p2c", "feed/route", "internal/config"},
 	// Helpers shared by tests; imported only from _test.go files.
 	"internal/testkit": {".", "internal/fakeai"},
 }

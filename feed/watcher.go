@@ -292,19 +292,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 	defer w.nc.RemoveStatusListener(status)
 
 	msgs := make(chan *nats.Msg, w.settings.Buffer)
-	w.mode.Store(modeJSON)
-	if w.settings.Compact {
-		w.mode.Store(modeUnknown)
-	}
-	var err error
-	if w.jsonSubs, err = w.subscribe(msgs, w.subjects.DecisionsWildcard(), w.subjects.Decisions); err != nil {
+	if err := w.subscribeFeeds(msgs); err != nil {
 		return err
-	}
-	if w.settings.Compact {
-		if w.feedSubs, err = w.subscribe(msgs, w.subjects.FeedWildcard(), w.subjects.Feed); err != nil {
-			unsubscribe(w.jsonSubs)
-			return err
-		}
 	}
 	lastDropped := map[*nats.Subscription]int{}
 	defer func() {
@@ -366,6 +355,27 @@ func (w *Watcher) Run(ctx context.Context) error {
 			w.countDropped(lastDropped)
 		}
 	}
+}
+
+// subscribeFeeds subscribes to the JSON snapshots, and with Compact to the
+// compact feed too, until the first KV read says which to follow.
+func (w *Watcher) subscribeFeeds(msgs chan *nats.Msg) error {
+	w.mode.Store(modeJSON)
+	if w.settings.Compact {
+		w.mode.Store(modeUnknown)
+	}
+	var err error
+	if w.jsonSubs, err = w.subscribe(msgs, w.subjects.DecisionsWildcard(), w.subjects.Decisions); err != nil {
+		return err
+	}
+	if w.settings.Compact {
+		if w.feedSubs, err = w.subscribe(msgs, w.subjects.FeedWildcard(), w.subjects.Feed); err != nil {
+			unsubscribe(w.jsonSubs)
+			w.jsonSubs = nil
+			return err
+		}
+	}
+	return nil
 }
 
 // redetect looks for the fw_feed bucket while the watcher follows the JSON

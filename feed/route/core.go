@@ -99,6 +99,15 @@ func (ps *Pools) ApplyLoads(pool string, u *p2c.LoadUpdate) {
 	}
 }
 
+// InFlight returns the picks of pool's backend not done yet (counted by
+// this process: p2c.Picker.InFlight); 0 for an unknown pool or backend.
+func (ps *Pools) InFlight(pool, backend string) int {
+	if p := ps.pools[pool]; p != nil {
+		return p.picker.InFlight(backend)
+	}
+	return 0
+}
+
 // ForModel returns the pool serving a request's model: the pool whose id
 // or Models name it, else the only pool when there is one; ok is false
 // when no pool serves it.
