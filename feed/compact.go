@@ -257,6 +257,14 @@ func appendKeyBackend(dst []byte, b *fleetwatch.Backend, prev string, at int64) 
 	if b.QuotaUntil != nil {
 		dst = binary.AppendVarint(dst, timeMs(*b.QuotaUntil)-at)
 	}
+	if o := b.Override; o != nil { // rare: an operator's, in full
+		dst = appendString(dst, o.Reason)
+		dst = appendString(dst, o.Who)
+		dst = binary.AppendVarint(dst, timeMs(o.Until)-at)
+		if o.Weight != nil {
+			dst = appendUvarint(dst, uint64(math.Round(min(max(*o.Weight, 0), 1)*weightScale)))
+		}
+	}
 	return dst
 }
 
@@ -465,11 +473,19 @@ func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
 		b.QuotaUntil = &t
 	}
 	if k := int(f2>>kOverShift) & 7; k > 0 {
-		if k < len(overrideKinds) {
-			b.Override = &fleetwatch.Override{Kind: overrideKinds[k]}
-		} else {
+		if k >= len(overrideKinds) {
 			r.fail("override")
+			return
 		}
+		o := &fleetwatch.Override{Kind: overrideKinds[k]}
+		o.Reason = string(r.bytes(r.uvarint("override reason"), "override reason"))
+		o.Who = string(r.bytes(r.uvarint("override who"), "override who"))
+		o.Until = fleetwatch.At(time.UnixMilli(at + r.varint("override until")))
+		if o.Kind == fleetwatch.OverrideWeight {
+			w := float64(r.uvarint("override weight")) / weightScale
+			o.Weight = &w
+		}
+		b.Override = o
 	}
 }
 

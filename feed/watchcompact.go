@@ -33,10 +33,12 @@ const (
 	modeCompact
 )
 
+// feedRedetect is how often a watcher asked for the compact feed that
+// follows the JSON snapshots looks for the fw_feed bucket again (a
+// variable for the tests).
+var feedRedetect = 30 * time.Second
+
 const (
-	// feedRedetect is how often a watcher asked for the compact feed that
-	// follows the JSON snapshots looks for the fw_feed bucket again.
-	feedRedetect = 30 * time.Second
 	// keyFetchEvery spaces the key frame fetches of one pool.
 	keyFetchEvery = time.Second
 	// keyFetchTimeout bounds one fetch.

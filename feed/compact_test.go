@@ -1,0 +1,275 @@
+package feed
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/fleetwatch/fleetwatch"
+)
+
+func ptrF(v float64) *float64 { return &v }
+
+func ptrT(t time.Time) *fleetwatch.Time {
+	v := fleetwatch.At(t)
+	return &v
+}
+
+// fullSnapshot has every field a key frame carries, each backend a
+// different mix of them.
+func fullSnapshot() *fleetwatch.Snapshot {
+	at := time.Date(2026, 12, 6, 12, 0, 0, 250e6, time.UTC)
+	spare := 0.35
+	return &fleetwatch.Snapshot{
+		V: fleetwatch.ProtocolVersion, Pool: "llama", Epoch: "01JEPOCH", Seq: 42, Fence: 7,
+		At: fleetwatch.At(at), TTLMs: 5000, Mode: fleetwatch.ModeFailover, AllOpen: fleetwatch.AllOpenSpread,
+		Shadow: fleetwatch.ShadowObserve, MedianEWMATTFTMs: ptrF(212.5), AffinityTolerance: 2.5, Routers: 64,
+		RetryBudget: &fleetwatch.RetryBudget{PerSec: 12.25, Spare: &spare},
+		Backends: []fleetwatch.Backend{
+			{Backend: "http://10.0.3.17:8000", State: fleetwatch.StateClosed, Weight: 0.8125, Drift: fleetwatch.DriftOK,
+				EWMATTFTMs: ptrF(180.0625), P95TTFTMs: ptrF(640),
+				Load: &fleetwatch.Load{Running: 7, Waiting: 2.5, AgeMs: 120, Source: fleetwatch.LoadSourceMetrics}},
+			{Backend: "http://10.0.3.18:8000", State: fleetwatch.StateOpen, Weight: 0, Drift: fleetwatch.DriftDrifted,
+				OpenUntil: ptrT(at.Add(30 * time.Second)), QuotaUntil: ptrT(at.Add(26 * time.Hour)),
+				Override: &fleetwatch.Override{Kind: fleetwatch.OverrideForceOpen, Reason: "firmware upgrade", Who: "ops",
+					Until: fleetwatch.At(at.Add(time.Hour))}},
+			{Backend: "http://10.0.3.19:8000", State: fleetwatch.StateHalfOpen, Weight: 0.05, Priority: -2,
+				CostPerMTok: ptrF(0.25), Drift: fleetwatch.DriftSuspect,
+				Load: &fleetwatch.Load{Running: 1, AgeMs: 40, Source: fleetwatch.LoadSourceEvent}},
+		},
+	}
+}
+
+// routerView is what of a snapshot a router reads: the fields a key frame
+// carries, as it carries them.
+func routerView(s *fleetwatch.Snapshot) *fleetwatch.Snapshot {
+	out := &fleetwatch.Snapshot{V: s.V, Pool: s.Pool, Epoch: s.Epoch, Seq: s.Seq, Fence: s.Fence, At: s.At,
+		TTLMs: s.TTLMs, Mode: s.Mode, AllOpen: s.AllOpen, Shadow: s.Shadow, MedianEWMATTFTMs: s.MedianEWMATTFTMs,
+		AffinityTolerance: s.AffinityTolerance, Routers: s.Routers, RetryBudget: s.RetryBudget}
+	for _, b := range s.Backends {
+		v := fleetwatch.Backend{Backend: b.Backend, State: b.State, Weight: b.Weight, Priority: b.Priority,
+			Drift: b.Drift, EWMATTFTMs: b.EWMATTFTMs, P95TTFTMs: b.P95TTFTMs, OpenUntil: b.OpenUntil,
+			QuotaUntil: b.QuotaUntil, CostPerMTok: b.CostPerMTok, Load: b.Load, Override: b.Override}
+		out.Backends = append(out.Backends, v)
+	}
+	return out
+}
+
+// A key frame carries every field a router reads, as it was (the numbers
+// to their quantum: a sixteenth of a request and of a millisecond, whole
+// milliseconds of p95 and times; an override in full), and names its
+// number.
+func TestKeyFrameRoundTrip(t *testing.T) {
+	snap := fullSnapshot()
+	frame := AppendKey(nil, snap, 9)
+	got, n, err := DecodeKey(frame, snap.Pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 9 {
+		t.Errorf("frame number %d, want 9", n)
+	}
+	opts := cmp.Options{cmpopts.EquateApprox(0, 1.0/32), cmp.Comparer(func(a, b fleetwatch.Time) bool { return a.Equal(b.Time) })}
+	if diff := cmp.Diff(routerView(snap), got, opts); diff != "" {
+		t.Errorf("decoded key frame (-want +got):\n%s", diff)
+	}
+	if err := got.Validate(); err != nil {
+		t.Errorf("decoded key frame does not validate: %v", err)
+	}
+}
+
+// Every truncation of a frame, and frames of another version or kind, fail
+// with ErrCompact, never a panic; a frame with bytes after its end fails.
+func TestCompactFramesRejected(t *testing.T) {
+	key := AppendKey(nil, fullSnapshot(), 1)
+	enc := NewCompactEncoder(CompactSettings{})
+	snap := fullSnapshot()
+	enc.Frame(nil, snap, time.Unix(0, 0))
+	snap.Backends[0].Load.Running += 3
+	loads, kind, _ := enc.Frame(nil, snap, time.Unix(1, 0))
+	if kind != FrameLoads {
+		t.Fatalf("second frame %q, want a load frame", kind)
+	}
+	var l Loads
+	for i := range len(key) {
+		if _, _, err := DecodeKey(key[:i], "p"); !errors.Is(err, ErrCompact) {
+			t.Errorf("key frame cut at %d of %d: %v, want ErrCompact", i, len(key), err)
+		}
+	}
+	for i := range len(loads) {
+		if err := DecodeLoads(loads[:i], &l); !errors.Is(err, ErrCompact) {
+			t.Errorf("load frame cut at %d of %d: %v, want ErrCompact", i, len(loads), err)
+		}
+	}
+	for name, data := range map[string][]byte{
+		"trailing byte": append(append([]byte(nil), key...), 0),
+		"version 2":     append([]byte{'F', 'W', 2}, key[3:]...),
+		"kind X":        append([]byte{'F', 'W', 1, 'X'}, key[4:]...),
+		"JSON":          []byte(`{"v":1}`),
+	} {
+		if _, _, err := DecodeKey(data, "p"); !errors.Is(err, ErrCompact) {
+			t.Errorf("%s: %v, want ErrCompact", name, err)
+		}
+	}
+	if err := DecodeLoads(key, &l); !errors.Is(err, ErrCompact) {
+		t.Errorf("a key frame decoded as loads: %v, want ErrCompact", err)
+	}
+}
+
+// pool100 is a 100-backend pool as a serve publishes it, each backend with
+// an EWMA, a p95 and a load from its metrics.
+func pool100(seq uint64, at time.Time) *fleetwatch.Snapshot {
+	s := &fleetwatch.Snapshot{V: 1, Pool: "llama-3-70b", Epoch: "01JEPOCHXYZ", Seq: seq, At: fleetwatch.At(at), TTLMs: 5000,
+		Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed, MedianEWMATTFTMs: ptrF(200), AffinityTolerance: 2.5,
+		Routers: 64, RetryBudget: &fleetwatch.RetryBudget{PerSec: 20}}
+	for i := range 100 {
+		s.Backends = append(s.Backends, fleetwatch.Backend{Backend: fmt.Sprintf("http://10.1.%d.%d:8000", i/50, 10+i%50),
+			State: fleetwatch.StateClosed, Weight: 1, Drift: fleetwatch.DriftOK,
+			EWMATTFTMs: ptrF(150 + float64(i)), P95TTFTMs: ptrF(600 + float64(i)),
+			Load: &fleetwatch.Load{Running: float64(i % 8), Waiting: float64(i % 3), AgeMs: 80, Source: fleetwatch.LoadSourceMetrics}})
+	}
+	return s
+}
+
+// The encoder sends a key frame first, then load frames listing what moved
+// past its threshold only: a load by LoadStep, an age past AgeSlack, an
+// EWMA by EWMAStep, a load that went; a decision change, KeyEvery and a
+// new epoch bring a key frame. Loads (a load beat) never sends a key frame.
+func TestCompactEncoderListsWhatMoved(t *testing.T) {
+	enc := NewCompactEncoder(CompactSettings{})
+	t0 := time.Unix(1_700_000_000, 0)
+	snap := pool100(1, t0)
+	frame, kind, changed := enc.Frame(nil, snap, t0)
+	if kind != FrameKey || !changed {
+		t.Fatalf("first frame %q changed %v, want a key frame of changed decisions", kind, changed)
+	}
+	if len(frame) > 2500 {
+		t.Errorf("key frame of 100 backends: %d bytes, want at most 2500", len(frame))
+	}
+	listed := func(data []byte) []int {
+		t.Helper()
+		var l Loads
+		if err := DecodeLoads(data, &l); err != nil {
+			t.Fatal(err)
+		}
+		var idx []int
+		for _, e := range l.Entries {
+			idx = append(idx, e.Index)
+		}
+		return idx
+	}
+	step := func(seq uint64, d time.Duration, change func(s *fleetwatch.Snapshot)) ([]byte, byte, bool) {
+		s := pool100(seq, t0.Add(d))
+		change(s)
+		return enc.Frame(nil, s, t0.Add(d))
+	}
+	frame, kind, _ = step(1, 250*time.Millisecond, func(*fleetwatch.Snapshot) {})
+	if kind != FrameLoads || len(listed(frame)) != 0 {
+		t.Errorf("nothing moved: %q frame listing %v, want an empty load frame", kind, listed(frame))
+	}
+	frame, _ = enc.Loads(nil, func() *fleetwatch.Snapshot {
+		s := pool100(1, t0.Add(500*time.Millisecond))
+		s.Backends[3].Load.Running += 0.25                      // below LoadStep
+		s.Backends[4].Load.Waiting += 1                         // a request more
+		s.Backends[5].Load.AgeMs = 700                          // 620 ms older than listed
+		s.Backends[6].Load = nil                                // gone
+		*s.Backends[7].EWMATTFTMs *= 1.06                       // past EWMAStep
+		*s.Backends[8].EWMATTFTMs *= 1.01                       // below
+		*s.Backends[9].P95TTFTMs *= 2                           // p95 goes with key frames only
+		s.Backends[10].Load.Source = fleetwatch.LoadSourceEvent // another source
+		return s
+	}())
+	if diff := cmp.Diff([]int{4, 5, 6, 7, 10}, listed(frame)); diff != "" {
+		t.Errorf("entries listed (-want +got):\n%s", diff)
+	}
+	lower := func(s *fleetwatch.Snapshot) { s.Backends[2].Weight = 0.75 }
+	if _, kind, changed = step(2, time.Second, lower); kind != FrameKey || !changed {
+		t.Errorf("a weight changed: %q changed %v, want a key frame of changed decisions", kind, changed)
+	}
+	if _, kind, changed = step(3, 2*time.Second, lower); kind != FrameLoads || changed {
+		t.Errorf("weights as in the key frame: %q changed %v, want a load frame", kind, changed)
+	}
+	if _, kind, changed = step(4, 6*time.Second, lower); kind != FrameKey || changed {
+		t.Errorf("KeyEvery passed: %q changed %v, want a key frame, decisions unchanged", kind, changed)
+	}
+	if _, ok := enc.Loads(nil, func() *fleetwatch.Snapshot {
+		s := pool100(4, t0.Add(6250*time.Millisecond))
+		lower(s)
+		s.Backends[0].State = fleetwatch.StateOpen
+		return s
+	}()); ok {
+		t.Error("Loads sent a frame for decisions that changed")
+	}
+	if _, kind, _ = step(1, 7*time.Second, func(s *fleetwatch.Snapshot) { s.Epoch = "another" }); kind != FrameKey {
+		t.Errorf("a new epoch: %q, want a key frame", kind)
+	}
+}
+
+// Load frames are numbered one after the other from the key frame, name
+// the key frame's seq as their base and the epoch by its hash.
+func TestCompactFrameNumbers(t *testing.T) {
+	enc := NewCompactEncoder(CompactSettings{})
+	t0 := time.Unix(1_700_000_000, 0)
+	key, _, _ := enc.Frame(nil, pool100(5, t0), t0)
+	_, n, err := DecodeKey(key, "p")
+	if err != nil || n != 1 {
+		t.Fatalf("key frame number %d (%v), want 1", n, err)
+	}
+	for i := uint64(2); i <= 4; i++ {
+		frame, ok := enc.Loads(nil, pool100(5, t0.Add(time.Duration(i)*250*time.Millisecond)))
+		var l Loads
+		if err := DecodeLoads(frame, &l); !ok || err != nil {
+			t.Fatal(ok, err)
+		}
+		if l.N != i || l.Base != 5 || l.Epoch != EpochHash("01JEPOCHXYZ") || math.IsNaN(l.Median) == false {
+			t.Errorf("load frame %d: n %d base %d epoch %x median %v, want n %d, base 5, the epoch's hash, no median move", i, l.N, l.Base, l.Epoch, l.Median, i)
+		}
+	}
+}
+
+// Decoding a load frame into a Loads that held one before allocates
+// nothing.
+func TestDecodeLoadsAllocatesNothing(t *testing.T) {
+	enc := NewCompactEncoder(CompactSettings{LoadStep: 0.01})
+	t0 := time.Unix(1_700_000_000, 0)
+	enc.Frame(nil, pool100(1, t0), t0)
+	s := pool100(1, t0.Add(250*time.Millisecond))
+	for i := range s.Backends {
+		s.Backends[i].Load.Running++
+	}
+	frame, _ := enc.Loads(nil, s)
+	var l Loads
+	if err := DecodeLoads(frame, &l); err != nil || len(l.Entries) != 100 {
+		t.Fatalf("%v, %d entries", err, len(l.Entries))
+	}
+	if a := testing.AllocsPerRun(100, func() { _ = DecodeLoads(frame, &l) }); a != 0 {
+		t.Errorf("DecodeLoads allocates %v per frame, want 0", a)
+	}
+}
+
+// FuzzCompactFrames: no input makes the decoders panic or return a key
+// frame that does not validate.
+func FuzzCompactFrames(f *testing.F) {
+	f.Add(AppendKey(nil, fullSnapshot(), 3))
+	enc := NewCompactEncoder(CompactSettings{})
+	t0 := time.Unix(1_700_000_000, 0)
+	enc.Frame(nil, pool100(1, t0), t0)
+	s := pool100(1, t0)
+	s.Backends[1].Load.Running = 40
+	frame, _ := enc.Loads(nil, s)
+	f.Add(frame)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if snap, _, err := DecodeKey(data, "p"); err == nil {
+			if err := snap.Validate(); err != nil {
+				t.Errorf("decoded key frame does not validate: %v", err)
+			}
+		}
+		var l Loads
+		_ = DecodeLoads(data, &l)
+	})
+}

@@ -1,0 +1,267 @@
+package feed
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
+)
+
+// recorder keeps what a compact watcher hands its hooks.
+type recorder struct {
+	mu    sync.Mutex
+	snaps []*fleetwatch.Snapshot
+	loads []p2c.LoadUpdate // copies
+}
+
+func (r *recorder) settings(s WatcherSettings) WatcherSettings {
+	s.Compact = true
+	s.OnUpdate = func(snap *fleetwatch.Snapshot) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.snaps = append(r.snaps, snap)
+	}
+	s.OnLoads = func(pool string, u *p2c.LoadUpdate) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		c := *u
+		c.Backends = slices.Clone(u.Backends)
+		r.loads = append(r.loads, c)
+	}
+	return s
+}
+
+func (r *recorder) counts() (snaps, loads int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.snaps), len(r.loads)
+}
+
+func (r *recorder) lastLoads() p2c.LoadUpdate {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.loads[len(r.loads)-1]
+}
+
+// loaded is a 3-backend pool at t0+d with a's load running.
+func loaded(seq uint64, d time.Duration, running float64) *fleetwatch.Snapshot {
+	s := feedtest.Snapshot("p", "e1", seq, t0.Add(d), feedtest.Closed("a"), feedtest.Closed("b"), feedtest.Closed("c"))
+	s.Backends[0].Load = &fleetwatch.Load{Running: running, AgeMs: 10, Source: fleetwatch.LoadSourceMetrics}
+	return s
+}
+
+func publish(t *testing.T, p *Publisher, s *fleetwatch.Snapshot) {
+	t.Helper()
+	if err := p.Publish(t.Context(), s); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// noConsumers fails when the server holds any JetStream consumer: a
+// router joins by direct gets.
+func noConsumers(t *testing.T, nc *nats.Conn) {
+	t.Helper()
+	js, _ := jetstream.New(nc)
+	info, err := js.AccountInfo(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Consumers != 0 {
+		t.Errorf("%d JetStream consumers on the server, want none", info.Consumers)
+	}
+}
+
+// A compact watcher that starts after the publisher reads the key frame
+// from the fw_feed bucket (no consumer), follows the compact feed alone,
+// and hands the load frames to OnLoads with the backends by id: the loads
+// that moved, based on the key frame applied.
+func TestCompactWatcherFollowsTheFeed(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	pub, err := NewPublisher(t.Context(), nc, PublisherSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, pub, loaded(1, 0, 3))
+	if err := pub.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	var rec recorder
+	wnc := feedtest.Connect(t, url)
+	w := startWatcher(t, wnc, rec.settings(WatcherSettings{}))
+	if !w.Compact() {
+		t.Fatal("the watcher does not follow the compact feed though the bucket is there")
+	}
+	if v, ok := w.View("p"); !ok || v.Snapshot.Seq != 1 || v.Snapshot.Backends[0].Load.Running != 3 {
+		t.Fatalf("view after start: %+v, want the key frame of seq 1 with a's load 3", v.Snapshot)
+	}
+	noConsumers(t, nc)
+	if err := pub.PublishLoads(loaded(1, 250*time.Millisecond, 9)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the load frame", func() bool { _, n := rec.counts(); return n == 1 })
+	u := rec.lastLoads()
+	if u.Epoch != "e1" || u.Base != 1 || u.Gap || len(u.Backends) != 1 || u.Backends[0].Backend != "a" || u.Backends[0].Running != 9 {
+		t.Errorf("load update %+v, want a's load 9 on e1/1", u)
+	}
+	// A decision snapshot goes out as a key frame (a's weight moved).
+	next := loaded(2, time.Second, 9)
+	next.Backends[0].Weight = 0.5
+	publish(t, pub, next)
+	waitFor(t, "the second key frame", func() bool { v, _ := w.View("p"); return v.Snapshot.Seq == 2 })
+	// The JSON snapshots are not followed any more: one published on its
+	// own (by an older serve, say) is not applied.
+	script := feedtest.NewScript(t, nc, "")
+	script.PublishSubject(loaded(7, 2*time.Second, 1))
+	beat := loaded(2, 2500*time.Millisecond, 4)
+	beat.Backends[0].Weight = 0.5
+	if err := pub.PublishLoads(beat); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the next load frame", func() bool { _, n := rec.counts(); return n == 2 })
+	if v, _ := w.View("p"); v.Snapshot.Seq != 2 {
+		t.Errorf("the watcher applied a JSON snapshot (seq %d) while it follows the compact feed", v.Snapshot.Seq)
+	}
+}
+
+// A load frame whose key frame was missed makes the watcher fetch the key
+// frame from the bucket, and then apply the next frames; a missed load
+// frame is a gap (counted, and said to OnLoads until the next key frame).
+func TestCompactWatcherMissedFrames(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	pub, err := NewPublisher(t.Context(), nc, PublisherSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec recorder
+	w := startWatcher(t, feedtest.Connect(t, url), rec.settings(WatcherSettings{}))
+	if !w.Compact() {
+		t.Fatal("not in compact mode")
+	}
+	// A key frame the watcher does not receive: encoded, stored, not sent.
+	enc := NewCompactEncoder(CompactSettings{})
+	key, _, _ := enc.Frame(nil, loaded(5, 0, 2), t0)
+	js, _ := jetstream.New(nc)
+	kv, err := js.KeyValue(t.Context(), "fw_feed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(t.Context(), "p", key); err != nil {
+		t.Fatal(err)
+	}
+	frame, _ := enc.Loads(nil, loaded(5, 250*time.Millisecond, 6))
+	if err := nc.Publish("fw.feed.p", frame); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the fetched key frame", func() bool { v, ok := w.View("p"); return ok && v.Snapshot.Seq == 5 })
+	if got := w.keyFetches.Get(); got != 1 {
+		t.Errorf("%d key fetches, want 1", got)
+	}
+	// Frame 3 lost, frame 4 received: a gap.
+	enc.Loads(nil, loaded(5, 500*time.Millisecond, 7))
+	frame, _ = enc.Loads(nil, loaded(5, 750*time.Millisecond, 12))
+	if err := nc.Publish("fw.feed.p", frame); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the frame after the gap", func() bool { _, n := rec.counts(); return n >= 1 })
+	if u := rec.lastLoads(); !u.Gap || u.Backends[0].Running != 12 {
+		t.Errorf("update after a lost frame: gap %v, a's load %v; want a gap and 12", u.Gap, u.Backends[0].Running)
+	}
+	if w.gaps.Get() != 1 {
+		t.Errorf("gaps counted %d, want 1", w.gaps.Get())
+	}
+	_ = pub
+}
+
+// Without the fw_feed bucket (an older serve: JSON snapshots only) a
+// watcher asked for the compact feed follows the JSON snapshots; once the
+// bucket appears it switches to the compact feed.
+func TestCompactWatcherFallsBackToJSON(t *testing.T) {
+	defer func(d time.Duration) { feedRedetect = d }(feedRedetect)
+	feedRedetect = 200 * time.Millisecond
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	script := feedtest.NewScript(t, nc, "")
+	var rec recorder
+	w := startWatcher(t, feedtest.Connect(t, url), rec.settings(WatcherSettings{}))
+	if w.Compact() {
+		t.Fatal("compact mode without the fw_feed bucket")
+	}
+	script.Publish(loaded(3, 0, 1))
+	waitFor(t, "the JSON snapshot", func() bool { v, ok := w.View("p"); return ok && v.Snapshot.Seq == 3 })
+	pub, err := NewPublisher(t.Context(), nc, PublisherSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, pub, loaded(4, time.Second, 1))
+	waitFor(t, "the switch to the compact feed", w.Compact)
+	for i := range 3 {
+		if err := pub.PublishLoads(loaded(4, time.Second+time.Duration(i+1)*250*time.Millisecond, float64(10+i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "load frames after the switch", func() bool { _, n := rec.counts(); return n > 0 })
+}
+
+// Without JetStream a watcher asked for the compact feed follows the JSON
+// snapshots.
+func TestCompactWatcherWithoutJetStream(t *testing.T) {
+	url, _ := feedtest.NewServer(t, feedtest.WithoutJetStream())
+	nc := feedtest.Connect(t, url)
+	var rec recorder
+	w := startWatcher(t, feedtest.Connect(t, url), rec.settings(WatcherSettings{}))
+	pub, err := NewPublisher(t.Context(), nc, PublisherSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish(t, pub, loaded(1, 0, 1))
+	waitFor(t, "the JSON snapshot", func() bool { v, ok := w.View("p"); return ok && v.Snapshot.Seq == 1 })
+	if w.Compact() {
+		t.Error("compact mode without JetStream")
+	}
+}
+
+// An older reader of fw.decisions.<pool> (a JSON watcher, as every router
+// before the compact feed, the Node example and third-party routers) gets
+// every decision snapshot whole from a publisher that also sends the
+// compact feed, and nothing of the load beats.
+func TestOldReaderOfDecisions(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	pub, err := NewPublisher(t.Context(), nc, PublisherSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seqs []uint64
+	w := startWatcher(t, feedtest.Connect(t, url), WatcherSettings{OnUpdate: func(s *fleetwatch.Snapshot) {
+		mu.Lock()
+		defer mu.Unlock()
+		seqs = append(seqs, s.Seq)
+	}})
+	for seq := uint64(1); seq <= 3; seq++ {
+		s := loaded(seq, time.Duration(seq)*time.Second, float64(seq))
+		s.Backends[1].Reason = fmt.Sprintf("reason %d", seq)
+		publish(t, pub, s)
+		if err := pub.PublishLoads(loaded(seq, time.Duration(seq)*time.Second+250*time.Millisecond, 40)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "three snapshots", func() bool { mu.Lock(); defer mu.Unlock(); return len(seqs) == 3 })
+	v, _ := w.View("p")
+	if v.Snapshot.Seq != 3 || v.Snapshot.Backends[1].Reason != "reason 3" || v.Snapshot.Backends[0].Load.Running != 3 {
+		t.Errorf("the JSON reader's view: %+v, want seq 3 whole (reasons, a's load 3)", v.Snapshot)
+	}
+	if w.Compact() {
+		t.Error("a JSON watcher in compact mode")
+	}
+}
