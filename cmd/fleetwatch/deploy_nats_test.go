@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 	"net/http"
 	"net/http/httptest"
@@ -136,8 +137,63 @@ func TestDeployNATSPermissions(t *testing.T) {
 		t.Run(srv.name, func(t *testing.T) {
 			url := srv.start(t, conf)
 			checkDeployPermissions(t, url)
+			checkCompactFeedPermissions(t, url)
 		})
 	}
+}
+
+// checkCompactFeedPermissions: serve's user publishes the compact feed and
+// stores its key frames; a router follows it (a direct get at start, the
+// frames on fw.feed.<pool>) and cannot store a key frame.
+func checkCompactFeedPermissions(t *testing.T, url string) {
+	fw, _ := connectAs(t, url, "fleetwatch")
+	pub, err := feed.NewPublisher(t.Context(), fw, feed.PublisherSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := feedtestSnapshot("pool-c", 1)
+	if err := pub.Publish(t.Context(), snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	router, routerErrs := connectAs(t, url, "router")
+	w, err := feed.NewWatcher(router, feed.WatcherSettings{Compact: true, Pools: []string{"pool-c"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(t.Context()) }()
+	t.Cleanup(func() { w.Close(); <-done })
+	<-w.Synced()
+	if !w.Compact() {
+		t.Fatalf("the router does not follow the compact feed (permissions?): %v", routerErrs.errs)
+	}
+	if v, ok := w.View("pool-c"); !ok || v.Snapshot.Seq != 1 {
+		t.Errorf("the router's view of pool-c after joining: %+v, %v", v.Snapshot, ok)
+	}
+	next := feedtestSnapshot("pool-c", 2)
+	next.Backends[0].Weight = 0.5
+	if err := pub.Publish(t.Context(), next); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the next key frame on fw.feed.pool-c", func() bool {
+		v, _ := w.View("pool-c")
+		return v.Snapshot != nil && v.Snapshot.Seq == 2
+	})
+	if err := router.Publish("$KV.fw_feed.pool-c", []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	routerErrs.waitViolation(t, "$KV.fw_feed.pool-c")
+}
+
+// feedtestSnapshot is a valid one-backend snapshot of pool.
+func feedtestSnapshot(pool string, seq uint64) *fleetwatch.Snapshot {
+	return &fleetwatch.Snapshot{V: fleetwatch.ProtocolVersion, Pool: pool, Epoch: "e1", Seq: seq,
+		At: fleetwatch.At(time.Now()), TTLMs: 60000, Mode: fleetwatch.ModeBalance, AllOpen: fleetwatch.AllOpenShed,
+		AffinityTolerance: fleetwatch.DefaultAffinityTolerance,
+		Backends:          []fleetwatch.Backend{{Backend: "b1", State: fleetwatch.StateClosed, Weight: 1, Drift: fleetwatch.DriftUnknown}}}
 }
 
 func checkDeployPermissions(t *testing.T, url string) {

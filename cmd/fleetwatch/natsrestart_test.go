@@ -398,7 +398,7 @@ func TestServeRecoversWhenNATSLosesItsStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"KV_fw_leases", "KV_fw_decisions", "KV_fw_overrides", "FW_OUTCOMES", "FW_CAPTURE", "FW_AUDIT"} {
+	for _, name := range []string{"KV_fw_leases", "KV_fw_decisions", "KV_fw_feed", "KV_fw_overrides", "FW_OUTCOMES", "FW_CAPTURE", "FW_AUDIT"} {
 		testkit.Eventually(t, 20*time.Second, "stream "+name+" created again", func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 			defer cancel()
