@@ -18,9 +18,12 @@ type CompactSettings struct {
 	// LoadStep is how far a backend's load (running + waiting) moves
 	// before a load frame lists it. If zero, 0.5 (a request).
 	LoadStep float64
-	// AgeSlack is how far a load's age may drift from the age a router
-	// derives (the last listed age, renewed at every frame) before it is
-	// listed again: a report that stopped coming ages. If zero, 500ms.
+	// AgeSlack is how much newer than the one listed last a backend's
+	// load report may grow, its load not moving, before it is listed
+	// again: a router counts its own requests since the report it knows
+	// (p2c's load estimate), so a report it believes older than it is
+	// makes it count some twice (it spreads), where one it believed newer
+	// would make it forget some (it herds). If zero, 500ms.
 	AgeSlack time.Duration
 	// EWMAStep is the relative move of a backend's EWMA TTFT (and of the
 	// pool's median), and BudgetStep of the retry budget's rate, that
@@ -96,7 +99,7 @@ type decided struct {
 type sentLoad struct {
 	hasLoad          bool
 	running, waiting float64
-	ageMs            int64
+	reportAt         int64 // unix ms: the frame's at - the report's age
 	metrics          bool
 	ewma             float64 // NaN: none
 }
@@ -195,11 +198,12 @@ func (e *CompactEncoder) key(dst []byte, snap *fleetwatch.Snapshot, now time.Tim
 	e.keySeq = snap.Seq
 	e.header = headerOf(snap)
 	e.ids, e.decided, e.sent = e.ids[:0], e.decided[:0], e.sent[:0]
+	at := timeMs(snap.At)
 	for i := range snap.Backends {
 		b := &snap.Backends[i]
 		e.ids = append(e.ids, b.Backend)
 		e.decided = append(e.decided, decidedOf(b))
-		e.sent = append(e.sent, loadOf(b))
+		e.sent = append(e.sent, loadOf(b, at))
 	}
 	e.median = quantF(optF(snap.MedianEWMATTFTMs), ewmaScale)
 	e.budget = math.NaN()
@@ -217,15 +221,15 @@ func quantF(v, scale float64) float64 {
 	return float64(quant(v, scale)) / scale
 }
 
-// loadOf is what a key frame tells of b's load and EWMA (quantized as the
-// frame carries them).
-func loadOf(b *fleetwatch.Backend) sentLoad {
+// loadOf is what a frame at at (unix ms) tells of b's load and EWMA
+// (quantized as the frame carries them).
+func loadOf(b *fleetwatch.Backend, at int64) sentLoad {
 	s := sentLoad{ewma: math.NaN()}
 	if b.EWMATTFTMs != nil {
 		s.ewma = quantF(*b.EWMATTFTMs, ewmaScale)
 	}
 	if l := b.Load; l != nil {
-		s.hasLoad, s.ageMs, s.metrics = true, l.AgeMs, l.Source == fleetwatch.LoadSourceMetrics
+		s.hasLoad, s.reportAt, s.metrics = true, at-max(l.AgeMs, 0), l.Source == fleetwatch.LoadSourceMetrics
 		s.running = quantF(l.Running, loadScale)
 		s.waiting = quantF(l.Waiting, loadScale)
 	}
@@ -277,9 +281,10 @@ func (e *CompactEncoder) loads(dst []byte, snap *fleetwatch.Snapshot) []byte {
 	countAt := len(dst)
 	dst = append(dst, 0, 0, 0) // the entry count, a 3-byte uvarint filled in below
 	n := 0
+	at := timeMs(snap.At)
 	for i := range snap.Backends {
 		var entry bool
-		dst, entry = e.appendEntry(dst, i, &snap.Backends[i])
+		dst, entry = e.appendEntry(dst, i, &snap.Backends[i], at)
 		if entry {
 			n++
 		}
@@ -290,15 +295,16 @@ func (e *CompactEncoder) loads(dst []byte, snap *fleetwatch.Snapshot) []byte {
 	return dst
 }
 
-// appendEntry appends backend i's entry when something moved.
-func (e *CompactEncoder) appendEntry(dst []byte, i int, b *fleetwatch.Backend) ([]byte, bool) {
-	cur := loadOf(b)
+// appendEntry appends backend i's entry of a frame at at (unix ms) when
+// something moved.
+func (e *CompactEncoder) appendEntry(dst []byte, i int, b *fleetwatch.Backend, at int64) ([]byte, bool) {
+	cur := loadOf(b, at)
 	prev := &e.sent[i]
 	var m byte
 	switch {
 	case cur.hasLoad && (!prev.hasLoad || cur.metrics != prev.metrics ||
 		math.Abs(cur.running+cur.waiting-prev.running-prev.waiting) >= e.s.LoadStep ||
-		math.Abs(float64(cur.ageMs-prev.ageMs)) > float64(e.s.AgeSlack/time.Millisecond)):
+		cur.reportAt-prev.reportAt > e.s.AgeSlack.Milliseconds()):
 		m |= eLoad
 		if cur.metrics {
 			m |= eLoadMetric
@@ -317,8 +323,8 @@ func (e *CompactEncoder) appendEntry(dst []byte, i int, b *fleetwatch.Backend) (
 	if m&eLoad != 0 {
 		dst = appendUvarint(dst, quant(cur.running, loadScale))
 		dst = appendUvarint(dst, quant(cur.waiting, loadScale))
-		dst = appendUvarint(dst, uint64(max(cur.ageMs, 0)))
-		prev.hasLoad, prev.running, prev.waiting, prev.ageMs, prev.metrics = true, cur.running, cur.waiting, cur.ageMs, cur.metrics
+		dst = appendUvarint(dst, uint64(max(at-cur.reportAt, 0)))
+		prev.hasLoad, prev.running, prev.waiting, prev.reportAt, prev.metrics = true, cur.running, cur.waiting, cur.reportAt, cur.metrics
 	}
 	if m&eNoLoad != 0 {
 		prev.hasLoad = false

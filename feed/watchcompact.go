@@ -23,8 +23,9 @@ import (
 // every feedRedetect. After a reconnect it reads nothing at once: the next
 // load frame of each pool says whether the router missed a key frame (its
 // base or epoch is not the one applied: the key frame is fetched) or only
-// load frames (its number is not the next: the loads it does not list
-// stop being renewed until the next key frame).
+// load frames (its number is not the next: a gap, counted; the loads those
+// listed stay as the router had them, with their report times, aging until
+// they move again or the next key frame brings every one).
 
 // Watcher modes.
 const (
@@ -55,7 +56,6 @@ type compactPool struct {
 	seq     uint64   // the key frame's snapshot seq: the base of its load frames
 	n       uint64   // the last frame's number
 	ids     []string // the key frame's backends, in its order
-	gap     bool     // a load frame was missed since the key frame
 	fetchAt time.Time
 	loads   Loads          // decoded load frames, reused
 	update  p2c.LoadUpdate // reused
@@ -106,8 +106,7 @@ func (w *Watcher) handleFrame(pool, subject string, data []byte) {
 		w.older.Inc()
 		return
 	case l.N != cp.n+1:
-		w.gaps.Inc()
-		cp.gap = true
+		w.gaps.Inc() // the loads it listed stay as the router had them, aging, until they move or the next key frame
 	}
 	cp.n = l.N
 	w.applyLoads(pool, cp)
@@ -118,7 +117,7 @@ func (w *Watcher) handleFrame(pool, subject string, data []byte) {
 func (w *Watcher) applyLoads(pool string, cp *compactPool) {
 	l := &cp.loads
 	u := &cp.update
-	u.Epoch, u.Base, u.At, u.Median, u.Budget, u.Gap = cp.epoch, cp.seq, l.At, l.Median, l.Budget, cp.gap
+	u.Epoch, u.Base, u.At, u.Median, u.Budget = cp.epoch, cp.seq, l.At, l.Median, l.Budget
 	u.Backends = u.Backends[:0]
 	for _, e := range l.Entries {
 		if e.Index < 0 || e.Index >= len(cp.ids) {
@@ -164,7 +163,7 @@ func (w *Watcher) applyKey(pool string, data []byte, where string) {
 			return
 		}
 	}
-	cp.epoch, cp.hash, cp.seq, cp.n, cp.gap = snap.Epoch, EpochHash(snap.Epoch), snap.Seq, n, false
+	cp.epoch, cp.hash, cp.seq, cp.n = snap.Epoch, EpochHash(snap.Epoch), snap.Seq, n
 	cp.ids = cp.ids[:0]
 	for i := range snap.Backends {
 		cp.ids = append(cp.ids, snap.Backends[i].Backend)
@@ -269,14 +268,6 @@ func (w *Watcher) readKeys(ctx context.Context, kv jetstream.KeyValue) error {
 		w.applyKey(pool, e.Value(), w.subjects.BucketFeed()+"["+pool+"]")
 	}
 	return nil
-}
-
-// reconnected marks every pool's loads as possibly missed: their frames
-// were lost while the connection was down.
-func (w *Watcher) reconnected() {
-	for _, cp := range w.compact {
-		cp.gap = true
-	}
 }
 
 // staleAt is when a view goes stale: the snapshot's StaleAt, later by as

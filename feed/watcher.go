@@ -339,7 +339,6 @@ func (w *Watcher) Run(ctx context.Context) error {
 			if w.mode.Load() == modeCompact {
 				// The next load frames say what was missed.
 				w.settings.Logf("feed: reconnected; following the compact feed")
-				w.reconnected()
 				continue
 			}
 			w.settings.Logf("feed: reconnected; reading the current decisions again")

@@ -39,7 +39,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	duration := fs.Duration("duration", 0, "shorten every scenario to this simulated duration (incident times scale); 0 keeps each scenario's")
 	policies := fs.String("policies", "", "comma-separated policies to compare instead of each scenario's own")
 	routers := fs.Int("routers", 0, "routers sharing the traffic in every scenario (for example 1, 4, 16, 64); 0 keeps each scenario's")
-	feedPeriod := fs.Duration("feed-period", 0, "period of the analyzer's evaluations and snapshots (and of the published backend loads); 0 keeps 1s")
+	feedPeriod := fs.Duration("feed-period", 0, "how often the published loads reach the routers: the compact feed's load beat (the snapshots every 1s, or every period when longer), or the JSON feed's heartbeat; 0 keeps 250ms load beats and 1s heartbeats")
+	feedKind := fs.String("feed", "compact", "the feed the fleetwatch routers follow: compact (key and load frames, as fleetwatch route does) or json (the snapshots alone: route.feed json, third-party routers)")
 	stallFloor := fs.Duration("stall-floor", 0, "the feed-following routers' first-token deadline floor (route's stall_floor); 0 keeps 10s, negative turns the deadline off")
 	prefillPenalty := fs.Float64("prefill-batch-penalty", 0, "slow every backend's prefill by 1 + this x its other busy slots / slots (a server whose decodes share steps with a new prompt's prefill); 0 keeps the default model")
 	incidentRate := fs.Float64("incident-rate", 0, "answer only this share of a backend's requests as its failing incidents do (fail-fast, throttle, bare-throttle, client-errors), in (0, 1]; 0 keeps each incident's")
@@ -55,7 +56,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	decodeMs := fs.Float64("decode-ms", 5, "with --trace: decode time per output token at an empty batch, ms")
 	fleet := fs.String("fleet", "", "with --trace: the fleet as groups COUNTxSLOTS[@TIMES][:KVBLOCKS], for example 2x8,2x8@2 (two of 8 slots, two more taking twice the time); instead of --backends and --slots")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed-period D] [--scale K] [--prefill-batch-penalty K] [--incident-rate R] [--variants]")
+		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed compact|json] [--feed-period D] [--scale K] [--prefill-batch-penalty K] [--incident-rate R] [--variants]")
 		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N --slots N | --fleet SPEC] [--kv-blocks N] [--prefill-batch-penalty K] [--policies P,...]")
 		fs.PrintDefaults()
 	}
@@ -74,6 +75,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintln(stderr, "fleetwatch sim: --seeds must be >= 1")
 		return errUsage
 	}
+	if *feedKind != "compact" && *feedKind != "json" {
+		fmt.Fprintf(stderr, "fleetwatch sim: --feed = %q: want compact or json\n", *feedKind)
+		return errUsage
+	}
+	jsonFeed := *feedKind == "json"
 	if *trace != "" {
 		if *speed <= 0 || *backends < 1 || *slots < 1 || *kvBlocks < 0 || *decodeMs <= 0 {
 			fmt.Fprintln(stderr, "fleetwatch sim: --speed, --backends, --slots and --decode-ms must be > 0, --kv-blocks >= 0")
@@ -98,7 +104,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if *policies != "" {
 			o.Policies = strings.Split(*policies, ",")
 		}
-		return runSimTrace(ctx, *trace, *format, o, *feedPeriod, *prefillPenalty, *seed, *seeds, *out, stdout, stderr)
+		return runSimTrace(ctx, *trace, *format, o, simFeed{*feedPeriod, jsonFeed}, *prefillPenalty, *seed, *seeds, *out, stdout, stderr)
 	}
 	all := sim.Scenarios()
 	if *scenario == "list" {
@@ -112,7 +118,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: %v\n", err)
 		return errUsage
 	}
-	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feedPeriod: *feedPeriod, scale: *scale, prefillPenalty: *prefillPenalty,
+	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feed: simFeed{*feedPeriod, jsonFeed}, scale: *scale, prefillPenalty: *prefillPenalty,
 		incidentRate: *incidentRate, stallFloor: *stallFloor, policies: *policies, variants: *variants})
 	return runScenarios(ctx, scenarios, *seed, *seeds, *detection, *out, stdout, stderr)
 }
@@ -120,11 +126,25 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 // scenarioFlags are the flags of `fleetwatch sim` that change the
 // scenarios.
 type scenarioFlags struct {
-	duration, feedPeriod, stallFloor time.Duration
-	routers, scale                   int
-	prefillPenalty, incidentRate     float64
-	policies                         string
-	variants                         bool
+	duration, stallFloor         time.Duration
+	feed                         simFeed
+	routers, scale               int
+	prefillPenalty, incidentRate float64
+	policies                     string
+	variants                     bool
+}
+
+// simFeed is the feed of --feed and --feed-period.
+type simFeed struct {
+	period time.Duration
+	json   bool
+}
+
+func (f simFeed) apply(sc *sim.Scenario) {
+	if f.period > 0 {
+		sc.FeedPeriod = f.period
+	}
+	sc.JSONFeed = f.json
 }
 
 // adjustScenarios applies the flags to the scenarios chosen.
@@ -134,9 +154,7 @@ func adjustScenarios(scenarios []sim.Scenario, f scenarioFlags) {
 		if f.routers > 0 {
 			scenarios[i].Routers = f.routers
 		}
-		if f.feedPeriod > 0 {
-			scenarios[i].FeedPeriod = f.feedPeriod
-		}
+		f.feed.apply(&scenarios[i])
 		if f.stallFloor != 0 {
 			scenarios[i].StallFloor = f.stallFloor
 		}
@@ -206,13 +224,13 @@ func runScenarios(ctx context.Context, scenarios []sim.Scenario, seed uint64, se
 // runSimTrace replays a trace file through the policies and prints one
 // table (medians over seeds: the seed draws each request's router and the
 // policies' randomness); with out it also writes results.csv and tables.md.
-func runSimTrace(ctx context.Context, path, format string, o sim.TraceOptions, feedPeriod time.Duration, prefillPenalty float64, seed uint64, seeds int, out string, stdout, stderr io.Writer) error {
+func runSimTrace(ctx context.Context, path, format string, o sim.TraceOptions, feed simFeed, prefillPenalty float64, seed uint64, seeds int, out string, stdout, stderr io.Writer) error {
 	tr, err := sim.ReadTraceFile(path, format)
 	if err != nil {
 		return err
 	}
 	sc := sim.TraceScenario(tr, o).WithPrefillBatchPenalty(prefillPenalty)
-	sc.FeedPeriod = feedPeriod
+	feed.apply(&sc)
 	start := time.Now()
 	results, err := sim.RunScenarios(ctx, []sim.Scenario{sc}, seed, seeds)
 	if err != nil {

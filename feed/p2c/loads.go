@@ -107,19 +107,19 @@ type BackendLoad struct {
 // LoadUpdate moves the published loads and EWMAs of the snapshot the
 // picker applied (the compact feed's load frame): Epoch and Base name that
 // snapshot (its epoch and seq), At is when the update was taken. A backend
-// with a load that the update does not list keeps it, its age renewed:
-// AgeMs as last published, at At, unless Gap says the reader missed a
-// load update since the snapshot (the loads it does not list may have
-// moved: they age from their last report). Median and Budget are the
-// pool's median EWMA (0: none any more) and the retry budget's rate when
-// they moved (NaN otherwise).
+// that the update does not list keeps its load and report time: the feed
+// lists a load again when it moved, or when its report is AgeSlack newer
+// than the one listed (feed.CompactSettings), so a router believes a
+// report older than it is, never newer (it would forget some of its own
+// requests since, and herd). Median and Budget are the pool's median EWMA
+// (0: none any more) and the retry budget's rate when they moved (NaN
+// otherwise).
 type LoadUpdate struct {
 	Epoch    string
 	Base     uint64
 	At       time.Time
 	Median   float64
 	Budget   float64
-	Gap      bool
 	Backends []BackendLoad
 }
 
@@ -138,7 +138,6 @@ func (p *Picker) UpdateLoads(u *LoadUpdate) bool {
 	if at < st.at {
 		return false
 	}
-	listed := uint64(0) // a bitmask of listed entries, for pools of up to 64; larger pools renew by a second pass
 	for i := range u.Backends {
 		b := &u.Backends[i]
 		k, ok := st.byID[b.Backend]
@@ -146,9 +145,6 @@ func (p *Picker) UpdateLoads(u *LoadUpdate) bool {
 			continue
 		}
 		e := &st.entries[k]
-		if k < 64 {
-			listed |= 1 << k
-		}
 		switch {
 		case b.NoLoad:
 			e.pub.load.Store(math.Float64bits(math.NaN()))
@@ -160,9 +156,6 @@ func (p *Picker) UpdateLoads(u *LoadUpdate) bool {
 			e.pub.ewma.Store(math.Float64bits(b.EWMATTFTMs))
 		}
 	}
-	if !u.Gap {
-		p.renewAges(st, u, at, listed)
-	}
 	if !math.IsNaN(u.Median) {
 		st.setMedian(&u.Median)
 	}
@@ -173,43 +166,6 @@ func (p *Picker) UpdateLoads(u *LoadUpdate) bool {
 	return true
 }
 
-// renewAges renews the published loads u does not list: the same report,
-// as old at u.At as it was when last published.
-func (p *Picker) renewAges(st *state, u *LoadUpdate, at int64, listed uint64) {
-	for k := range st.entries {
-		e := &st.entries[k]
-		if math.IsNaN(e.pub.pubLoad()) {
-			continue
-		}
-		if k < 64 {
-			if listed&(1<<k) != 0 {
-				continue
-			}
-		} else if listedIn(u, e.id) {
-			continue
-		}
-		age := e.pub.ageMs.Load()
-		loadAt := at - age*int64(time.Millisecond)
-		if loadAt <= e.pub.loadAt.Load() {
-			continue
-		}
-		e.pub.loadAt.Store(loadAt)
-		if p.loadStale >= 0 {
-			e.pub.staleAt.Store(loadAt + int64(p.loadStale))
-			e.pub.decay.Store(math.Float64bits(p.decayFrom(st.at, loadAt)))
-		}
-		p.setBaseline(at, e)
-	}
-}
-
-func listedIn(u *LoadUpdate, id string) bool {
-	for i := range u.Backends {
-		if u.Backends[i].Backend == id {
-			return true
-		}
-	}
-	return false
-}
 
 // StaleAt returns when the decisions applied go stale: the snapshot's
 // StaleAt, moved on by every load update applied to it (UpdateLoads); the

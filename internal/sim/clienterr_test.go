@@ -48,17 +48,23 @@ func TestWrongModelReplica(t *testing.T) {
 // answer time opened backends in seeds 1 and 2 at 100% and one router, and
 // by sending time without the buckets in seed 1, so
 // this fails without the second-by-second comparison by sending time.
-// One opening over the nine variants' 45 runs is allowed: at 30% and 16
-// routers the client-error rule opened b3 in 1 of seeds 1-60 (seed 3, 172
-// s: 7 of the 12 requests sent in its newest 7 s were bad, 0.58 against
-// the peers' 0.15), a chance run of a binomial at 12 requests, not a
-// skew; the other variants opened nothing in 60 seeds at 4 and 16 routers.
+// One run with an opening over the nine variants' 45 runs is allowed (its
+// backend may open again from half-open: a flood gives a half-open backend
+// client errors too): at a 1 s evaluation, 30% and 16 routers, the
+// client-error rule opened b3 in 1 of seeds 1-60 (seed 3, 172 s: 7 of the
+// 12 requests sent in its newest 7 s were bad, 0.58 against the peers'
+// 0.15), a chance run of a binomial at 12 requests, not a skew, and the
+// other variants nothing in 60 seeds at 4 and 16 routers; evaluated every
+// 250 ms (the compact feed's load beat; serve evaluates every 100 ms),
+// 70% at 4 routers opened b1 in 1 of seeds 1-60 (seed 5, 78 s: 0.85 of 20
+// against the peers' 0.42) and at 16 routers in 2 (fleetwatch sim
+// --scenario bad-request-flood --routers 16 --seeds 60 --detection).
 func TestBadRequestFloodOpensNothing(t *testing.T) {
 	long(t)
 	var opened []string
 	defer func() {
 		if len(opened) > 1 {
-			t.Errorf("breakers opened in a pool-wide flood of bad requests: %v (want at most one over all runs)", opened)
+			t.Errorf("breakers opened in a pool-wide flood of bad requests: %v (want at most one run with an opening)", opened)
 		}
 	}()
 	for _, rate := range []float64{0.3, 0.7, 1} {
@@ -71,8 +77,8 @@ func TestBadRequestFloodOpensNothing(t *testing.T) {
 				}
 				res := runs(t, sc, Fleetwatch)[Fleetwatch]
 				for i, seed := range seeds {
-					for range res[i].Opens {
-						opened = append(opened, fmt.Sprintf("%.0f%% bad, %d routers, seed %d", 100*rate, routers, seed))
+					if res[i].Opens > 0 {
+						opened = append(opened, fmt.Sprintf("%.0f%% bad, %d routers, seed %d: %d opens", 100*rate, routers, seed, res[i].Opens))
 					}
 				}
 			})

@@ -32,8 +32,10 @@ type fleetFeed struct {
 	// time constant, so rate = count / 10 s.
 	attempts, attemptsAt float64
 
-	// pub is what the latest snapshot carried.
-	pub publishedLoad
+	// cur is what the latest snapshot or load beat carried; pub what the
+	// latest decision snapshot did (the fleet-load experiments read it, at
+	// the cadence their EVALUATION.md figures were measured at).
+	cur, pub publishedLoad
 }
 
 // publishedLoad is the fleet-wide part of one snapshot.
@@ -60,6 +62,9 @@ func newFleetFeed(slots []float64, routers int, window time.Duration) *fleetFeed
 		loadAt:   make([]float64, n),
 		slots:    slots,
 		lastSeen: make([]float64, routers),
+		cur: publishedLoad{
+			load: make([]float64, n), exact: make([]float64, n), ageMs: make([]float64, n),
+		},
 		pub: publishedLoad{
 			load: make([]float64, n), exact: make([]float64, n), ageMs: make([]float64, n),
 		},
@@ -92,11 +97,23 @@ func (f *fleetFeed) advance(now float64) {
 	f.attempts *= math.Exp(-dt / attemptTauMs)
 }
 
-// publish fills pub as a snapshot taken at now would carry it; exact is
-// every backend's true load now (what a scrape at the snapshot would read,
-// for the exact-load variant only).
-func (f *fleetFeed) publish(now float64, exact []float64) {
-	p := &f.pub
+// publish fills cur as a snapshot (or a load beat) taken at now would
+// carry it, and pub too for a decision snapshot; exact is every backend's
+// true load now (what a scrape at the snapshot would read, for the
+// exact-load variant only).
+func (f *fleetFeed) publish(now float64, exact []float64, decision bool) {
+	f.fill(now, exact)
+	if decision {
+		c, p := &f.cur, &f.pub
+		p.valid, p.at, p.routers, p.ratePerSec = c.valid, c.at, c.routers, c.ratePerSec
+		copy(p.load, c.load)
+		copy(p.exact, c.exact)
+		copy(p.ageMs, c.ageMs)
+	}
+}
+
+func (f *fleetFeed) fill(now float64, exact []float64) {
+	p := &f.cur
 	p.at = now
 	copy(p.exact, exact)
 	for b := range f.running {
@@ -121,10 +138,10 @@ func (f *fleetFeed) publish(now float64, exact []float64) {
 // first report), or its true load at the snapshot with exact.
 func (f *fleetFeed) loadOf(b int, exact bool) *fleetwatch.Load {
 	if exact {
-		return &fleetwatch.Load{Running: f.pub.exact[b], Source: "metrics"}
+		return &fleetwatch.Load{Running: f.cur.exact[b], Source: "metrics"}
 	}
 	if f.loadAt[b] < 0 {
 		return nil
 	}
-	return &fleetwatch.Load{Running: f.running[b], Waiting: f.waiting[b], AgeMs: int64(f.pub.ageMs[b]), Source: "event"}
+	return &fleetwatch.Load{Running: f.running[b], Waiting: f.waiting[b], AgeMs: int64(f.cur.ageMs[b]), Source: "event"}
 }

@@ -248,7 +248,7 @@ func TestFleetFeedPublishes(t *testing.T) {
 	f.report(100, 0, 6, 0, 0)
 	f.report(200, 1, 2, 0, 2)
 	f.report(300, 1, 3, 1, 2)
-	f.publish(1000, []float64{5, 4})
+	f.publish(1000, []float64{5, 4}, true)
 	p := f.pub
 	if !p.valid || p.load[0] != 6 || p.load[1] != 4 || p.ageMs[0] != 900 || p.ageMs[1] != 700 {
 		t.Errorf("published loads %v ages %v", p.load, p.ageMs)
@@ -266,9 +266,9 @@ func TestFleetFeedPublishes(t *testing.T) {
 	if diff := cmp.Diff(&fleetwatch.Load{Running: 4, Source: "metrics"}, f.loadOf(1, true)); diff != "" {
 		t.Errorf("exact load of b1 (-want +got):\n%s", diff)
 	}
-	f.publish(31_000, []float64{0, 0})
-	if f.pub.routers != 0 {
-		t.Errorf("routers %d after the window, want 0 (none seen, as the analyzer publishes)", f.pub.routers)
+	f.publish(31_000, []float64{0, 0}, true)
+	if f.cur.routers != 0 {
+		t.Errorf("routers %d after the window, want 0 (none seen, as the analyzer publishes)", f.cur.routers)
 	}
 }
 

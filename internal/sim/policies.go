@@ -480,6 +480,8 @@ type fleetwatchRouter struct {
 	index  map[string]int
 	rng    *rand.Rand
 	held   [][]p2c.Choice // per backend index: the picks in flight, for finish
+	// compact is the router's side of the compact feed (compactfeed.go).
+	compact compactState
 }
 
 func (p *fleetwatchRouter) pick(req *request, exclude int) (int, error) {

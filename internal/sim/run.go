@@ -10,6 +10,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/feed"
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
@@ -60,6 +61,11 @@ type sim struct {
 	events int64
 
 	stallP95 float64 // the pool's p95 TTFT in the latest snapshot, for the deadline (stall.go)
+
+	// compact is the serve side of the compact feed, frame its last frame
+	// (compactfeed.go).
+	compact *feed.CompactEncoder
+	frame   []byte
 }
 
 // Run simulates sc under policy with seed and returns the measurements. The
@@ -92,6 +98,7 @@ func newSim(sc Scenario, policy string, seed uint64) (*sim, error) {
 	}
 	s := &sim{
 		sc:         sc,
+		compact:    feed.NewCompactEncoder(feed.CompactSettings{}),
 		policy:     policy,
 		end:        ms(sc.Duration),
 		timeout:    ms(sc.ClientTimeout),
@@ -178,12 +185,20 @@ func newSimAnalyzer(sc Scenario, policy string, pc analyzer.PoolConfig, seed uin
 	if v, ok := fwAnalyzerVariants[policy]; ok {
 		settings = v
 	}
-	if sc.FeedPeriod > 0 && settings.Heartbeat == 0 {
+	switch {
+	case sc.JSONFeed && sc.FeedPeriod > 0 && settings.Heartbeat == 0:
 		// A snapshot every feed period: the period is the analyzer's
-		// heartbeat (a faster feed is analyzer.heartbeat set lower), for
-		// every router count.
-		settings.Heartbeat = sc.FeedPeriod
-		settings.LoadBeat = -1
+		// heartbeat (a faster feed is analyzer.heartbeat set lower).
+		settings.Heartbeat, settings.LoadBeat = sc.FeedPeriod, -1
+	case sc.JSONFeed:
+		settings.LoadBeat = -1 // snapshots only, every heartbeat
+	case sc.FeedPeriod > 0 && settings.LoadBeat == 0:
+		// The compact feed's loads every feed period; the snapshots every
+		// heartbeat (1 s), or every period when it is longer.
+		settings.LoadBeat = sc.FeedPeriod
+		if sc.FeedPeriod >= analyzer.DefaultHeartbeat && settings.Heartbeat == 0 {
+			settings.Heartbeat, settings.LoadBeat = sc.FeedPeriod, -1
+		}
 	}
 	return analyzer.New(analyzer.Config{Settings: settings, Pools: []analyzer.PoolConfig{pc}, Seed: seed, Epoch: "sim", Quarantine: true})
 }
@@ -604,8 +619,8 @@ func (be *backend) fingerprintAt(t time.Duration) string {
 }
 
 // nextBeatMs is how long until the next heartbeat event: the feed
-// period, or the analyzer's shorter heartbeat for a pool of many routers
-// (analyzer.Settings.LoadBeat).
+// period, or the analyzer's shorter load beat (analyzer.Settings.LoadBeat)
+// of the compact feed.
 func (s *sim) nextBeatMs() float64 {
 	if s.an != nil {
 		if hb := ms(s.an.Beat(poolID)); hb > 0 && hb < s.feedMs {
@@ -633,18 +648,21 @@ func (s *sim) evaluate() {
 		}
 		s.m.transition(b, tr.To, s.now)
 	}
-	if len(ev.Snapshots) > 0 {
+	if len(ev.Snapshots)+len(ev.Loads) > 0 {
 		for i, be := range s.backends {
 			s.loads[i] = float64(be.busy + be.waiting)
 		}
-		s.feed.publish(s.now, s.loads)
+		s.feed.publish(s.now, s.loads, len(ev.Snapshots) > 0)
 	}
 	for i := range ev.Snapshots {
 		snap := s.withFleetLoad(&ev.Snapshots[i])
-		s.stallP95 = poolP95(snap)
-		for _, rt := range s.routers {
-			rt.update(snap)
+		if s.sc.JSONFeed {
+			s.stallP95 = poolP95(snap)
 		}
+		s.deliver(snap, false)
+	}
+	for i := range ev.Loads {
+		s.deliver(s.withFleetLoad(&ev.Loads[i]), true)
 	}
 }
 
@@ -663,10 +681,10 @@ func (s *sim) withFleetLoad(in *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 			out.Backends[i].Load = s.feed.loadOf(b, pp.exact)
 		}
 	}
-	out.Routers = s.feed.pub.routers
+	out.Routers = s.feed.cur.routers
 	out.RetryBudget = nil
 	if !pp.localBudget {
-		out.RetryBudget = analyzer.ComputeRetryBudget(out.Backends, s.capacity, s.feed.pub.ratePerSec,
+		out.RetryBudget = analyzer.ComputeRetryBudget(out.Backends, s.capacity, s.feed.cur.ratePerSec,
 			analyzer.RetryBudgetSettings{SpareFree: pp.spareFree})
 	}
 	return &out

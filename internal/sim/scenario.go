@@ -20,13 +20,19 @@ type Scenario struct {
 	// command's --routers flag overrides it (1, 4, 16, 64 in
 	// docs/EVALUATION.md).
 	Routers int
-	// FeedPeriod is how often the analyzer is evaluated and its snapshots
-	// (and the published backend loads of the fleet-load policies) reach
-	// the routers. If zero, 1s (the analyzer's default heartbeat) is used;
-	// the command's --feed-period flag sets it (250ms in the experiment).
+	// FeedPeriod is how often the published loads reach the routers: the
+	// compact feed's load beat (the snapshots every 1 s heartbeat, or
+	// every period when it is longer), or with JSONFeed the heartbeat. If
+	// zero, the analyzer's defaults (250 ms load beats, 1 s heartbeats);
+	// the command's --feed-period flag sets it.
 	FeedPeriod time.Duration
-	Backends   []BackendSpec
-	Workload   Workload
+	// JSONFeed makes the routers follow the JSON snapshots alone
+	// (route.feed: json, and every third-party router) instead of the
+	// compact feed (compactfeed.go): a snapshot every heartbeat and
+	// decision change, no load beats. The command's --feed json sets it.
+	JSONFeed bool
+	Backends []BackendSpec
+	Workload Workload
 	// Trace, when set, replaces Workload: its requests arrive at their
 	// times divided by TraceSpeed (1 if zero), each at a router drawn
 	// uniformly, with its prompt's KV blocks when the trace has them
