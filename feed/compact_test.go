@@ -137,8 +137,8 @@ func pool100(seq uint64, at time.Time) *fleetwatch.Snapshot {
 }
 
 // The encoder sends a key frame first, then load frames listing what moved
-// past its threshold only: a load by LoadStep, an age past AgeSlack, an
-// EWMA by EWMAStep, a load that went; a decision change, KeyEvery and a
+// past its threshold only: a load by LoadStep, a report newer by more than
+// AgeSlack, an EWMA by EWMAStep, a load that went; a decision change, KeyEvery and a
 // new epoch bring a key frame. Loads (a load beat) never sends a key frame.
 func TestCompactEncoderListsWhatMoved(t *testing.T) {
 	enc := NewCompactEncoder(CompactSettings{})
@@ -176,7 +176,8 @@ func TestCompactEncoderListsWhatMoved(t *testing.T) {
 		s := pool100(1, t0.Add(500*time.Millisecond))
 		s.Backends[3].Load.Running += 0.25                      // below LoadStep
 		s.Backends[4].Load.Waiting += 1                         // a request more
-		s.Backends[5].Load.AgeMs = 700                          // 620 ms older than listed
+		s.Backends[5].Load.AgeMs = 10                           // a report 570 ms newer than listed
+		s.Backends[11].Load.AgeMs = 900                         // an older report: not listed
 		s.Backends[6].Load = nil                                // gone
 		*s.Backends[7].EWMATTFTMs *= 1.06                       // past EWMAStep
 		*s.Backends[8].EWMATTFTMs *= 1.01                       // below

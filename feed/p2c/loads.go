@@ -166,7 +166,6 @@ func (p *Picker) UpdateLoads(u *LoadUpdate) bool {
 	return true
 }
 
-
 // StaleAt returns when the decisions applied go stale: the snapshot's
 // StaleAt, moved on by every load update applied to it (UpdateLoads); the
 // zero time when none was applied.

@@ -77,28 +77,25 @@ func TestUpdateLoadsOfAnotherSnapshot(t *testing.T) {
 	}
 }
 
-// An update keeps the decisions fresh until its at + ttl_ms, and renews
-// the loads it does not list (the same report, as old at its at as when
-// last published), unless it says it follows a gap.
-func TestUpdateLoadsRenews(t *testing.T) {
-	for _, gap := range []bool{false, true} {
-		p, c := loadPicker(t)
-		c.Advance(4 * time.Second)
-		p.UpdateLoads(&LoadUpdate{Epoch: "e1", Base: 2, At: c.now, Median: math.NaN(), Budget: math.NaN(), Gap: gap,
-			Backends: []BackendLoad{{Backend: "a", Running: 10, Waiting: 0, EWMATTFTMs: math.NaN()}}})
-		c.Advance(3 * time.Second) // 7 s after the snapshot, 3 s after the update
-		if got, want := p.StaleAt(), t0.Add(9*time.Second); !got.Equal(want) {
-			t.Errorf("gap %v: stale at %v, want the update's at + 5 s (%v)", gap, got, want)
-		}
-		st := p.state.Load()
-		loadAt := time.Unix(0, st.entries[st.byID["b"]].pub.loadAt.Load())
-		want := t0.Add(4 * time.Second) // renewed: reported at the update
-		if gap {
-			want = t0 // as published in the snapshot
-		}
-		if !loadAt.Equal(want) {
-			t.Errorf("gap %v: b's load reported at %v, want %v", gap, loadAt, want)
-		}
+// An update keeps the decisions fresh until its at + ttl_ms; the loads it
+// does not list keep the report time they had (the feed lists a load again
+// when its report is much newer: feed.CompactSettings.AgeSlack).
+func TestUpdateLoadsKeepsReportTimes(t *testing.T) {
+	p, c := loadPicker(t)
+	c.Advance(4 * time.Second)
+	p.UpdateLoads(&LoadUpdate{Epoch: "e1", Base: 2, At: c.now, Median: math.NaN(), Budget: math.NaN(),
+		Backends: []BackendLoad{{Backend: "a", Running: 10, Waiting: 0, AgeMs: 100, EWMATTFTMs: math.NaN()}}})
+	c.Advance(3 * time.Second) // 7 s after the snapshot, 3 s after the update
+	if got, want := p.StaleAt(), t0.Add(9*time.Second); !got.Equal(want) {
+		t.Errorf("stale at %v, want the update's at + 5 s (%v)", got, want)
+	}
+	st := p.state.Load()
+	reported := func(id string) time.Time { return time.Unix(0, st.entries[st.byID[id]].pub.loadAt.Load()) }
+	if got, want := reported("a"), t0.Add(3900*time.Millisecond); !got.Equal(want) {
+		t.Errorf("a's load reported at %v, want the update's at - 100 ms (%v)", got, want)
+	}
+	if got := reported("b"); !got.Equal(t0) {
+		t.Errorf("b's load reported at %v, want the snapshot's report time %v", got, t0)
 	}
 }
 
