@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
 // The compact feed (docs/PROTOCOL.md "Compact feed (extension)"): what
@@ -20,11 +21,11 @@ import (
 //     TTFT, load), ids front-coded. Sent with a decision snapshot whose
 //     decisions changed, and with the first after KeyEvery, and stored in
 //     the fw_feed bucket for a router that joins or lost a key frame.
-//   - L, a load frame: the loads and EWMAs that moved past their threshold
-//     since the last frame, each by its position in the key frame it
-//     applies to (its base, the key frame's seq). Sent with every other
-//     snapshot and on every load beat between them, so a pool's feed costs
-//     what changed.
+//   - L, a load frame: every backend's report age (a byte each), and the
+//     loads and EWMAs that moved past their threshold since the last
+//     frame, each by its position in the key frame it applies to (its
+//     base, the key frame's seq). Sent with every other snapshot and on
+//     every load beat between them, so a pool's feed costs what changed.
 //
 // Every frame carries its number n, one more than the pool's previous
 // frame within the epoch, so a router that misses one knows it. Numbers
@@ -80,6 +81,15 @@ const (
 	pShadowShift = 2 // bits 2-3: 0 off, 1 breakers, 2 observe
 	pHasMedian   = 0x10
 	pHasBudget   = 0x20
+)
+
+// The age vector of a load frame: a report's age in steps of ageUnit
+// milliseconds, ageMax for ageMax steps (4.064 s) or more, ageUnknown for
+// a backend without a load.
+const (
+	ageUnit    = 16
+	ageMax     = 254
+	ageUnknown = 255
 )
 
 // Load frame flags and entry masks.
@@ -495,8 +505,7 @@ func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
 type LoadEntry struct {
 	Index            int // position in the key frame's backends
 	Running, Waiting float64
-	AgeMs            int64 // the report's age at the frame's at
-	Metrics          bool  // the load's source is metrics
+	Metrics          bool // the load's source is metrics
 	NoLoad           bool
 	EWMATTFTMs       float64
 }
@@ -504,14 +513,21 @@ type LoadEntry struct {
 // Loads is a decoded load frame. Its slice is reused by the next decode
 // into the same Loads.
 type Loads struct {
-	Epoch   uint32 // EpochHash of the key frame's epoch
-	Base    uint64 // seq of the key frame it applies to
-	N       uint64 // the frame's number
-	At      time.Time
-	Median  float64 // the pool's median EWMA TTFT; NaN when it did not move, 0 when it went
-	Budget  float64 // the retry budget's per_sec; NaN when it did not move
+	Epoch  uint32 // EpochHash of the key frame's epoch
+	Base   uint64 // seq of the key frame it applies to
+	N      uint64 // the frame's number
+	At     time.Time
+	Median float64 // the pool's median EWMA TTFT; NaN when it did not move, 0 when it went
+	Budget float64 // the retry budget's per_sec; NaN when it did not move
+	// Ages are every backend's report age at At in milliseconds, in the
+	// key frame's order: -1 without a load; AgeMax or more is as old as
+	// the frame can say.
+	Ages    []int64
 	Entries []LoadEntry
 }
+
+// AgeMax is the oldest report age a load frame tells apart (4.064 s).
+const AgeMax = ageMax * ageUnit
 
 // DecodeLoads decodes a load frame into l, reusing its slice.
 func DecodeLoads(data []byte, l *Loads) error {
@@ -539,6 +555,18 @@ func DecodeLoads(data []byte, l *Loads) error {
 	if f&lHasBudget != 0 {
 		l.Budget = r.float32("budget")
 	}
+	ages := r.uvarint("ages")
+	if ages > maxKeyBackends || ages > uint64(len(r.b)) {
+		return fmt.Errorf("%w: %d ages", ErrCompact, ages)
+	}
+	l.Ages = l.Ages[:0]
+	for _, a := range r.bytes(ages, "ages") {
+		if a == ageUnknown {
+			l.Ages = append(l.Ages, -1)
+		} else {
+			l.Ages = append(l.Ages, int64(a)*ageUnit)
+		}
+	}
 	n := r.uvarint("entries")
 	if n > maxKeyBackends || n > uint64(len(r.b)) {
 		return fmt.Errorf("%w: %d entries", ErrCompact, n)
@@ -551,7 +579,6 @@ func DecodeLoads(data []byte, l *Loads) error {
 		if m&eLoad != 0 {
 			e.Running = float64(r.uvarint("running")) / loadScale
 			e.Waiting = float64(r.uvarint("waiting")) / loadScale
-			e.AgeMs = int64(r.uvarint("age"))
 		}
 		if m&eEWMA != 0 {
 			e.EWMATTFTMs = float64(r.uvarint("ewma")) / ewmaScale
@@ -562,4 +589,28 @@ func DecodeLoads(data []byte, l *Loads) error {
 		r.fail("trailing bytes")
 	}
 	return r.err
+}
+
+// Update fills u (its slice reused) with what l says of the key frame
+// applied (epoch, base and its backends' ids, in its order) for
+// p2c.Picker.UpdateLoads: every backend with a report age, its load and
+// EWMA where they moved.
+func (l *Loads) Update(u *p2c.LoadUpdate, epoch string, base uint64, ids []string) {
+	u.Epoch, u.Base, u.At, u.Median, u.Budget = epoch, base, l.At, l.Median, l.Budget
+	u.Backends = u.Backends[:0]
+	for i, id := range ids {
+		age := int64(-1)
+		if i < len(l.Ages) {
+			age = l.Ages[i]
+		}
+		u.Backends = append(u.Backends, p2c.BackendLoad{Backend: id, Running: math.NaN(), Waiting: math.NaN(),
+			AgeMs: age, EWMATTFTMs: math.NaN()})
+	}
+	for _, e := range l.Entries {
+		if e.Index < 0 || e.Index >= len(u.Backends) {
+			continue
+		}
+		b := &u.Backends[e.Index]
+		b.Running, b.Waiting, b.Metrics, b.NoLoad, b.EWMATTFTMs = e.Running, e.Waiting, e.Metrics, e.NoLoad, e.EWMATTFTMs
+	}
 }

@@ -137,8 +137,8 @@ func pool100(seq uint64, at time.Time) *fleetwatch.Snapshot {
 }
 
 // The encoder sends a key frame first, then load frames listing what moved
-// past its threshold only: a load by LoadStep, a report newer by more than
-// AgeSlack, an EWMA by EWMAStep, a load that went; a decision change, KeyEvery and a
+// past its threshold only: a load by LoadStep, an EWMA by EWMAStep, a load
+// that went (every report's age goes in the age vector); a decision change, KeyEvery and a
 // new epoch bring a key frame. Loads (a load beat) never sends a key frame.
 func TestCompactEncoderListsWhatMoved(t *testing.T) {
 	enc := NewCompactEncoder(CompactSettings{})
@@ -176,8 +176,8 @@ func TestCompactEncoderListsWhatMoved(t *testing.T) {
 		s := pool100(1, t0.Add(500*time.Millisecond))
 		s.Backends[3].Load.Running += 0.25                      // below LoadStep
 		s.Backends[4].Load.Waiting += 1                         // a request more
-		s.Backends[5].Load.AgeMs = 10                           // a report 570 ms newer than listed
-		s.Backends[11].Load.AgeMs = 900                         // an older report: not listed
+		s.Backends[5].Load.AgeMs = 10                           // a newer report of the same load: its age only
+		s.Backends[11].Load.AgeMs = 900                         // an older one: its age only
 		s.Backends[6].Load = nil                                // gone
 		*s.Backends[7].EWMATTFTMs *= 1.06                       // past EWMAStep
 		*s.Backends[8].EWMATTFTMs *= 1.01                       // below
@@ -185,8 +185,15 @@ func TestCompactEncoderListsWhatMoved(t *testing.T) {
 		s.Backends[10].Load.Source = fleetwatch.LoadSourceEvent // another source
 		return s
 	}())
-	if diff := cmp.Diff([]int{4, 5, 6, 7, 10}, listed(frame)); diff != "" {
+	if diff := cmp.Diff([]int{4, 6, 7, 10}, listed(frame)); diff != "" {
 		t.Errorf("entries listed (-want +got):\n%s", diff)
+	}
+	var l Loads
+	if err := DecodeLoads(frame, &l); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Ages) != 100 || l.Ages[0] != 80 || l.Ages[5] != 0 || l.Ages[6] != -1 || l.Ages[11] != 896 {
+		t.Errorf("ages %v..., want 100 with 80 ms (in 16 ms steps), 0 for b5, none for b6, 896 for b11", l.Ages[:12])
 	}
 	lower := func(s *fleetwatch.Snapshot) { s.Backends[2].Weight = 0.75 }
 	if _, kind, changed = step(2, time.Second, lower); kind != FrameKey || !changed {

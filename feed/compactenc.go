@@ -18,13 +18,6 @@ type CompactSettings struct {
 	// LoadStep is how far a backend's load (running + waiting) moves
 	// before a load frame lists it. If zero, 0.5 (a request).
 	LoadStep float64
-	// AgeSlack is how much newer than the one listed last a backend's
-	// load report may grow, its load not moving, before it is listed
-	// again: a router counts its own requests since the report it knows
-	// (p2c's load estimate), so a report it believes older than it is
-	// makes it count some twice (it spreads), where one it believed newer
-	// would make it forget some (it herds). If zero, 500ms.
-	AgeSlack time.Duration
 	// EWMAStep is the relative move of a backend's EWMA TTFT (and of the
 	// pool's median), and BudgetStep of the retry budget's rate, that
 	// lists them. If zero, 0.05 and 0.1.
@@ -37,9 +30,6 @@ func (s CompactSettings) withDefaults() CompactSettings {
 	}
 	if s.LoadStep <= 0 {
 		s.LoadStep = 0.5
-	}
-	if s.AgeSlack <= 0 {
-		s.AgeSlack = 500 * time.Millisecond
 	}
 	if s.EWMAStep <= 0 {
 		s.EWMAStep = 0.05
@@ -99,7 +89,7 @@ type decided struct {
 type sentLoad struct {
 	hasLoad          bool
 	running, waiting float64
-	reportAt         int64 // unix ms: the frame's at - the report's age
+	ageMs            int64 // the report's age at the frame's at
 	metrics          bool
 	ewma             float64 // NaN: none
 }
@@ -198,12 +188,11 @@ func (e *CompactEncoder) key(dst []byte, snap *fleetwatch.Snapshot, now time.Tim
 	e.keySeq = snap.Seq
 	e.header = headerOf(snap)
 	e.ids, e.decided, e.sent = e.ids[:0], e.decided[:0], e.sent[:0]
-	at := timeMs(snap.At)
 	for i := range snap.Backends {
 		b := &snap.Backends[i]
 		e.ids = append(e.ids, b.Backend)
 		e.decided = append(e.decided, decidedOf(b))
-		e.sent = append(e.sent, loadOf(b, at))
+		e.sent = append(e.sent, loadOf(b))
 	}
 	e.median = quantF(optF(snap.MedianEWMATTFTMs), ewmaScale)
 	e.budget = math.NaN()
@@ -221,15 +210,15 @@ func quantF(v, scale float64) float64 {
 	return float64(quant(v, scale)) / scale
 }
 
-// loadOf is what a frame at at (unix ms) tells of b's load and EWMA
-// (quantized as the frame carries them).
-func loadOf(b *fleetwatch.Backend, at int64) sentLoad {
+// loadOf is what a frame tells of b's load and EWMA (quantized as the
+// frame carries them).
+func loadOf(b *fleetwatch.Backend) sentLoad {
 	s := sentLoad{ewma: math.NaN()}
 	if b.EWMATTFTMs != nil {
 		s.ewma = quantF(*b.EWMATTFTMs, ewmaScale)
 	}
 	if l := b.Load; l != nil {
-		s.hasLoad, s.reportAt, s.metrics = true, at-max(l.AgeMs, 0), l.Source == fleetwatch.LoadSourceMetrics
+		s.hasLoad, s.ageMs, s.metrics = true, max(l.AgeMs, 0), l.Source == fleetwatch.LoadSourceMetrics
 		s.running = quantF(l.Running, loadScale)
 		s.waiting = quantF(l.Waiting, loadScale)
 	}
@@ -278,13 +267,18 @@ func (e *CompactEncoder) loads(dst []byte, snap *fleetwatch.Snapshot) []byte {
 	if f&lHasBudget != 0 {
 		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(float32(budget)))
 	}
+	// Every backend's report age, one byte each in the key frame's order,
+	// so that a router always knows when each load it has was reported.
+	dst = appendUvarint(dst, uint64(len(snap.Backends)))
+	for i := range snap.Backends {
+		dst = append(dst, ageByte(snap.Backends[i].Load))
+	}
 	countAt := len(dst)
 	dst = append(dst, 0, 0, 0) // the entry count, a 3-byte uvarint filled in below
 	n := 0
-	at := timeMs(snap.At)
 	for i := range snap.Backends {
 		var entry bool
-		dst, entry = e.appendEntry(dst, i, &snap.Backends[i], at)
+		dst, entry = e.appendEntry(dst, i, &snap.Backends[i])
 		if entry {
 			n++
 		}
@@ -295,16 +289,24 @@ func (e *CompactEncoder) loads(dst []byte, snap *fleetwatch.Snapshot) []byte {
 	return dst
 }
 
-// appendEntry appends backend i's entry of a frame at at (unix ms) when
-// something moved.
-func (e *CompactEncoder) appendEntry(dst []byte, i int, b *fleetwatch.Backend, at int64) ([]byte, bool) {
-	cur := loadOf(b, at)
+// ageByte is a load report's age as a load frame's age vector carries it:
+// in ageUnit steps, ageUnknown without a load, ageMax for ageMax steps or
+// more.
+func ageByte(l *fleetwatch.Load) byte {
+	if l == nil {
+		return ageUnknown
+	}
+	return byte(min(max(l.AgeMs, 0)/ageUnit, ageMax))
+}
+
+// appendEntry appends backend i's entry when its load or EWMA moved.
+func (e *CompactEncoder) appendEntry(dst []byte, i int, b *fleetwatch.Backend) ([]byte, bool) {
+	cur := loadOf(b)
 	prev := &e.sent[i]
 	var m byte
 	switch {
 	case cur.hasLoad && (!prev.hasLoad || cur.metrics != prev.metrics ||
-		math.Abs(cur.running+cur.waiting-prev.running-prev.waiting) >= e.s.LoadStep ||
-		cur.reportAt-prev.reportAt > e.s.AgeSlack.Milliseconds()):
+		math.Abs(cur.running+cur.waiting-prev.running-prev.waiting) >= e.s.LoadStep):
 		m |= eLoad
 		if cur.metrics {
 			m |= eLoadMetric
@@ -323,8 +325,7 @@ func (e *CompactEncoder) appendEntry(dst []byte, i int, b *fleetwatch.Backend, a
 	if m&eLoad != 0 {
 		dst = appendUvarint(dst, quant(cur.running, loadScale))
 		dst = appendUvarint(dst, quant(cur.waiting, loadScale))
-		dst = appendUvarint(dst, uint64(max(at-cur.reportAt, 0)))
-		prev.hasLoad, prev.running, prev.waiting, prev.reportAt, prev.metrics = true, cur.running, cur.waiting, cur.reportAt, cur.metrics
+		prev.hasLoad, prev.running, prev.waiting, prev.metrics = true, cur.running, cur.waiting, cur.metrics
 	}
 	if m&eNoLoad != 0 {
 		prev.hasLoad = false

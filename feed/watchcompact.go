@@ -117,15 +117,7 @@ func (w *Watcher) handleFrame(pool, subject string, data []byte) {
 func (w *Watcher) applyLoads(pool string, cp *compactPool) {
 	l := &cp.loads
 	u := &cp.update
-	u.Epoch, u.Base, u.At, u.Median, u.Budget = cp.epoch, cp.seq, l.At, l.Median, l.Budget
-	u.Backends = u.Backends[:0]
-	for _, e := range l.Entries {
-		if e.Index < 0 || e.Index >= len(cp.ids) {
-			continue
-		}
-		u.Backends = append(u.Backends, p2c.BackendLoad{Backend: cp.ids[e.Index], Running: e.Running,
-			Waiting: e.Waiting, AgeMs: e.AgeMs, NoLoad: e.NoLoad, Metrics: e.Metrics, EWMATTFTMs: e.EWMATTFTMs})
-	}
+	l.Update(u, cp.epoch, cp.seq, cp.ids)
 	if slot := (*w.pools.Load())[pool]; slot != nil {
 		at := l.At.UnixNano()
 		if e := slot.Load(); e.snap.Epoch == cp.epoch && e.snap.Seq == cp.seq && at > e.heard.Load() {

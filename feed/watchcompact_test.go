@@ -2,6 +2,7 @@ package feed
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"testing"
@@ -109,8 +110,9 @@ func TestCompactWatcherFollowsTheFeed(t *testing.T) {
 	}
 	waitFor(t, "the load frame", func() bool { _, n := rec.counts(); return n == 1 })
 	u := rec.lastLoads()
-	if u.Epoch != "e1" || u.Base != 1 || len(u.Backends) != 1 || u.Backends[0].Backend != "a" || u.Backends[0].Running != 9 {
-		t.Errorf("load update %+v, want a's load 9 on e1/1", u)
+	if u.Epoch != "e1" || u.Base != 1 || len(u.Backends) != 3 || u.Backends[0].Backend != "a" || u.Backends[0].Running != 9 ||
+		u.Backends[0].AgeMs != 0 || !math.IsNaN(u.Backends[1].Running) || u.Backends[1].AgeMs != -1 {
+		t.Errorf("load update %+v, want a's load 9 reported now, b and c without a load, on e1/1", u)
 	}
 	// A decision snapshot goes out as a key frame (a's weight moved).
 	next := loaded(2, time.Second, 9)

@@ -22,9 +22,8 @@ type published struct {
 	ewma  atomic.Uint64 // float64 bits: the feed's TTFT EWMA; NaN: none
 	decay atomic.Uint64 // float64 bits: decayFrom(the state's at, loadAt); 1 when LoadStale < 0
 	// loadAt is the report's time (unix ns), staleAt when it goes stale,
-	// atSnap the router's in-flight count the load is counted from, ageMs
-	// the report's age as last published.
-	loadAt, staleAt, atSnap, ageMs atomic.Int64
+	// atSnap the router's in-flight count the load is counted from.
+	loadAt, staleAt, atSnap atomic.Int64
 }
 
 func (f *published) pubLoad() float64 { return math.Float64frombits(f.load.Load()) }
@@ -53,8 +52,22 @@ func (p *Picker) setLoad(f *published, running, waiting float64, frameAt, ageMs,
 	f.loadAt.Store(loadAt)
 	f.staleAt.Store(staleAt)
 	f.decay.Store(math.Float64bits(decay))
-	f.ageMs.Store(ageMs)
 	f.load.Store(math.Float64bits(t))
+}
+
+// reported moves e's published load's report to loadAt when that is
+// newer (the same load, reported again), counting the router's own
+// requests from then on; at is the update's time.
+func (p *Picker) reported(e *entry, loadAt, at, stateAt int64) {
+	if loadAt <= e.pub.loadAt.Load() {
+		return
+	}
+	e.pub.loadAt.Store(loadAt)
+	if p.loadStale >= 0 {
+		e.pub.staleAt.Store(loadAt + int64(p.loadStale))
+		e.pub.decay.Store(math.Float64bits(p.decayFrom(stateAt, loadAt)))
+	}
+	p.setBaseline(at, e)
 }
 
 // decayFrom is exp(-(stateAt - loadAt) / LoadStale): a load's decay at the
@@ -98,7 +111,7 @@ func (st *state) med() float64 { return math.Float64frombits(st.median.Load()) }
 type BackendLoad struct {
 	Backend          string
 	Running, Waiting float64 // NaN: the load did not change
-	AgeMs            int64   // the report's age at the update's At
+	AgeMs            int64   // the report's age at the update's At; -1 unknown
 	NoLoad           bool    // the load is no longer published
 	Metrics          bool    // the load came from the backend's metrics (else an outcome event)
 	EWMATTFTMs       float64 // NaN: the EWMA did not change
@@ -107,13 +120,11 @@ type BackendLoad struct {
 // LoadUpdate moves the published loads and EWMAs of the snapshot the
 // picker applied (the compact feed's load frame): Epoch and Base name that
 // snapshot (its epoch and seq), At is when the update was taken. A backend
-// that the update does not list keeps its load and report time: the feed
-// lists a load again when it moved, or when its report is AgeSlack newer
-// than the one listed (feed.CompactSettings), so a router believes a
-// report older than it is, never newer (it would forget some of its own
-// requests since, and herd). Median and Budget are the pool's median EWMA
-// (0: none any more) and the retry budget's rate when they moved (NaN
-// otherwise).
+// listed with a report age but no load keeps its load, reported that long
+// before At (the same value, reported again: the router counts its own
+// requests from then on); one not listed keeps both. Median and Budget are
+// the pool's median EWMA (0: none any more) and the retry budget's rate
+// when they moved (NaN otherwise).
 type LoadUpdate struct {
 	Epoch    string
 	Base     uint64
@@ -149,8 +160,10 @@ func (p *Picker) UpdateLoads(u *LoadUpdate) bool {
 		case b.NoLoad:
 			e.pub.load.Store(math.Float64bits(math.NaN()))
 		case !math.IsNaN(b.Running) && p.score.FleetLoad && !(st.alone && !b.Metrics):
-			p.setLoad(e.pub, b.Running, b.Waiting, at, b.AgeMs, st.at)
+			p.setLoad(e.pub, b.Running, b.Waiting, at, max(b.AgeMs, 0), st.at)
 			p.setBaseline(at, e)
+		case b.AgeMs >= 0 && !math.IsNaN(e.pub.pubLoad()):
+			p.reported(e, at-b.AgeMs*int64(time.Millisecond), at, st.at)
 		}
 		if !math.IsNaN(b.EWMATTFTMs) && b.EWMATTFTMs > 0 {
 			e.pub.ewma.Store(math.Float64bits(b.EWMATTFTMs))

@@ -77,14 +77,19 @@ func TestUpdateLoadsOfAnotherSnapshot(t *testing.T) {
 	}
 }
 
-// An update keeps the decisions fresh until its at + ttl_ms; the loads it
-// does not list keep the report time they had (the feed lists a load again
-// when its report is much newer: feed.CompactSettings.AgeSlack).
-func TestUpdateLoadsKeepsReportTimes(t *testing.T) {
+// An update keeps the decisions fresh until its at + ttl_ms; a load listed
+// with a report age only is the same load reported again then (unless that
+// is older than the report it has); a load not listed keeps its report
+// time.
+func TestUpdateLoadsReportTimes(t *testing.T) {
 	p, c := loadPicker(t)
 	c.Advance(4 * time.Second)
 	p.UpdateLoads(&LoadUpdate{Epoch: "e1", Base: 2, At: c.now, Median: math.NaN(), Budget: math.NaN(),
-		Backends: []BackendLoad{{Backend: "a", Running: 10, Waiting: 0, AgeMs: 100, EWMATTFTMs: math.NaN()}}})
+		Backends: []BackendLoad{{Backend: "a", Running: math.NaN(), Waiting: math.NaN(), AgeMs: 100, EWMATTFTMs: math.NaN()},
+			{Backend: "c", Running: math.NaN(), Waiting: math.NaN(), AgeMs: 4500, EWMATTFTMs: math.NaN()}}})
+	if got, want := loadOfID(p, c, "a"), 10*math.Exp(-0.1/2); math.Abs(got-want) > 1e-6 {
+		t.Errorf("a's load %v just reported again, want %v (the same load, 100 ms old, decaying over LoadStale, 2 s)", got, want)
+	}
 	c.Advance(3 * time.Second) // 7 s after the snapshot, 3 s after the update
 	if got, want := p.StaleAt(), t0.Add(9*time.Second); !got.Equal(want) {
 		t.Errorf("stale at %v, want the update's at + 5 s (%v)", got, want)

@@ -85,11 +85,6 @@ func (p *fleetwatchRouter) frame(kind byte, data []byte) {
 		panic("sim: " + err.Error())
 	}
 	u := &c.upd
-	u.Epoch, u.Base, u.At, u.Median, u.Budget = c.epoch, c.seq, c.loads.At, c.loads.Median, c.loads.Budget
-	u.Backends = u.Backends[:0]
-	for _, e := range c.loads.Entries {
-		u.Backends = append(u.Backends, p2c.BackendLoad{Backend: c.ids[e.Index], Running: e.Running, Waiting: e.Waiting,
-			AgeMs: e.AgeMs, NoLoad: e.NoLoad, Metrics: e.Metrics, EWMATTFTMs: e.EWMATTFTMs})
-	}
+	c.loads.Update(u, c.epoch, c.seq, c.ids)
 	p.picker.UpdateLoads(u)
 }
