@@ -45,6 +45,8 @@ func (s *sim) deliver(snap *fleetwatch.Snapshot, beat bool) {
 	if kind == feed.FrameKey {
 		s.stallP95 = poolP95(snap) // a router's deadline reads the key frames' p95
 	}
+	s.feedBytes += int64(len(s.frame))
+	s.feedFrames++
 
 	for _, rt := range s.routers {
 		if f, ok := rt.(frameFollower); ok {

@@ -77,6 +77,10 @@ type Result struct {
 	// runs (a period ends at its first failure, so a period's own ratio
 	// is biased up).
 	HalfOpenHits, HalfOpenAttempts, HalfOpens int
+	// FeedBytes and FeedFrames are the compact feed's frames (their
+	// payload bytes, no NATS framing) each router received over the run;
+	// 0 with Scenario.JSONFeed and for policies that follow no feed.
+	FeedBytes, FeedFrames int64
 	// Shares[t][b] is backend b's share of the attempts of second t.
 	Shares [][]float64
 	// Events is the number of simulated events processed.
@@ -219,7 +223,7 @@ func (s *sim) result(seed uint64) *Result {
 		Retries: m.retries, Shed: m.shed, Refused: m.refusedRetry,
 		WatchShare: math.NaN(), CacheHitRate: math.NaN(), WatchOpenMs: math.NaN(),
 		DetectedShare: math.NaN(), HalfOpenHits: m.halfHits, HalfOpenAttempts: m.halfTotal, HalfOpens: m.halfOpens,
-		Events: s.events,
+		Events: s.events, FeedBytes: s.feedBytes, FeedFrames: s.feedFrames,
 	}
 	if m.requests > 0 {
 		r.ErrorRate = float64(m.failed) / float64(m.requests)

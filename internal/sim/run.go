@@ -64,8 +64,10 @@ type sim struct {
 
 	// compact is the serve side of the compact feed, frame its last frame
 	// (compactfeed.go).
-	compact *feed.CompactEncoder
-	frame   []byte
+	compact    *feed.CompactEncoder
+	frame      []byte
+	feedBytes  int64
+	feedFrames int64
 }
 
 // Run simulates sc under policy with seed and returns the measurements. The
