@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -280,4 +281,47 @@ func FuzzCompactFrames(f *testing.F) {
 		var l Loads
 		_ = DecodeLoads(data, &l)
 	})
+}
+
+// analyzerPool100 is a 100-backend snapshot with every field the analyzer
+// fills (reasons, quantiles, rates, since, trips, TPOT, loads with KV
+// cache): what serve publishes as JSON.
+func analyzerPool100(at time.Time) *fleetwatch.Snapshot {
+	s := pool100(7, at)
+	for i := range s.Backends {
+		b := &s.Backends[i]
+		b.P50TTFTMs, b.SuccessRate, b.Rate429 = ptrF(140+float64(i)), ptrF(0.9987), ptrF(0.0021)
+		b.P50TPOTMs, b.P95TPOTMs = ptrF(21.5), ptrF(38.25)
+		b.Requests, b.WindowMs, b.Trips, b.Since = int64(800+i), 30000, 0, ptrT(at.Add(-time.Hour))
+		b.Reason = fmt.Sprintf("weight 1: 429 rate 0.0021 over %d requests (prior 0.998, shrunk with k=5); EWMA %.0f ms", 800+i, 150+float64(i))
+		b.Load.KVCacheUsage = ptrF(0.4375)
+	}
+	return s
+}
+
+// The sizes of one 100-backend pool's feed: its JSON snapshot as serve
+// publishes it (52 KB here, 520 bytes a backend; issue 33 measured
+// 598-668 with drift and probe reasons too), its key frame (1,965 bytes)
+// and a load frame in which 60 of the 100 loads moved (375 bytes).
+func TestCompactFrameSizes(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	snap := analyzerPool100(t0)
+	data, err := json.Marshal(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := NewCompactEncoder(CompactSettings{})
+	key, _, _ := enc.Frame(nil, snap, t0)
+	next := analyzerPool100(t0.Add(250 * time.Millisecond))
+	for i := range 60 {
+		next.Backends[i].Load.Running += 2
+	}
+	loads, _ := enc.Loads(nil, next)
+	t.Logf("100 backends: JSON %d bytes, key frame %d, load frame with 60 loads moved %d", len(data), len(key), len(loads))
+	if len(data) < 45_000 {
+		t.Errorf("JSON snapshot %d bytes: the fixture no longer has what serve publishes", len(data))
+	}
+	if len(key)*20 > len(data) || len(loads) > 500 {
+		t.Errorf("key frame %d bytes (want under a twentieth of the JSON's %d), load frame %d (want at most 500)", len(key), len(data), len(loads))
+	}
 }
