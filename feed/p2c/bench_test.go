@@ -317,12 +317,12 @@ func BenchmarkPickDefault8(b *testing.B)    { benchPickDefault(b, 8) }
 func BenchmarkPickDefault100(b *testing.B)  { benchPickDefault(b, 100) }
 func BenchmarkPickDefault1000(b *testing.B) { benchPickDefault(b, 1000) }
 
-// BenchmarkPickSampled is BenchmarkPickDefault without the scan of few
-// routers (Settings.ScanRouters < 0): the 8 routers of the snapshot get 3
-// sampled choices, the default before 2026-12-05.
+// BenchmarkPickSampled is BenchmarkPickDefault with Choices 3: 3 sampled
+// candidates instead of the scan (the default for 8 routers before
+// 2026-12-05).
 func BenchmarkPickSampled(b *testing.B) {
 	for _, n := range []int{8, 100, 1000} {
-		b.Run(fmt.Sprint(n), func(b *testing.B) { benchPickDefaultWith(b, n, Settings{ScanRouters: -1}) })
+		b.Run(fmt.Sprint(n), func(b *testing.B) { benchPickDefaultWith(b, n, Settings{Choices: 3}) })
 	}
 }
 

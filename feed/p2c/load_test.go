@@ -224,9 +224,9 @@ func TestFleetRetryBudget(t *testing.T) {
 }
 
 // Choices unset: three while the snapshot counts at most 16 routers, two
-// beyond, four when it counts one router.
+// beyond (up to 8 routers a pick scans instead).
 func TestDefaultChoicesByRouters(t *testing.T) {
-	for _, tt := range []struct{ routers, want int }{{0, 3}, {1, 4}, {2, 3}, {16, 3}, {17, 2}, {64, 2}} {
+	for _, tt := range []struct{ routers, want int }{{0, 3}, {1, 3}, {2, 3}, {16, 3}, {17, 2}, {64, 2}} {
 		p := newPicker(&clock{now: t0}, Settings{})
 		snap := pool(1, ids(8)...)
 		snap.Routers = tt.routers
@@ -354,22 +354,20 @@ func TestAloneRanksByOwnCounts(t *testing.T) {
 // The baseline at the report: a load report older than an earlier snapshot
 // does not include what this router sent since that snapshot, so by
 // default the change is counted from the count at the first snapshot after
-// the report; a report newer than every earlier snapshot, and
-// BaselineAtSnapshot, count it from the snapshot that carries the report.
+// the report; a report newer than every earlier snapshot counts it from
+// the snapshot that carries the report.
 func TestBaselineAtReport(t *testing.T) {
 	for _, tt := range []struct {
-		name       string
-		atSnapshot bool
-		ageMs      int64
-		want       float64 // the load b0000 is ranked by
+		name  string
+		ageMs int64
+		want  float64 // the load b0000 is ranked by
 	}{
-		{"at snapshot", true, 1500, 9},  // 9 + 2 x (3 - 3)
-		{"old report", false, 1500, 15}, // 9 + 2 x (3 - 0): the report predates snapshot 1
-		{"new report", false, 500, 9},   // 9 + 2 x (3 - 3): snapshot 2 is the first after it
+		{"old report", 1500, 15}, // 9 + 2 x (3 - 0): the report predates snapshot 1
+		{"new report", 500, 9},   // 9 + 2 x (3 - 3): snapshot 2 is the first after it
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &clock{now: t0.Add(time.Second)}
-			p := newPicker(c, Settings{Score: LoadScore, RetryRatio: -1, LoadStale: -1, BaselineAtSnapshot: tt.atSnapshot})
+			p := newPicker(c, Settings{Score: LoadScore, RetryRatio: -1, LoadStale: -1})
 			first := pool(1, ids(4)...)
 			first.Routers = 2
 			p.Update(first) // at t0, b0000 idle

@@ -81,16 +81,18 @@ func (p *Picker) decayFrom(stateAt, loadAt int64) float64 {
 }
 
 // setBaseline sets the in-flight count e's published load is counted from:
-// the count now, or with the count from the report (the default), the
-// count at the first snapshot (or load update) at or after the report; at
-// is the snapshot's or update's time.
+// the count at the first snapshot (or load update) at or after the
+// report, at being the snapshot's or update's time. A report older than
+// earlier snapshots does not include what this router sent since those
+// (docs/EVALUATION.md "The steady-state cells"; counting from the snapshot
+// that carries the load was the rule before 2026-12-05). The counts are
+// kept at the last 8 snapshots per backend, written on Update, not on
+// Pick.
 func (p *Picker) setBaseline(at int64, e *entry) {
 	n := e.local.inFlight.Load()
-	if p.atReport {
-		// Recorded at every snapshot; used only against a published load.
-		if base := e.local.baselineAt(at, n, e.pub.loadAt.Load()); !math.IsNaN(e.pub.pubLoad()) {
-			n = base
-		}
+	// Recorded at every snapshot; used only against a published load.
+	if base := e.local.baselineAt(at, n, e.pub.loadAt.Load()); !math.IsNaN(e.pub.pubLoad()) {
+		n = base
 	}
 	e.pub.atSnap.Store(n)
 }

@@ -108,12 +108,6 @@ const (
 	// up to 16 routers; at 64 they herded, 2 did not).
 	DefaultChoices     = 3
 	DefaultChoicesMany = 2
-	// DefaultChoicesOne is Settings.Choices' default when the snapshot
-	// counts one router and the pick does not scan (ScanRouters < 0): no
-	// other router reads the same snapshot, so comparing more backends
-	// cannot herd, and the router's own counts are the pool's
-	// (docs/EVALUATION.md, "The steady-state cells").
-	DefaultChoicesOne = 4
 	// DefaultScanRouters is Settings.ScanRouters' default: up to 8
 	// routers, a fresh pick compares every candidate. Sampling three of
 	// a pool of 16 or 64 backends left most idle backends out of most
@@ -188,9 +182,10 @@ type Settings struct {
 	// down-weighted backend thus wins weight / largest weight of the
 	// picks whatever the pool's size: a half-open one its 5% trickle,
 	// and one whose every answer is an instant failure, which leaves it
-	// idle, as much (TestScanDownWeighted). If zero,
-	// DefaultScanRouters (8); negative: never, which is the rule before
-	// 2026-12-05 (4 choices for one router, 3 up to 16, 2 beyond).
+	// idle, as much (TestScanDownWeighted). If zero or negative,
+	// DefaultScanRouters (8). (A negative value kept the sampled choices
+	// of before 2026-12-05 until 2026-12-06; their figures are in
+	// docs/EVALUATION.md "Pools larger than the choices".)
 	ScanRouters int
 	// LoadStale is how old a backend's published load may be (its age_ms
 	// at the snapshot plus the time since the snapshot) before a
@@ -200,15 +195,6 @@ type Settings struct {
 	// exp(-age / LoadStale). If zero, 2s is used; a negative value never
 	// discards or discounts a published load.
 	LoadStale time.Duration
-	// BaselineAtSnapshot counts the router's change in the load estimate
-	// from its in-flight count at the snapshot that carries the backend's
-	// load, as the picker did before 2026-12-05. By default the change is
-	// counted from the first snapshot applied after the backend's load
-	// report: a report older than earlier snapshots does not include what
-	// this router sent since those (docs/EVALUATION.md "The steady-state
-	// cells"). The picker keeps its counts at its last 8 snapshots per
-	// backend for it, written on Update, not on Pick.
-	BaselineAtSnapshot bool
 	// RunningWeight is how much a published load's running sequences
 	// count in a load-aware score, its waiting requests counting 1: the
 	// published load is waiting + RunningWeight x running. If zero, 1 is
@@ -336,9 +322,8 @@ type Picker struct {
 	budget       *Budget
 	unbudgeted   bool
 	choices      int
-	scanRouters  int           // Settings.ScanRouters with its default; < 0: never
+	scanRouters  int           // Settings.ScanRouters with its default
 	loadStale    time.Duration // < 0: a published load never goes stale
-	atReport     bool          // !Settings.BaselineAtSnapshot
 	runningW     float64       // Settings.RunningWeight with its default; 0: waiting only
 	decay        decayTable    // exp(-d / loadStale), when loadStale > 0
 	// fleet is this router's share of the snapshot's fleet-wide retry
@@ -379,11 +364,10 @@ func New(s Settings) *Picker {
 	p.inFlightRank = reflect.ValueOf(p.score.Rank).Pointer() == reflect.ValueOf(inFlightRank).Pointer()
 	p.choices = min(max(s.Choices, 0), maxChoices) // 0: by the snapshot's routers
 	p.scanRouters = s.ScanRouters
-	if p.scanRouters == 0 {
+	if p.scanRouters <= 0 {
 		p.scanRouters = DefaultScanRouters
 	}
 	p.loadStale = s.LoadStale
-	p.atReport = !s.BaselineAtSnapshot
 	switch p.runningW = s.RunningWeight; {
 	case p.runningW == 0:
 		p.runningW = 1
@@ -468,7 +452,7 @@ type local struct {
 	trips     atomic.Int32 // trips in a row since the breaker last closed
 	// marks are the in-flight counts at the last snapshots applied, with
 	// their at (unix ns), the newest at marks[(next-1)%len(marks)]; kept
-	// under Picker.updateMu (nil with Settings.BaselineAtSnapshot).
+	// under Picker.updateMu.
 	marks *[8]mark
 	next  int
 }

@@ -29,9 +29,10 @@ func scanPool(n, idle, routers int) *fleetwatch.Snapshot {
 }
 
 // Up to ScanRouters routers (8 by default) a fresh pick compares every
-// candidate, so the one idle backend of 16 takes every pick; beyond it, or
-// with ScanRouters < 0, three are sampled and the idle one wins only the
-// picks it is sampled into (about 3 in 16).
+// candidate, so the one idle backend of 16 takes every pick; beyond it
+// three are sampled and the idle one wins only the picks it is sampled
+// into (about 3 in 16). A negative ScanRouters is the default (it kept the
+// sampled rule of before 2026-12-05 until 2026-12-06).
 func TestScanComparesEveryCandidate(t *testing.T) {
 	for _, tt := range []struct {
 		routers, scanRouters int
@@ -43,7 +44,7 @@ func TestScanComparesEveryCandidate(t *testing.T) {
 		{9, 0, false},
 		{16, 0, false},
 		{0, 0, false}, // no router counted yet
-		{4, -1, false},
+		{4, -1, true},
 		{12, 12, true},
 	} {
 		t.Run(fmt.Sprintf("routers %d scan_routers %d", tt.routers, tt.scanRouters), func(t *testing.T) {

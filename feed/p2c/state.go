@@ -146,8 +146,6 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	if st.choices == 0 { // Settings.Choices unset: by the number of routers
 		st.scan = snap.Routers >= 1 && snap.Routers <= p.scanRouters
 		switch {
-		case snap.Routers == 1:
-			st.choices = DefaultChoicesOne
 		case snap.Routers > fleetwatch.ManyRouters:
 			st.choices = DefaultChoicesMany
 		default:

@@ -299,16 +299,13 @@ type PoolConfig struct {
 	Choices *int `yaml:"choices"`
 	// ScanRouters is the most routers a pool's snapshot may count for
 	// the picker to compare every candidate rather than sample choices of
-	// them (p2c.Settings.ScanRouters); absent or 0: 8; negative: never.
+	// them (p2c.Settings.ScanRouters); absent or 0: 8.
 	ScanRouters *int `yaml:"scan_routers"`
 	// LoadStale is how old a published backend load may be before the
 	// load score counts the backend by the router's own in-flight count
 	// (p2c.Settings.LoadStale); absent: 2s.
 	LoadStale *Duration `yaml:"load_stale"`
-	// LoadBaselineAtReport counts the router's change in the load score
-	// from its count at the first snapshot after the backend's load report;
-	// false counts it from the snapshot that carries the load
-	// (p2c.Settings.BaselineAtSnapshot); absent: true.
+	// LoadBaselineAtReport is a removed key, kept to say so.
 	LoadBaselineAtReport *bool `yaml:"load_baseline_at_report"`
 	// LoadRunningWeight is how much a published load's running sequences
 	// count against its waiting requests in the load score
@@ -664,6 +661,12 @@ func (c *Config) validatePools(fail func(key, format string, args ...any) error)
 		}
 		if v := p.Choices; v != nil && *v < 0 {
 			return fail(key+".choices", "%d: must be >= 0 (0: by the number of routers)", *v)
+		}
+		if v := p.ScanRouters; v != nil && *v < 0 {
+			return fail(key+".scan_routers", "%d: must be >= 0 (0: 8); a negative value no longer turns the scan off (choices: 3 samples at every router count)", *v)
+		}
+		if p.LoadBaselineAtReport != nil {
+			return fail(key+".load_baseline_at_report", "removed: the load score always counts a router's change from the first snapshot after the load report")
 		}
 		if v := p.LoadRunningWeight; v != nil && (*v < 0 || *v > 1) {
 			return fail(key+".load_running_weight", "%v: must be in [0, 1]", *v)

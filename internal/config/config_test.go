@@ -99,6 +99,8 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		{"infinite retry ratio", "route:\n  retry_ratio: .inf\n", "route.retry_ratio", 2},
 		{"bad prefix_from", "route:\n  prefix_from: user\n", "route.prefix_from", 2},
 		{"bad feed", "route:\n  feed: xml\n", "route.feed", 2},
+		{"negative scan_routers", "pools:\n  - id: a\n    scan_routers: -1\n", "pools[0].scan_routers", 3},
+		{"removed load_baseline_at_report", "pools:\n  - id: a\n    load_baseline_at_report: false\n", "pools[0].load_baseline_at_report", 3},
 		{"removed many_routers_heartbeat", "analyzer:\n  heartbeat: 1s\n  many_routers_heartbeat: 250ms\n", "analyzer.many_routers_heartbeat", 3},
 		{"max attempts not a number", "route:\n  max_attempts: many\n", "route.max_attempts", 2},
 		{"bad cron", "probes:\n  schedule: every now and then\n", "probes.schedule", 2},

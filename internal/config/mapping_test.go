@@ -60,7 +60,7 @@ var directKeys = map[string]func(c *Config) any{
 
 // removedKeys are keys kept only to say what replaced them: setting one is
 // a configuration error (TestConfigErrorsNameKeyAndLine).
-var removedKeys = []string{"many_routers_heartbeat"}
+var removedKeys = []string{"many_routers_heartbeat", "load_baseline_at_report"}
 
 func removed(key string) bool {
 	return slices.ContainsFunc(removedKeys, func(k string) bool { return strings.HasSuffix(key, "."+k) })
@@ -162,7 +162,7 @@ func fieldByTag(v reflect.Value, name string) (reflect.Value, bool) {
 
 // onByDefault are the boolean keys whose default is not false: setting
 // them means setting them false.
-var onByDefault = map[string]bool{"ingest.durable": true, "pools[0].load_baseline_at_report": true}
+var onByDefault = map[string]bool{"ingest.durable": true}
 
 // enumValues are the string keys only some values of which change the
 // mapping: set them to one.

@@ -14,7 +14,7 @@ import (
 // getenv from the variable the file names), priority and cost, and the
 // picker settings ps for every pool, with the pool's ms_per_cost_unit as
 // the score's exchange rate (p2c.Settings.CostWeightPerMs, its inverse)
-// and its score, choices, scan_routers, load_stale, load_baseline_at_report
+// and its score, choices, scan_routers, load_stale
 // and load_running_weight (0, waiting only, is p2c's negative) when the
 // file sets them, and the
 // route block's retry_ratio when set. route.New checks them and names the
@@ -50,9 +50,6 @@ func (c *Config) RoutePools(getenv func(string) string, ps p2c.Settings) []route
 		}
 		if pc.LoadStale != nil {
 			p.Picker.LoadStale = pc.LoadStale.Duration
-		}
-		if v := pc.LoadBaselineAtReport; v != nil {
-			p.Picker.BaselineAtSnapshot = !*v
 		}
 		if v := pc.LoadRunningWeight; v != nil {
 			p.Picker.RunningWeight = *v

@@ -41,17 +41,15 @@ func TestRoutePoolsCostExchangeRate(t *testing.T) {
 	}
 }
 
-// score, choices, scan_routers, load_stale, load_baseline_at_report and
-// load_running_weight reach the pool's picker; absent, the caller's
-// settings stay.
+// score, choices, scan_routers, load_stale and load_running_weight reach
+// the pool's picker; absent, the caller's settings stay.
 func TestRoutePoolsPickerKeys(t *testing.T) {
 	c, err := Parse([]byte(`pools:
   - id: tuned
     score: inflight
     choices: 2
-    scan_routers: -1
+    scan_routers: 12
     load_stale: 500ms
-    load_baseline_at_report: false
     load_running_weight: 0
     backends: [{id: a, url: "http://127.0.0.1:1"}]
   - id: plain
@@ -62,11 +60,11 @@ func TestRoutePoolsPickerKeys(t *testing.T) {
 	}
 	pools := c.RoutePools(func(string) string { return "" }, p2c.Settings{Choices: 5})
 	tuned, plain := pools[0].Picker, pools[1].Picker
-	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.ScanRouters != -1 || tuned.LoadStale != 500*time.Millisecond || !tuned.BaselineAtSnapshot || tuned.RunningWeight != -1 {
-		t.Errorf("tuned pool's picker: score %q, choices %d, scan_routers %d, load_stale %v, baseline at snapshot %v, running weight %v",
-			tuned.Score.Name, tuned.Choices, tuned.ScanRouters, tuned.LoadStale, tuned.BaselineAtSnapshot, tuned.RunningWeight)
+	if tuned.Score.Name != "inflight" || tuned.Score.Rank == nil || tuned.Choices != 2 || tuned.ScanRouters != 12 || tuned.LoadStale != 500*time.Millisecond || tuned.RunningWeight != -1 {
+		t.Errorf("tuned pool's picker: score %q, choices %d, scan_routers %d, load_stale %v, running weight %v",
+			tuned.Score.Name, tuned.Choices, tuned.ScanRouters, tuned.LoadStale, tuned.RunningWeight)
 	}
-	if plain.Score.Rank != nil || plain.Choices != 5 || plain.ScanRouters != 0 || plain.LoadStale != 0 || plain.BaselineAtSnapshot || plain.RunningWeight != 0 {
+	if plain.Score.Rank != nil || plain.Choices != 5 || plain.ScanRouters != 0 || plain.LoadStale != 0 || plain.RunningWeight != 0 {
 		t.Errorf("plain pool's picker: score %q, choices %d, scan_routers %d, load_stale %v, running weight %v; want the caller's",
 			plain.Score.Name, plain.Choices, plain.ScanRouters, plain.LoadStale, plain.RunningWeight)
 	}

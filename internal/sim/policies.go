@@ -41,16 +41,11 @@ const (
 	// in-flight counts (the in-flight score).
 	FWChoices4 = "fw-choices4"
 	FWOwn4     = "fw-own4"
-	// FWAtSnapshot is fleetwatch with p2c.Settings.BaselineAtSnapshot:
-	// the router's change counted from the snapshot that carries the load,
-	// the default before 2026-12-05 (docs/EVALUATION.md "The steady-state
-	// cells"), with the sampled choices of that default (no scan).
-	FWAtSnapshot = "fw-at-snapshot"
-	// FWSampled is fleetwatch without the scan of few routers
-	// (p2c.Settings.ScanRouters < 0): the choice rule before 2026-12-05,
-	// 4 sampled candidates for one router, 3 up to 16, 2 beyond
-	// (docs/EVALUATION.md "Pools larger than the choices").
-	FWSampled = "fw-sampled"
+	// FWChoices3 is fleetwatch sampling 3 candidates at every router count
+	// (choices: 3) instead of the scan of few routers: at 4 routers the
+	// rule before 2026-12-05 (docs/EVALUATION.md "Pools larger than the
+	// choices").
+	FWChoices3 = "fw-choices3"
 	// FWRunningQuarter is fleetwatch counting a published load's running
 	// sequences a quarter (p2c.Settings.RunningWeight 0.25), an experiment
 	// of docs/EVALUATION.md "Pools larger than the choices".
@@ -99,18 +94,17 @@ var pickerPolicies = map[string]pickerPolicy{
 	FWUnbudgeted:      {settings: p2c.Settings{RetryRatio: -1}},
 	FWNoGuard:         {settings: p2c.Settings{SlowOutlierFactor: -1}},
 	FWV1:              {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 2}, localBudget: true},
-	FLoad3:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, BaselineAtSnapshot: true}, localBudget: true},
-	FLoad2:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 2, BaselineAtSnapshot: true}, localBudget: true},
-	FLoad4:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 4, BaselineAtSnapshot: true}, localBudget: true},
-	FLoad3Exact:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, BaselineAtSnapshot: true}, localBudget: true, exact: true},
-	FLoad3Weighted:    {settings: p2c.Settings{Score: weightedLoadScore, Choices: 3, BaselineAtSnapshot: true}, localBudget: true},
-	FLoad3Fleet:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, BaselineAtSnapshot: true}},
-	FLoad3Fleet25:     {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, BaselineAtSnapshot: true}, spareFree: 0.25},
-	FLoad3NoBudget:    {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, RetryRatio: -1, BaselineAtSnapshot: true}},
+	FLoad3:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, localBudget: true},
+	FLoad2:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 2}, localBudget: true},
+	FLoad4:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 4}, localBudget: true},
+	FLoad3Exact:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, localBudget: true, exact: true},
+	FLoad3Weighted:    {settings: p2c.Settings{Score: weightedLoadScore, Choices: 3}, localBudget: true},
+	FLoad3Fleet:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}},
+	FLoad3Fleet25:     {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, spareFree: 0.25},
+	FLoad3NoBudget:    {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3, RetryRatio: -1}},
 	FWChoices4:        {settings: p2c.Settings{Choices: 4}},
 	FWOwn4:            {settings: p2c.Settings{Score: p2c.InFlightScore, Choices: 4}},
-	FWAtSnapshot:      {settings: p2c.Settings{BaselineAtSnapshot: true, ScanRouters: -1}},
-	FWSampled:         {settings: p2c.Settings{ScanRouters: -1}},
+	FWChoices3:        {settings: p2c.Settings{Choices: 3}},
 	FWRunningQuarter:  {settings: p2c.Settings{RunningWeight: 0.25}},
 }
 
@@ -135,10 +129,9 @@ var PolicyDescriptions = map[string]string{
 	FWNoGuard:         "fleetwatch without the picker's slow-outlier guard",
 	FWChoices4:        "fleetwatch with 4 choices at every router count",
 	FWOwn4:            "fleetwatch with the in-flight score (the router's own counts, no published load) and 4 choices",
-	FWAtSnapshot:      "fleetwatch whose load estimate counts the router's change from the snapshot that carries the load (the default before 2026-12-05)",
 	FWDefaultAnalyzer: "fleetwatch with every analyzer default, including the slow rule (slow_factor 5)",
 	FWRunningQuarter:  "fleetwatch with a published load of waiting + running / 4 (running sequences count a quarter)",
-	FWSampled:         "fleetwatch sampling its candidates at every router count (4 for one router, 3 up to 16, 2 beyond): the default before 2026-12-05",
+	FWChoices3:        "fleetwatch sampling 3 candidates at every router count (choices: 3) instead of the scan of few routers",
 }
 
 // errNoBackend is a router's "nothing to send to".

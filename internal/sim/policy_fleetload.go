@@ -11,10 +11,12 @@ import (
 // Fleet-load policies (docs/EVALUATION.md, "Fleet-wide load (experiment)"). Those the
 // picker implements run the real feed/p2c with its load score
 // (p2c.LoadScore: the backend's published load plus R times the router's
-// own change of in-flight requests since the snapshot, R the snapshot's
-// routers) and are listed in pickerPolicies, with the change counted from
-// the snapshot as when the experiment was measured
-// (p2c.Settings.BaselineAtSnapshot). Three variants that the
+// own change of in-flight requests since the report, R the snapshot's
+// routers) and are listed in pickerPolicies. They were measured with the
+// change counted from the snapshot that carries the load (the picker's
+// rule before 2026-12-05, removed on 2026-12-06 after commit f98bc80:
+// their EVALUATION.md figures are that build's); they now count it from
+// the report, as the default does. Three variants that the
 // picker does not implement, kept for the comparison, are simulator-local
 // routers below: the score without the R factor, the published load alone,
 // and every candidate ranked. Those honour the analyzer's breakers and
