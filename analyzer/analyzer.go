@@ -74,7 +74,7 @@ type pool struct {
 	seq       uint64
 	published bool          // a snapshot of the pool was returned
 	beatAt    time.Time     // the pool's last heartbeat, the anchor of the next
-	loadAt    time.Time     // the pool's last snapshot or load beat, the anchor of the next load beat
+	loadAt    time.Time     // the pool's last load beat, the anchor of the next
 	signature []decisionKey // the decisions of the last returned snapshot
 	spare     []decisionKey // the other buffer of signature
 	peers     peers         // scratch of the slowness rule
@@ -382,7 +382,10 @@ func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
 	for _, p := range pools {
 		first := len(ev.Transitions)
 		beat := p.beat(now)
-		gone := a.evaluatePool(p, now, beat, &ev)
+		loads := !beat && p.loadBeat(now)
+		// Damped weights step on load beats too (a ramp goes out as
+		// decision snapshots four times a second), by the time elapsed.
+		gone := a.evaluatePool(p, now, beat || loads, &ev)
 		slices.SortStableFunc(ev.Transitions[first:], func(x, y Transition) int { return cmpString(x.Backend, y.Backend) })
 		// Two signature buffers per pool, swapped on change: a tick that
 		// changes nothing allocates nothing for the comparison.
@@ -390,11 +393,10 @@ func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
 		if all || gone || beat || !slices.Equal(sig, p.signature) {
 			p.seq++
 			p.published, p.signature, p.spare = true, sig, p.signature
-			p.loadAt = now
 			ev.Snapshots = append(ev.Snapshots, a.snapshot(p, now, false))
 		} else {
 			p.spare = sig // keep the grown buffer
-			if p.loadBeat(now) {
+			if loads {
 				ev.Loads = append(ev.Loads, a.snapshot(p, now, true))
 			}
 		}
@@ -498,13 +500,25 @@ func nextBeat(anchor *time.Time, now time.Time, d time.Duration) bool {
 }
 
 // loadBeat reports whether the pool's load beat is due at now (between
-// snapshots; Settings.LoadBeat), and if so moves its anchor.
+// heartbeats; Settings.LoadBeat), and if so moves its anchor. Load beats
+// fall on the heartbeat's grid (the heartbeat's time + k x LoadBeat, a
+// tenth early at most), so that beats of both kinds are evenly spaced;
+// one missed is skipped, not caught up.
 func (p *pool) loadBeat(now time.Time) bool {
 	lb := p.settings.LoadBeat
 	if lb <= 0 || lb >= p.settings.Heartbeat || !p.published {
 		return false
 	}
-	return nextBeat(&p.loadAt, now, lb)
+	if p.loadAt.Before(p.beatAt) {
+		p.loadAt = p.beatAt // a heartbeat came: the grid starts from it
+	}
+	next := p.loadAt.Add(lb)
+	early := now.Add(lb / 10)
+	if early.Before(next) {
+		return false
+	}
+	p.loadAt = next.Add(early.Sub(next) / lb * lb) // the latest grid point due
+	return true
 }
 
 // phase is a pool's offset within a period: FNV-1a of its id, mixed

@@ -216,57 +216,57 @@ func TestWeights(t *testing.T) {
 			t.Errorf("weights per heartbeat (-want +got):\n%s", diff)
 		}
 	})
-	t.Run("ticks faster than the heartbeat do not speed up or republish the ramp", func(t *testing.T) {
-		a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
-		openX(t, a)
-		a.Evaluate(at(36 * time.Second)) // half-open
-		a.Observe(series("p", "x", ok, 5, at(36100*time.Millisecond), 500*time.Millisecond, 200))
-		published := 0
-		var weights []float64
-		for ms := 37000; ms <= 41000; ms += 100 {
-			now := at(time.Duration(ms) * time.Millisecond)
-			published += len(a.Evaluate(now).Snapshots)
-			if ms%1000 == 0 {
-				weights = append(weights, backendOf(t, a, "p", "x", now).Weight)
+	// A ramp steps on the pool's beats, heartbeats and 250 ms load beats,
+	// by the time elapsed: 0.25 a second however often the caller
+	// evaluates and whatever the pool's routers, so from half-open's 0.05
+	// it takes 15 quarter steps after the first (3.75 s) to reach 1. At
+	// the 250 ms heartbeat many routers had, a whole step per beat moved
+	// it four times faster; ticks faster than the beats must not move it
+	// more often, nor publish it more than once a beat.
+	for _, tt := range []struct {
+		name    string
+		tick    time.Duration
+		routers int
+	}{
+		{"ticks every 100 ms", 100 * time.Millisecond, 0},
+		{"ticks every 250 ms, many routers", 250 * time.Millisecond, 2 * fleetwatch.ManyRouters},
+	} {
+		t.Run("the ramp takes as long: "+tt.name, func(t *testing.T) {
+			a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
+			openX(t, a)
+			a.Evaluate(at(36 * time.Second)) // half-open
+			var routers []fleetwatch.Event
+			for i := range tt.routers {
+				e := event("p", "a", ok, at(36*time.Second+time.Duration(i)*time.Millisecond), 200)
+				e.Source = fmt.Sprintf("router-%d", i)
+				routers = append(routers, e)
 			}
-		}
-		if diff := cmp.Diff([]float64{0.30, 0.55, 0.80, 1, 1}, weights); diff != "" {
-			t.Errorf("weights per second (-want +got):\n%s", diff)
-		}
-		if published != 5 {
-			t.Errorf("%d snapshots in 41 ticks over 4s, want 5 (one per heartbeat)", published)
-		}
-	})
-	t.Run("the ramp takes as long when loads beat every 250 ms", func(t *testing.T) {
-		// More than fleetwatch.ManyRouters sources, evaluated every 250 ms:
-		// the pool's loads go out every 250 ms, and the weight must still
-		// move 0.25 a second (at the 250 ms heartbeat many routers had, it
-		// moved 0.25 a beat: four times faster).
-		a := newAnalyzer(t, Config{Settings: noJitter(Settings{})})
-		openX(t, a)
-		a.Evaluate(at(36 * time.Second)) // half-open
-		var routers []fleetwatch.Event
-		for i := range 2 * fleetwatch.ManyRouters {
-			e := event("p", "a", ok, at(36*time.Second+time.Duration(i)*time.Millisecond), 200)
-			e.Source = fmt.Sprintf("router-%d", i)
-			routers = append(routers, e)
-		}
-		a.Observe(concat(routers, series("p", "x", ok, 5, at(36100*time.Millisecond), 500*time.Millisecond, 200)))
-		var weights []float64
-		for ms := 36250; ms <= 41000; ms += 250 {
-			now := at(time.Duration(ms) * time.Millisecond)
-			a.Evaluate(now)
-			if ms%1000 == 0 {
-				weights = append(weights, backendOf(t, a, "p", "x", now).Weight)
+			a.Observe(concat(routers, series("p", "x", ok, 5, at(36100*time.Millisecond), 500*time.Millisecond, 200)))
+			var start, end time.Duration
+			published, beats := 0, 0
+			for d := 36*time.Second + tt.tick; d <= 44*time.Second; d += tt.tick {
+				ev := a.Evaluate(at(d))
+				published += len(ev.Snapshots)
+				beats += len(ev.Snapshots) + len(ev.Loads)
+				w := backendOf(t, a, "p", "x", at(d)).Weight
+				if start == 0 && w > 0.05 && w < 1 {
+					start = d
+				}
+				if end == 0 && w == 1 {
+					end = d
+				}
 			}
-		}
-		if snap, _ := a.Snapshot("p", at(41*time.Second)); snap.Routers <= fleetwatch.ManyRouters {
-			t.Fatalf("setup: %d routers counted, want more than %d", snap.Routers, fleetwatch.ManyRouters)
-		}
-		if diff := cmp.Diff([]float64{0.30, 0.55, 0.80, 1, 1}, weights); diff != "" {
-			t.Errorf("weights per second at the 250 ms beat (-want +got): 0.25 a second, as at the 1 s beat:\n%s", diff)
-		}
-	})
+			if ramp := (end - start).Seconds(); start == 0 || ramp < 3.4 || ramp > 4.1 {
+				t.Errorf("the ramp from its first step to 1 took %.2f s (from %v), want 3.75 s (0.25 a second in quarter steps)", ramp, start)
+			}
+			if published > beats || beats > 8*4+1 {
+				t.Errorf("%d snapshots and %d beats in 8 s, want a snapshot per beat at most and 4 beats a second", published, beats)
+			}
+			if snap, _ := a.Snapshot("p", at(44*time.Second)); tt.routers > 0 && snap.Routers <= fleetwatch.ManyRouters {
+				t.Fatalf("setup: %d routers counted, want more than %d", snap.Routers, fleetwatch.ManyRouters)
+			}
+		})
+	}
 	t.Run("shrinkage toward the pool prior", func(t *testing.T) {
 		// Peers at a 429 rate of 0.25 observe weight 0.5, the prior.
 		peers := concat(

@@ -361,6 +361,9 @@ func (in *ruleInput) throttledRefuseRow(rows *[]RuleCheck, r refusal, byRefuse, 
 		c.HeldBy = HeldByPoolThrottle
 		c.Detail += fmt.Sprintf("; a peer's 429 rate over the newest %s is %.2f (the rule needs every peer's under pool_throttle_hold / 5, %.2f)",
 			span, peer429, s.PoolThrottleHold/5)
+	case r.fires && !byRefuse && poolHold:
+		c.HeldBy = HeldByPoolThrottle
+		c.Detail += fmt.Sprintf("; the hinted 429 rate rule comes first, and a peer's 429 rate (%.2f) holds it", peer429)
 	case r.fires && !byRefuse:
 		c.Detail += "; the hinted 429 rate rule opens it first"
 	}

@@ -350,7 +350,8 @@ func (a *Analyzer) dryRun(p *pool, now time.Time) (*pool, Evaluation) {
 	}
 	var out Evaluation
 	beat := cp.beat(now)
-	scratch.evaluatePool(&cp, now, beat, &out)
+	loads := cp.loadBeat(now)
+	scratch.evaluatePool(&cp, now, beat || loads, &out)
 	return &cp, out
 }
 

@@ -24,12 +24,22 @@ func tripCause(cause string) bool {
 // ruleOpens reports whether a rule of e fires with nothing holding it.
 func ruleOpens(e Explanation, cause string) bool {
 	for _, r := range e.Rules {
-		name := strings.TrimSuffix(r.Rule, "_recent")
-		if name == cause && r.Fires && r.HeldBy == "" {
+		if causeOfRule(r.Rule) == cause && r.Fires && r.HeldBy == "" {
 			return true
 		}
 	}
 	return false
+}
+
+// causeOfRule is the transition cause of a rule's trip: the rule's name
+// without _recent, and throttled for every 429 rule (the run and the
+// refusal rule too).
+func causeOfRule(rule string) string {
+	switch rule {
+	case RuleThrottledRun, RuleThrottledRefuse:
+		return CauseThrottled
+	}
+	return strings.TrimSuffix(rule, "_recent")
 }
 
 // firstTrip is the first row of e's table that opens the backend (fires,
@@ -162,7 +172,7 @@ func TestPropertyExplainIsTheDecision(t *testing.T) {
 					// The table states the reason the backend opened with,
 					// word for word, on the rule that opened it.
 					r, ok := firstTrip(e)
-					if !ok || r.TripReason != reasons[id] || strings.TrimSuffix(r.Rule, "_recent") != causes[id] {
+					if !ok || r.TripReason != reasons[id] || causeOfRule(r.Rule) != causes[id] {
 						t.Fatalf("step %d: %s opened by %s (%q), but the table's first trip is %+v (ok %v)", step, id, causes[id], reasons[id], r, ok)
 					}
 				}

@@ -476,13 +476,13 @@ func (a *Analyzer) setWeights(p *pool, bs []*backend, now time.Time, beat bool) 
 		w := target
 		if !immediate {
 			if !beat {
-				// Damped weights move on the pool's heartbeat only,
-				// however often the caller evaluates, so that a ramp
-				// neither speeds up nor republishes the pool at every
-				// tick.
+				// Damped weights move on the pool's beats only (its
+				// heartbeat and load beats), however often the caller
+				// evaluates, so that a ramp neither speeds up nor
+				// republishes the pool at every tick.
 				continue
 			}
-			w = dampedWeight(s, b.weight, target, b.weightAt, now, s.Heartbeat)
+			w = dampedWeight(s, b.weight, target, b.weightAt, now)
 		}
 		b.weight = roundWeight(w)
 		b.weightSet, b.weightAt = true, now
