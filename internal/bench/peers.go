@@ -658,14 +658,7 @@ func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(&b, "%s, %.0f requests/s to each balancer (streaming chat completions, 8 tokens), "+
 		"first-byte budget %s for every balancer, client timeout %s; 4 fake backends b0-b3, TTFT 40 ms, 5 ms per token.\n\n",
 		phases, s.Rate, s.FirstByte, s.ClientTimeout)
-	if s.Routers > 1 {
-		fmt.Fprintf(&b, "%d instances of each balancer, the requests spread over them in turn (%.1f/s each): %d nginx and %d HAProxy processes of each kind that each learn alone, %d fleetwatch routers sharing one serve.\n\n",
-			s.Routers, s.Rate/float64(s.Routers), s.Routers, s.Routers, s.Routers)
-	}
-	if slices.Contains(r.Balancers, PeerSteeredNginx) {
-		fmt.Fprintf(&b, "%s: %d nginx process(es) asking one fleetwatch pick service (/v1/pick, auth_request) for every request and retrying a failed attempt once on another pick, in a pool of their own (the same backends) of the same serve, whose breakers open from their access logs' outcome events (the nginx log adapter, one per process); nginx's own least_conn group when the pick service does not answer.\n\n",
-			PeerSteeredNginx, s.Routers)
-	}
+	r.writeKinds(&b)
 	if slices.Contains(r.Balancers, PeerPortkey) {
 		fmt.Fprintf(&b, "%s: %d node process(es) of @portkey-ai/gateway, each request load-balanced over four fallback chains of three backends (on 408, 429 and 5xx), request_timeout %s; the same requests without stream (its streaming fails on Node 20, see internal/bench/peers_portkey.go).\n\n",
 			PeerPortkey, s.Routers, s.FirstByte)
@@ -691,6 +684,39 @@ func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 	r.writeRatios(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeKinds writes how many instances of each balancer ran and how the
+// steered nginx was set up.
+func (r *PeersReport) writeKinds(b *strings.Builder) {
+	s, has := r.Settings, func(name string) bool { return slices.Contains(r.Balancers, name) }
+	if s.Routers > 1 {
+		var parts []string
+		switch haproxy := has(PeerHAProxy) || has(PeerHAProxyRetry); {
+		case has(PeerNginx) && haproxy:
+			parts = append(parts, fmt.Sprintf("%d nginx and %d HAProxy processes of each kind that each learn alone", s.Routers, s.Routers))
+		case has(PeerNginx):
+			parts = append(parts, fmt.Sprintf("%d nginx processes that each learn alone", s.Routers))
+		case haproxy:
+			parts = append(parts, fmt.Sprintf("%d HAProxy processes of each kind that each learn alone", s.Routers))
+		}
+		if has(PeerFleetwatch) {
+			parts = append(parts, fmt.Sprintf("%d fleetwatch routers sharing one serve", s.Routers))
+		}
+		if has(PeerSteeredNginx) {
+			parts = append(parts, fmt.Sprintf("%d steered nginx sharing one pick service", s.Routers))
+		}
+		fmt.Fprintf(b, "%d instances of each balancer, the requests spread over them in turn (%.1f/s each): %s.\n\n",
+			s.Routers, s.Rate/float64(s.Routers), strings.Join(parts, ", "))
+	}
+	if has(PeerSteeredNginx) {
+		analyzer := "every 429 counts toward opening a breaker in its pool (throttled_run_counts and throttle_rate_counts: all, docs/INTEGRATIONS.md's advice behind an access-log adapter)"
+		if s.SteeredAnalyzerDefaults {
+			analyzer = "the analyzer's 429 defaults in its pool (--steered-analyzer-defaults)"
+		}
+		fmt.Fprintf(b, "%s: %d nginx process(es) asking one fleetwatch pick service (/v1/pick, auth_request) for every request and retrying a failed attempt once on another pick, in a pool of their own (the same backends) of the same serve, whose breakers open from their access logs' outcome events (the nginx log adapter, one per process); %s; nginx's own least_conn group when the pick service does not answer.\n\n",
+			PeerSteeredNginx, s.Routers, analyzer)
+	}
 }
 
 // writeRatios writes the broken backend's share of fleetwatch's attempts
