@@ -38,9 +38,13 @@ import (
 // X-Fleetwatch-Among restricts the pick to a comma list of addresses or
 // backend ids (a subset the proxy can reach); X-Fleetwatch-Prefix keeps a
 // request with the same value on one backend (affinity, any string).
+// X-Fleetwatch-Tried, a comma list of the addresses or backend ids a
+// request already tried, makes the pick a retry, as the router's: it draws
+// from the retry budget, the last one tried is picked again only when it
+// is the only candidate, and the earlier ones never.
 //
-// When no backend may be picked the answer carries X-Fleetwatch-Shed with
-// the reason and Retry-After, with status 503, or the status the request's
+// When no backend may be picked (or a retry finds the retry budget spent)
+// the answer carries X-Fleetwatch-Shed with the reason and Retry-After, with status 503, or the status the request's
 // X-Fleetwatch-Shed-Status header asks for (403 for nginx: auth_request
 // passes 401 and 403 on and treats any other status as an error, which a
 // configuration that fails open sends to its plain upstream). An unknown
@@ -60,6 +64,7 @@ const (
 	HeaderModel      = "X-Fleetwatch-Model"
 	HeaderAmong      = "X-Fleetwatch-Among"
 	HeaderPrefix     = "X-Fleetwatch-Prefix"
+	HeaderTried      = "X-Fleetwatch-Tried"
 	HeaderShed       = "X-Fleetwatch-Shed"
 	HeaderShedStatus = "X-Fleetwatch-Shed-Status"
 )
@@ -150,6 +155,7 @@ const (
 	PickShed        = "shed"
 	PickNoEndpoint  = "no_endpoint"
 	PickUnknownPool = "unknown_pool"
+	PickRetryBudget = "retry_budget"
 )
 
 func (h *PickHandler) count(pool, result string) {
@@ -172,16 +178,10 @@ func (h *PickHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("epp: no pool %q (give ?pool=, %s or %s)", pool, HeaderPool, HeaderModel), http.StatusNotFound)
 		return
 	}
-	req := p2c.Request{}
-	if among := r.Header.Get(HeaderAmong); among != "" {
-		for _, a := range strings.Split(among, ",") {
-			a = strings.TrimSpace(a)
-			if id := h.s.Pools.Backend(pool, a); id != "" {
-				req.Among = append(req.Among, id)
-			} else {
-				req.Among = append(req.Among, a) // a backend id, or unknown: ignored by the picker
-			}
-		}
+	req := p2c.Request{Among: h.backendIDs(pool, r.Header.Get(HeaderAmong))}
+	if tried := h.backendIDs(pool, r.Header.Get(HeaderTried)); len(tried) > 0 {
+		req.Exclude, req.Retry = tried[len(tried)-1], true
+		req.Avoid = tried[:len(tried)-1]
 	}
 	if prefix := r.Header.Get(HeaderPrefix); prefix != "" {
 		req.Prefix, req.HasPrefix = hashString(prefix), true
@@ -209,6 +209,26 @@ func (h *PickHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
+// backendIDs turns a header's comma list of addresses or backend ids into
+// backend ids (nil for none); an address the pool does not know is kept as
+// it is, which the picker ignores as an id it does not name.
+func (h *PickHandler) backendIDs(pool, list string) []string {
+	if list == "" {
+		return nil
+	}
+	var ids []string
+	for _, a := range strings.Split(list, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if id := h.s.Pools.Backend(pool, a); id != "" {
+			a = id
+		}
+		ids = append(ids, a)
+	}
+	return ids
+}
+
 // shed answers a pick that found no backend.
 func (h *PickHandler) shed(w http.ResponseWriter, r *http.Request, pool string, err error) {
 	reason, result := "all_open", PickShed
@@ -217,6 +237,8 @@ func (h *PickHandler) shed(w http.ResponseWriter, r *http.Request, pool string, 
 		reason, result = "no_eligible_endpoint", PickNoEndpoint
 	case errors.Is(err, p2c.ErrNoBackends):
 		reason, result = "no_backend", PickNoEndpoint
+	case errors.Is(err, p2c.ErrRetryBudget):
+		reason, result = "retry_budget", PickRetryBudget
 	}
 	h.count(pool, result)
 	status := http.StatusServiceUnavailable

@@ -189,3 +189,45 @@ func TestPickWhyAndAffinity(t *testing.T) {
 		t.Errorf("upstream %q", resp.Header.Get(HeaderUpstream))
 	}
 }
+
+// A retry's pick (X-Fleetwatch-Tried) avoids what the request tried: the
+// last one tried unless it is the only candidate left, the earlier ones
+// always; it draws from the retry budget, and once the budget is spent a
+// retry is shed with the reason retry_budget.
+func TestPickRetryAvoidsTried(t *testing.T) {
+	f := newPickFixture(t, false)
+	for range 5 {
+		for range 15 { // first attempts: 3 retries' worth of budget
+			f.get(t, "/v1/pick")
+		}
+		resp := f.get(t, "/v1/pick", HeaderTried, "10.0.0.1:8000")
+		if resp.StatusCode != 200 || resp.Header.Get(HeaderBackend) == "b0" {
+			t.Fatalf("retry after b0: %d %s, want another closed backend", resp.StatusCode, resp.Header.Get(HeaderBackend))
+		}
+		resp = f.get(t, "/v1/pick", HeaderTried, "b0, 10.0.0.2:8000")
+		if resp.StatusCode != 200 || resp.Header.Get(HeaderBackend) != "b2" {
+			t.Fatalf("retry after b0 and b1: %d %s, want b2 (b3 is open)", resp.StatusCode, resp.Header.Get(HeaderBackend))
+		}
+		resp = f.get(t, "/v1/pick", HeaderTried, "b2", HeaderAmong, "b2,b3")
+		if resp.StatusCode != 200 || resp.Header.Get(HeaderBackend) != "b2" {
+			t.Fatalf("retry after b2, the only closed candidate: %d %s, want b2 again", resp.StatusCode, resp.Header.Get(HeaderBackend))
+		}
+	}
+	// The clock stands still: no floor accrues, and retries alone deposit
+	// nothing.
+	for i := range 1000 {
+		resp := f.get(t, "/v1/pick", HeaderTried, "b0", HeaderShedStatus, "403")
+		if resp.StatusCode == 200 {
+			continue
+		}
+		if resp.StatusCode != 403 || resp.Header.Get(HeaderShed) != "retry_budget" || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("retry %d: %d shed %q retry-after %q, want 403 retry_budget with a Retry-After",
+				i, resp.StatusCode, resp.Header.Get(HeaderShed), resp.Header.Get("Retry-After"))
+		}
+		if resp := f.get(t, "/v1/pick"); resp.StatusCode != 200 {
+			t.Errorf("a first attempt after the budget is spent: %d, want 200", resp.StatusCode)
+		}
+		return
+	}
+	t.Error("1000 retries and no first attempt: the retry budget was never spent")
+}

@@ -27,11 +27,12 @@ import (
 
 // The peers benchmark: real balancers side by side on the same real
 // traffic. Four fake OpenAI-compatible backends (internal/fakeai) sit
-// behind four balancers at once: fleetwatch's router (feed/route, fed by
+// behind five balancers at once: fleetwatch's router (feed/route, fed by
 // serve's analyzer over an embedded NATS server, as `fleetwatch route` and
 // `fleetwatch serve` run it), HAProxy (balance leastconn, observe layer7,
-// on-error mark-down), the same HAProxy with L7 retries, and nginx
-// (least_conn, max_fails). One load generator
+// on-error mark-down), the same HAProxy with L7 retries, nginx
+// (least_conn, max_fails), and nginx steered per request by fleetwatch's
+// pick endpoint (peers_steered.go). One load generator
 // sends every request to each balancer at the same instant, through one
 // incident script: a healthy phase, then one backend failing fast with
 // 500s, then another answering 429, then a third stalling (accepting and
@@ -50,7 +51,9 @@ const (
 	PeerNginx        = "nginx"
 )
 
-var peerNames = []string{PeerFleetwatch, PeerHAProxy, PeerHAProxyRetry, PeerNginx}
+// peerNames are the balancers RunPeers runs by default, in report order
+// (Portkey's gateway comes last, when it runs).
+var peerNames = []string{PeerFleetwatch, PeerHAProxy, PeerHAProxyRetry, PeerNginx, PeerSteeredNginx}
 
 // balancerHeader and phaseHeader tag each request with the index of the
 // balancer it was sent to and of the phase it was sent in, so the backends
@@ -96,6 +99,25 @@ type PeersSettings struct {
 	// from (its analyzer and route blocks); the benchmark sets the NATS,
 	// HTTP, data, probes and pool parts. If nil, config.Default().
 	Config *config.Config
+	// Balancers, if not empty, are the balancers to run, by name
+	// (PeerFleetwatch, PeerHAProxy, ...; PeerPortkey needs Portkey); if
+	// empty, every balancer (Portkey's when Portkey is set).
+	Balancers []string
+	// Seed seeds the steered nginx's pick service. If zero, 1.
+	Seed uint64
+	// Phases runs the script's first Phases phases only. If zero (or
+	// more than there are), all four.
+	Phases int
+	// Healthy is the length of the first phase (every backend healthy). If
+	// zero, Phase.
+	Healthy time.Duration
+	// SteeredAnalyzerDefaults keeps the analyzer's defaults for 429s in
+	// the steered nginx's pool. If false, the pool counts every 429 in
+	// the run and the rate that open a breaker (throttled_run_counts and
+	// throttle_rate_counts: all), as docs/INTEGRATIONS.md advises for a
+	// pool fed by an access-log adapter (its 429s carry no retry hint)
+	// whose 429s are quotas: the script's 429s carry Retry-After.
+	SteeredAnalyzerDefaults bool
 }
 
 func (s PeersSettings) withDefaults() PeersSettings {
@@ -126,7 +148,23 @@ func (s PeersSettings) withDefaults() PeersSettings {
 	if s.Node == "" {
 		s.Node = "node"
 	}
+	if s.Phases <= 0 || s.Phases > len(peerPhases) {
+		s.Phases = len(peerPhases)
+	}
+	if s.Healthy <= 0 {
+		s.Healthy = s.Phase
+	}
 	return s
+}
+
+// phaseAt is the phase of the script at el after its start, and whether
+// the script is over.
+func (s PeersSettings) phaseAt(el time.Duration) (phase int, over bool) {
+	if el < s.Healthy {
+		return 0, false
+	}
+	phase = 1 + int((el-s.Healthy)/s.Phase)
+	return phase, phase >= s.Phases
 }
 
 // peerPhase is one phase of the incident script: broken is the backend
@@ -165,7 +203,7 @@ type PeersReport struct {
 }
 
 // maxPeers bounds the balancers of one run: peerNames and Portkey.
-const maxPeers = 5
+const maxPeers = 6
 
 // attemptCounts are the attempts each backend saw, by balancer and phase.
 type attemptCounts [maxPeers][4][numPeerBackends]atomic.Int64
@@ -178,7 +216,7 @@ type countingBackend struct {
 	counts *attemptCounts
 }
 
-var digits = []string{"0", "1", "2", "3", "4"}
+var digits = []string{"0", "1", "2", "3", "4", "5"}
 
 func (c *countingBackend) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodPost {
@@ -200,7 +238,36 @@ type peerRun struct {
 	servers []*http.Server
 	urls    []string // backend base URLs
 	counts  attemptCounts
-	stops   []func() // in reverse order at the end
+	stops   []func()       // in reverse order at the end
+	cfg     *config.Config // serve's, the routers' and the pick service's
+	natsURL string         // serve's embedded NATS server
+}
+
+// PeerNames are the names of the balancers RunPeers runs by default, in
+// report order (PeerPortkey comes after them when it runs).
+func PeerNames() []string { return slices.Clone(peerNames) }
+
+// balancers are the names of the balancers s runs, in report order.
+func (s PeersSettings) balancers() ([]string, error) {
+	all := slices.Clone(peerNames)
+	if s.Portkey != "" {
+		all = append(all, PeerPortkey)
+	}
+	if len(s.Balancers) == 0 {
+		return all, nil
+	}
+	var names []string
+	for _, name := range all {
+		if slices.Contains(s.Balancers, name) {
+			names = append(names, name)
+		}
+	}
+	for _, name := range s.Balancers {
+		if !slices.Contains(all, name) {
+			return nil, fmt.Errorf("bench peers: no balancer %q (want one of %s; Portkey's needs --portkey)", name, strings.Join(all, ", "))
+		}
+	}
+	return names, nil
 }
 
 func (p *peerRun) stopAll() {
@@ -209,17 +276,28 @@ func (p *peerRun) stopAll() {
 	}
 }
 
-// RunPeers runs the incident script through fleetwatch's router, HAProxy
-// and nginx at once and returns each balancer's results per phase.
+// RunPeers runs the incident script through the balancers of s (by
+// default fleetwatch's router, HAProxy with and without L7 retries, nginx
+// and steered nginx) at once and returns each balancer's results per
+// phase.
 func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 	s = s.withDefaults()
-	for _, bin := range []string{s.HAProxy, s.Nginx} {
-		if _, err := os.Stat(bin); err != nil {
+	names, err := s.balancers()
+	if err != nil {
+		return nil, err
+	}
+	for _, bin := range []struct {
+		path string
+		used bool
+	}{
+		{s.HAProxy, slices.Contains(names, PeerHAProxy) || slices.Contains(names, PeerHAProxyRetry)},
+		{s.Nginx, slices.Contains(names, PeerNginx) || slices.Contains(names, PeerSteeredNginx)},
+	} {
+		if _, err := os.Stat(bin.path); err != nil && bin.used {
 			return nil, fmt.Errorf("bench peers: %w", err)
 		}
 	}
-	names := slices.Clone(peerNames)
-	if s.Portkey != "" {
+	if slices.Contains(names, PeerPortkey) {
 		script, err := PortkeyScript(s.Portkey)
 		if err != nil {
 			return nil, err
@@ -228,7 +306,6 @@ func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 			return nil, fmt.Errorf("bench peers: portkey: %w", err)
 		}
 		s.Portkey = script
-		names = append(names, PeerPortkey)
 	}
 	dir, err := os.MkdirTemp("", "fleetwatch-peers-")
 	if err != nil {
@@ -264,33 +341,43 @@ func RunPeers(ctx context.Context, s PeersSettings) (*PeersReport, error) {
 }
 
 // startBalancers starts Routers instances of each balancer and returns
-// their base URLs by balancer, in p.names' order.
+// their base URLs by balancer, in p.names' order. serve runs when a
+// balancer follows it (the fleetwatch routers, the steered nginx's pick
+// service).
 func (p *peerRun) startBalancers(ctx context.Context) ([][]string, error) {
-	urls := make([][]string, len(p.names))
-	var err error
-	if urls[0], err = p.startFleetwatch(ctx); err != nil {
-		return nil, err
+	var pickAddr string
+	if slices.Contains(p.names, PeerFleetwatch) || slices.Contains(p.names, PeerSteeredNginx) {
+		if err := p.startServe(ctx); err != nil {
+			return nil, err
+		}
 	}
-	for i := range p.s.Routers {
-		ha, err := p.startHAProxy(ctx, false, i)
-		if err != nil {
+	if slices.Contains(p.names, PeerSteeredNginx) {
+		var err error
+		if pickAddr, err = p.startPickService(ctx); err != nil {
 			return nil, err
 		}
-		haRetry, err := p.startHAProxy(ctx, true, i)
-		if err != nil {
-			return nil, err
-		}
-		ng, err := p.startNginx(ctx, i)
-		if err != nil {
-			return nil, err
-		}
-		urls[1], urls[2], urls[3] = append(urls[1], ha), append(urls[2], haRetry), append(urls[3], ng)
-		if p.s.Portkey != "" {
-			pk, err := p.startPortkey(ctx, i)
+	}
+	urls := make([][]string, len(p.names))
+	for i, name := range p.names {
+		for n := range p.s.Routers {
+			var u string
+			var err error
+			switch name {
+			case PeerFleetwatch:
+				u, err = p.startRouter(ctx, n)
+			case PeerHAProxy, PeerHAProxyRetry:
+				u, err = p.startHAProxy(ctx, name == PeerHAProxyRetry, n)
+			case PeerNginx:
+				u, err = p.startNginx(ctx, n)
+			case PeerSteeredNginx:
+				u, err = p.startSteeredNginx(ctx, n, pickAddr)
+			case PeerPortkey:
+				u, err = p.startPortkey(ctx, n)
+			}
 			if err != nil {
 				return nil, err
 			}
-			urls[4] = append(urls[4], pk)
+			urls[i] = append(urls[i], u)
 		}
 	}
 	return urls, nil
@@ -315,11 +402,10 @@ func (p *peerRun) startBackends() error {
 	return nil
 }
 
-// startFleetwatch runs serve (embedded NATS, analyzer with its defaults,
-// probes off) and Routers instances of `fleetwatch route`
-// (internal/router), each following the decisions and publishing one
-// outcome event per attempt under its own source.
-func (p *peerRun) startFleetwatch(ctx context.Context) ([]string, error) {
+// startServe runs serve (embedded NATS, analyzer with its defaults,
+// probes off) over the routers' pool and the steered nginx's (the same
+// backends under another id).
+func (p *peerRun) startServe(ctx context.Context) error {
 	cfg := config.Default()
 	if p.s.Config != nil {
 		c := *p.s.Config
@@ -335,44 +421,47 @@ func (p *peerRun) startFleetwatch(ctx context.Context) ([]string, error) {
 	for i, u := range p.urls {
 		pool.Backends = append(pool.Backends, config.BackendConfig{ID: fmt.Sprintf("b%d", i), URL: u})
 	}
-	cfg.Pools = []config.PoolConfig{pool}
+	cfg.Pools = []config.PoolConfig{pool, steeredPoolConfig(pool, p.s.SteeredAnalyzerDefaults)}
 	srv, err := serve.New(cfg, serve.Options{Logf: p.s.Logf})
 	if err != nil {
-		return nil, fmt.Errorf("bench peers: serve: %w", err)
+		return fmt.Errorf("bench peers: serve: %w", err)
 	}
 	srvCtx, stopServe := context.WithCancel(context.WithoutCancel(ctx))
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Run(srvCtx) }() // ends at stopServe
 	p.stops = append(p.stops, func() { stopServe(); <-srvDone; srv.Close() })
+	p.cfg, p.natsURL = cfg, srv.NATSURL()
+	return nil
+}
 
-	var urls []string
-	for i := range p.s.Routers {
-		source := "bench"
-		if p.s.Routers > 1 {
-			source = fmt.Sprintf("bench-%d", i)
-		}
-		rt, err := router.New(cfg, router.Options{
-			Source: source,
-			Dial: func() (*nats.Conn, error) {
-				nc, err := nats.Connect(srv.NATSURL(), nats.Name("fleetwatch bench peers router "+source), nats.MaxReconnects(-1))
-				if err != nil {
-					return nil, fmt.Errorf("bench peers: router: nats: %w", err)
-				}
-				return nc, nil
-			},
-			Logf: p.s.Logf,
-		})
-		if err != nil {
-			return nil, err
-		}
-		if err := rt.Start(context.WithoutCancel(ctx)); err != nil { // ends at Close
-			rt.Close()
-			return nil, err
-		}
-		p.stops = append(p.stops, func() { rt.Close() })
-		urls = append(urls, rt.URL())
+// startRouter runs one `fleetwatch route` (internal/router) following
+// serve's decisions and publishing one outcome event per attempt under its
+// own source, and returns its base URL.
+func (p *peerRun) startRouter(ctx context.Context, instance int) (string, error) {
+	source := "bench"
+	if p.s.Routers > 1 {
+		source = fmt.Sprintf("bench-%d", instance)
 	}
-	return urls, nil
+	rt, err := router.New(p.cfg, router.Options{
+		Source: source,
+		Dial: func() (*nats.Conn, error) {
+			nc, err := nats.Connect(p.natsURL, nats.Name("fleetwatch bench peers router "+source), nats.MaxReconnects(-1))
+			if err != nil {
+				return nil, fmt.Errorf("bench peers: router: nats: %w", err)
+			}
+			return nc, nil
+		},
+		Logf: p.s.Logf,
+	})
+	if err != nil {
+		return "", err
+	}
+	if err := rt.Start(context.WithoutCancel(ctx)); err != nil { // ends at Close
+		rt.Close()
+		return "", err
+	}
+	p.stops = append(p.stops, func() { rt.Close() })
+	return rt.URL(), nil
 }
 
 // freePort returns a loopback port that was free a moment ago.
@@ -405,8 +494,8 @@ type peerResult struct {
 }
 
 // drive runs the script: every 1/Rate seconds one request goes to every
-// balancer at once (to its instances in turn); the phase changes every
-// Phase. It returns the results per balancer.
+// balancer at once (to its instances in turn); the phase changes after
+// Healthy, then every Phase. It returns the results per balancer.
 func (p *peerRun) drive(ctx context.Context, urls [][]string) ([][]peerResult, error) {
 	clients := make([]*peerClient, len(urls))
 	for i, us := range urls {
@@ -428,14 +517,13 @@ func (p *peerRun) drive(ctx context.Context, urls [][]string) ([][]peerResult, e
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	start := time.Now()
-	total := time.Duration(len(peerPhases)) * p.s.Phase
 	current := -1
 	for n := 0; ctx.Err() == nil; n++ {
-		el := time.Since(start)
-		if el >= total {
+		ph, over := p.s.phaseAt(time.Since(start))
+		if over {
 			break
 		}
-		if ph := int(el / p.s.Phase); ph != current {
+		if ph != current {
 			current = ph
 			p.enterPhase(ph)
 		}
@@ -516,7 +604,7 @@ func (c *peerClient) do(ctx context.Context, base string, body []byte, phase int
 // phase.
 func (p *peerRun) report(results [][]peerResult) *PeersReport {
 	r := &PeersReport{Settings: p.s, Balancers: p.names}
-	for ph, phase := range peerPhases {
+	for ph, phase := range peerPhases[:p.s.Phases] {
 		for b, name := range p.names {
 			row := PeerRow{Phase: phase.name, Balancer: name, HasBroken: phase.broken >= 0}
 			var ms []float64
@@ -563,13 +651,14 @@ const PeersTableHeader = "| phase | balancer | requests | client errors | p50 ms
 func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 	s := r.Settings
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d phases of %s, %.0f requests/s to each balancer (streaming chat completions, 8 tokens), "+
-		"first-byte budget %s for every balancer, client timeout %s; 4 fake backends b0-b3, TTFT 40 ms, 5 ms per token.\n\n",
-		len(peerPhases), s.Phase, s.Rate, s.FirstByte, s.ClientTimeout)
-	if s.Routers > 1 {
-		fmt.Fprintf(&b, "%d instances of each balancer, the requests spread over them in turn (%.1f/s each): %d nginx and %d HAProxy processes of each kind that each learn alone, %d fleetwatch routers sharing one serve.\n\n",
-			s.Routers, s.Rate/float64(s.Routers), s.Routers, s.Routers, s.Routers)
+	phases := fmt.Sprintf("%d phases of %s", s.Phases, s.Phase)
+	if s.Healthy != s.Phase {
+		phases = fmt.Sprintf("a healthy phase of %s, then %d of %s", s.Healthy, s.Phases-1, s.Phase)
 	}
+	fmt.Fprintf(&b, "%s, %.0f requests/s to each balancer (streaming chat completions, 8 tokens), "+
+		"first-byte budget %s for every balancer, client timeout %s; 4 fake backends b0-b3, TTFT 40 ms, 5 ms per token.\n\n",
+		phases, s.Rate, s.FirstByte, s.ClientTimeout)
+	r.writeKinds(&b)
 	if slices.Contains(r.Balancers, PeerPortkey) {
 		fmt.Fprintf(&b, "%s: %d node process(es) of @portkey-ai/gateway, each request load-balanced over four fallback chains of three backends (on 408, 429 and 5xx), request_timeout %s; the same requests without stream (its streaming fails on Node 20, see internal/bench/peers_portkey.go).\n\n",
 			PeerPortkey, s.Routers, s.FirstByte)
@@ -592,20 +681,91 @@ func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %s | %s |\n", row.Phase, row.Balancer, row.Requests, errs,
 			fmtMs(row.P50Ms), fmtMs(row.P99Ms), share, perReq)
 	}
-	b.WriteString("\nBroken backend's share of fleetwatch's attempts against each peer's:")
-	for _, ph := range peerPhases {
-		if ph.broken < 0 {
-			continue
-		}
-		fmt.Fprintf(&b, " %s:", ph.name)
-		for _, name := range r.Balancers[1:] {
-			fmt.Fprintf(&b, " %s %.2fx", name, r.ShareVs(ph.name, name))
-		}
-		b.WriteString(";")
-	}
-	b.WriteString("\n")
+	r.writeRatios(&b)
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeKinds writes how many instances of each balancer ran and how the
+// steered nginx was set up.
+func (r *PeersReport) writeKinds(b *strings.Builder) {
+	s, has := r.Settings, func(name string) bool { return slices.Contains(r.Balancers, name) }
+	if s.Routers > 1 {
+		var parts []string
+		switch haproxy := has(PeerHAProxy) || has(PeerHAProxyRetry); {
+		case has(PeerNginx) && haproxy:
+			parts = append(parts, fmt.Sprintf("%d nginx and %d HAProxy processes of each kind that each learn alone", s.Routers, s.Routers))
+		case has(PeerNginx):
+			parts = append(parts, fmt.Sprintf("%d nginx processes that each learn alone", s.Routers))
+		case haproxy:
+			parts = append(parts, fmt.Sprintf("%d HAProxy processes of each kind that each learn alone", s.Routers))
+		}
+		if has(PeerFleetwatch) {
+			parts = append(parts, fmt.Sprintf("%d fleetwatch routers sharing one serve", s.Routers))
+		}
+		if has(PeerSteeredNginx) {
+			parts = append(parts, fmt.Sprintf("%d steered nginx sharing one pick service", s.Routers))
+		}
+		fmt.Fprintf(b, "%d instances of each balancer, the requests spread over them in turn (%.1f/s each): %s.\n\n",
+			s.Routers, s.Rate/float64(s.Routers), strings.Join(parts, ", "))
+	}
+	if has(PeerSteeredNginx) {
+		analyzer := "every 429 counts toward opening a breaker in its pool (throttled_run_counts and throttle_rate_counts: all, docs/INTEGRATIONS.md's advice behind an access-log adapter)"
+		if s.SteeredAnalyzerDefaults {
+			analyzer = "the analyzer's 429 defaults in its pool (--steered-analyzer-defaults)"
+		}
+		fmt.Fprintf(b, "%s: %d nginx process(es) asking one fleetwatch pick service (/v1/pick, auth_request) for every request and retrying a failed attempt once on another pick, in a pool of their own (the same backends) of the same serve, whose breakers open from their access logs' outcome events (the nginx log adapter, one per process); %s; nginx's own least_conn group when the pick service does not answer.\n\n",
+			PeerSteeredNginx, s.Routers, analyzer)
+	}
+}
+
+// writeRatios writes the broken backend's share of fleetwatch's attempts
+// against every other balancer's, and of steered nginx's against nginx's,
+// phase by phase.
+func (r *PeersReport) writeRatios(b *strings.Builder) {
+	line := func(label, of string, against []string) {
+		fmt.Fprintf(b, "\nBroken backend's share of %s's attempts against ", label)
+		if len(against) == 1 {
+			fmt.Fprintf(b, "%s's:", against[0])
+		} else {
+			b.WriteString("each peer's:")
+		}
+		for _, ph := range peerPhases[:r.Settings.Phases] {
+			if ph.broken < 0 {
+				continue
+			}
+			fmt.Fprintf(b, " %s:", ph.name)
+			for _, name := range against {
+				fmt.Fprintf(b, " %s %.2fx", name, r.Share(ph.name, of)/r.Share(ph.name, name))
+			}
+			b.WriteString(";")
+		}
+		b.WriteString("\n")
+	}
+	if slices.Contains(r.Balancers, PeerFleetwatch) && len(r.Balancers) > 1 {
+		var others []string
+		for _, name := range r.Balancers {
+			if name != PeerFleetwatch {
+				others = append(others, name)
+			}
+		}
+		line("fleetwatch", PeerFleetwatch, others)
+	}
+	if slices.Contains(r.Balancers, PeerSteeredNginx) && slices.Contains(r.Balancers, PeerNginx) {
+		line(PeerSteeredNginx, PeerSteeredNginx, []string{PeerNginx})
+	}
+}
+
+// Share is the broken backend's share of the balancer's attempts in the
+// phase (NaN when the phase has no broken backend or the balancer made no
+// attempt).
+func (r *PeersReport) Share(phase, balancer string) float64 {
+	for _, row := range r.Rows {
+		if row.Phase == phase && row.Balancer == balancer && row.HasBroken && row.Attempts > 0 {
+			return float64(row.BrokenAttempts) / float64(row.Attempts)
+		}
+	}
+	return math.NaN()
 }
 
 // ShareVs is the broken backend's share of fleetwatch's attempts over
@@ -613,15 +773,7 @@ func (r *PeersReport) WriteMarkdown(w io.Writer) error {
 // fleet-wide feed's advantage, which the issue wants at most 0.25 against
 // nginx at 8 instances in the fast-failure and 429 phases.
 func (r *PeersReport) ShareVs(phase, balancer string) float64 {
-	share := func(name string) float64 {
-		for _, row := range r.Rows {
-			if row.Phase == phase && row.Balancer == name && row.HasBroken && row.Attempts > 0 {
-				return float64(row.BrokenAttempts) / float64(row.Attempts)
-			}
-		}
-		return math.NaN()
-	}
-	return share(PeerFleetwatch) / share(balancer)
+	return r.Share(phase, PeerFleetwatch) / r.Share(phase, balancer)
 }
 
 func fmtMs(v float64) string {

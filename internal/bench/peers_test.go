@@ -126,7 +126,7 @@ func TestPeersBrokenShareAgainstNginx(t *testing.T) {
 	haproxy := testkit.RequireTool(t, "/usr/sbin/haproxy", "haproxy")
 	nginx := testkit.RequireTool(t, "/usr/sbin/nginx", "nginx")
 	r, err := RunPeers(t.Context(), PeersSettings{
-		HAProxy: haproxy, Nginx: nginx,
+		HAProxy: haproxy, Nginx: nginx, Balancers: []string{PeerFleetwatch, PeerNginx},
 		Phase: 6 * time.Second, Rate: 20, FirstByte: 300 * time.Millisecond, ClientTimeout: 5 * time.Second,
 		Routers: 1, Logf: t.Logf,
 	})
@@ -178,5 +178,43 @@ func TestQuantile(t *testing.T) {
 	}
 	if got := quantile(nil, 0.5); got == got {
 		t.Errorf("quantile of nothing = %v, want NaN", got)
+	}
+}
+
+// TestPeersSteeredNginx runs the incident script through 8 nginx
+// instances that each learn alone and 8 steered by one pick service
+// (docs/EVALUATION.md "Fleet scale"), for a few seconds a phase, and
+// checks the direction of the goal: in the fast-failure and 429
+// phases the broken backend's share of steered nginx's attempts is at
+// most a quarter of nginx's, and no request of steered nginx fails.
+func TestPeersSteeredNginx(t *testing.T) {
+	nginx := testkit.RequireTool(t, "/usr/sbin/nginx", "nginx")
+	r, err := RunPeers(t.Context(), PeersSettings{
+		Nginx: nginx, Balancers: []string{PeerNginx, PeerSteeredNginx}, Seed: 1, Phases: 3,
+		Healthy: 3 * time.Second, Phase: 25 * time.Second, Rate: 20, FirstByte: 2 * time.Second, ClientTimeout: 10 * time.Second,
+		Routers: 8, Logf: t.Logf,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if err := r.WriteMarkdown(&out); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("\n%s", out.String())
+	for _, ph := range peerPhases {
+		for _, row := range r.Rows {
+			if row.Phase == ph.name && row.Balancer == PeerSteeredNginx && row.Errors > 0 {
+				t.Errorf("%s: %d of %d requests through steered nginx failed, want none", ph.name, row.Errors, row.Requests)
+			}
+		}
+		if ph.broken != 1 && ph.broken != 2 {
+			continue
+		}
+		steered, plain := r.Share(ph.name, PeerSteeredNginx), r.Share(ph.name, PeerNginx)
+		if !(steered <= plain/4) {
+			t.Errorf("%s: the broken backend got %.1f%% of steered nginx's attempts, %.1f%% of nginx's: want at most a quarter",
+				ph.name, 100*steered, 100*plain)
+		}
 	}
 }

@@ -356,27 +356,42 @@ func (d *Daemon) serve(ctx context.Context) error {
 
 // followPicks subscribes to the outcome events of the pick sources, each
 // of which finishes the oldest HTTP pick outstanding on its backend, and
-// sweeps the picks whose hold passed; the returned func stops both.
+// sweeps the picks whose hold passed; the returned func stops both. A
+// publisher of its own publishes on <prefix>.outcomes.<source>, every
+// event of which is taken; the log adapters (`fleetwatch ingest nginx`)
+// publish on <prefix>.outcomes.<pool>, where only the events whose source
+// is a pick source are taken.
 func (d *Daemon) followPicks(ctx context.Context, nc *nats.Conn) (func(), error) {
 	subj := fleetwatch.Subjects{Prefix: d.cfg.Prefix}
+	sources := map[string]bool{}
+	subjects := map[string]bool{} // subject -> every event taken
+	for _, src := range d.opts.PickSources {
+		sources[src] = true
+		subjects[subj.OutcomesFrom(src)] = true
+	}
+	for _, pool := range d.core.IDs() {
+		if s := subj.Outcomes() + "." + pool; !subjects[s] {
+			subjects[s] = false
+		}
+	}
 	var subs []*nats.Subscription
 	stop := func() {
 		for _, s := range subs {
 			_ = s.Unsubscribe()
 		}
 	}
-	for _, src := range d.opts.PickSources {
+	for subject, all := range subjects {
 		var dec fleetwatch.Decoder // the callback of one subscription runs on one goroutine
-		sub, err := nc.Subscribe(subj.OutcomesFrom(src), func(m *nats.Msg) {
+		sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
 			dec.DecodeBatch(m.Data, func(_ []byte, ev *fleetwatch.Event, err error) {
-				if err == nil {
+				if err == nil && (all || sources[ev.Source]) {
 					d.pick.Outcome(ev)
 				}
 			})
 		})
 		if err != nil {
 			stop()
-			return nil, fmt.Errorf("pickd: subscribe %s: %w", subj.OutcomesFrom(src), err)
+			return nil, fmt.Errorf("pickd: subscribe %s: %w", subject, err)
 		}
 		subs = append(subs, sub)
 	}

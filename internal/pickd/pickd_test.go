@@ -200,8 +200,10 @@ func TestDaemonServes(t *testing.T) {
 
 // The HTTP pick endpoint on the daemon's HTTP listener: a pick names an
 // upstream and counts in flight until an outcome event of the steered
-// proxy's log adapter (a pick source) finishes it; an event of another
-// source finishes nothing.
+// proxy's log adapter (a pick source) finishes it, whether it comes on the
+// source's own subject or, as `fleetwatch ingest nginx` publishes, on the
+// pool's with the source in the event; an event of another source
+// finishes nothing.
 func TestDaemonServesPicks(t *testing.T) {
 	natsURL, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, natsURL)
@@ -213,24 +215,42 @@ func TestDaemonServesPicks(t *testing.T) {
 	if err := d.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := http.Get(d.HTTPURL() + "/v1/pick")
-	if err != nil {
-		t.Fatal(err)
+	var id string
+	for range 3 { // three picks on one backend
+		req, _ := http.NewRequest(http.MethodGet, d.HTTPURL()+"/v1/pick", nil)
+		if id != "" {
+			req.Header.Set(epp.HeaderAmong, id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		up := resp.Header.Get(epp.HeaderUpstream)
+		id = resp.Header.Get(epp.HeaderBackend)
+		if resp.StatusCode != 200 || !strings.HasPrefix(up, "10.0.0.") || id == "" {
+			t.Fatalf("/v1/pick: %d, upstream %q, backend %q", resp.StatusCode, up, id)
+		}
 	}
-	resp.Body.Close()
-	up, id := resp.Header.Get(epp.HeaderUpstream), resp.Header.Get(epp.HeaderBackend)
-	if resp.StatusCode != 200 || !strings.HasPrefix(up, "10.0.0.") || id == "" {
-		t.Fatalf("/v1/pick: %d, upstream %q, backend %q", resp.StatusCode, up, id)
+	if got := d.Core().InFlight("p", id); got != 3 {
+		t.Fatalf("%s in flight after three picks: %d, want 3", id, got)
 	}
+	event := func(source string) string {
+		return fmt.Sprintf(`{"v":1,"pool":"p","backend":%q,"status":200,"ttft_ms":40,"source":%q}`, id, source)
+	}
+	testkit.Publish(t, nc, "fw.outcomes.some-router", event("some-router"))
+	testkit.Publish(t, nc, "fw.outcomes.p", event("some-router"))                                  // the pool's subject, another source
+	testkit.Publish(t, nc, "fw.outcomes.p", event("fleetwatch-ingest-nginx"))                      // as the nginx adapter publishes
+	testkit.Publish(t, nc, "fw.outcomes.fleetwatch-ingest-nginx", testkit.Event("p", id, 200, 40)) // the source's subject
+	matched := func() string {
+		_, body := testkit.HTTPGet(t, d.HTTPURL()+"/metrics")
+		return grepLines(body, "fleetwatch_pick_outcomes_matched_total")
+	}
+	testkit.Eventually(t, 10*time.Second, "the two nginx outcomes to finish two picks", func() bool {
+		return matched() == "fleetwatch_pick_outcomes_matched_total 2"
+	})
 	if got := d.Core().InFlight("p", id); got != 1 {
-		t.Fatalf("%s in flight after the pick: %d, want 1", id, got)
-	}
-	testkit.Publish(t, nc, "fw.outcomes.some-router", testkit.Event("p", id, 200, 40))
-	testkit.Publish(t, nc, "fw.outcomes.fleetwatch-ingest-nginx", testkit.Event("p", id, 200, 40))
-	testkit.Eventually(t, 10*time.Second, "the nginx outcome finishes the pick", func() bool { return d.Core().InFlight("p", id) == 0 })
-	_, body := testkit.HTTPGet(t, d.HTTPURL()+"/metrics")
-	if !strings.Contains(body, "fleetwatch_pick_outcomes_matched_total 1") {
-		t.Errorf("/metrics: matched outcomes not 1:\n%s", grepLines(body, "fleetwatch_pick_"))
+		t.Errorf("%s in flight %d after two outcomes of the pick source and two of another, want 1", id, got)
 	}
 }
 
