@@ -471,24 +471,29 @@ func (a *Analyzer) Epoch() string {
 // ones are anchored a phase earlier (t-ph+hb, t-ph+2hb, ...), ph a hash of
 // the pool id below the heartbeat, so that pools created together beat
 // apart instead of in one burst. A beat may come a tenth of a heartbeat
-// early, so that a caller ticking at or faster than the heartbeat gets
-// exactly one beat per heartbeat whatever the jitter of its ticks. A caller
-// that fell more than two heartbeats behind re-anchors at now.
+// early (of a load beat, with load beats: the heartbeat is then one of
+// their grid), so that a caller ticking at or faster than the beats gets
+// exactly one per period whatever the jitter of its ticks. A caller that
+// fell more than two heartbeats behind re-anchors at now.
 func (p *pool) beat(now time.Time) bool {
 	hb := p.settings.Heartbeat
 	if !p.published {
 		p.beatAt = now.Add(-phase(p.id, hb))
 		return true
 	}
-	return nextBeat(&p.beatAt, now, hb)
+	early := hb / 10
+	if lb := p.settings.LoadBeat; lb > 0 && lb < hb {
+		early = lb / 10 // on the load beats' grid: a heartbeat is one of them
+	}
+	return nextBeat(&p.beatAt, now, hb, early)
 }
 
 // nextBeat reports whether the beat of period d anchored at *anchor is due
-// at now (a tenth of d early at most), and if so moves the anchor: to the
-// beat, or to now when it is more than d late.
-func nextBeat(anchor *time.Time, now time.Time, d time.Duration) bool {
+// at now (early at most), and if so moves the anchor: to the beat, or to
+// now when it is more than d late.
+func nextBeat(anchor *time.Time, now time.Time, d, early time.Duration) bool {
 	next := anchor.Add(d)
-	if now.Before(next.Add(-d / 10)) {
+	if now.Before(next.Add(-early)) {
 		return false
 	}
 	if now.Sub(next) > d {

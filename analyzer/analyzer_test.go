@@ -107,9 +107,9 @@ func TestEvaluatePublishing(t *testing.T) {
 	// q's at 10.70 s, 11.70 s, ...
 	steps := []step{
 		{"first Evaluate publishes every pool", nil, 10 * time.Second, map[string]uint64{"p": 1, "q": 1}},
-		{"nothing changed within the heartbeat", nil, 10100 * time.Millisecond, map[string]uint64{}},
-		{"p's heartbeat (a tenth early is tolerated)", nil, 10150 * time.Millisecond, map[string]uint64{"p": 2}},
-		{"q's heartbeat, a phase later", nil, 10650 * time.Millisecond, map[string]uint64{"q": 2}},
+		{"nothing changed within the heartbeat", nil, 10200 * time.Millisecond, map[string]uint64{}},
+		{"p's heartbeat (a tenth of a load beat early is tolerated)", nil, 10210 * time.Millisecond, map[string]uint64{"p": 2}},
+		{"q's heartbeat, a phase later", nil, 10680 * time.Millisecond, map[string]uint64{"q": 2}},
 		{"a trip publishes at once", series("p", "x", fail, 5, at(10700*time.Millisecond), 50*time.Millisecond, 0), 11 * time.Second, map[string]uint64{"p": 3}},
 		{"heartbeat again", nil, 12200 * time.Millisecond, map[string]uint64{"p": 4, "q": 3}},
 	}

@@ -108,6 +108,7 @@ type Server struct {
 	alone     bool          // no other instance answered at start: the collector catches up on the capture
 	published publishTimes  // when each pool was last published (health.go)
 	urgency   urgency       // the evaluation loop's wake-up
+	tick      time.Duration // the evaluation loop's (evaluateEvery)
 	rec       record        // what happened: drift alerts, transition counts and logs (wire.go, ops.go)
 
 	mu    sync.Mutex   // guards drift
@@ -287,6 +288,7 @@ func (s *Server) build() error {
 	if s.an, err = analyzer.New(ac); err != nil {
 		return fmt.Errorf("serve: analyzer: %w", err)
 	}
+	s.tick = evaluateEvery(ac.Settings.WithDefaults())
 	s.m = serveMetrics{
 		decisionLatency:   s.metrics.NewHistogram("fleetwatch_decision_latency_seconds"),
 		evalDuration:      s.metrics.NewHistogram("fleetwatch_evaluate_duration_seconds"),
@@ -584,11 +586,29 @@ func (s *Server) signalUrgent() {
 	}
 }
 
-// evaluateLoop evaluates on a short tick (state changes go out promptly and
+// evaluateEvery is the evaluation loop's tick: the load beat (250 ms), or
+// the heartbeat without load beats, at most maxTick. An event that may
+// open a breaker wakes the loop at once (urgency), so the tick bounds only
+// what time alone decides: open_until passing, a heartbeat or load beat, a
+// weight's step. (It was 100 ms: at 10,000 backends the rules ran 100,000
+// times a second, most of serve's decision loop; BENCHMARKS.md "serve at
+// fleet scale".)
+func evaluateEvery(s analyzer.Settings) time.Duration {
+	d := s.Heartbeat
+	if lb := s.LoadBeat; lb > 0 && lb < d {
+		d = lb
+	}
+	return min(d, maxTick)
+}
+
+// maxTick bounds the evaluation loop's tick.
+const maxTick = 250 * time.Millisecond
+
+// evaluateLoop evaluates every tick (state changes go out promptly and
 // each pool's heartbeat is honoured by the analyzer) and at once when the
 // collector signals an urgent event. It returns when ctx ends.
 func (s *Server) evaluateLoop(ctx context.Context) {
-	tick := time.NewTicker(100 * time.Millisecond)
+	tick := time.NewTicker(s.tick)
 	defer tick.Stop()
 	for {
 		select {
