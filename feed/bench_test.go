@@ -1,12 +1,14 @@
 package feed
 
 import (
+	"encoding/json"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/feed/p2c"
 )
 
 // BenchmarkWatcherView measures the request path's read of the current
@@ -113,4 +115,72 @@ func BenchmarkEffective(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkFollowPool is what a router spends following one 100-backend
+// pool (analyzerPool100: every field serve publishes), per message: a
+// load frame of the compact feed in which 60 loads moved, decoded and
+// applied to a p2c picker (Watcher.handleFrame, p2c.Picker.UpdateLoads),
+// against the same-run baseline of the JSON snapshot decoded and applied
+// (decodeSnapshot, Watcher.apply, p2c.Picker.Update), which is what it did
+// at every beat before the compact feed. Four load frames a second is a
+// router's cost per pool-second (issue 33's goal: 0.1 ms, no allocation
+// for a message that changes only loads).
+func BenchmarkFollowPool(b *testing.B) {
+	url, _ := feedtest.NewServer(b, feedtest.WithoutJetStream())
+	t0 := time.Unix(1_700_000_000, 0)
+	snap := analyzerPool100(t0)
+	picker := p2c.New(p2c.Settings{})
+	w, err := NewWatcher(feedtest.Connect(b, url), WatcherSettings{Compact: true,
+		OnUpdate: picker.Update,
+		OnLoads:  func(_ string, u *p2c.LoadUpdate) { picker.UpdateLoads(u) }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	enc := NewCompactEncoder(CompactSettings{})
+	key, _, _ := enc.Frame(nil, snap, t0)
+	w.handleFrame(snap.Pool, "fw.feed."+snap.Pool, key)
+	// Two load frames (numbers 2 and 3) that alternate 60 loads, each
+	// taken as the next frame (the pool's last number set back).
+	var frames [2][]byte
+	for i := range frames {
+		next := analyzerPool100(t0.Add(time.Duration(i+1) * 250 * time.Millisecond))
+		for k := range 60 {
+			next.Backends[k].Load.Running += float64(2 * (i + 1))
+		}
+		frames[i], _ = enc.Loads(nil, next)
+	}
+	var l Loads
+	if err := DecodeLoads(frames[0], &l); err != nil || len(l.Entries) != 60 {
+		b.Fatalf("%v, %d entries", err, len(l.Entries))
+	}
+	data, err := json.Marshal(snap)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("compact-load-frame", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(frames[0])))
+		cp, subject := w.compact[snap.Pool], "fw.feed."+snap.Pool
+		for i := range b.N {
+			cp.n = uint64(1 + i&1)
+			w.handleFrame(snap.Pool, subject, frames[i&1])
+		}
+		b.StopTimer()
+		if got := w.loadsApplied.Get(); got < uint64(b.N) {
+			b.Fatalf("%d load frames applied of %d", got, b.N)
+		}
+	})
+	b.Run("json-snapshot-baseline", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(data)))
+		for i := range b.N {
+			s, err := decodeSnapshot(data, snap.Pool)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Seq = uint64(100 + i)
+			w.apply(s)
+		}
+	})
 }

@@ -267,3 +267,36 @@ func TestOldReaderOfDecisions(t *testing.T) {
 		t.Error("a JSON watcher in compact mode")
 	}
 }
+
+// Following a load frame (decoding it, handing it to OnLoads, a picker
+// applying it) allocates nothing.
+func TestFollowLoadFrameAllocatesNothing(t *testing.T) {
+	url, _ := feedtest.NewServer(t, feedtest.WithoutJetStream())
+	t0 := time.Unix(1_700_000_000, 0)
+	snap := analyzerPool100(t0)
+	picker := p2c.New(p2c.Settings{})
+	w, err := NewWatcher(feedtest.Connect(t, url), WatcherSettings{Compact: true, OnUpdate: picker.Update,
+		OnLoads: func(_ string, u *p2c.LoadUpdate) { picker.UpdateLoads(u) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	enc := NewCompactEncoder(CompactSettings{})
+	key, _, _ := enc.Frame(nil, snap, t0)
+	subject := "fw.feed." + snap.Pool
+	w.handleFrame(snap.Pool, subject, key)
+	next := analyzerPool100(t0.Add(250 * time.Millisecond))
+	for k := range 60 {
+		next.Backends[k].Load.Running += 2
+	}
+	frame, _ := enc.Loads(nil, next)
+	cp := w.compact[snap.Pool]
+	if a := testing.AllocsPerRun(100, func() {
+		cp.n = 1
+		w.handleFrame(snap.Pool, subject, frame)
+	}); a != 0 {
+		t.Errorf("following a load frame allocates %v, want 0", a)
+	}
+	if w.loadsApplied.Get() < 100 {
+		t.Errorf("%d load frames applied, want every one", w.loadsApplied.Get())
+	}
+}
