@@ -14,23 +14,21 @@ import (
 )
 
 // The watcher's compact mode (WatcherSettings.Compact; docs/PROTOCOL.md
-// "Compact feed (extension)"). Run subscribes to both feeds, then binds
-// the fw_feed bucket: when it is there, the watcher follows the compact
-// feed alone (it unsubscribes the JSON snapshots) and reads each pool's
-// key frame from the bucket by direct get, a request to the stream that no
-// consumer serves; when it is not (a serve that does not publish it, or no
-// JetStream), the JSON snapshots alone, and it looks for the bucket again
-// every feedRedetect. After a reconnect it reads nothing at once: the next
-// load frame of each pool says whether the router missed a key frame (its
-// base or epoch is not the one applied: the key frame is fetched) or only
-// load frames (its number is not the next: a gap, counted; the loads those
-// listed stay as the router had them, with their report times, aging until
-// they move again or the next key frame brings every one).
+// "Compact feed (extension)"). Run binds the fw_feed bucket first: when it
+// is there, the watcher subscribes to the compact feed alone and reads
+// each pool's key frame from the bucket by direct get, a request to the
+// stream that no consumer serves, at start and after every reconnect;
+// when it is not (a serve that does not publish it, or no JetStream), it
+// follows the JSON snapshots, and looks for the bucket again every
+// feedRedetect. A load frame based on a key frame the watcher does not
+// have makes it fetch the key frame; one whose number is not the next is
+// a gap, counted (the loads the missed frames listed stay as the router
+// had them, with their report times, until they move again or the next
+// key frame brings every one).
 
 // Watcher modes.
 const (
-	modeUnknown int32 = iota // both feeds, until the first KV read
-	modeJSON
+	modeJSON int32 = iota
 	modeCompact
 )
 

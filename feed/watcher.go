@@ -292,7 +292,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	defer w.nc.RemoveStatusListener(status)
 
 	msgs := make(chan *nats.Msg, w.settings.Buffer)
-	if err := w.subscribeFeeds(msgs); err != nil {
+	if err := w.subscribeFeeds(ctx, msgs); err != nil {
 		return err
 	}
 	lastDropped := map[*nats.Subscription]int{}
@@ -336,11 +336,6 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case r := <-w.fetched:
 			w.fetchedKey(r)
 		case <-status:
-			if w.mode.Load() == modeCompact {
-				// The next load frames say what was missed.
-				w.settings.Logf("feed: reconnected; following the compact feed")
-				continue
-			}
 			w.settings.Logf("feed: reconnected; reading the current decisions again")
 			kv.reset()
 			readKV()
@@ -356,25 +351,32 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}
 }
 
-// subscribeFeeds subscribes to the JSON snapshots, and with Compact to the
-// compact feed too, until the first KV read says which to follow.
-func (w *Watcher) subscribeFeeds(msgs chan *nats.Msg) error {
+// subscribeFeeds subscribes to the feed the watcher follows: with Compact,
+// the compact feed when the server has its bucket (one request binds it;
+// the key frames are read next, by readKV), else the JSON snapshots (it
+// looks for the bucket again every feedRedetect). The JSON snapshots of a
+// joining router's pools never cross the wire when it follows the compact
+// feed.
+func (w *Watcher) subscribeFeeds(ctx context.Context, msgs chan *nats.Msg) error {
 	w.mode.Store(modeJSON)
 	if w.settings.Compact {
-		w.mode.Store(modeUnknown)
+		bctx, cancel := context.WithTimeout(ctx, kvReadTimeout)
+		kv, err := w.bindFeed(bctx)
+		cancel()
+		if err == nil {
+			if w.feedSubs, err = w.subscribe(msgs, w.subjects.FeedWildcard(), w.subjects.Feed); err != nil {
+				return err
+			}
+			w.feedKV = kv
+			w.mode.Store(modeCompact)
+			w.settings.Logf("feed: following the compact feed (%s)", w.subjects.FeedWildcard())
+			return nil
+		}
+		w.settings.Logf("feed: following the JSON snapshots (%s): no compact feed: %v", w.subjects.DecisionsWildcard(), err)
 	}
 	var err error
-	if w.jsonSubs, err = w.subscribe(msgs, w.subjects.DecisionsWildcard(), w.subjects.Decisions); err != nil {
-		return err
-	}
-	if w.settings.Compact {
-		if w.feedSubs, err = w.subscribe(msgs, w.subjects.FeedWildcard(), w.subjects.Feed); err != nil {
-			unsubscribe(w.jsonSubs)
-			w.jsonSubs = nil
-			return err
-		}
-	}
-	return nil
+	w.jsonSubs, err = w.subscribe(msgs, w.subjects.DecisionsWildcard(), w.subjects.Decisions)
+	return err
 }
 
 // redetect looks for the fw_feed bucket while the watcher follows the JSON
@@ -406,14 +408,6 @@ func (w *Watcher) enterCompact() {
 	unsubscribe(w.jsonSubs)
 	w.jsonSubs = nil
 	w.settings.Logf("feed: following the compact feed (%s)", w.subjects.FeedWildcard())
-}
-
-// enterJSON leaves the compact feed for the JSON snapshots.
-func (w *Watcher) enterJSON(why string) {
-	w.mode.Store(modeJSON)
-	unsubscribe(w.feedSubs)
-	w.feedSubs = nil
-	w.settings.Logf("feed: following the JSON snapshots (%s): %s", w.subjects.DecisionsWildcard(), why)
 }
 
 func unsubscribe(subs []*nats.Subscription) {
@@ -629,27 +623,10 @@ func (r *kvReader) read(ctx context.Context) (retryAfter time.Duration, ok bool)
 }
 
 func (r *kvReader) readOnce(ctx context.Context) error {
-	if r.w.mode.Load() == modeUnknown {
-		kv, err := r.w.bindFeed(ctx)
-		switch {
-		case err == nil:
-			if err := r.w.readKeys(ctx, kv); err != nil {
-				return err
-			}
-			r.w.feedKV = kv
-			r.w.enterCompact()
-			return nil
-		case errors.Is(err, errNoJetStream):
-			r.w.enterJSON("no JetStream")
-			return err
-		case errors.Is(err, jetstream.ErrBucketNotFound):
-			r.w.enterJSON("no " + r.w.subjects.BucketFeed() + " bucket")
-		default:
-			return err
-		}
-	}
 	if r.w.mode.Load() == modeCompact {
-		return nil // the load frames say what to fetch
+		// Every key frame again, at start and after a reconnect: a frame
+		// lost meanwhile may have moved a load that moves no more.
+		return r.w.readKeys(ctx, r.w.feedKV)
 	}
 	if r.kv == nil {
 		js, err := jetstream.New(r.w.nc)
