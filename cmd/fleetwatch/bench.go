@@ -26,6 +26,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(args) > 0 && args[0] == "peers" { // real balancers side by side (bench_peers.go)
 		return runBenchPeers(ctx, args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "scale" { // the feed at fleet scale on real processes (bench_scale.go)
+		return runBenchScale(ctx, args[1:], stdout, stderr)
+	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var nf natsFlags
 	nf.register(fs)
