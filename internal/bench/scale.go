@@ -130,6 +130,9 @@ type scaleRun struct {
 	serves  []*serveProc
 	gen     *nats.Conn
 	traffic *traffic
+	// serveNodes is the node each serve connects to (connz), found once
+	// the serves published.
+	serveNodes []int
 }
 
 // RunScale runs the benchmark: the cluster, serve, the traffic, a
@@ -222,7 +225,14 @@ func (r *scaleRun) setUp(ctx context.Context) error {
 	if err := waitKeyFrames(ctx, r.gen, s.Pools, 120*time.Second); err != nil {
 		return err
 	}
-	s.Logf("bench scale: every pool's key frame is stored; traffic %.0f events/s", s.Rate*float64(s.Pools*s.Backends))
+	if r.serveNodes, err = r.cluster.serveNodes(ctx); err != nil {
+		return err
+	}
+	if len(r.serveNodes) != s.Serves {
+		return fmt.Errorf("bench scale: %d serve connections found on the nodes' /connz, want %d", len(r.serveNodes), s.Serves)
+	}
+	s.Logf("bench scale: every pool's key frame is stored; serve(s) on node(s) %v; traffic %.0f events/s",
+		r.serveNodes, s.Rate*float64(s.Pools*s.Backends))
 	return nil
 }
 

@@ -153,7 +153,7 @@ func (r *scaleRun) stepFrom(a, b scaleSample, fleet *routerFleet, base *ScaleSte
 	}
 	for i, sp := range r.serves {
 		ca, cb := a.serves[i], b.serves[i]
-		st.Serves = append(st.Serves, ServeStep{Name: sp.name, Node: i % len(r.cluster.nodes),
+		st.Serves = append(st.Serves, ServeStep{Name: sp.name, Node: r.serveNodes[i],
 			CPU:              (b.serveStat[i].CPU - a.serveStat[i].CPU).Seconds() / sec,
 			RSSMiB:           float64(b.serveStat[i].RSS) / (1 << 20),
 			KeyFramesPerSec:  (cb.KeyFrames - ca.KeyFrames) / sec,
@@ -222,7 +222,7 @@ func (r *scaleRun) census(ctx context.Context) (FrameCensus, error) {
 	if err != nil {
 		return c, err
 	}
-	window := min(r.s.Duration, 15*time.Second)
+	window := max(min(r.s.Duration, 30*time.Second), 5*time.Second)
 	err = sleepCtx(ctx, window)
 	_ = sub.Unsubscribe()
 	mu.Lock()

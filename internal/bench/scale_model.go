@@ -212,11 +212,12 @@ func errPct(model, measured float64) float64 {
 }
 
 // predict is the model at routers spread evenly over the three nodes,
-// pools of backends each, every router following follow pools, one serve
-// on the first node, rate events per backend-second.
+// pools of backends each, every router following follow pools, the
+// serves where the run had them (publishing the same shares), rate
+// events per backend-second.
 func (m *ScaleModel) predict(routers, pools, backends, follow int, rate float64) Prediction {
 	follow = min(follow, pools)
-	pr := Prediction{Routers: routers, Pools: pools, Backends: backends, Follow: follow, Serves: 1,
+	pr := Prediction{Routers: routers, Pools: pools, Backends: backends, Follow: follow, Serves: len(m.base.Serves),
 		EventsPerSec: rate * float64(pools*backends)}
 	f := m.poolBytes(backends)
 	msgs := m.KeyPerPoolSec + m.LoadPerPoolSec
@@ -233,27 +234,25 @@ func (m *ScaleModel) predict(routers, pools, backends, follow int, rate float64)
 	for i := range routers {
 		perNode[i%nodes]++
 	}
-	fwd := func(to int) float64 { return math.Min(float64(pools), float64(perNode[to]*follow)) * f }
+	share := published(m.base, nodes)
+	fwd := func(from, to int) float64 {
+		return share[from] * math.Min(float64(pools), float64(perNode[to]*follow)) * f
+	}
 	for i := range nodes {
 		feedOut := float64(perNode[i]*follow) * f
 		in := m.base.Nodes[i].InBytesPerSec * scale
-		if i == 0 {
-			for j := 1; j < nodes; j++ {
-				feedOut += fwd(j)
+		for j := range nodes {
+			if j != i {
+				feedOut += fwd(i, j)
+				in += fwd(j, i)
 			}
-		} else {
-			in += fwd(i)
 		}
 		pr.FeedNodeOut = append(pr.FeedNodeOut, feedOut)
 		pr.NodeOut = append(pr.NodeOut, m.base.Nodes[i].OutBytesPerSec*scale+feedOut)
 		pr.NodeIn = append(pr.NodeIn, in)
 	}
 	for _, l := range m.base.Links {
-		b := l.BytesPerSec * scale
-		if nodeIndex(l.From) == 0 {
-			b += fwd(nodeIndex(l.To))
-		}
-		pr.LinkMax = math.Max(pr.LinkMax, b)
+		pr.LinkMax = math.Max(pr.LinkMax, l.BytesPerSec*scale+fwd(nodeIndex(l.From), nodeIndex(l.To)))
 	}
 	return pr
 }

@@ -361,3 +361,30 @@ func (c *natsCluster) consumers(ctx context.Context) (int, error) {
 	}
 	return total, nil
 }
+
+// connz is what the benchmark reads of a node's /connz.
+type connz struct {
+	Connections []struct {
+		Name string `json:"name"`
+	} `json:"connections"`
+}
+
+// serveNodes lists the node each serve process is connected to: the
+// nodes whose /connz has a connection named "fleetwatch serve", one entry
+// per such connection, in node order (which serve is which is not told
+// apart: they publish equal shares).
+func (c *natsCluster) serveNodes(ctx context.Context) ([]int, error) {
+	var out []int
+	for i, n := range c.nodes {
+		var z connz
+		if err := getJSON(ctx, "http://"+n.monitor+"/connz?limit=100000", &z); err != nil {
+			return nil, err
+		}
+		for _, conn := range z.Connections {
+			if conn.Name == "fleetwatch serve" {
+				out = append(out, i)
+			}
+		}
+	}
+	return out, nil
+}

@@ -92,7 +92,7 @@ type LinkStep struct {
 // ServeStep is one serve process in a window (/metrics, /proc).
 type ServeStep struct {
 	Name             string  `json:"name"`
-	Node             int     `json:"node"` // the node it connects to first
+	Node             int     `json:"node"` // the node it is connected to (index)
 	CPU              float64 `json:"cpu_cores"`
 	RSSMiB           float64 `json:"rss_mib"`
 	KeyFramesPerSec  float64 `json:"key_frames_per_sec"`
