@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	register("bench", "end-to-end throughput and decision latency against a plain NATS subscriber", runBench)
+	register("bench", "end-to-end throughput and decision latency against a plain NATS subscriber; bench peers, bench scale", runBench)
 }
 
 // runBench measures, in one run against one server configuration, how many

@@ -264,8 +264,10 @@ func (r *scaleRun) routerStep(ctx context.Context, n int, base *ScaleStep, close
 		}
 		return ScaleStep{}, nil, err
 	}
-	r.s.Logf("bench scale: %d routers synced in %v", n, time.Since(begin).Round(time.Millisecond))
+	synced := time.Since(begin)
+	r.s.Logf("bench scale: %d routers synced in %v", n, synced.Round(time.Millisecond))
 	st, err := r.measure(ctx, fleet, base)
+	st.SyncMs = float64(synced) / 1e6
 	if err != nil || closeAfter {
 		fleet.close()
 		fleet = nil

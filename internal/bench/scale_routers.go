@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -163,6 +164,7 @@ func newRouter(idx int, cluster *natsCluster, pools []int, backends int, set *me
 		nats.Name(fmt.Sprintf("bench-router-%d", idx)),
 		nats.DontRandomize(),
 		nats.MaxReconnects(-1),
+		nats.RetryOnFailedConnect(true), // a busy server may drop a connection mid-handshake
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.PingInterval(10*time.Second),
@@ -206,24 +208,40 @@ func (r *scaleRouter) onLoads(pool string, u *p2c.LoadUpdate) {
 	r.pools.ApplyLoads(pool, u)
 }
 
-// startFleet starts n routers, each following k pools (0: all), and waits
-// up to limit for every one to hold a snapshot of every pool it follows.
+// startFleet starts n routers, each following k pools (0: all), eight
+// at a time, and waits up to limit for every one to hold a snapshot of
+// every pool it follows.
 func startFleet(ctx context.Context, cluster *natsCluster, n, pools, k, backends int, limit time.Duration) (*routerFleet, error) {
-	f := &routerFleet{set: metrics.NewSet(), ages: &ageHist{}}
+	f := &routerFleet{set: metrics.NewSet(), ages: &ageHist{}, routers: make([]*scaleRouter, n)}
 	runCtx, cancel := context.WithCancel(context.Background())
 	f.cancel = cancel
+	errs := make(chan error, n)
+	next := make(chan int)
+	var starting sync.WaitGroup
+	for range 8 {
+		starting.Go(func() { // ends when next is closed
+			for i := range next {
+				r, err := newRouter(i, cluster, followed(i, pools, k), backends, f.set, f.ages)
+				if err != nil {
+					errs <- err
+					continue
+				}
+				f.routers[i] = r
+				f.wg.Go(func() { _ = r.w.Run(runCtx) }) // ends when the fleet is closed
+			}
+		})
+	}
 	for i := range n {
-		r, err := newRouter(i, cluster, followed(i, pools, k), backends, f.set, f.ages)
-		if err != nil {
-			f.close()
-			return nil, err
-		}
-		f.routers = append(f.routers, r)
-		f.wg.Add(1)
-		go func() { // ends when the fleet is closed
-			defer f.wg.Done()
-			_ = r.w.Run(runCtx)
-		}()
+		next <- i
+	}
+	close(next)
+	starting.Wait()
+	f.routers = slices.DeleteFunc(f.routers, func(r *scaleRouter) bool { return r == nil })
+	select {
+	case err := <-errs:
+		f.close()
+		return nil, err
+	default:
 	}
 	deadline := time.Now().Add(limit)
 	for !f.synced() {
