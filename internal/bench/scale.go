@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -165,27 +166,25 @@ func RunScale(ctx context.Context, s ScaleSettings) (*ScaleReport, error) {
 		return nil, err
 	}
 	for i, n := range s.Routers {
-		last := i == len(s.Routers)-1
-		st, fleet, err := run.routerStep(ctx, n, &base, !last)
+		st, fleet, err := run.routerStep(ctx, n, &base)
 		if err != nil {
 			return nil, err
 		}
 		rep.Steps = append(rep.Steps, st)
-		if last {
-			if !s.NoJoin {
-				if rep.Join, err = run.join(ctx); err != nil {
-					fleet.close()
-					return nil, err
-				}
-			}
-			if !s.NoStorm {
-				rep.Storm, err = run.storm(ctx, fleet)
-			}
+		if i < len(s.Routers)-1 && st.Unsynced == 0 {
 			fleet.close()
-			if err != nil {
-				return nil, err
-			}
+			continue
 		}
+		if st.Unsynced > 0 && i < len(s.Routers)-1 {
+			rep.Skipped = s.Routers[i+1:]
+			s.Logf("bench scale: %d of %d routers never synced: router counts %v skipped", st.Unsynced, n, rep.Skipped)
+		}
+		err = run.joinAndStorm(ctx, rep, fleet)
+		fleet.close()
+		if err != nil {
+			return nil, err
+		}
+		break
 	}
 	rep.EventsPerSec = float64(run.traffic.events.Load()) / time.Since(rep.started).Seconds()
 	rep.LoadAvgEnd = loadAvg()
@@ -251,28 +250,44 @@ func (r *scaleRun) close() {
 	}
 }
 
-// routerStep starts n routers, waits until they are synced and warmed up,
-// and measures a window; the fleet is closed unless keep is false (the
-// last step's fleet goes on to the storm).
-func (r *scaleRun) routerStep(ctx context.Context, n int, base *ScaleStep, closeAfter bool) (ScaleStep, *routerFleet, error) {
+// routerStep starts n routers, waits until they are synced (or the
+// limit passed: the step then counts those never synced) and warmed up,
+// and measures a window with them; the caller closes the fleet.
+func (r *scaleRun) routerStep(ctx context.Context, n int, base *ScaleStep) (ScaleStep, *routerFleet, error) {
 	r.s.Logf("bench scale: starting %d routers following %d pools each", n, r.s.Follow)
 	begin := time.Now()
 	fleet, err := startFleet(ctx, r.cluster, n, r.s.Pools, r.s.Follow, r.s.Backends, 60*time.Second+time.Duration(n)*100*time.Millisecond)
-	if err != nil {
+	if err != nil && !errors.Is(err, errNotSynced) {
 		if fleet != nil {
 			fleet.close()
 		}
 		return ScaleStep{}, nil, err
 	}
 	synced := time.Since(begin)
-	r.s.Logf("bench scale: %d routers synced in %v", n, synced.Round(time.Millisecond))
+	r.s.Logf("bench scale: %d of %d routers synced in %v", fleet.countSynced(), n, synced.Round(time.Millisecond))
 	st, err := r.measure(ctx, fleet, base)
 	st.SyncMs = float64(synced) / 1e6
-	if err != nil || closeAfter {
+	st.Unsynced = n - fleet.countSynced()
+	if err != nil {
 		fleet.close()
-		fleet = nil
+		return st, nil, err
 	}
-	return st, fleet, err
+	return st, fleet, nil
+}
+
+// joinAndStorm runs the join and the reconnect storm beside the last
+// step's fleet.
+func (r *scaleRun) joinAndStorm(ctx context.Context, rep *ScaleReport, fleet *routerFleet) error {
+	var err error
+	if !r.s.NoJoin {
+		if rep.Join, err = r.join(ctx); err != nil {
+			return err
+		}
+	}
+	if !r.s.NoStorm {
+		rep.Storm, err = r.storm(ctx, fleet)
+	}
+	return err
 }
 
 // waitJetStream waits until the cluster's JetStream answers (a meta

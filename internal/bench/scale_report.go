@@ -21,7 +21,10 @@ type ScaleReport struct {
 	RateNote     string  `json:"rate_note"`
 	// Steps are the baseline window (no routers) first, then one per
 	// router count.
-	Steps   []ScaleStep  `json:"steps"`
+	Steps []ScaleStep `json:"steps"`
+	// Skipped are the router counts not run because a smaller one did
+	// not sync.
+	Skipped []int        `json:"skipped,omitempty"`
 	Frames  FrameCensus  `json:"frames"`
 	Join    *JoinResult  `json:"join,omitempty"`
 	Storm   *StormResult `json:"storm,omitempty"`
@@ -39,6 +42,9 @@ type ScaleStep struct {
 	// SyncMs is how long the step's routers took, started together, until
 	// every one held a snapshot of every pool it follows.
 	SyncMs float64 `json:"sync_ms"`
+	// Unsynced is how many of them never did (the step was measured with
+	// them; larger counts were skipped).
+	Unsynced int `json:"unsynced,omitempty"`
 	// Per router and per pool-second followed: bytes read from the
 	// router's socket (the wire, NATS protocol included), the payload
 	// bytes and the messages nats.go counted.
@@ -176,6 +182,9 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintln(w, "| routers | per router: wire B/pool-s | payload B/pool-s | msgs/pool-s | load age at apply p50 / p99 / max ms | slow consumers | dropped / gaps / malformed / key fetches | router CPU ms/pool-s | serve CPU (cores) / RSS MiB | all synced s | load avg |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, st := range r.Steps {
+		if st.Unsynced > 0 {
+			fmt.Fprintf(w, "| %d (%d never synced) | | | | | | | | | | |\n", st.Routers, st.Unsynced)
+		}
 		var sc, sr []string
 		for _, sv := range st.Serves {
 			sc = append(sc, fmt.Sprintf("%.3f", sv.CPU))
@@ -185,6 +194,9 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) error {
 			st.Routers, st.WirePerPoolSec, st.PayloadPerPoolSec, st.MsgsPerPoolSec, st.AgeP50Ms, st.AgeP99Ms, st.AgeMaxMs,
 			st.SlowConsumers, st.Dropped, st.Gaps, st.Malformed, st.KeyFetches, st.RouterCPUMsPerPoolSec,
 			strings.Join(sc, ","), strings.Join(sr, ","), st.SyncMs/1000, st.LoadAvg)
+	}
+	if len(r.Skipped) > 0 {
+		fmt.Fprintf(w, "\nrouter counts %v skipped: the last step's routers did not all sync\n", r.Skipped)
 	}
 	r.writeNodes(w)
 	r.writeFramesJoinStorm(w)

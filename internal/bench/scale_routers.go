@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -120,6 +121,10 @@ type scaleRouter struct {
 	lastLoads   []atomic.Int64 // ... and of the last load frame applied
 	reconnected atomic.Int64   // unix ns of the last reconnect
 }
+
+// errNotSynced reports routers that never held every pool they follow
+// within the time given.
+var errNotSynced = errors.New("bench scale: routers not synced")
 
 // routerFleet is the routers of one step.
 type routerFleet struct {
@@ -246,7 +251,7 @@ func startFleet(ctx context.Context, cluster *natsCluster, n, pools, k, backends
 	deadline := time.Now().Add(limit)
 	for !f.synced() {
 		if time.Now().After(deadline) {
-			return f, fmt.Errorf("bench scale: %d of %d routers synced after %v", f.countSynced(), n, limit)
+			return f, fmt.Errorf("%w: %d of %d after %v", errNotSynced, f.countSynced(), n, limit)
 		}
 		select {
 		case <-ctx.Done():
