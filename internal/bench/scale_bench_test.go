@@ -130,6 +130,16 @@ func BenchmarkScaleFrameApply(b *testing.B) {
 			ps.Apply(s)
 		}
 	})
+	b.Run("load-decode", func(b *testing.B) {
+		var l feed.Loads
+		b.ReportAllocs()
+		b.SetBytes(int64(len(loads)))
+		for b.Loop() {
+			if err := feed.DecodeLoads(loads, &l); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("load-decode+apply", func(b *testing.B) {
 		ps := benchRouter(b, backends)
 		base, _, err := feed.DecodeKey(key, snap.Pool)
