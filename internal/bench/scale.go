@@ -268,6 +268,7 @@ func (r *scaleRun) routerStep(ctx context.Context, n int, base *ScaleStep) (Scal
 	st, err := r.measure(ctx, fleet, base)
 	st.SyncMs = float64(synced) / 1e6
 	st.Unsynced = n - fleet.countSynced()
+	st.SyncBytesMean = fleet.syncBytesMean()
 	if err != nil {
 		fleet.close()
 		return st, nil, err

@@ -42,6 +42,9 @@ type ScaleStep struct {
 	// SyncMs is how long the step's routers took, started together, until
 	// every one held a snapshot of every pool it follows.
 	SyncMs float64 `json:"sync_ms"`
+	// SyncBytesMean is the mean of what each of them read from its socket
+	// until then: a join storm's cost per router.
+	SyncBytesMean float64 `json:"sync_bytes_mean"`
 	// Unsynced is how many of them never did (the step was measured with
 	// them; larger counts were skipped).
 	Unsynced int `json:"unsynced,omitempty"`
@@ -179,7 +182,7 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(w, "fleetwatch bench scale: %d pools x %d backends, %d serve(s), routers follow %d pools each, %v windows, %.0f events/s\n",
 		s.Pools, s.Backends, s.Serves, s.Follow, s.Duration, r.EventsPerSec)
 	fmt.Fprintf(w, "machine %s; %s; load average %.2f at the start, %.2f at the end\n\n", r.Machine, r.Date, r.LoadAvgStart, r.LoadAvgEnd)
-	fmt.Fprintln(w, "| routers | per router: wire B/pool-s | payload B/pool-s | msgs/pool-s | load age at apply p50 / p99 / max ms | slow consumers | dropped / gaps / malformed / key fetches | router CPU ms/pool-s | serve CPU (cores) / RSS MiB | all synced s | load avg |")
+	fmt.Fprintln(w, "| routers | per router: wire B/pool-s | payload B/pool-s | msgs/pool-s | load age at apply p50 / p99 / max ms | slow consumers | dropped / gaps / malformed / key fetches | router CPU ms/pool-s | serve CPU (cores) / RSS MiB | all synced s (mean B read by then) | load avg |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, st := range r.Steps {
 		if st.Unsynced > 0 {
@@ -190,10 +193,10 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) error {
 			sc = append(sc, fmt.Sprintf("%.3f", sv.CPU))
 			sr = append(sr, fmt.Sprintf("%.0f", sv.RSSMiB))
 		}
-		fmt.Fprintf(w, "| %d | %.0f | %.0f | %.2f | %.0f / %.0f / %.0f | %d | %d / %d / %d / %d | %.3f | %s / %s | %.1f | %.2f |\n",
+		fmt.Fprintf(w, "| %d | %.0f | %.0f | %.2f | %.0f / %.0f / %.0f | %d | %d / %d / %d / %d | %.3f | %s / %s | %.1f (%.0f) | %.2f |\n",
 			st.Routers, st.WirePerPoolSec, st.PayloadPerPoolSec, st.MsgsPerPoolSec, st.AgeP50Ms, st.AgeP99Ms, st.AgeMaxMs,
 			st.SlowConsumers, st.Dropped, st.Gaps, st.Malformed, st.KeyFetches, st.RouterCPUMsPerPoolSec,
-			strings.Join(sc, ","), strings.Join(sr, ","), st.SyncMs/1000, st.LoadAvg)
+			strings.Join(sc, ","), strings.Join(sr, ","), st.SyncMs/1000, st.SyncBytesMean, st.LoadAvg)
 	}
 	if len(r.Skipped) > 0 {
 		fmt.Fprintf(w, "\nrouter counts %v skipped: the last step's routers did not all sync\n", r.Skipped)

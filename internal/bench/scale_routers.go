@@ -272,6 +272,23 @@ func (f *routerFleet) countSynced() int {
 	return n
 }
 
+// syncBytesMean is the mean of the synced routers' bytes read until they
+// were.
+func (f *routerFleet) syncBytesMean() float64 {
+	var sum float64
+	n := 0
+	for _, r := range f.routers {
+		if r.syncedAt.Load() != 0 {
+			sum += float64(r.syncBytes.Load())
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}
+
 func (f *routerFleet) synced() bool { return f.countSynced() == len(f.routers) }
 
 // counters sums the routers' byte and message counts: wire bytes read,
