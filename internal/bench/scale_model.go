@@ -27,7 +27,12 @@ import (
 // JetStream capture and its replication, the JSON snapshots and the KV
 // puts), measured in the baseline window and scaled by the event rate.
 // Payload bytes are what nats-server counts (varz, routez); the wire adds
-// o per message.
+// o per message. h_L is fitted at the run's B (a load frame's size
+// against the entries it lists), so it holds whatever a load frame
+// carries per backend listed or not (a report age per backend since the
+// feed's c3fac0b): predictions at another B are sound only from a run at
+// that B, which is why the benchmark's defaults and the documented runs
+// use the predictions' 100 backends.
 
 // ScaleModel is the model's constants, its check against the measured
 // steps and its predictions.
