@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	register("bench", "end-to-end throughput and decision latency against a plain NATS subscriber", runBench)
+	register("bench", "end-to-end throughput and decision latency against a plain NATS subscriber; bench peers, bench scale", runBench)
 }
 
 // runBench measures, in one run against one server configuration, how many
@@ -25,6 +25,9 @@ func init() {
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) > 0 && args[0] == "peers" { // real balancers side by side (bench_peers.go)
 		return runBenchPeers(ctx, args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "scale" { // the feed at fleet scale on real processes (bench_scale.go)
+		return runBenchScale(ctx, args[1:], stdout, stderr)
 	}
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var nf natsFlags
