@@ -183,17 +183,32 @@ func AppendKey(dst []byte, snap *fleetwatch.Snapshot, n uint64) []byte {
 		}
 	}
 	dst = appendUvarint(dst, uint64(len(snap.Backends)))
+	p95 := deadlineP95(snap)
 	prev := ""
 	for i := range snap.Backends {
-		dst = appendKeyBackend(dst, &snap.Backends[i], prev, at)
+		dst = appendKeyBackend(dst, &snap.Backends[i], prev, at, i == p95)
 		prev = snap.Backends[i].Backend
 	}
 	return dst
 }
 
+// deadlineP95 is the index of the backend whose p95 TTFT a key frame
+// carries: the largest of the backends not open, the one a router's
+// first-token deadline reads (route.PoolP95TTFT); -1 when none has one.
+func deadlineP95(snap *fleetwatch.Snapshot) int {
+	best, at := 0.0, -1
+	for i := range snap.Backends {
+		b := &snap.Backends[i]
+		if b.P95TTFTMs != nil && *b.P95TTFTMs > best && b.State != fleetwatch.StateOpen {
+			best, at = *b.P95TTFTMs, i
+		}
+	}
+	return at
+}
+
 // appendKeyBackend appends one backend of a key frame, its id front-coded
-// against prev.
-func appendKeyBackend(dst []byte, b *fleetwatch.Backend, prev string, at int64) []byte {
+// against prev, its p95 TTFT with p95.
+func appendKeyBackend(dst []byte, b *fleetwatch.Backend, prev string, at int64, p95 bool) []byte {
 	var f1, f2 byte
 	for i, s := range states {
 		if b.State == s {
@@ -203,7 +218,7 @@ func appendKeyBackend(dst []byte, b *fleetwatch.Backend, prev string, at int64) 
 	if b.EWMATTFTMs != nil {
 		f1 |= kHasEWMA
 	}
-	if b.P95TTFTMs != nil {
+	if p95 {
 		f1 |= kHasP95
 	}
 	if b.Load != nil {
@@ -243,14 +258,14 @@ func appendKeyBackend(dst []byte, b *fleetwatch.Backend, prev string, at int64) 
 	}
 	dst = appendUvarint(dst, uint64(shared))
 	dst = appendString(dst, b.Backend[shared:])
-	dst = appendUvarint(dst, uint64(math.Round(min(max(b.Weight, 0), 1)*weightScale)))
+	dst = appendUvarint(dst, weightScale-uint64(math.Round(min(max(b.Weight, 0), 1)*weightScale))) // 0 for a healthy 1: one byte
 	if b.Priority != 0 {
 		dst = binary.AppendVarint(dst, int64(b.Priority))
 	}
 	if b.EWMATTFTMs != nil {
 		dst = appendUvarint(dst, quant(*b.EWMATTFTMs, ewmaScale))
 	}
-	if b.P95TTFTMs != nil {
+	if p95 {
 		dst = appendUvarint(dst, quant(*b.P95TTFTMs, 1))
 	}
 	if l := b.Load; l != nil {
@@ -447,7 +462,11 @@ func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
 		return
 	}
 	b.Backend = prev[:shared] + string(r.bytes(r.uvarint("id"), "id"))
-	b.Weight = float64(r.uvarint("weight")) / weightScale
+	if w := r.uvarint("weight"); w <= weightScale {
+		b.Weight = float64(weightScale-w) / weightScale
+	} else {
+		r.fail("weight")
+	}
 	b.Drift = driftStates[int(f2>>kDriftShift)&3]
 	if f2&kHasPrio != 0 {
 		b.Priority = int(r.varint("priority"))

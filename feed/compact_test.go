@@ -52,10 +52,14 @@ func routerView(s *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 	out := &fleetwatch.Snapshot{V: s.V, Pool: s.Pool, Epoch: s.Epoch, Seq: s.Seq, Fence: s.Fence, At: s.At,
 		TTLMs: s.TTLMs, Mode: s.Mode, AllOpen: s.AllOpen, Shadow: s.Shadow, MedianEWMATTFTMs: s.MedianEWMATTFTMs,
 		AffinityTolerance: s.AffinityTolerance, Routers: s.Routers, RetryBudget: s.RetryBudget}
-	for _, b := range s.Backends {
+	p95 := deadlineP95(s)
+	for i, b := range s.Backends {
 		v := fleetwatch.Backend{Backend: b.Backend, State: b.State, Weight: b.Weight, Priority: b.Priority,
-			Drift: b.Drift, EWMATTFTMs: b.EWMATTFTMs, P95TTFTMs: b.P95TTFTMs, OpenUntil: b.OpenUntil,
+			Drift: b.Drift, EWMATTFTMs: b.EWMATTFTMs, OpenUntil: b.OpenUntil,
 			QuotaUntil: b.QuotaUntil, CostPerMTok: b.CostPerMTok, Load: b.Load, Override: b.Override}
+		if i == p95 {
+			v.P95TTFTMs = b.P95TTFTMs
+		}
 		out.Backends = append(out.Backends, v)
 	}
 	return out
@@ -63,7 +67,8 @@ func routerView(s *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 
 // A key frame carries every field a router reads, as it was (the numbers
 // to their quantum: a sixteenth of a request and of a millisecond, whole
-// milliseconds of p95 and times; an override in full), and names its
+// milliseconds of p95 and times; an override in full; the p95 TTFT only of
+// the backend the router's first-token deadline reads), and names its
 // number.
 func TestKeyFrameRoundTrip(t *testing.T) {
 	snap := fullSnapshot()
@@ -301,7 +306,7 @@ func analyzerPool100(at time.Time) *fleetwatch.Snapshot {
 
 // The sizes of one 100-backend pool's feed: its JSON snapshot as serve
 // publishes it (52 KB here, 520 bytes a backend; issue 33 measured
-// 598-668 with drift and probe reasons too), its key frame (1,965 bytes)
+// 598-668 with drift and probe reasons too), its key frame (1,667 bytes)
 // and a load frame in which 60 of the 100 loads moved (375 bytes).
 func TestCompactFrameSizes(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
