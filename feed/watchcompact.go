@@ -172,9 +172,9 @@ func (w *Watcher) fetchKey(pool string) {
 	cp.fetchAt = now
 	w.fetching[pool] = true
 	w.keyFetches.Inc()
-	kv := w.feedKV
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), keyFetchTimeout)
+	kv, runCtx := w.feedKV, w.runCtx
+	go func() { // ends with the fetch, or with Run
+		ctx, cancel := context.WithTimeout(runCtx, keyFetchTimeout)
 		defer cancel()
 		r := keyResult{pool: pool}
 		if e, err := kv.Get(ctx, pool); err != nil {
@@ -185,6 +185,42 @@ func (w *Watcher) fetchKey(pool string) {
 		select {
 		case w.fetched <- r:
 		case <-w.closed:
+		case <-runCtx.Done():
+		}
+	}()
+}
+
+// refetchAll fetches the key frame of every pool the watcher knows, one
+// after the other in a goroutine of its own, the results coming back to
+// Run's loop as fetchKey's do: after a reconnect, without holding up the
+// frames meanwhile.
+func (w *Watcher) refetchAll() {
+	kv, runCtx := w.feedKV, w.runCtx
+	if kv == nil {
+		return
+	}
+	pools := make([]string, 0, len(w.compact))
+	for pool := range w.compact {
+		pools = append(pools, pool)
+	}
+	w.keyFetches.Add(len(pools))
+	go func() { // ends with the last fetch, or with Run
+		for _, pool := range pools {
+			ctx, cancel := context.WithTimeout(runCtx, keyFetchTimeout)
+			r := keyResult{pool: pool}
+			if e, err := kv.Get(ctx, pool); err != nil {
+				r.err = err
+			} else {
+				r.data = e.Value()
+			}
+			cancel()
+			select {
+			case w.fetched <- r:
+			case <-w.closed:
+				return
+			case <-runCtx.Done():
+				return
+			}
 		}
 	}()
 }

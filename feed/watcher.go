@@ -147,6 +147,7 @@ type Watcher struct {
 	compact  map[string]*compactPool
 	fetching map[string]bool
 	fetched  chan keyResult
+	runCtx   context.Context // Run's: the fetches end with it
 
 	// mu guards running and done.
 	mu      sync.Mutex
@@ -292,6 +293,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	defer w.nc.RemoveStatusListener(status)
 
 	msgs := make(chan *nats.Msg, w.settings.Buffer)
+	w.runCtx = ctx
 	if err := w.subscribeFeeds(ctx, msgs); err != nil {
 		return err
 	}
@@ -337,6 +339,13 @@ func (w *Watcher) Run(ctx context.Context) error {
 			w.fetchedKey(r)
 		case <-status:
 			w.settings.Logf("feed: reconnected; reading the current decisions again")
+			if w.mode.Load() == modeCompact {
+				// Every key frame again, without holding the frames up:
+				// a load that moved in a frame lost meanwhile may move no
+				// more, and the bucket's leader may be the server lost.
+				w.refetchAll()
+				continue
+			}
 			kv.reset()
 			readKV()
 		case <-retry.C:
@@ -624,9 +633,7 @@ func (r *kvReader) read(ctx context.Context) (retryAfter time.Duration, ok bool)
 
 func (r *kvReader) readOnce(ctx context.Context) error {
 	if r.w.mode.Load() == modeCompact {
-		// Every key frame again, at start and after a reconnect: a frame
-		// lost meanwhile may have moved a load that moves no more.
-		return r.w.readKeys(ctx, r.w.feedKV)
+		return r.w.readKeys(ctx, r.w.feedKV) // at start
 	}
 	if r.kv == nil {
 		js, err := jetstream.New(r.w.nc)
