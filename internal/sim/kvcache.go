@@ -6,6 +6,23 @@ package sim
 // named by its prefix key (the hash of every block up to and including it,
 // see chainBlocks), so a request's hit is the run of its leading blocks
 // present: a block whose predecessor was evicted is not reused, as in vLLM.
+//
+// A request's blocks are touched tail first, so that its first block is
+// the most recent and its last the least: of one prompt, the tail goes
+// before the head, and since every use of a block uses its predecessors
+// after it, a block is always more recent than the blocks that extend it.
+// Eviction thus takes leaves first and never leaves a cached tail behind
+// an evicted head, as both servers' caches do. vLLM frees a finished
+// request's blocks in reverse order onto its LRU free queue ("so that the
+// tail blocks are evicted first": KVCacheManager.free in
+// vllm/v1/core/kv_cache_manager.py; FreeKVCacheBlockQueue in
+// vllm/v1/core/kv_cache_utils.py orders blocks of equal last use with
+// more hash tokens first), and SGLang's RadixCache.evict
+// (python/sglang/srt/mem_cache/radix_cache.py) evicts leaves by last
+// access, a parent only once it has become a leaf. Until 2026-12-06 the
+// blocks were touched head first: a prompt's first block was evicted
+// before its tail, whose blocks then held space no request could reach.
+//
 // Blocks in use by a running request are not pinned (a simplification: at
 // these capacities a request's own blocks are the most recent).
 type blockCache struct {
@@ -33,11 +50,13 @@ func (c *blockCache) leading(blocks []uint64) int {
 
 // use serves a request's blocks: it returns the leading blocks that were
 // cached, then makes every block of the request the most recent, inserting
-// the missing ones and evicting the least recently used at capacity.
+// the missing ones and evicting the least recently used at capacity. The
+// blocks are touched last to first (see blockCache): the request's head is
+// then the most recent and its tail the first to go.
 func (c *blockCache) use(blocks []uint64) int {
 	hit := c.leading(blocks)
-	for _, k := range blocks {
-		c.touch(k)
+	for i := len(blocks) - 1; i >= 0; i-- {
+		c.touch(blocks[i])
 	}
 	return hit
 }

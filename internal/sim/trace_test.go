@@ -155,7 +155,8 @@ func TestReadTraceEmptyOrUnusable(t *testing.T) {
 }
 
 // A hit is the run of leading blocks cached; the least recently used block
-// goes first at capacity.
+// goes first at capacity, and of one prompt's blocks the tail before the
+// head.
 func TestBlockCache(t *testing.T) {
 	c := newBlockCache(4)
 	a := chainBlocks([]uint64{1, 2, 3})
@@ -171,20 +172,80 @@ func TestBlockCache(t *testing.T) {
 	if got := c.leading(b); got != 1 {
 		t.Errorf("diverging prompt: %d leading blocks, want 1", got)
 	}
-	c.use(b) // inserts 2 blocks: 5 > 4, evicts the LRU block (a's 2nd... a's blocks were used before b's)
+	c.use(b) // inserts 2 blocks: 5 > 4, evicts one
 	if c.size() != 4 {
 		t.Errorf("size %d, want the capacity 4", c.size())
 	}
-	// LRU order before b: a0, a1, a2 (a2 most recent). b touched a0 (b0)
-	// and inserted b1, b2: a1 was the least recent and went.
-	if got := c.leading(a); got != 1 {
-		t.Errorf("after eviction a hits %d leading blocks, want 1 (its second block evicted)", got)
+	// LRU order before b: a2, a1, a0 (a0 most recent: a's blocks were
+	// touched tail first). b inserted b2 (the cache full), then b1, which
+	// evicted a2, then touched a0 (b0). a keeps its first two blocks: the
+	// tail went, not the head.
+	if got := c.leading(a); got != 2 {
+		t.Errorf("after eviction a hits %d leading blocks, want 2 (its tail evicted)", got)
 	}
-	if _, ok := c.index[a[2]]; !ok {
-		t.Error("a's third block was evicted before the least recent one")
+	if _, ok := c.index[a[2]]; ok {
+		t.Error("a's tail block is still cached: something else went first")
 	}
 	if got := c.leading(b); got != 3 {
 		t.Errorf("b hits %d, want 3", got)
+	}
+}
+
+// One prompt longer than the room left: its head stays and its tail goes,
+// so the next request with that prompt reuses what remains. Touched head
+// first (the order before 2026-12-06), the cache kept the tail, which no
+// request can reach without its head: a hit of 0.
+func TestBlockCacheKeepsHead(t *testing.T) {
+	c := newBlockCache(4)
+	c.use(chainBlocks([]uint64{7, 8, 9}))
+	long := chainBlocks([]uint64{1, 2, 3, 4})
+	c.use(long)
+	other := chainBlocks([]uint64{5})
+	c.use(other) // evicts the least recent: long's tail
+	if got := c.leading(long); got != 3 {
+		t.Errorf("after one eviction the long prompt hits %d leading blocks, want 3", got)
+	}
+	c.use(chainBlocks([]uint64{6, 10}))
+	if got := c.leading(long); got != 1 {
+		t.Errorf("after three evictions the long prompt hits %d leading blocks, want 1", got)
+	}
+}
+
+// Every block the cache holds is reachable: its predecessor in the prompt
+// is held too (leaves are evicted first), over conversations whose turns
+// extend earlier ones and share a system prompt.
+func TestBlockCacheEvictsLeavesFirst(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	parent := map[uint64]uint64{} // block key -> its predecessor's (0: none)
+	c := newBlockCache(64)
+	convs := make([][]uint64, 40) // each conversation's ids so far
+	for i := range convs {
+		convs[i] = []uint64{0} // the common first block
+	}
+	next := uint64(1)
+	for range 3000 {
+		k := rng.IntN(len(convs))
+		for range 1 + rng.IntN(6) { // a later turn: more blocks
+			convs[k] = append(convs[k], next)
+			next++
+		}
+		if rng.IntN(8) == 0 {
+			convs[k] = convs[k][:1] // a new conversation
+		}
+		keys := chainBlocks(convs[k])
+		for i, key := range keys {
+			if i > 0 {
+				parent[key] = keys[i-1]
+			}
+		}
+		c.use(keys)
+		for key := range c.index {
+			if p, ok := parent[key]; ok {
+				if _, held := c.index[p]; !held {
+					t.Fatalf("block %x is cached without its predecessor %x: unreachable", key, p)
+				}
+			}
+		}
 	}
 }
 
