@@ -156,6 +156,24 @@ func (s Subjects) FeedPool(subject string) (string, bool) {
 	return subject[len(p):], true
 }
 
+// Resync is the subject a router asks on for a decision snapshot of pool
+// now, after it missed frames of the compact feed ("fw.resync.<pool>"; an
+// extension: docs/PROTOCOL.md "Compact feed (extension)").
+func (s Subjects) Resync(pool string) string { return s.prefix() + ".resync." + pool }
+
+// ResyncWildcard matches every pool's resync subject ("fw.resync.>").
+func (s Subjects) ResyncWildcard() string { return s.prefix() + ".resync.>" }
+
+// ResyncPool returns the pool id of a resync subject, and false when the
+// subject is not one.
+func (s Subjects) ResyncPool(subject string) (string, bool) {
+	p := s.prefix() + ".resync."
+	if !strings.HasPrefix(subject, p) || len(subject) == len(p) {
+		return "", false
+	}
+	return subject[len(p):], true
+}
+
 // Drift is the subject one pool's drift alerts are published on.
 func (s Subjects) Drift(pool string) string { return s.prefix() + ".drift." + pool }
 

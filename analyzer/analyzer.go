@@ -75,6 +75,7 @@ type pool struct {
 	published bool          // a snapshot of the pool was returned
 	beatAt    time.Time     // the pool's last heartbeat, the anchor of the next
 	loadAt    time.Time     // the pool's last load beat, the anchor of the next
+	resync    bool          // Resync asked for a snapshot at the next Evaluate
 	signature []decisionKey // the decisions of the last returned snapshot
 	spare     []decisionKey // the other buffer of signature
 	peers     peers         // scratch of the slowness rule
@@ -390,7 +391,9 @@ func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
 		// Two signature buffers per pool, swapped on change: a tick that
 		// changes nothing allocates nothing for the comparison.
 		sig := a.decisions(p, p.spare, now)
-		if all || gone || beat || !slices.Equal(sig, p.signature) {
+		resync := p.resync
+		p.resync = false
+		if all || gone || beat || resync || !slices.Equal(sig, p.signature) {
 			p.seq++
 			p.published, p.signature, p.spare = true, sig, p.signature
 			ev.Snapshots = append(ev.Snapshots, a.snapshot(p, now, false))
@@ -543,6 +546,21 @@ func phase(id string, d time.Duration) time.Duration {
 	h *= 0xc4ceb9fe1a85ec53
 	h ^= h >> 33
 	return time.Duration(h % uint64(d))
+}
+
+// Resync asks for a snapshot of pool at the next Evaluate, as if its
+// heartbeat were due (its heartbeats keep their grid): routers that
+// missed frames of the compact feed ask for one (fw.resync.<pool>), whose
+// key frame brings every load again. It reports whether the pool is known.
+func (a *Analyzer) Resync(poolID string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p := a.pools[poolID]
+	if p == nil || !p.published {
+		return false
+	}
+	p.resync = true
+	return true
 }
 
 // Beat returns how soon a caller that evaluates on the beat alone should

@@ -58,6 +58,7 @@ type CompactEncoder struct {
 	sent    []sentLoad
 	median  float64
 	budget  float64
+	wantKey bool // WantKey: the next decision snapshot goes out as a key frame
 }
 
 // keyHeader is what of a snapshot's pool fields makes a key frame.
@@ -160,11 +161,15 @@ func (e *CompactEncoder) Frame(dst []byte, snap *fleetwatch.Snapshot, now time.T
 	if e.changed(snap) {
 		return e.key(dst, snap, now), FrameKey, true
 	}
-	if now.Sub(e.keyAt) >= e.s.KeyEvery {
+	if e.wantKey || now.Sub(e.keyAt) >= e.s.KeyEvery {
 		return e.key(dst, snap, now), FrameKey, false
 	}
 	return e.loads(dst, snap), FrameLoads, false
 }
+
+// WantKey makes the next decision snapshot's frame a key frame (routers
+// that missed frames asked for one: fw.resync.<pool>).
+func (e *CompactEncoder) WantKey() { e.wantKey = true }
 
 // Loads appends the load frame of a load beat's snapshot (one that
 // repeats the last decision snapshot's seq) to dst. It appends nothing
@@ -180,7 +185,7 @@ func (e *CompactEncoder) Loads(dst []byte, snap *fleetwatch.Snapshot) ([]byte, b
 
 // key appends a key frame and remembers what it says.
 func (e *CompactEncoder) key(dst []byte, snap *fleetwatch.Snapshot, now time.Time) []byte {
-	e.keyed, e.keyAt = true, now
+	e.keyed, e.keyAt, e.wantKey = true, now, false
 	if snap.Epoch != e.epoch {
 		e.epoch, e.hash, e.n = snap.Epoch, EpochHash(snap.Epoch), 0
 	}

@@ -396,6 +396,20 @@ func (p *Publisher) PublishLoads(snap *fleetwatch.Snapshot) error {
 	return p.publishFrame(snap.Pool, pp.buf, FrameLoads)
 }
 
+// WantKey makes pool's next Publish send a key frame (routers that missed
+// frames asked for one: fw.resync.<pool>); it reports whether the
+// publisher publishes the pool.
+func (p *Publisher) WantKey(pool string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pp := p.pools[pool]
+	if pp == nil {
+		return false
+	}
+	pp.enc.WantKey()
+	return true
+}
+
 // pool returns the publisher's state of a pool, made on first use. mu is
 // held.
 func (p *Publisher) pool(id string) *pubPool {

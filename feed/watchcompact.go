@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -22,9 +23,9 @@ import (
 // follows the JSON snapshots, and looks for the bucket again every
 // feedRedetect. A load frame based on a key frame the watcher does not
 // have makes it fetch the key frame; one whose number is not the next is
-// a gap, counted (the loads the missed frames listed stay as the router
-// had them, with their report times, until they move again or the next
-// key frame brings every one).
+// a gap, counted, and like a reconnect it makes the watcher ask serve for
+// a decision snapshot now (fw.resync.<pool>) and distrust the loads the
+// missed frames may have moved until that key frame (missed).
 
 // Watcher modes.
 const (
@@ -55,8 +56,13 @@ type compactPool struct {
 	n       uint64   // the last frame's number
 	ids     []string // the key frame's backends, in its order
 	fetchAt time.Time
-	loads   Loads          // decoded load frames, reused
-	update  p2c.LoadUpdate // reused
+	// gapped: frames were missed since the key frame; untrusted, per
+	// backend of it, whether its load may be outdated (missed).
+	gapped    bool
+	untrusted []bool
+	resyncAt  time.Time      // the last resync request
+	loads     Loads          // decoded load frames, reused
+	update    p2c.LoadUpdate // reused
 }
 
 // keyResult is a fetched key frame.
@@ -104,7 +110,8 @@ func (w *Watcher) handleFrame(pool, subject string, data []byte) {
 		w.older.Inc()
 		return
 	case l.N != cp.n+1:
-		w.gaps.Inc() // the loads it listed stay as the router had them, aging, until they move or the next key frame
+		w.gaps.Inc()
+		w.missed(pool, cp)
 	}
 	cp.n = l.N
 	w.applyLoads(pool, cp)
@@ -116,6 +123,9 @@ func (w *Watcher) applyLoads(pool string, cp *compactPool) {
 	l := &cp.loads
 	u := &cp.update
 	l.Update(u, cp.epoch, cp.seq, cp.ids)
+	if cp.gapped {
+		cp.distrust(l, u)
+	}
 	if slot := (*w.pools.Load())[pool]; slot != nil {
 		at := l.At.UnixNano()
 		if e := slot.Load(); e.snap.Epoch == cp.epoch && e.snap.Seq == cp.seq && at > e.heard.Load() {
@@ -153,7 +163,7 @@ func (w *Watcher) applyKey(pool string, data []byte, where string) {
 			return
 		}
 	}
-	cp.epoch, cp.hash, cp.seq, cp.n = snap.Epoch, EpochHash(snap.Epoch), snap.Seq, n
+	cp.epoch, cp.hash, cp.seq, cp.n, cp.gapped = snap.Epoch, EpochHash(snap.Epoch), snap.Seq, n, false
 	cp.ids = cp.ids[:0]
 	for i := range snap.Backends {
 		cp.ids = append(cp.ids, snap.Backends[i].Backend)
@@ -190,39 +200,39 @@ func (w *Watcher) fetchKey(pool string) {
 	}()
 }
 
-// refetchAll fetches the key frame of every pool the watcher knows, one
-// after the other in a goroutine of its own, the results coming back to
-// Run's loop as fetchKey's do: after a reconnect, without holding up the
-// frames meanwhile.
-func (w *Watcher) refetchAll() {
-	kv, runCtx := w.feedKV, w.runCtx
-	if kv == nil {
-		return
+// missed marks that a pool's frames were missed (a gap, a reconnect):
+// until its next key frame, a load the missed frames may have moved keeps
+// the report time the router has (it ages, and past load_stale the picker
+// counts its own requests instead) unless a frame lists it again; and it
+// asks serve for a decision snapshot now (fw.resync.<pool>, at most once
+// a second), whose key frame brings every load again.
+func (w *Watcher) missed(pool string, cp *compactPool) {
+	cp.untrusted = cp.untrusted[:0]
+	for range cp.ids {
+		cp.untrusted = append(cp.untrusted, true)
 	}
-	pools := make([]string, 0, len(w.compact))
-	for pool := range w.compact {
-		pools = append(pools, pool)
-	}
-	w.keyFetches.Add(len(pools))
-	go func() { // ends with the last fetch, or with Run
-		for _, pool := range pools {
-			ctx, cancel := context.WithTimeout(runCtx, keyFetchTimeout)
-			r := keyResult{pool: pool}
-			if e, err := kv.Get(ctx, pool); err != nil {
-				r.err = err
-			} else {
-				r.data = e.Value()
-			}
-			cancel()
-			select {
-			case w.fetched <- r:
-			case <-w.closed:
-				return
-			case <-runCtx.Done():
-				return
-			}
+	cp.gapped = true
+	if now := time.Now(); now.Sub(cp.resyncAt) >= keyFetchEvery {
+		cp.resyncAt = now
+		if err := w.nc.Publish(w.subjects.Resync(pool), nil); err == nil {
+			w.resyncs.Inc()
 		}
-	}()
+	}
+}
+
+// distrust leaves out of u the report times of the loads that may be
+// outdated since a gap (missed), and trusts those u lists again.
+func (cp *compactPool) distrust(l *Loads, u *p2c.LoadUpdate) {
+	for _, e := range l.Entries {
+		if (!math.IsNaN(e.Running) || e.NoLoad) && e.Index >= 0 && e.Index < len(cp.untrusted) {
+			cp.untrusted[e.Index] = false
+		}
+	}
+	for i, bad := range cp.untrusted {
+		if bad && i < len(u.Backends) {
+			u.Backends[i].AgeMs = -1
+		}
+	}
 }
 
 // fetchedKey applies a fetched key frame.

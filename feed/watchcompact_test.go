@@ -136,7 +136,9 @@ func TestCompactWatcherFollowsTheFeed(t *testing.T) {
 
 // A load frame whose key frame was missed makes the watcher fetch the key
 // frame from the bucket, and then apply the next frames; a missed load
-// frame is a gap, counted, and the next frames apply.
+// frame is a gap, counted: the watcher asks serve for a snapshot now
+// (fw.resync.<pool>), and the loads the lost frame may have moved keep
+// their report times until listed again or the next key frame.
 func TestCompactWatcherMissedFrames(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
 	nc := feedtest.Connect(t, url)
@@ -148,6 +150,10 @@ func TestCompactWatcherMissedFrames(t *testing.T) {
 	w := startWatcher(t, feedtest.Connect(t, url), rec.settings(WatcherSettings{}))
 	if !w.Compact() {
 		t.Fatal("not in compact mode")
+	}
+	resync, err := nc.SubscribeSync("fw.resync.>")
+	if err != nil {
+		t.Fatal(err)
 	}
 	// A key frame the watcher does not receive: encoded, stored, not sent.
 	enc := NewCompactEncoder(CompactSettings{})
@@ -175,11 +181,15 @@ func TestCompactWatcherMissedFrames(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the frame after the gap", func() bool { _, n := rec.counts(); return n >= 1 })
-	if u := rec.lastLoads(); u.Backends[0].Running != 12 {
-		t.Errorf("update after a lost frame: a's load %v, want 12", u.Backends[0].Running)
+	if u := rec.lastLoads(); u.Backends[0].Running != 12 || u.Backends[1].AgeMs != -1 {
+		t.Errorf("update after a lost frame: a's load %v (want 12), b's report age %d (want -1: it may have moved in the lost frame)",
+			u.Backends[0].Running, u.Backends[1].AgeMs)
 	}
 	if w.gaps.Get() != 1 {
 		t.Errorf("gaps counted %d, want 1", w.gaps.Get())
+	}
+	if _, err := resync.NextMsg(10 * time.Second); err != nil {
+		t.Errorf("no resync request on fw.resync.p after the gap: %v", err)
 	}
 	_ = pub
 }

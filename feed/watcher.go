@@ -137,6 +137,7 @@ type Watcher struct {
 	loadsApplied *metrics.Counter
 	gaps         *metrics.Counter
 	keyFetches   *metrics.Counter
+	resyncs      *metrics.Counter
 
 	// Run's goroutine only: the mode (also read by Mode), the subscriptions
 	// of each feed, the compact feed's state and its key frame fetches.
@@ -213,6 +214,7 @@ func NewWatcher(nc *nats.Conn, s WatcherSettings) (*Watcher, error) {
 	w.loadsApplied = set.GetOrCreateCounter("fleetwatch_feed_load_frames_applied_total")
 	w.gaps = set.GetOrCreateCounter("fleetwatch_feed_frame_gaps_total")
 	w.keyFetches = set.GetOrCreateCounter("fleetwatch_feed_key_fetches_total")
+	w.resyncs = set.GetOrCreateCounter("fleetwatch_feed_resyncs_requested_total")
 	set.GetOrCreateGauge("fleetwatch_feed_compact", func() float64 {
 		if w.mode.Load() == modeCompact {
 			return 1
@@ -340,10 +342,13 @@ func (w *Watcher) Run(ctx context.Context) error {
 		case <-status:
 			w.settings.Logf("feed: reconnected; reading the current decisions again")
 			if w.mode.Load() == modeCompact {
-				// Every key frame again, without holding the frames up:
-				// a load that moved in a frame lost meanwhile may move no
-				// more, and the bucket's leader may be the server lost.
-				w.refetchAll()
+				// Frames were lost meanwhile: a key frame of every pool
+				// now, asked for (missed).
+				for pool, cp := range w.compact {
+					if cp.ids != nil {
+						w.missed(pool, cp)
+					}
+				}
 				continue
 			}
 			kv.reset()

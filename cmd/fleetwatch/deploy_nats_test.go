@@ -182,6 +182,24 @@ func checkCompactFeedPermissions(t *testing.T, url string) {
 		v, _ := w.View("pool-c")
 		return v.Snapshot != nil && v.Snapshot.Seq == 2
 	})
+	// A router that missed frames asks serve for a key frame.
+	asked, err := fw.SubscribeSync("fw.resync.>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := router.Publish("fw.resync.pool-c", nil); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := asked.NextMsg(5 * time.Second); err != nil {
+		routerErrs.mu.Lock()
+		t.Errorf("the router's resync request did not reach fleetwatch: %v (router errors: %v)", err, routerErrs.errs)
+		routerErrs.mu.Unlock()
+	} else if m.Subject != "fw.resync.pool-c" {
+		t.Errorf("fleetwatch received %q, want fw.resync.pool-c", m.Subject)
+	}
 	if err := router.Publish("$KV.fw_feed.pool-c", []byte("forged")); err != nil {
 		t.Fatal(err)
 	}

@@ -125,6 +125,7 @@ type serveMetrics struct {
 	decisionLatency, evalDuration *metrics.Histogram
 	unpublished                   *metrics.Counter // snapshots not sent while NATS was unreachable
 	ensureErrors                  *metrics.Counter // JetStream resources that could not be ensured again (jsensure.go)
+	resyncs                       *metrics.Counter // resync requests answered (resync.go)
 	partitionCounters
 }
 
@@ -292,6 +293,7 @@ func (s *Server) build() error {
 	s.m = serveMetrics{
 		decisionLatency:   s.metrics.NewHistogram("fleetwatch_decision_latency_seconds"),
 		evalDuration:      s.metrics.NewHistogram("fleetwatch_evaluate_duration_seconds"),
+		resyncs:           s.metrics.NewCounter("fleetwatch_resyncs_total"),
 		unpublished:       s.metrics.NewCounter("fleetwatch_decisions_unpublished_total"),
 		ensureErrors:      s.metrics.NewCounter("fleetwatch_jetstream_ensure_errors_total"),
 		partitionCounters: newPartitionCounters(s.metrics),
@@ -450,6 +452,12 @@ func (s *Server) Run(ctx context.Context) error {
 	}
 	if s.opts.OnReady != nil {
 		s.opts.OnReady()
+	}
+	resync := &resyncs{s: s}
+	if sub, err := resync.subscribe(); err != nil {
+		s.logf("resync requests not answered: %v", err)
+	} else {
+		defer sub.Unsubscribe()
 	}
 	work.Go(func() { s.evaluateLoop(runCtx) })
 	work.Go(func() { s.runScrapers(runCtx) }) // reload.go
