@@ -15,7 +15,7 @@ import (
 )
 
 // repoRoot is the module root, two levels above this package.
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {

@@ -62,7 +62,7 @@ func TestNginxSteeredByPick(t *testing.T) {
 	pickAddr := freeLoopbackAddr(t)
 	pick := startPickService(t, cfg, pickAddr)
 	dir := t.TempDir()
-	base := startSteeredNginx(t, nginxBin, dir, backends, pickAddr)
+	base := startSteeredNginx(t, nginxBin, dir, backends, pickAddr, "")
 	ingest := startProc(t, false, "ingest", "nginx", "--config", cfg, "--file", filepath.Join(dir, "access.log"),
 		"--from-start", "--http", "", "--data", t.TempDir(), "--poll", "50ms")
 	ingest.waitOutput(regexp.MustCompile(`following (\S+)`), "ingest nginx to follow the access log")
@@ -243,7 +243,7 @@ func pickStatus(t *testing.T, pickAddr, backend string) int {
 // startPickService runs `fleetwatch epp` as a process serving /v1/pick on
 // httpAddr (the address nginx's configuration names, the same after a
 // restart) and waits until it listens.
-func startPickService(t *testing.T, configPath, httpAddr string) *proc {
+func startPickService(t testing.TB, configPath, httpAddr string) *proc {
 	t.Helper()
 	p := startProc(t, false, "epp", "--config", configPath, "--grpc", "127.0.0.1:0", "--http", httpAddr,
 		"--source", "test-epp", "--drain-timeout", "1s")
@@ -255,7 +255,7 @@ func startPickService(t *testing.T, configPath, httpAddr string) *proc {
 // steered by fleetwatch" with the test's backends, pick service, port and
 // log: each placeholder must be found as the test expects, or the document
 // changed under the test.
-func docSteeredNginx(t *testing.T, dir string, port int, backends []*fakeai.Server, pickAddr string) string {
+func docSteeredNginx(t testing.TB, dir string, port int, backends []*fakeai.Server, pickAddr string) string {
 	t.Helper()
 	doc, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "INTEGRATIONS.md"))
 	if err != nil {
@@ -289,9 +289,9 @@ func docSteeredNginx(t *testing.T, dir string, port int, backends []*fakeai.Serv
 }
 
 // startSteeredNginx runs nginx with the documented configuration in dir
-// (its access log is dir/access.log) and returns its base URL; nginx stops
-// in t.Cleanup.
-func startSteeredNginx(t *testing.T, nginxBin, dir string, backends []*fakeai.Server, pickAddr string) string {
+// (its access log is dir/access.log), extra added at the end of its http
+// block, and returns its base URL; nginx stops in t.Cleanup.
+func startSteeredNginx(t testing.TB, nginxBin, dir string, backends []*fakeai.Server, pickAddr, extra string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -304,7 +304,7 @@ func startSteeredNginx(t *testing.T, nginxBin, dir string, backends []*fakeai.Se
 		user = "user root;\n"
 	}
 	conf := fmt.Sprintf("%sdaemon off;\nworker_processes 1;\npid %[2]s/nginx.pid;\nerror_log %[2]s/error.log;\nevents { worker_connections 256; }\n%s",
-		user, dir, docSteeredNginx(t, dir, port, backends, pickAddr))
+		user, dir, strings.TrimSuffix(docSteeredNginx(t, dir, port, backends, pickAddr), "}\n")+extra+"}\n")
 	confPath := filepath.Join(dir, "nginx.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 // not the port it bound) and for a URL that must refuse connections; a
 // nats-server is started on port -1 and reports its port
 // (startNATSServerProcess).
-func freeLoopbackAddr(t *testing.T) string {
+func freeLoopbackAddr(t testing.TB) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -23,7 +23,7 @@ import (
 // startServe runs `fleetwatch serve` as a subprocess against natsURL. The
 // returned function stops it gracefully (SIGTERM) and is also called in
 // t.Cleanup; calling it twice is harmless.
-func startServe(t *testing.T, bin, configPath, natsURL string) (stop func()) {
+func startServe(t testing.TB, bin, configPath, natsURL string) (stop func()) {
 	t.Helper()
 	var stdout, stderr syncBuffer
 	cmd := exec.Command(bin, "serve", "--nats", natsURL, "--config", configPath, "--http", "127.0.0.1:0",
