@@ -288,7 +288,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	load.phase.Store(2)
 	eventually(t, 30*time.Second, "every worker done with a request of phase 2", func() bool { return load.allWorkersIn(2, 6) })
 	b3Before := backends[3].Stats().Requests
-	eventually(t, 30*time.Second, "600 requests with b3 open", func() bool { n, _, _ := load.count(2); return n >= 600 })
+	eventually(t, 120*time.Second, "600 requests with b3 open", func() bool { n, _, _ := load.count(2); return n >= 600 })
 	if decisions.state("b3") == fleetwatch.StateOpen {
 		if got := backends[3].Stats().Requests - b3Before; got != 0 {
 			t.Errorf("fast-failing b3 got %d requests while open", got)
