@@ -66,14 +66,14 @@ func (r *scaleRun) join(ctx context.Context) (*JoinResult, error) {
 	return j, nil
 }
 
-// storm kills (SIGKILL) the third node and measures, for every router
+// storm kills (SIGKILL) a node (stormVictim) and measures, for every router
 // that was connected to it, when it reconnected, when it had applied a
 // frame of every pool it follows after reconnecting (loads flowing again),
 // and when it had applied a key frame of every pool after reconnecting
 // (in sync: a reconnected watcher marks a gap on every pool, which the
 // next key frame clears).
 func (r *scaleRun) storm(ctx context.Context, fleet *routerFleet) (*StormResult, error) {
-	victim := len(r.cluster.nodes) - 1
+	victim := r.stormVictim()
 	var on []*scaleRouter
 	for _, rt := range fleet.routers {
 		if rt.node(r.cluster) == victim && rt.nc.ConnectedServerName() != "" {
@@ -152,4 +152,16 @@ func durStats(ds []time.Duration) (p50, maxMs float64, missing int) {
 	}
 	slices.Sort(got)
 	return float64(got[len(got)/2]) / 1e6, float64(got[len(got)-1]) / 1e6, missing
+}
+
+// stormVictim is the last node no serve is connected to (the routers'
+// loss, not serve's: a serve reconnecting is "NATS restarts and
+// elections"' case), or the last node when every node has one.
+func (r *scaleRun) stormVictim() int {
+	for n := len(r.cluster.nodes) - 1; n >= 0; n-- {
+		if !slices.Contains(r.serveNodes, n) {
+			return n
+		}
+	}
+	return len(r.cluster.nodes) - 1
 }

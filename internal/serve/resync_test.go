@@ -18,7 +18,7 @@ import (
 // away; requests of a pool are answered at most once a second.
 func TestResyncSendsAKeyFrame(t *testing.T) {
 	url, _ := feedtest.NewServer(t)
-	startServer(t, "nats: {url: \""+url+"\"}\nprobes: {disabled: true}\n", Options{})
+	srv := startServer(t, "nats: {url: \""+url+"\"}\nprobes: {disabled: true}\n", Options{})
 	nc := feedtest.Connect(t, url)
 	snaps := testkit.SubscribeSnapshots(t, nc)
 	var keys atomic.Int64
@@ -50,4 +50,37 @@ func TestResyncSendsAKeyFrame(t *testing.T) {
 	if answered < 2 {
 		t.Errorf("%d of 3 resync requests were followed by a key frame within 500 ms, want every one (a key frame otherwise comes every 5 s)", answered)
 	}
+
+	// A request within a second of the last answer is answered when the
+	// second is over, not dropped: a router that reconnected after the
+	// last answer's key frame went out still gets one (bench scale's
+	// reconnect storm: without it, routers of the lost node waited up to
+	// the 5 s key frame).
+	answeredBefore := srv.m.resyncs.Get()
+	keysBefore := keys.Load()
+	testkit.Publish(t, nc, "fw.resync.p", "")
+	testkit.Eventually(t, 5*time.Second, "the first request answered", func() bool { return srv.m.resyncs.Get() == answeredBefore+1 })
+	time.Sleep(200 * time.Millisecond)
+	testkit.Publish(t, nc, "fw.resync.p", "")
+	testkit.Publish(t, nc, "fw.resync.p", "") // folded into the same answer
+	testkit.Eventually(t, 10*time.Second, "the second request answered once its second was over", func() bool {
+		return srv.m.resyncs.Get() == answeredBefore+2 && keys.Load() >= keysBefore+2
+	})
+	time.Sleep(1500 * time.Millisecond)
+	if got := srv.m.resyncs.Get(); got != answeredBefore+2 {
+		t.Errorf("%v answers to three requests within a second, want 2 (one now, one when the second is over)", got-answeredBefore)
+	}
+	// A pool nobody publishes is not answered and leaves nothing behind.
+	r := &resyncs{s: srv.Server, last: map[string]time.Time{}, later: map[string]*time.Timer{}}
+	now := time.Now()
+	r.request("invented", now)
+	r.request("invented", now.Add(10*time.Millisecond))
+	r.mu.Lock()
+	_, remembered := r.last["invented"]
+	pending := len(r.later)
+	r.mu.Unlock()
+	if remembered || pending != 0 {
+		t.Errorf("an invented pool left an entry (%v) or an answer due (%d)", remembered, pending)
+	}
+	r.stop()
 }

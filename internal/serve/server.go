@@ -457,7 +457,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if sub, err := resync.subscribe(); err != nil {
 		s.logf("resync requests not answered: %v", err)
 	} else {
-		defer sub.Unsubscribe()
+		defer func() { sub.Unsubscribe(); resync.stop() }()
 	}
 	work.Go(func() { s.evaluateLoop(runCtx) })
 	work.Go(func() { s.runScrapers(runCtx) }) // reload.go
