@@ -55,7 +55,7 @@ var leafAdapters = []string{"internal/alert", "internal/haproxyctl", "internal/i
 // leafHelpers are the helpers under internal/ that any package may import
 // (DESIGN.md: they import nothing of the project, the standard library
 // only); the root keeps only the wire vocabulary.
-var leafHelpers = []string{"internal/promlabel", "internal/retryhint", "internal/shed"}
+var leafHelpers = []string{"internal/promlabel", "internal/retryhint", "internal/runonce", "internal/shed"}
 
 // testOnly are packages that only tests may import.
 var testOnly = []string{"internal/testkit", "feed/feedtest"}

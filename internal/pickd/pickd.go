@@ -43,6 +43,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/feed/route"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/runonce"
 )
 
 var (
@@ -139,14 +140,9 @@ type Daemon struct {
 	events *route.OutcomePublisher
 	nc     *nats.Conn // set by Run before the publisher's Run starts
 	ready  chan struct{}
-	stop   chan struct{}
+	life   *runonce.Once
 
-	stopOnce sync.Once
 	mu       sync.Mutex      // guards the fields below
-	ran      bool            // Run was called (and passed its guard)
-	running  bool            // a Run runs now
-	closed   bool            // Close was called
-	runDone  chan struct{}   // closed when the running Run returns
 	grpcAddr string          // once Run listens
 	httpURL  string          // once Run listens ("" without an HTTP listener)
 	decided  map[string]bool // the served pools that have a decision
@@ -177,7 +173,7 @@ func New(cfg *config.Config, opts Options) (*Daemon, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	d := &Daemon{cfg: cfg, opts: opts, set: opts.Metrics, ready: make(chan struct{}), stop: make(chan struct{}),
+	d := &Daemon{cfg: cfg, opts: opts, set: opts.Metrics, ready: make(chan struct{}), life: runonce.New(ErrRunning, ErrClosed),
 		decided: map[string]bool{}}
 	if d.set == nil {
 		d.set = metrics.NewSet()
@@ -275,35 +271,7 @@ func (d *Daemon) Handler() http.Handler {
 // error dialling, watching, listening ("listen: ...") or serving
 // ("serve: ...") ends it early.
 func (d *Daemon) Run(ctx context.Context) error {
-	d.mu.Lock()
-	switch {
-	case d.running:
-		d.mu.Unlock()
-		return ErrRunning
-	case d.closed || d.ran:
-		d.mu.Unlock()
-		return ErrClosed
-	}
-	d.ran, d.running = true, true
-	runDone := make(chan struct{})
-	d.runDone = runDone
-	d.mu.Unlock()
-	defer func() {
-		d.mu.Lock()
-		d.running = false
-		d.mu.Unlock()
-		close(runDone)
-	}()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // also ends the goroutine below
-	go func() {    // Close ends Run as ctx does
-		select {
-		case <-d.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return d.serve(ctx)
+	return d.life.Run(ctx, d.serve, nil)
 }
 
 // serve is Run past its guard: NATS, the publisher and the watcher, then
@@ -461,40 +429,13 @@ func (d *Daemon) dial() (*nats.Conn, error) {
 // Run's error if it ended first. Close stops it; an error of Run after
 // Start returned is logged.
 func (d *Daemon) Start(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() { // exits with Run: at ctx's end or Close
-		err := d.Run(ctx)
-		select {
-		case <-d.ready:
-			if err != nil {
-				d.opts.Logf("pickd: %v", err)
-			}
-		default:
-		}
-		done <- err
-	}()
-	select {
-	case <-d.ready:
-		return nil
-	case err := <-done:
-		if err == nil {
-			err = ErrClosed
-		}
-		return err
-	}
+	return d.life.Start(ctx, d.Run, d.ready, func(format string, args ...any) { d.opts.Logf("pickd: "+format, args...) })
 }
 
 // Close stops a running Run and waits for it to drain and return, or,
 // before Run, releases the daemon (a later Run returns ErrClosed). It is
 // idempotent and returns nil.
 func (d *Daemon) Close() error {
-	d.stopOnce.Do(func() { close(d.stop) })
-	d.mu.Lock()
-	d.closed = true
-	done := d.runDone
-	d.mu.Unlock()
-	if done != nil {
-		<-done
-	}
+	d.life.Close()
 	return nil
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/fleetwatch/fleetwatch/feed/p2c"
 	"github.com/fleetwatch/fleetwatch/feed/route"
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/runonce"
 )
 
 var (
@@ -91,15 +92,10 @@ type Router struct {
 	events *route.OutcomePublisher
 	nc     *nats.Conn // set by Run before the publisher's Run starts
 	ready  chan struct{}
-	stop   chan struct{}
+	life   *runonce.Once
 
-	stopOnce sync.Once
-	mu       sync.Mutex    // guards the fields below
-	ran      bool          // Run was called (and passed its guard)
-	running  bool          // a Run runs now
-	closed   bool          // Close was called
-	runDone  chan struct{} // closed when the running Run returns
-	url      string        // the base URL, once Run listens
+	mu  sync.Mutex // guards url
+	url string     // the base URL, once Run listens
 }
 
 // New assembles the router over cfg's pools (backend URLs, API keys read
@@ -119,7 +115,7 @@ func New(cfg *config.Config, opts Options) (*Router, error) {
 	if opts.Logf == nil {
 		opts.Logf = func(string, ...any) {}
 	}
-	r := &Router{cfg: cfg, opts: opts, set: opts.Metrics, ready: make(chan struct{}), stop: make(chan struct{})}
+	r := &Router{cfg: cfg, opts: opts, set: opts.Metrics, ready: make(chan struct{}), life: runonce.New(ErrRunning, ErrClosed)}
 	if r.set == nil {
 		r.set = metrics.NewSet()
 	}
@@ -188,36 +184,7 @@ func (r *Router) Handler() http.Handler {
 // and closes the connection, and returns nil. An error dialling, watching,
 // listening ("listen: ...") or serving ("serve: ...") ends it early.
 func (r *Router) Run(ctx context.Context) error {
-	r.mu.Lock()
-	switch {
-	case r.running:
-		r.mu.Unlock()
-		return ErrRunning
-	case r.closed || r.ran:
-		r.mu.Unlock()
-		return ErrClosed
-	}
-	r.ran, r.running = true, true
-	runDone := make(chan struct{})
-	r.runDone = runDone
-	r.mu.Unlock()
-	defer func() { // registered first: runs last, after the drain
-		r.rt.Close()
-		r.mu.Lock()
-		r.running = false
-		r.mu.Unlock()
-		close(runDone)
-	}()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // also ends the goroutine below
-	go func() {    // Close ends Run as ctx does
-		select {
-		case <-r.stop:
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	return r.serve(ctx)
+	return r.life.Run(ctx, r.serve, func() { r.rt.Close() }) // the router's last step, after the drain
 }
 
 // serve is Run past its guard.
@@ -314,41 +281,14 @@ func (r *Router) dial() (*nats.Conn, error) {
 // Run's error if it ended first. Close stops it; an error of Run after
 // Start returned is logged.
 func (r *Router) Start(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() { // exits with Run: at ctx's end or Close
-		err := r.Run(ctx)
-		select {
-		case <-r.ready:
-			if err != nil { // Start has returned: nobody else sees it
-				r.opts.Logf("router: %v", err)
-			}
-		default:
-		}
-		done <- err
-	}()
-	select {
-	case <-r.ready:
-		return nil
-	case err := <-done:
-		if err == nil {
-			err = ErrClosed // ended (ctx or Close) before it served
-		}
-		return err
-	}
+	return r.life.Start(ctx, r.Run, r.ready, func(format string, args ...any) { r.opts.Logf("router: "+format, args...) })
 }
 
 // Close stops a running Run and waits for it to drain and return, or,
 // before Run, releases the router (a later Run returns ErrClosed). It is
 // idempotent and returns nil.
 func (r *Router) Close() error {
-	r.stopOnce.Do(func() { close(r.stop) })
-	r.mu.Lock()
-	r.closed = true
-	done := r.runDone
-	r.mu.Unlock()
-	if done != nil {
-		<-done
-	}
+	r.life.Close()
 	r.rt.Close()
 	return nil
 }
