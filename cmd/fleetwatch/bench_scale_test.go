@@ -48,6 +48,11 @@ func TestBenchScale(t *testing.T) {
 		if len(st.Nodes) != 3 || len(st.Links) != 6 || len(st.Serves) != 1 {
 			t.Errorf("%d routers: %d nodes, %d links, %d serves; want 3, 6, 1", st.Routers, len(st.Nodes), len(st.Links), len(st.Serves))
 		}
+		for _, sv := range st.Serves {
+			if sv.EventsRefused != 0 || sv.EventsDropped != 0 {
+				t.Errorf("%d routers: serve refused %.0f and dropped %.0f of the synthetic events, want none", st.Routers, sv.EventsRefused, sv.EventsDropped)
+			}
+		}
 		if !(st.PayloadPerPoolSec > 0 && st.WirePerPoolSec > st.PayloadPerPoolSec && st.PayloadPerPoolSec < structural) {
 			t.Errorf("%d routers: payload %.0f B and wire %.0f B per pool-second, want 0 < payload < wire, payload < %.0f",
 				st.Routers, st.PayloadPerPoolSec, st.WirePerPoolSec, structural)

@@ -160,6 +160,8 @@ func (r *scaleRun) stepFrom(a, b scaleSample, fleet *routerFleet, base *ScaleSte
 			LoadFramesPerSec: (cb.LoadFrames - ca.LoadFrames) / sec,
 			FrameBytesPerSec: (cb.FrameBytes - ca.FrameBytes) / sec,
 			SnapshotsPerSec:  (cb.Published - ca.Published) / sec,
+			EventsRefused:    cb.Refused - ca.Refused,
+			EventsDropped:    cb.Dropped - ca.Dropped,
 		})
 	}
 	return st

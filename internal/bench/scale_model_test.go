@@ -1,7 +1,11 @@
 package bench
 
 import (
+	"io"
 	"math"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 )
 
@@ -67,5 +71,32 @@ func TestScaleModelFanOut(t *testing.T) {
 	}
 	if pr.EventsPerSec != 50000 {
 		t.Errorf("events %v, want 50000", pr.EventsPerSec)
+	}
+}
+
+// TestServeCounters reads serve's counters from a /metrics page served
+// over a real socket: the feed's frames and bytes, the snapshots, and the
+// events refused (summed over every reason) and dropped.
+func TestServeCounters(t *testing.T) {
+	page := `# HELP ignored
+fleetwatch_feed_frames_published_total{kind="key"} 12
+fleetwatch_feed_frames_published_total{kind="loads"} 340
+fleetwatch_feed_frame_bytes_total 98765
+fleetwatch_decisions_published_total 77
+fleetwatch_ingest_rejects_total{reason="bad_json"} 2
+fleetwatch_ingest_rejects_total{reason="too_many_backends"} 5
+fleetwatch_ingest_dropped_total 3
+fleetwatch_feed_frame_bytes_bucket{le="100"} 9
+`
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, page) }))
+	defer srv.Close()
+	sp := &serveProc{http: strings.TrimPrefix(srv.URL, "http://")}
+	got, err := sp.counters(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := serveCounters{KeyFrames: 12, LoadFrames: 340, FrameBytes: 98765, Published: 77, Refused: 7, Dropped: 3}
+	if got != want {
+		t.Errorf("counters: %+v, want %+v", got, want)
 	}
 }

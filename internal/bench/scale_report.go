@@ -111,6 +111,11 @@ type ServeStep struct {
 	LoadFramesPerSec float64 `json:"load_frames_per_sec"`
 	FrameBytesPerSec float64 `json:"frame_bytes_per_sec"`
 	SnapshotsPerSec  float64 `json:"snapshots_per_sec"`
+	// EventsRefused and EventsDropped are the outcome events its collector
+	// rejected (any reason, the analyzer's limits among them) and lost to
+	// a slow subscription in the window.
+	EventsRefused float64 `json:"events_refused"`
+	EventsDropped float64 `json:"events_dropped"`
 }
 
 // FrameCensus is the compact feed's frames as a subscriber of every pool
@@ -201,6 +206,13 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) error {
 	if len(r.Skipped) > 0 {
 		fmt.Fprintf(w, "\nrouter counts %v skipped: the last step's routers did not all sync\n", r.Skipped)
 	}
+	var refused, dropped float64
+	for _, st := range r.Steps {
+		for _, sv := range st.Serves {
+			refused, dropped = refused+sv.EventsRefused, dropped+sv.EventsDropped
+		}
+	}
+	fmt.Fprintf(w, "\nserve's collectors over the windows: %.0f events refused (every reason, the analyzer's limits among them), %.0f dropped (slow subscription)\n", refused, dropped)
 	r.writeNodes(w)
 	r.writeFramesJoinStorm(w)
 	return r.Model.writeMarkdown(w)

@@ -111,9 +111,13 @@ func startServe(ctx context.Context, bin, dir string, i int, urls, config string
 // serveCounters are the counters of serve's /metrics the model uses.
 type serveCounters struct {
 	KeyFrames, LoadFrames, FrameBytes, Published float64
+	// Refused are the events the collector rejected (every reason: the
+	// analyzer's limits among them), Dropped those lost to a slow
+	// subscription.
+	Refused, Dropped float64
 }
 
-var metricLine = regexp.MustCompile(`^(fleetwatch_feed_frames_published_total\{kind="(key|loads)"\}|fleetwatch_feed_frame_bytes_total|fleetwatch_decisions_published_total) (\S+)$`)
+var metricLine = regexp.MustCompile(`^(fleetwatch_feed_frames_published_total\{kind="(key|loads)"\}|fleetwatch_feed_frame_bytes_total|fleetwatch_decisions_published_total|fleetwatch_ingest_rejects_total\{reason="[a-z_]+"\}|fleetwatch_ingest_dropped_total) (\S+)$`)
 
 // counters reads serve's feed counters from /metrics.
 func (s *serveProc) counters(ctx context.Context) (serveCounters, error) {
@@ -141,6 +145,10 @@ func (s *serveProc) counters(ctx context.Context) (serveCounters, error) {
 			c.LoadFrames = v
 		case strings.HasPrefix(m[1], "fleetwatch_feed_frame_bytes"):
 			c.FrameBytes = v
+		case strings.HasPrefix(m[1], "fleetwatch_ingest_rejects_total"):
+			c.Refused += v
+		case m[1] == "fleetwatch_ingest_dropped_total":
+			c.Dropped = v
 		default:
 			c.Published = v
 		}
