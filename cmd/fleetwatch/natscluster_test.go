@@ -85,12 +85,8 @@ func (n *natsProc) startClustered() bool {
 // newNATSCluster configures the three nodes without starting them.
 func newNATSCluster(t *testing.T, bin string) *natsCluster {
 	t.Helper()
-	var clients, routes, monitors []string
-	for range 3 {
-		clients = append(clients, freeLoopbackAddr(t))
-		routes = append(routes, freeLoopbackAddr(t))
-		monitors = append(monitors, freeLoopbackAddr(t))
-	}
+	addrs := freeLoopbackAddrs(t, 9)
+	clients, routes, monitors := addrs[0:3], addrs[3:6], addrs[6:9]
 	c := &natsCluster{}
 	for i := range 3 {
 		dir := t.TempDir()

@@ -30,6 +30,24 @@ func freeLoopbackAddr(t testing.TB) string {
 	return addr
 }
 
+// freeLoopbackAddrs are n distinct free loopback addresses, all bound at
+// once and then closed: ports bound and closed one after the other can
+// come back twice (bench scale's cluster once got the same port for a
+// node's client and monitoring listeners).
+func freeLoopbackAddrs(t testing.TB, n int) []string {
+	t.Helper()
+	var addrs []string
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		addrs = append(addrs, l.Addr().String())
+	}
+	return addrs
+}
+
 // serveProcess is a running `fleetwatch serve` subprocess with its embedded
 // NATS server.
 type serveProcess struct {

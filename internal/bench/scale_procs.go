@@ -151,14 +151,22 @@ type natsCluster struct {
 	nodes []*natsNode
 }
 
-// freeAddr is a free loopback address (bound and closed: another process
-// may take it before the node binds it, which the start then reports).
-func freeAddr() (string, error) {
-	port, err := freePort()
-	if err != nil {
-		return "", err
+// freeAddrs are n distinct free loopback addresses: all bound at once and
+// then closed, since ports bound and closed one after the other can come
+// back twice (a full test run once gave a node's client and monitoring
+// ports the same one). Another process may still take one before its node
+// binds it, which the start then reports.
+func freeAddrs(n int) ([]string, error) {
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	return "127.0.0.1:" + strconv.Itoa(port), nil
+	return addrs, nil
 }
 
 // newNATSCluster writes the three nodes' configurations under dir: a
@@ -167,16 +175,14 @@ func freeAddr() (string, error) {
 // the monitoring endpoints over HTTP).
 func newNATSCluster(bin, dir string) (*natsCluster, error) {
 	c := &natsCluster{}
+	addrs, err := freeAddrs(9)
+	if err != nil {
+		return nil, err
+	}
 	for i := range 3 {
 		n := &natsNode{index: i, storeDir: filepath.Join(dir, fmt.Sprintf("n%d", i+1))}
 		n.name, n.bin = fmt.Sprintf("nats-server n%d", i+1), bin
-		for _, a := range []*string{&n.client, &n.monitor, &n.route} {
-			addr, err := freeAddr()
-			if err != nil {
-				return nil, err
-			}
-			*a = addr
-		}
+		n.client, n.monitor, n.route = addrs[3*i], addrs[3*i+1], addrs[3*i+2]
 		c.nodes = append(c.nodes, n)
 	}
 	for _, n := range c.nodes {
