@@ -73,8 +73,17 @@ func TestRouteScanLargerPool(t *testing.T) {
 	eventually(t, 30*time.Second, "the broken backend's breaker to open: "+decisions.describe(), func() bool {
 		return decisions.state(broken.Name()) == fleetwatch.StateOpen
 	})
-	// Phase 2: the breaker open, 600 requests.
+	// Phase 2: the breaker open, 600 requests, counted from when both
+	// routers applied it and every worker finished a request it started
+	// after that (as TestRouteEndToEnd: a request started before could
+	// still reach the broken backend; a loaded full run saw 1).
+	for _, base := range bases {
+		eventually(t, 30*time.Second, "the router to apply the open breaker", func() bool { return routeGauge(t, base, "open", broken.Name()) == 1 })
+	}
 	setPhase(2)
+	for _, g := range loads {
+		eventually(t, 30*time.Second, "every worker done with a request of phase 2", func() bool { return g.allWorkersIn(2, 4) })
+	}
 	before := broken.Stats().Requests
 	eventually(t, 60*time.Second, "600 requests with the broken backend open", func() bool { n, _, _ := count(2); return n >= 600 })
 	for _, g := range loads {
