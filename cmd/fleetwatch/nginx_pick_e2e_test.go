@@ -101,7 +101,7 @@ func checkBrokenBackendAvoided(t *testing.T, load *loadGen, broken *fakeai.Serve
 	t.Helper()
 	load.phase.Store(1)
 	broken.SetBehavior(fakeai.Behavior{InstantError: true})
-	eventually(t, 30*time.Second, broken.Name()+"'s breaker to open from nginx's log: "+decisions.describe(), func() bool {
+	testkit.EventuallyShowing(t, 30*time.Second, broken.Name()+"'s breaker to open from nginx's log", decisions.describe, func() bool {
 		return decisions.state(broken.Name()) == fleetwatch.StateOpen
 	})
 	eventually(t, 30*time.Second, "the pick service to apply it", func() bool {
@@ -193,7 +193,7 @@ func checkShed(t *testing.T, base string, backends []*fakeai.Server, decisions *
 		return true
 	}
 	var shed testkit.ChatReply
-	eventually(t, 30*time.Second, "a 503 once every backend is open: "+decisions.describe(), func() bool {
+	testkit.EventuallyShowing(t, 30*time.Second, "a 503 once every backend is open", decisions.describe, func() bool {
 		r, err := c.Chat("", "anyone there?", false)
 		if err == nil && r.Status == http.StatusServiceUnavailable && allOpen() {
 			shed = r

@@ -21,13 +21,7 @@ import (
 // (startNATSServerProcess).
 func freeLoopbackAddr(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr
+	return freeLoopbackAddrs(t, 1)[0]
 }
 
 // freeLoopbackAddrs are n distinct free loopback addresses, all bound at

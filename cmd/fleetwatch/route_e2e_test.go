@@ -278,7 +278,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	backends[2].SetBehavior(throttling)
 	load := startLoad(t, base, 6)
 	load.phase.Store(1)
-	eventually(t, 30*time.Second, "b3's breaker to open: "+decisions.describe(), func() bool {
+	testkit.EventuallyShowing(t, 30*time.Second, "b3's breaker to open", decisions.describe, func() bool {
 		return decisions.state("b3") == fleetwatch.StateOpen
 	})
 	// Wait for the router to apply it, then measure a phase with b3 open.
@@ -309,7 +309,7 @@ func TestRouteEndToEnd(t *testing.T) {
 	// gets nothing while open, and clients see only a few failures.
 	load.phase.Store(3)
 	backends[1].SetBehavior(fakeai.Behavior{Refuse: true})
-	eventually(t, 30*time.Second, "b1's breaker to open: "+decisions.describe(), func() bool {
+	testkit.EventuallyShowing(t, 30*time.Second, "b1's breaker to open", decisions.describe, func() bool {
 		return decisions.state("b1") == fleetwatch.StateOpen
 	})
 	eventually(t, 30*time.Second, "the router to apply b1's open breaker", func() bool { return routeGauge(t, base, "open", "b1") == 1 })

@@ -59,7 +59,7 @@ func TestRouteScanLargerPool(t *testing.T) {
 			g.phase.Store(p)
 		}
 	}
-	eventually(t, 30*time.Second, "a snapshot counting both routers: "+decisions.describe(), func() bool { return decisions.routers() == 2 })
+	testkit.EventuallyShowing(t, 30*time.Second, "a snapshot counting both routers", decisions.describe, func() bool { return decisions.routers() == 2 })
 	for _, base := range bases {
 		eventually(t, 30*time.Second, "the router to compare all 16 backends", func() bool {
 			return strings.Contains(routeMetricsText(t, base), `fleetwatch_route_pick_candidates{pool="llama"} 16`)
@@ -70,7 +70,7 @@ func TestRouteScanLargerPool(t *testing.T) {
 	setPhase(1)
 	broken := backends[5]
 	broken.SetBehavior(fakeai.Behavior{InstantError: true})
-	eventually(t, 30*time.Second, "the broken backend's breaker to open: "+decisions.describe(), func() bool {
+	testkit.EventuallyShowing(t, 30*time.Second, "the broken backend's breaker to open", decisions.describe, func() bool {
 		return decisions.state(broken.Name()) == fleetwatch.StateOpen
 	})
 	// Phase 2: the breaker open, 600 requests, counted from when both

@@ -84,12 +84,9 @@ func brokenShare(t *testing.T, bin string, n, routers, attempts int) {
 	}
 	// (A liveness bound: 64 backends behind two routers on a loaded
 	// machine send the refusing one few requests a second.)
-	for deadline := time.Now().Add(180 * time.Second); !states.everOpen(refusing.Name()) || !states.everOpen(failing.Name()); {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after 3m waiting for both broken backends to open: %s", states.describe())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testkit.EventuallyShowing(t, 3*time.Minute, "both broken backends to open", states.describe, func() bool {
+		return states.everOpen(refusing.Name()) && states.everOpen(failing.Name())
+	})
 	reason := states.openReason(refusing.Name())
 
 	// The measurement: attempts as the backends count them.

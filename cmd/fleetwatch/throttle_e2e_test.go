@@ -82,14 +82,14 @@ func TestBareAndHintedThrottles(t *testing.T) {
 	base := startRouteCmd(t, cfg)
 	load := startLoad(t, base, 6)
 	load.phase.Store(1)
-	eventually(t, 30*time.Second, "the quota to open b3: "+describe(), func() bool {
+	testkit.EventuallyShowing(t, 30*time.Second, "the quota to open b3", describe, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return b3 == fleetwatch.StateOpen
 	})
 	// b2's 429 rate is far past throttle_rate once its window holds
 	// min_requests (20): the rate rule has had its chance to open it.
-	eventually(t, 30*time.Second, "b2's window to hold 20 requests and its weight to fall: "+describe(), func() bool {
+	testkit.EventuallyShowing(t, 30*time.Second, "b2's window to hold 20 requests and its weight to fall", describe, func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return b2.Requests >= 20 && b2.Weight <= 0.2

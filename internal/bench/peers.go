@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -466,12 +467,12 @@ func (p *peerRun) startRouter(ctx context.Context, instance int) (string, error)
 
 // freePort returns a loopback port that was free a moment ago.
 func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addrs, err := freeAddrs(1)
 	if err != nil {
 		return 0, err
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	_, port, _ := net.SplitHostPort(addrs[0])
+	return strconv.Atoi(port)
 }
 
 // peerClient is the load generator's client for one balancer: its

@@ -76,9 +76,25 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 // steps).
 func EventuallyEvery(t testing.TB, timeout, interval time.Duration, what string, cond func() bool) {
 	t.Helper()
+	eventually(t, timeout, interval, what, nil, cond)
+}
+
+// EventuallyShowing is Eventually whose failure also says what show
+// returns then (the state the test waited on, as it was at the timeout,
+// not at the call).
+func EventuallyShowing(t testing.TB, timeout time.Duration, what string, show func() string, cond func() bool) {
+	t.Helper()
+	eventually(t, timeout, 20*time.Millisecond, what, show, cond)
+}
+
+func eventually(t testing.TB, timeout, interval time.Duration, what string, show func() string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
+			if show != nil {
+				what += ": " + show()
+			}
 			t.Fatalf("timed out after %v waiting for %s", timeout, what)
 		}
 		time.Sleep(interval)
