@@ -1,6 +1,7 @@
 package feed
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"sync"
 	"testing"
@@ -171,6 +172,46 @@ func BenchmarkFollowPool(b *testing.B) {
 			b.Fatalf("%d load frames applied of %d", got, b.N)
 		}
 	})
+	// Key frames: one that repeats the decisions applied (KeyEvery's; 60
+	// loads moved), and two whose backend 0's weight differs, taken in
+	// turn (new decisions every time); each renumbered as the next frame
+	// of the next snapshot.
+	same := analyzerPool100(t0.Add(time.Second))
+	for k := range 60 {
+		same.Backends[k].Load.Running += 3
+	}
+	repeated := AppendKey(nil, same, 1)
+	var changed [2][]byte
+	for i := range changed {
+		c := analyzerPool100(t0.Add(time.Second))
+		c.Backends[0].Weight = 0.123 + 0.333*float64(i) // neither is pool100's
+		changed[i] = AppendKey(nil, c, 1)
+	}
+	var buf []byte
+	turn := 0
+	keyRun := func(b *testing.B, frame func(i int) []byte) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(repeated)))
+		cp, subject := w.compact[snap.Pool], "fw.feed."+snap.Pool
+		for i := range b.N {
+			buf = renumberKey(b, buf[:0], frame(i), cp.n+1, cp.seq+1)
+			w.handleFrame(snap.Pool, subject, buf)
+		}
+	}
+	b.Run("compact-key-frame-repeated", func(b *testing.B) {
+		before := w.refreshed.Get()
+		keyRun(b, func(int) []byte { return repeated })
+		if got := w.refreshed.Get() - before; got != uint64(b.N) {
+			b.Fatalf("%d of %d key frames refreshed", got, b.N)
+		}
+	})
+	b.Run("compact-key-frame-new-decisions", func(b *testing.B) {
+		before := w.applied.Get()
+		keyRun(b, func(int) []byte { turn++; return changed[turn&1] }) // across the runs of b.N
+		if got := w.applied.Get() - before; got != uint64(b.N) {
+			b.Fatalf("%d of %d key frames applied", got, b.N)
+		}
+	})
 	b.Run("json-snapshot-baseline", func(b *testing.B) {
 		b.ReportAllocs()
 		b.SetBytes(int64(len(data)))
@@ -183,4 +224,24 @@ func BenchmarkFollowPool(b *testing.B) {
 			w.apply(s)
 		}
 	})
+}
+
+// renumberKey appends key frame key to dst with its frame number n and
+// snapshot seq replaced.
+func renumberKey(b *testing.B, dst, key []byte, n, seq uint64) []byte {
+	r := &reader{b: key[4:]}
+	r.uvarint("n")
+	r.bytes(r.uvarint("epoch"), "epoch")
+	seqAt := len(key) - len(r.b)
+	r.uvarint("seq")
+	rest := len(key) - len(r.b)
+	if r.err != nil {
+		b.Fatal(r.err)
+	}
+	_, nLen := binary.Uvarint(key[4:])
+	dst = append(dst, key[:4]...)
+	dst = binary.AppendUvarint(dst, n)
+	dst = append(dst, key[4+nLen:seqAt]...)
+	dst = binary.AppendUvarint(dst, seq)
+	return append(dst, key[rest:]...)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/fleetwatch/fleetwatch"
@@ -385,6 +386,70 @@ const maxKeyBackends = 1 << 16
 // a router reads; the reasons, request counts and rates are not in it, and
 // it passes fleetwatch.Snapshot.Validate or DecodeKey fails.
 func DecodeKey(data []byte, pool string) (*fleetwatch.Snapshot, uint64, error) {
+	return decodeKey(data, pool, nil)
+}
+
+// keyScratch is where the watcher decodes a key frame it may not keep
+// (Watcher.refresh): the snapshot, its backends and the values they point
+// to are reused by the next decoding into it, and an id equal to the one
+// known at its position (the ids of the pool's key frame applied) is that
+// string, so that decoding the key frame of decisions a router has
+// allocates nothing. Nothing decoded into it may be kept.
+type keyScratch struct {
+	snap   fleetwatch.Snapshot
+	nums   []float64
+	loads  []fleetwatch.Load
+	times  []fleetwatch.Time
+	budget fleetwatch.RetryBudget
+	epoch  string
+	known  []string
+}
+
+// float, load and time return a place for a decoded value: in ks, or new
+// without one (DecodeKey).
+func (ks *keyScratch) float(v float64) *float64 {
+	if ks == nil {
+		p := new(float64)
+		*p = v
+		return p
+	}
+	ks.nums = append(ks.nums, v)
+	return &ks.nums[len(ks.nums)-1]
+}
+
+func (ks *keyScratch) load() *fleetwatch.Load {
+	if ks == nil {
+		return new(fleetwatch.Load)
+	}
+	ks.loads = append(ks.loads, fleetwatch.Load{})
+	return &ks.loads[len(ks.loads)-1]
+}
+
+func (ks *keyScratch) time(ms int64) *fleetwatch.Time {
+	t := fleetwatch.At(time.UnixMilli(ms))
+	if ks == nil {
+		p := new(fleetwatch.Time)
+		*p = t
+		return p
+	}
+	ks.times = append(ks.times, t)
+	return &ks.times[len(ks.times)-1]
+}
+
+// id returns the backend id at position i made of prefix and suffix: the
+// known one when it is that, else a new string.
+func (ks *keyScratch) id(i int, prefix string, suffix []byte) string {
+	if ks != nil && i < len(ks.known) {
+		k := ks.known[i]
+		if len(k) == len(prefix)+len(suffix) && k[:len(prefix)] == prefix && k[len(prefix):] == string(suffix) {
+			return k
+		}
+	}
+	return prefix + string(suffix)
+}
+
+// decodeKey is DecodeKey, into ks when it is not nil.
+func decodeKey(data []byte, pool string, ks *keyScratch) (*fleetwatch.Snapshot, uint64, error) {
 	kind, err := FrameKind(data)
 	if err != nil {
 		return nil, 0, err
@@ -394,8 +459,19 @@ func DecodeKey(data []byte, pool string) (*fleetwatch.Snapshot, uint64, error) {
 	}
 	r := &reader{b: data[4:]}
 	n := r.uvarint("n")
-	snap := &fleetwatch.Snapshot{V: fleetwatch.ProtocolVersion, Pool: pool}
-	snap.Epoch = string(r.bytes(r.uvarint("epoch"), "epoch"))
+	var snap *fleetwatch.Snapshot
+	epoch := r.bytes(r.uvarint("epoch"), "epoch")
+	if ks != nil {
+		ks.snap = fleetwatch.Snapshot{V: fleetwatch.ProtocolVersion, Pool: pool, Backends: ks.snap.Backends}
+		ks.nums, ks.loads, ks.times = ks.nums[:0], ks.loads[:0], ks.times[:0]
+		snap = &ks.snap
+		if ks.epoch != string(epoch) {
+			ks.epoch = string(epoch)
+		}
+		snap.Epoch = ks.epoch
+	} else {
+		snap = &fleetwatch.Snapshot{V: fleetwatch.ProtocolVersion, Pool: pool, Epoch: string(epoch)}
+	}
 	snap.Seq = r.uvarint("seq")
 	snap.Fence = r.uvarint("fence")
 	at := r.varint("at")
@@ -413,17 +489,21 @@ func DecodeKey(data []byte, pool string) (*fleetwatch.Snapshot, uint64, error) {
 		snap.Shadow = shadowModes[sh]
 	}
 	if pf&pHasMedian != 0 {
-		m := float64(r.uvarint("median")) / ewmaScale
-		snap.MedianEWMATTFTMs = &m
+		snap.MedianEWMATTFTMs = ks.float(float64(r.uvarint("median")) / ewmaScale)
 	}
 	snap.AffinityTolerance = float64(r.uvarint("tolerance")) / 1000
 	snap.Routers = int(r.uvarint("routers"))
 	if pf&pHasBudget != 0 {
 		f := r.byte1("budget")
-		rb := &fleetwatch.RetryBudget{Free: f&1 != 0, PerSec: r.float32("budget")}
+		var rb *fleetwatch.RetryBudget
+		if ks != nil {
+			rb = &ks.budget
+		} else {
+			rb = new(fleetwatch.RetryBudget)
+		}
+		*rb = fleetwatch.RetryBudget{Free: f&1 != 0, PerSec: r.float32("budget")}
 		if f&2 != 0 {
-			v := r.float32("spare")
-			rb.Spare = &v
+			rb.Spare = ks.float(r.float32("spare"))
 		}
 		snap.RetryBudget = rb
 	}
@@ -431,10 +511,22 @@ func DecodeKey(data []byte, pool string) (*fleetwatch.Snapshot, uint64, error) {
 	if count > maxKeyBackends || count > uint64(len(r.b)) {
 		return nil, 0, fmt.Errorf("%w: %d backends", ErrCompact, count)
 	}
-	snap.Backends = make([]fleetwatch.Backend, count)
+	if ks == nil {
+		snap.Backends = make([]fleetwatch.Backend, count)
+	} else {
+		// Room for every value a backend may point to (an override's
+		// weight aside), so that the arrays grow at most once a frame (a
+		// pointer taken before a growth stays right: into the old array).
+		c := int(count)
+		snap.Backends = slices.Grow(snap.Backends[:0], c)[:c]
+		clear(snap.Backends)
+		ks.nums = slices.Grow(ks.nums, 3*c)
+		ks.loads = slices.Grow(ks.loads, c)
+		ks.times = slices.Grow(ks.times, 2*c)
+	}
 	prev := ""
 	for i := range snap.Backends {
-		decodeKeyBackend(r, &snap.Backends[i], prev, at)
+		decodeKeyBackend(r, &snap.Backends[i], prev, at, ks, i)
 		prev = snap.Backends[i].Backend
 	}
 	if r.err == nil && len(r.b) != 0 {
@@ -449,7 +541,7 @@ func DecodeKey(data []byte, pool string) (*fleetwatch.Snapshot, uint64, error) {
 	return snap, n, nil
 }
 
-func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
+func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64, ks *keyScratch, i int) {
 	f1, f2 := r.byte1("backend flags"), r.byte1("backend flags")
 	if s := int(f1 & kStateMask); s < len(states) {
 		b.State = states[s]
@@ -461,7 +553,7 @@ func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
 		r.fail("id prefix")
 		return
 	}
-	b.Backend = prev[:shared] + string(r.bytes(r.uvarint("id"), "id"))
+	b.Backend = ks.id(i, prev[:shared], r.bytes(r.uvarint("id"), "id"))
 	if w := r.uvarint("weight"); w <= weightScale {
 		b.Weight = float64(weightScale-w) / weightScale
 	} else {
@@ -472,15 +564,14 @@ func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
 		b.Priority = int(r.varint("priority"))
 	}
 	if f1&kHasEWMA != 0 {
-		v := float64(r.uvarint("ewma")) / ewmaScale
-		b.EWMATTFTMs = &v
+		b.EWMATTFTMs = ks.float(float64(r.uvarint("ewma")) / ewmaScale)
 	}
 	if f1&kHasP95 != 0 {
-		v := float64(r.uvarint("p95"))
-		b.P95TTFTMs = &v
+		b.P95TTFTMs = ks.float(float64(r.uvarint("p95")))
 	}
 	if f1&kHasLoad != 0 {
-		l := &fleetwatch.Load{Source: fleetwatch.LoadSourceEvent}
+		l := ks.load()
+		l.Source = fleetwatch.LoadSourceEvent
 		if f2&kLoadMetric != 0 {
 			l.Source = fleetwatch.LoadSourceMetrics
 		}
@@ -490,16 +581,13 @@ func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
 		b.Load = l
 	}
 	if f1&kHasOpen != 0 {
-		t := fleetwatch.At(time.UnixMilli(at + r.varint("open_until")))
-		b.OpenUntil = &t
+		b.OpenUntil = ks.time(at + r.varint("open_until"))
 	}
 	if f1&kHasCost != 0 {
-		v := r.float32("cost")
-		b.CostPerMTok = &v
+		b.CostPerMTok = ks.float(r.float32("cost"))
 	}
 	if f1&kHasQuota != 0 {
-		t := fleetwatch.At(time.UnixMilli(at + r.varint("quota_until")))
-		b.QuotaUntil = &t
+		b.QuotaUntil = ks.time(at + r.varint("quota_until"))
 	}
 	if k := int(f2>>kOverShift) & 7; k > 0 {
 		if k >= len(overrideKinds) {
@@ -511,8 +599,7 @@ func decodeKeyBackend(r *reader, b *fleetwatch.Backend, prev string, at int64) {
 		o.Who = string(r.bytes(r.uvarint("override who"), "override who"))
 		o.Until = fleetwatch.At(time.UnixMilli(at + r.varint("override until")))
 		if o.Kind == fleetwatch.OverrideWeight {
-			w := float64(r.uvarint("override weight")) / weightScale
-			o.Weight = &w
+			o.Weight = ks.float(float64(r.uvarint("override weight")) / weightScale)
 		}
 		b.Override = o
 	}
@@ -615,7 +702,7 @@ func DecodeLoads(data []byte, l *Loads) error {
 // p2c.Picker.UpdateLoads: every backend with a report age, its load and
 // EWMA where they moved.
 func (l *Loads) Update(u *p2c.LoadUpdate, epoch string, base uint64, ids []string) {
-	u.Epoch, u.Base, u.At, u.Median, u.Budget = epoch, base, l.At, l.Median, l.Budget
+	u.Epoch, u.Base, u.At, u.Median, u.Budget, u.Full = epoch, base, l.At, l.Median, l.Budget, false
 	u.Backends = u.Backends[:0]
 	for i, id := range ids {
 		age := int64(-1)

@@ -89,6 +89,46 @@ func TestKeyFrameRoundTrip(t *testing.T) {
 	}
 }
 
+// Decoding into a scratch (the watcher's refresh) gives what DecodeKey
+// gives, frame after frame whatever the scratch held before (other ids,
+// more backends, an override, a budget), fails on what DecodeKey fails
+// on, and allocates nothing for a key frame of the ids it knows.
+func TestDecodeKeyIntoScratch(t *testing.T) {
+	full := fullSnapshot()
+	at := time.Unix(1_700_000_000, 0)
+	small := pool100(3, at)
+	small.Backends = small.Backends[:2]
+	opts := cmp.Comparer(func(a, b fleetwatch.Time) bool { return a.Equal(b.Time) })
+	var ks keyScratch
+	for i, snap := range []*fleetwatch.Snapshot{analyzerPool100(at), full, small, analyzerPool100(at.Add(time.Second)), full} {
+		frame := AppendKey(nil, snap, uint64(i+1))
+		want, wn, err := DecodeKey(frame, snap.Pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks.known = []string{"http://10.0.3.17:8000", "b-000"} // one right, one not
+		got, gn, err := decodeKey(frame, snap.Pool, &ks)
+		if err != nil || gn != wn {
+			t.Fatalf("frame %d: %v, number %d (want %d)", i, err, gn, wn)
+		}
+		if diff := cmp.Diff(want, got, opts); diff != "" {
+			t.Errorf("frame %d into the scratch (-DecodeKey +scratch):\n%s", i, diff)
+		}
+		if _, _, err := decodeKey(frame[:len(frame)-1], snap.Pool, &ks); !errors.Is(err, ErrCompact) {
+			t.Errorf("frame %d cut short into the scratch: %v, want ErrCompact", i, err)
+		}
+	}
+	snap := analyzerPool100(at)
+	frame := AppendKey(nil, snap, 1)
+	ks.known = nil
+	for i := range snap.Backends {
+		ks.known = append(ks.known, snap.Backends[i].Backend)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { _, _, _ = decodeKey(frame, snap.Pool, &ks) }); allocs != 0 {
+		t.Errorf("decoding a key frame of known ids into the scratch: %v allocations, want 0", allocs)
+	}
+}
+
 // Every truncation of a frame, and frames of another version or kind, fail
 // with ErrCompact, never a panic; a frame with bytes after its end fails.
 func TestCompactFramesRejected(t *testing.T) {

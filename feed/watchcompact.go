@@ -50,9 +50,13 @@ const (
 // compactPool is what the watcher knows of one pool's compact feed (Run's
 // goroutine only).
 type compactPool struct {
-	epoch   string
-	hash    uint32
-	seq     uint64   // the key frame's snapshot seq: the base of its load frames
+	epoch string
+	hash  uint32
+	seq   uint64 // the key frame's snapshot seq: the base of its load frames
+	// applied is the seq of the snapshot last handed to OnUpdate, which the
+	// load updates name (LoadUpdate.Base): seq, or an earlier one when the
+	// key frames since repeated its decisions (applyKey's refresh).
+	applied uint64
 	n       uint64   // the last frame's number
 	ids     []string // the key frame's backends, in its order
 	fetchAt time.Time
@@ -122,13 +126,13 @@ func (w *Watcher) handleFrame(pool, subject string, data []byte) {
 func (w *Watcher) applyLoads(pool string, cp *compactPool) {
 	l := &cp.loads
 	u := &cp.update
-	l.Update(u, cp.epoch, cp.seq, cp.ids)
+	l.Update(u, cp.epoch, cp.applied, cp.ids)
 	if cp.gapped {
 		cp.distrust(l, u)
 	}
 	if slot := (*w.pools.Load())[pool]; slot != nil {
 		at := l.At.UnixNano()
-		if e := slot.Load(); e.snap.Epoch == cp.epoch && e.snap.Seq == cp.seq && at > e.heard.Load() {
+		if e := slot.Load(); e.snap.Epoch == cp.epoch && e.snap.Seq == cp.applied && at > e.heard.Load() {
 			e.heard.Store(at)
 		}
 	}
@@ -139,16 +143,34 @@ func (w *Watcher) applyLoads(pool string, cp *compactPool) {
 // applyKey applies a key frame, from the feed subject or a fetch (where
 // names it for the log).
 func (w *Watcher) applyKey(pool string, data []byte, where string) {
+	cp := w.compact[pool]
+	if cp == nil {
+		cp = &compactPool{}
+		w.compact[pool] = cp
+	}
+	if cp.ids != nil {
+		// Most key frames repeat the decisions applied: decoded where
+		// nothing is allocated, and applied as loads when they do.
+		w.scratch.known = cp.ids
+		snap, n, err := decodeKey(data, pool, &w.scratch)
+		if err != nil {
+			w.malformed.Inc()
+			w.settings.Logf("feed: ignoring key frame of %s: %v", where, err)
+			return
+		}
+		if snap.Epoch == cp.epoch && n <= cp.n {
+			w.older.Inc()
+			return
+		}
+		if w.refresh(pool, cp, snap, n) {
+			return
+		}
+	}
 	snap, n, err := DecodeKey(data, pool)
 	if err != nil {
 		w.malformed.Inc()
 		w.settings.Logf("feed: ignoring key frame of %s: %v", where, err)
 		return
-	}
-	cp := w.compact[pool]
-	if cp == nil {
-		cp = &compactPool{}
-		w.compact[pool] = cp
 	}
 	if cp.ids != nil && snap.Epoch == cp.epoch && n <= cp.n {
 		w.older.Inc()
@@ -163,11 +185,131 @@ func (w *Watcher) applyKey(pool string, data []byte, where string) {
 			return
 		}
 	}
-	cp.epoch, cp.hash, cp.seq, cp.n, cp.gapped = snap.Epoch, EpochHash(snap.Epoch), snap.Seq, n, false
+	cp.epoch, cp.hash, cp.seq, cp.applied, cp.n, cp.gapped = snap.Epoch, EpochHash(snap.Epoch), snap.Seq, snap.Seq, n, false
 	cp.ids = cp.ids[:0]
 	for i := range snap.Backends {
 		cp.ids = append(cp.ids, snap.Backends[i].Backend)
 	}
+}
+
+// refresh applies a key frame, snap (decoded into the watcher's scratch:
+// not kept), that repeats the decisions of the snapshot applied (most
+// are: KeyEvery's, a resync's, a fetch's) as what it then is, every
+// backend's load: OnLoads gets a load update of every backend based on
+// the snapshot applied, which the key frame renews as a load frame does
+// (View: not stale until its at + ttl_ms), and the load frames based on
+// the key frame apply to that snapshot too. Rebuilding a picker for
+// decisions it has costs many times a load frame (BENCHMARKS.md "A router
+// following a pool"). It reports false, and does nothing, when the
+// decisions differ or the router has none of this epoch.
+func (w *Watcher) refresh(pool string, cp *compactPool, snap *fleetwatch.Snapshot, n uint64) bool {
+	slot := (*w.pools.Load())[pool]
+	if slot == nil || cp.ids == nil || snap.Epoch != cp.epoch || snap.Seq <= cp.seq {
+		return false
+	}
+	e := slot.Load()
+	if e.snap.Seq != cp.applied || !RepeatsDecisions(e.snap, snap) {
+		return false
+	}
+	cp.seq, cp.n, cp.gapped = snap.Seq, n, false
+	if at := snap.At.UnixNano(); at > e.heard.Load() {
+		e.heard.Store(at)
+	}
+	u := &cp.update
+	KeyLoads(u, e.snap, snap)
+	w.refreshed.Inc()
+	w.settings.OnLoads(pool, u)
+	return true
+}
+
+// MaxRepeatSpan bounds how long key frames may repeat the decisions of one
+// snapshot applied (RepeatsDecisions): the picker keeps its load decays
+// relative to that snapshot's at (p2c), and exp(span / load_stale) must
+// stay a float64 (load_stale is at least 50ms: 600 at most); it also
+// bounds how long anything else the snapshot applied holds stays as it
+// was. A key frame rebuilds the picker at least this often.
+const MaxRepeatSpan = 30 * time.Second
+
+// RepeatsDecisions reports whether key frame snap repeats the decisions of
+// applied, the snapshot a router applied, so that it may be applied as its
+// loads (KeyLoads, p2c.Picker.UpdateLoads) instead of as a new snapshot:
+// both of one epoch, snap newer and at most MaxRepeatSpan after it; the
+// same pool fields and backends, each with the same state, weight,
+// priority, open_until, quota, cost, override and drift (what the compact
+// encoder keys on); the same backends with an EWMA (a load update can
+// move one, not remove it); and the p95 TTFT a first-token deadline
+// reads (a key frame carries that one) within p95Step of applied's. Not
+// in shadow mode: its picker compares two states and applies no load
+// update (p2c.Picker.UpdateLoads), so every key frame is a snapshot
+// there. feed.Watcher does this in compact mode; the simulator's routers
+// too.
+func RepeatsDecisions(applied, snap *fleetwatch.Snapshot) bool {
+	span := snap.At.Sub(applied.At.Time)
+	return snap.Epoch == applied.Epoch && snap.Seq > applied.Seq && span >= 0 && span <= MaxRepeatSpan &&
+		!snap.Shadow.On() && sameDecisions(applied, snap)
+}
+
+// KeyLoads sets u to the load update that applies key frame snap to the
+// snapshot applied, whose decisions it repeats (RepeatsDecisions): every
+// backend's load and EWMA, the pool's median and retry budget rate, at
+// snap's at, based on applied (its epoch and seq), Full. u's slice is
+// reused.
+func KeyLoads(u *p2c.LoadUpdate, applied, snap *fleetwatch.Snapshot) {
+	u.Epoch, u.Base, u.At, u.Full = applied.Epoch, applied.Seq, snap.At.Time, true
+	u.Median, u.Budget = 0, math.NaN()
+	if snap.MedianEWMATTFTMs != nil {
+		u.Median = *snap.MedianEWMATTFTMs
+	}
+	if rb := snap.RetryBudget; rb != nil {
+		u.Budget = rb.PerSec
+	}
+	u.Backends = u.Backends[:0]
+	for i := range snap.Backends {
+		b := &snap.Backends[i]
+		bl := p2c.BackendLoad{Backend: b.Backend, Running: math.NaN(), Waiting: math.NaN(), AgeMs: -1,
+			NoLoad: b.Load == nil, EWMATTFTMs: math.NaN()}
+		if l := b.Load; l != nil {
+			bl.Running, bl.Waiting, bl.AgeMs, bl.Metrics = l.Running, l.Waiting, l.AgeMs, l.Source == fleetwatch.LoadSourceMetrics
+		}
+		if b.EWMATTFTMs != nil {
+			bl.EWMATTFTMs = *b.EWMATTFTMs
+		}
+		u.Backends = append(u.Backends, bl)
+	}
+}
+
+// p95Step is how far the p95 TTFT a router's first-token deadline reads
+// (route.PoolP95TTFT: a key frame carries that one) may move, relatively,
+// before a key frame is applied as new decisions rather than refreshed.
+const p95Step = 0.05
+
+// sameDecisions is RepeatsDecisions without the epoch, seq and span.
+func sameDecisions(a, b *fleetwatch.Snapshot) bool {
+	if headerOf(a) != headerOf(b) || len(a.Backends) != len(b.Backends) {
+		return false
+	}
+	for i := range a.Backends {
+		x, y := &a.Backends[i], &b.Backends[i]
+		dx, dy := decidedOf(x), decidedOf(y)
+		if x.Backend != y.Backend || (x.EWMATTFTMs == nil) != (y.EWMATTFTMs == nil) || !sameCost(dx.cost, dy.cost) {
+			return false
+		}
+		dx.cost, dy.cost = 0, 0
+		if dx != dy {
+			return false
+		}
+	}
+	pa, pb := deadlineP95(a), deadlineP95(b)
+	if pa != pb {
+		return false
+	}
+	if pa >= 0 {
+		x, y := *a.Backends[pa].P95TTFTMs, *b.Backends[pb].P95TTFTMs
+		if math.Abs(y-x) > p95Step*x {
+			return false
+		}
+	}
+	return true
 }
 
 // fetchKey fetches pool's key frame from the bucket, at most once per

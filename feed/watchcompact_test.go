@@ -310,3 +310,154 @@ func TestFollowLoadFrameAllocatesNothing(t *testing.T) {
 		t.Errorf("%d load frames applied, want every one", w.loadsApplied.Get())
 	}
 }
+
+// A key frame that repeats the decisions applied (KeyEvery's) is not
+// handed to OnUpdate, which would rebuild the picker: it renews the view,
+// OnLoads gets every backend's load from it based on the snapshot the
+// picker has (which accepts it), and the load frames based on it apply
+// there too. A key frame with other decisions, or whose deadline p95
+// moved more than p95Step, is applied as new decisions.
+func TestCompactWatcherRefreshesRepeatedDecisions(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	if _, err := NewPublisher(t.Context(), nc, PublisherSettings{}); err != nil { // the bucket
+		t.Fatal(err)
+	}
+	picker := p2c.New(p2c.Settings{})
+	var rec recorder
+	var accepted, refused int
+	s := rec.settings(WatcherSettings{Now: func() time.Time { return t0.Add(9 * time.Second) }})
+	onUpdate, onLoads := s.OnUpdate, s.OnLoads
+	s.OnUpdate = func(snap *fleetwatch.Snapshot) { picker.Update(snap); onUpdate(snap) }
+	s.OnLoads = func(pool string, u *p2c.LoadUpdate) {
+		rec.mu.Lock()
+		if picker.UpdateLoads(u) {
+			accepted++
+		} else {
+			refused++
+		}
+		rec.mu.Unlock()
+		onLoads(pool, u)
+	}
+	w := startWatcher(t, feedtest.Connect(t, url), s)
+	enc := NewCompactEncoder(CompactSettings{})
+	send := func(frame []byte) {
+		t.Helper()
+		if err := nc.Publish("fw.feed.p", frame); err != nil {
+			t.Fatal(err)
+		}
+	}
+	withP95 := func(s *fleetwatch.Snapshot, p95 float64) *fleetwatch.Snapshot {
+		s.Backends[1].P95TTFTMs = &p95
+		return s
+	}
+	key, kind, _ := enc.Frame(nil, withP95(loaded(1, 0, 3), 400), t0)
+	if kind != FrameKey {
+		t.Fatal("the first frame is not a key frame")
+	}
+	send(key)
+	waitFor(t, "the first key frame", func() bool { n, _ := rec.counts(); return n == 1 })
+
+	// KeyEvery later, the same decisions: a key frame, refreshed.
+	key, kind, changed := enc.Frame(nil, withP95(loaded(2, 6*time.Second, 8), 410), t0.Add(6*time.Second))
+	if kind != FrameKey || changed {
+		t.Fatalf("frame kind %c changed %v, want KeyEvery's key frame", kind, changed)
+	}
+	send(key)
+	waitFor(t, "the repeated key frame", func() bool { _, n := rec.counts(); return n == 1 })
+	if u := rec.lastLoads(); !u.Full || u.Base != 1 || u.Backends[0].Running != 8 || !u.Backends[1].NoLoad {
+		t.Errorf("refresh: %+v, want every backend's load (a's 8, b none) based on seq 1", u)
+	}
+	if v, _ := w.View("p"); v.Snapshot.Seq != 1 || v.Stale {
+		t.Errorf("view at seq %d, stale %v, after the repeated key frame: want seq 1 renewed (at t0+9s the key frame's at t0+6s + ttl 5s is ahead)",
+			v.Snapshot.Seq, v.Stale)
+	}
+	if n, _ := rec.counts(); n != 1 || w.refreshed.Get() != 1 {
+		t.Errorf("OnUpdate called %d times, %d refreshes counted: want 1 and 1", n, w.refreshed.Get())
+	}
+	if got, want := picker.StaleAt(), t0.Add(11*time.Second); !got.Equal(want) { // its at + ttl_ms 5000
+		t.Errorf("picker stale at %v after the refresh, want %v (the repeated key frame's at + ttl)", got, want)
+	}
+	// A load frame based on the repeated key frame applies to the picker.
+	frame, ok := enc.Loads(nil, withP95(loaded(2, 6250*time.Millisecond, 11), 410))
+	if !ok {
+		t.Fatal("no load frame")
+	}
+	send(frame)
+	waitFor(t, "the load frame", func() bool { _, n := rec.counts(); return n == 2 })
+	if u := rec.lastLoads(); u.Full || u.Base != 1 || u.Backends[0].Running != 11 {
+		t.Errorf("load frame: %+v, want a's load 11 based on seq 1", u)
+	}
+
+	// Other decisions: applied as such; their load frames are based on them.
+	next := withP95(loaded(3, 7*time.Second, 11), 410)
+	next.Backends[2].Weight = 0.5
+	key, _, _ = enc.Frame(nil, next, t0.Add(7*time.Second))
+	send(key)
+	waitFor(t, "the key frame with a new weight", func() bool { n, _ := rec.counts(); return n == 2 })
+	frame, _ = enc.Loads(nil, next)
+	send(frame)
+	waitFor(t, "its load frame", func() bool { _, n := rec.counts(); return n == 3 })
+	if u := rec.lastLoads(); u.Base != 3 {
+		t.Errorf("load frame after new decisions based on seq %d, want 3", u.Base)
+	}
+
+	// The same decisions, but the deadline p95 moved 10%: new decisions.
+	again := withP95(loaded(4, 13*time.Second, 11), 451)
+	again.Backends[2].Weight = 0.5
+	key, _, changed = enc.Frame(nil, again, t0.Add(13*time.Second))
+	if changed {
+		t.Fatal("the encoder saw a decision change")
+	}
+	send(key)
+	waitFor(t, "the key frame with a moved p95", func() bool { n, _ := rec.counts(); return n == 3 })
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if refused != 0 || accepted != 3 {
+		t.Errorf("the picker accepted %d load updates and refused %d, want 3 and 0", accepted, refused)
+	}
+}
+
+// RepeatsDecisions: what a key frame may differ in and still be applied
+// as the loads of the snapshot applied.
+func TestRepeatsDecisions(t *testing.T) {
+	base := func() *fleetwatch.Snapshot {
+		s := loaded(1, 0, 3)
+		p95, ewma := 400.0, 120.0
+		s.Backends[1].P95TTFTMs, s.Backends[1].EWMATTFTMs = &p95, &ewma
+		return s
+	}
+	applied := base()
+	for name, c := range map[string]struct {
+		edit func(s *fleetwatch.Snapshot)
+		want bool
+	}{
+		"loads, EWMA and p95 moved": {func(s *fleetwatch.Snapshot) {
+			s.Backends[0].Load.Running, *s.Backends[1].EWMATTFTMs, *s.Backends[1].P95TTFTMs = 9, 180, 415
+		}, true},
+		"30s later":           {func(s *fleetwatch.Snapshot) { s.At = fleetwatch.At(t0.Add(MaxRepeatSpan)) }, true},
+		"more than 30s later": {func(s *fleetwatch.Snapshot) { s.At = fleetwatch.At(t0.Add(MaxRepeatSpan + time.Millisecond)) }, false},
+		"not newer":           {func(s *fleetwatch.Snapshot) { s.Seq = 1 }, false},
+		"another epoch":       {func(s *fleetwatch.Snapshot) { s.Epoch = "e2" }, false},
+		"another fence":       {func(s *fleetwatch.Snapshot) { s.Fence = 9 }, false},
+		"a weight":            {func(s *fleetwatch.Snapshot) { s.Backends[2].Weight = 0.5 }, false},
+		"a state":             {func(s *fleetwatch.Snapshot) { s.Backends[2].State = fleetwatch.StateHalfOpen }, false},
+		"the routers":         {func(s *fleetwatch.Snapshot) { s.Routers = 7 }, false},
+		"an EWMA gone":        {func(s *fleetwatch.Snapshot) { s.Backends[1].EWMATTFTMs = nil }, false},
+		"the p95 by 10%":      {func(s *fleetwatch.Snapshot) { *s.Backends[1].P95TTFTMs = 440 }, false},
+		"a backend less":      {func(s *fleetwatch.Snapshot) { s.Backends = s.Backends[:2] }, false},
+	} {
+		s := base()
+		s.Seq, s.At = 2, fleetwatch.At(t0.Add(5*time.Second))
+		c.edit(s)
+		if got := RepeatsDecisions(applied, s); got != c.want {
+			t.Errorf("%s: RepeatsDecisions = %v, want %v", name, got, c.want)
+		}
+	}
+	// In shadow mode, where the picker applies no load update, never.
+	shadowed, s := base(), base()
+	shadowed.Shadow, s.Shadow, s.Seq = fleetwatch.ShadowObserve, fleetwatch.ShadowObserve, 2
+	if RepeatsDecisions(shadowed, s) {
+		t.Error("a key frame of a pool in shadow mode repeats its decisions: its picker would take no load")
+	}
+}

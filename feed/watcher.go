@@ -78,7 +78,10 @@ type WatcherSettings struct {
 
 // View is what a router knows about one pool.
 type View struct {
-	// Snapshot is the newest snapshot applied; shared and immutable.
+	// Snapshot is the newest snapshot applied; shared and immutable. In
+	// compact mode, the key frames that repeat its decisions after it
+	// are not applied as snapshots but renew it (Stale) and move the
+	// loads (WatcherSettings.OnLoads).
 	Snapshot *fleetwatch.Snapshot
 	// Received is when the watcher applied it (WatcherSettings.Now).
 	Received time.Time
@@ -135,6 +138,7 @@ type Watcher struct {
 	kvErrors  *metrics.Counter
 
 	loadsApplied *metrics.Counter
+	refreshed    *metrics.Counter
 	gaps         *metrics.Counter
 	keyFetches   *metrics.Counter
 	resyncs      *metrics.Counter
@@ -146,6 +150,7 @@ type Watcher struct {
 	feedSubs []*nats.Subscription
 	feedKV   jetstream.KeyValue
 	compact  map[string]*compactPool
+	scratch  keyScratch // decodes the key frames refresh may apply
 	fetching map[string]bool
 	fetched  chan keyResult
 	runCtx   context.Context // Run's: the fetches end with it
@@ -212,6 +217,7 @@ func NewWatcher(nc *nats.Conn, s WatcherSettings) (*Watcher, error) {
 	w.kvReads = set.GetOrCreateCounter("fleetwatch_feed_kv_reads_total")
 	w.kvErrors = set.GetOrCreateCounter("fleetwatch_feed_kv_read_errors_total")
 	w.loadsApplied = set.GetOrCreateCounter("fleetwatch_feed_load_frames_applied_total")
+	w.refreshed = set.GetOrCreateCounter("fleetwatch_feed_key_frames_refreshed_total")
 	w.gaps = set.GetOrCreateCounter("fleetwatch_feed_frame_gaps_total")
 	w.keyFetches = set.GetOrCreateCounter("fleetwatch_feed_key_fetches_total")
 	w.resyncs = set.GetOrCreateCounter("fleetwatch_feed_resyncs_requested_total")

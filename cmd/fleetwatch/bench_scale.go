@@ -41,6 +41,7 @@ func runBenchScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	out := fs.String("out", "", "also write the Markdown report to this file")
 	verbose := fs.Bool("v", false, "log progress to stderr")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the routers, not serve or the servers) to this file")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -68,6 +69,11 @@ func runBenchScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return err
 		}
 	}
+	stop, err := startCPUProfile(*cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	r, err := bench.RunScale(ctx, s)
 	if err != nil {
 		return err

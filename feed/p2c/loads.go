@@ -134,6 +134,10 @@ type LoadUpdate struct {
 	Median   float64
 	Budget   float64
 	Backends []BackendLoad
+	// Full: the update lists every backend, from a key frame that
+	// repeated the decisions of the snapshot applied (feed.Watcher's
+	// refresh); else only what moved.
+	Full bool
 }
 
 // UpdateLoads applies u to the snapshot applied, when u names it (its
@@ -153,9 +157,12 @@ func (p *Picker) UpdateLoads(u *LoadUpdate) bool {
 	}
 	for i := range u.Backends {
 		b := &u.Backends[i]
-		k, ok := st.byID[b.Backend]
-		if !ok {
-			continue
+		k := i // the feed's order is the snapshot's (both by id): look there first
+		if k >= len(st.entries) || st.entries[k].id != b.Backend {
+			var ok bool
+			if k, ok = st.byID[b.Backend]; !ok {
+				continue
+			}
 		}
 		e := &st.entries[k]
 		switch {

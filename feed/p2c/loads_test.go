@@ -54,6 +54,29 @@ func TestUpdateLoadsMovesLoads(t *testing.T) {
 	}
 }
 
+// An update finds its backends by position when it lists them in the
+// snapshot's order, and by id otherwise.
+func TestUpdateLoadsInAnyOrder(t *testing.T) {
+	for name, order := range map[string][]string{"in order": {"a", "b", "c"}, "reversed": {"c", "b", "a"}, "some": {"b"}} {
+		p, c := loadPicker(t)
+		c.Advance(250 * time.Millisecond)
+		u := &LoadUpdate{Epoch: "e1", Base: 2, At: c.now, Median: math.NaN(), Budget: math.NaN()}
+		want := map[string]float64{"a": loadOfID(p, c, "a"), "b": loadOfID(p, c, "b")} // unlisted: as they were
+		for k, id := range order {
+			u.Backends = append(u.Backends, BackendLoad{Backend: id, Running: float64(20 + k), Metrics: true, EWMATTFTMs: math.NaN()})
+			want[id] = float64(20 + k)
+		}
+		if !p.UpdateLoads(u) {
+			t.Fatalf("%s: refused", name)
+		}
+		for id, w := range want {
+			if got := loadOfID(p, c, id); math.Abs(got-w) > 1e-9 {
+				t.Errorf("%s: %s's load %v, want %v", name, id, got, w)
+			}
+		}
+	}
+}
+
 // An update of another snapshot (epoch or seq), or older than the snapshot
 // applied, changes nothing.
 func TestUpdateLoadsOfAnotherSnapshot(t *testing.T) {

@@ -226,7 +226,9 @@ type Why struct {
 	// open, quota, override, drift, unknown (no decision yet) or stale
 	// (the decisions are past their ttl: the picker fails static).
 	Class string
-	// Age is the decisions' age (negative before the first decision).
+	// Age is the decisions' age: since the snapshot applied, or the
+	// last load update based on it, which confirmed them (negative
+	// before the first decision).
 	Age time.Duration
 }
 
@@ -255,7 +257,7 @@ func (ps *Pools) Why(pool, backend string) Why {
 	if snap == nil || snap.Epoch == configEpoch {
 		return w
 	}
-	w.Age = now.Sub(snap.At.Time)
+	w.Age = now.Sub(p.confirmedAt(snap))
 	b := snap.Find(backend)
 	if b == nil {
 		return w

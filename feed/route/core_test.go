@@ -2,6 +2,7 @@ package route
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -71,6 +72,13 @@ func TestPoolsWhy(t *testing.T) {
 			t.Errorf("Why(%s) = %+v, want %s at 1.5 s", backend, w, want)
 		}
 	}
+	// A load update based on the snapshot confirms its decisions: the
+	// age counts from the update's at (and the ttl too).
+	now = now.Add(3 * time.Second)
+	ps.ApplyLoads("chat", &p2c.LoadUpdate{Epoch: "e", Base: 1, At: now.Add(-time.Second), Median: math.NaN(), Budget: math.NaN()})
+	if w := ps.Why("chat", "a"); w.Class != WhyHealthy || w.AgeSeconds() != 1 {
+		t.Errorf("after a load update 1 s ago: %+v, want healthy at 1 s", w)
+	}
 	now = now.Add(10 * time.Second)
 	if w := ps.Why("chat", "a"); w.Class != WhyStale {
 		t.Errorf("past the ttl: %+v, want stale", w)
@@ -103,5 +111,38 @@ func TestPoolsPickAndFallbacks(t *testing.T) {
 	}
 	if _, err := ps.Pick("chat", r, p2c.Request{Among: []string{"b"}}); !errors.Is(err, p2c.ErrShed) {
 		t.Errorf("a subset of an open backend: %v, want ErrShed", err)
+	}
+}
+
+// TestMergeOrder checks that a snapshot's decisions reach the configured
+// backends whatever the snapshot's order, and that backends it does not
+// name or the router does not have are handled: merge walks the sorted
+// order once and searches when the walk misses.
+func TestMergeOrder(t *testing.T) {
+	ps := corePools(t, nil)
+	p := ps.pools["chat"]
+	at := fleetwatch.At(time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC))
+	be := func(id string, w float64) fleetwatch.Backend {
+		return fleetwatch.Backend{Backend: id, State: fleetwatch.StateClosed, Weight: w}
+	}
+	for name, bs := range map[string][]fleetwatch.Backend{
+		"sorted":            {be("a", 0.1), be("b", 0.2), be("c", 0.3)},
+		"out of order":      {be("c", 0.3), be("a", 0.1), be("b", 0.2)},
+		"extra and missing": {be("0", 0.9), be("a", 0.1), be("bb", 0.5), be("c", 0.3)},
+	} {
+		snap := &fleetwatch.Snapshot{Pool: "chat", Epoch: "e", Seq: 1, At: at, Backends: bs}
+		m := p.merge(snap)
+		want := map[string]float64{"a": 0.1, "b": 0.2, "c": 0.3}
+		if name == "extra and missing" {
+			want["b"] = 1 // not named: a healthy default
+		}
+		if len(m.Backends) != 3 {
+			t.Fatalf("%s: merged %d backends, want the 3 configured", name, len(m.Backends))
+		}
+		for i, id := range []string{"a", "b", "c"} {
+			if got := m.Backends[i]; got.Backend != id || got.Weight != want[id] {
+				t.Errorf("%s: backend %d = %s weight %g, want %s weight %g", name, i, got.Backend, got.Weight, id, want[id])
+			}
+		}
 	}
 }

@@ -181,7 +181,7 @@ func (rt *Router) writeGauges(w io.Writer) {
 		snap := p.applied.Load()
 		age := -1.0
 		if snap.Epoch != configEpoch {
-			age = now.Sub(snap.At.Time).Seconds()
+			age = now.Sub(p.confirmedAt(snap)).Seconds()
 		}
 		fmt.Fprintf(w, "fleetwatch_route_decision_age_seconds{pool=%s} %g\n", pool, age)
 		fmt.Fprintf(w, "fleetwatch_route_pick_candidates{pool=%s} %d\n", pool, p.picker.Compared())

@@ -151,12 +151,13 @@ func (p *pool) merge(snap *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 	}
 	if snap != nil {
 		*out = *snap
-		out.Backends = nil
 	}
+	out.Backends = make([]fleetwatch.Backend, 0, len(p.order))
+	next := 0 // where snap's backends, sorted by id as p.order is, reached
 	for _, id := range p.order {
 		var b fleetwatch.Backend
 		if snap != nil {
-			if d := snap.Find(id); d != nil {
+			if d := findSorted(snap, id, &next); d != nil {
 				b = *d
 			}
 		}
@@ -171,6 +172,38 @@ func (p *pool) merge(snap *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 		out.Backends = append(out.Backends, b)
 	}
 	return out
+}
+
+// confirmedAt is when the decisions of snap, the snapshot applied, were
+// last confirmed: its at, or the at of the latest load update based on
+// it (a load frame, or a key frame that repeated them: feed.Watcher's
+// refresh), which moved the picker's StaleAt on by as much.
+func (p *pool) confirmedAt(snap *fleetwatch.Snapshot) time.Time {
+	at := snap.At.Time
+	if s := p.picker.StaleAt(); !s.IsZero() {
+		if c := s.Add(-snap.StaleAt().Sub(at)); c.After(at) {
+			return c
+		}
+	}
+	return at
+}
+
+// findSorted returns snap's backend id, looking from *next on (snap's
+// backends are sorted: Snapshot.Backends) and moving *next past it, so
+// that merging the configured ids in order costs one pass; it searches
+// all of them when the walk misses (a snapshot out of order, or one that
+// does not name id).
+func findSorted(snap *fleetwatch.Snapshot, id string, next *int) *fleetwatch.Backend {
+	bs := snap.Backends
+	j := *next
+	for j < len(bs) && bs[j].Backend < id {
+		j++
+	}
+	if j < len(bs) && bs[j].Backend == id {
+		*next = j + 1
+		return &bs[j]
+	}
+	return snap.Find(id)
 }
 
 // apply hands a decision snapshot for this pool to the picker.

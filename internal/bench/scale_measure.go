@@ -39,6 +39,7 @@ var watcherCounters = []string{
 	"fleetwatch_feed_key_fetches_total",
 	"fleetwatch_feed_load_frames_applied_total",
 	"fleetwatch_feed_snapshots_applied_total",
+	"fleetwatch_feed_key_frames_refreshed_total",
 }
 
 func (r *scaleRun) sample(ctx context.Context, fleet *routerFleet) (scaleSample, error) {

@@ -209,6 +209,9 @@ func (r *scaleRouter) onLoads(pool string, u *p2c.LoadUpdate) {
 	r.ages.add(now.Sub(u.At))
 	if k, ok := r.poolIdx[pool]; ok {
 		r.lastLoads[k].Store(now.UnixNano())
+		if u.Full { // a key frame that repeated the decisions applied
+			r.lastKey[k].Store(now.UnixNano())
+		}
 	}
 	r.pools.ApplyLoads(pool, u)
 }

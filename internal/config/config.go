@@ -387,6 +387,11 @@ type RouteConfig struct {
 	Feed          string    `yaml:"feed"`           // the feed followed: compact (default; the JSON snapshots when the server has no fw_feed bucket) or json
 }
 
+// minLoadStale is the least load_stale: the compact feed moves loads every
+// 250ms, and the picker's load decay factors, exp(span / load_stale) over
+// a span up to feed.MaxRepeatSpan, must stay float64s (at most exp(600)).
+const minLoadStale = 50 * time.Millisecond
+
 // Feeds a router follows (route.feed).
 const (
 	FeedCompact = "compact"
@@ -671,8 +676,8 @@ func (c *Config) validatePools(fail func(key, format string, args ...any) error)
 		if v := p.LoadRunningWeight; v != nil && (*v < 0 || *v > 1) {
 			return fail(key+".load_running_weight", "%v: must be in [0, 1]", *v)
 		}
-		if v := p.LoadStale; v != nil && v.Duration <= 0 {
-			return fail(key+".load_stale", "%v: must be > 0", v.Duration)
+		if v := p.LoadStale; v != nil && v.Duration < minLoadStale {
+			return fail(key+".load_stale", "%v: must be at least %v", v.Duration, minLoadStale)
 		}
 		if v := p.ProbeBudgetTokensPerDay; v != nil && *v < 0 {
 			return fail(key+".probe_budget_tokens_per_day", "%d: must be >= 0 (0: unlimited)", *v)

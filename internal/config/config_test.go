@@ -88,6 +88,7 @@ func TestConfigErrorsNameKeyAndLine(t *testing.T) {
 		{"unknown score", "pools:\n  - id: a\n    score: fastest\n", "pools[0].score", 3},
 		{"negative choices", "pools:\n  - id: a\n    choices: -2\n", "pools[0].choices", 3},
 		{"zero load_stale", "pools:\n  - id: a\n    load_stale: 0s\n", "pools[0].load_stale", 3},
+		{"load_stale under 50ms", "pools:\n  - id: a\n    load_stale: 20ms\n", "pools[0].load_stale", 3},
 		{"load_running_weight over 1", "pools:\n  - id: a\n    load_running_weight: 2\n", "pools[0].load_running_weight", 3},
 		{"negative priority", "pools:\n  - id: a\n    backends:\n      - id: b\n        priority: -1\n", "pools[0].backends[0].priority", 5},
 		{"zero stall floor", "route:\n  stall_floor: 0s\n", "route.stall_floor", 2},

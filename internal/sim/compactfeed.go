@@ -58,17 +58,19 @@ func (s *sim) deliver(snap *fleetwatch.Snapshot, beat bool) {
 }
 
 // compactState is a fleetwatch router's side of the compact feed: the
-// key frame applied (its seq and backends) and the buffers of the load
-// frames, reused.
+// snapshot applied, the key frame its load frames are based on (its seq
+// and backends) and the buffers of the load frames, reused.
 type compactState struct {
-	epoch string
-	seq   uint64
-	ids   []string
-	loads feed.Loads
-	upd   p2c.LoadUpdate
+	applied *fleetwatch.Snapshot
+	epoch   string
+	seq     uint64
+	ids     []string
+	loads   feed.Loads
+	upd     p2c.LoadUpdate
 }
 
-// frame applies a compact frame to the router's picker.
+// frame applies a compact frame to the router's picker, as feed.Watcher
+// does: a key frame that repeats the decisions applied as their loads.
 func (p *fleetwatchRouter) frame(kind byte, data []byte) {
 	c := &p.compact
 	if kind == feed.FrameKey {
@@ -80,6 +82,12 @@ func (p *fleetwatchRouter) frame(kind byte, data []byte) {
 		for i := range snap.Backends {
 			c.ids = append(c.ids, snap.Backends[i].Backend)
 		}
+		if c.applied != nil && feed.RepeatsDecisions(c.applied, snap) {
+			feed.KeyLoads(&c.upd, c.applied, snap)
+			p.picker.UpdateLoads(&c.upd)
+			return
+		}
+		c.applied = snap
 		p.picker.Update(snap)
 		return
 	}
@@ -87,6 +95,6 @@ func (p *fleetwatchRouter) frame(kind byte, data []byte) {
 		panic("sim: " + err.Error())
 	}
 	u := &c.upd
-	c.loads.Update(u, c.epoch, c.seq, c.ids)
+	c.loads.Update(u, c.epoch, c.applied.Seq, c.ids)
 	p.picker.UpdateLoads(u)
 }
