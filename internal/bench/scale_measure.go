@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed"
 )
 
@@ -194,6 +195,7 @@ func (r *scaleRun) census(ctx context.Context) (FrameCensus, error) {
 	var mu sync.Mutex // guards c and the regression sums
 	var sumX, sumY, sumXY, sumXX, nL float64
 	var loads feed.Loads
+	applied := map[string]*fleetwatch.Snapshot{} // per subject: the last key frame a router applied as a snapshot
 	sub, err := nc.Subscribe("fw.feed.>", func(m *nats.Msg) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -210,8 +212,14 @@ func (r *scaleRun) census(ctx context.Context) (FrameCensus, error) {
 			}
 			c.KeyFrames++
 			c.KeyBytesMean += size
-			snap.Backends = nil
-			c.KeyHeader += float64(len(feed.AppendKey(nil, snap, n)))
+			if a := applied[m.Subject]; a != nil && feed.RepeatsDecisions(a, snap) {
+				c.KeyRepeats++
+			} else {
+				applied[m.Subject] = snap
+			}
+			header := *snap
+			header.Backends = nil
+			c.KeyHeader += float64(len(feed.AppendKey(nil, &header, n)))
 			return
 		}
 		if feed.DecodeLoads(m.Data, &loads) != nil {

@@ -121,8 +121,12 @@ type ServeStep struct {
 // FrameCensus is the compact feed's frames as a subscriber of every pool
 // saw them for a while (on the first serve's node, outside the windows).
 type FrameCensus struct {
-	Seconds        float64 `json:"seconds"`
-	KeyFrames      int     `json:"key_frames"`
+	Seconds   float64 `json:"seconds"`
+	KeyFrames int     `json:"key_frames"`
+	// KeyRepeats are the key frames that repeated the decisions of the
+	// pool's last key frame but one that did not (feed.RepeatsDecisions):
+	// a router applies them as loads.
+	KeyRepeats     int     `json:"key_repeats"`
 	LoadFrames     int     `json:"load_frames"`
 	KeyPerPoolSec  float64 `json:"key_per_pool_sec"`
 	LoadPerPoolSec float64 `json:"load_per_pool_sec"`
@@ -250,8 +254,8 @@ func (r *ScaleReport) writeNodes(w io.Writer) {
 
 func (r *ScaleReport) writeFramesJoinStorm(w io.Writer) {
 	f := r.Frames
-	fmt.Fprintf(w, "\nframes (%.0f s census): key %.3f/pool-s of %.0f B (header %.0f + %.2f B/backend); load %.3f/pool-s of %.0f B (header %.1f + %.2f B/entry x %.1f entries, change rate %.2f); %.1f B of protocol per message\n",
-		f.Seconds, f.KeyPerPoolSec, f.KeyBytesMean, f.KeyHeader, f.KeyPerBackend, f.LoadPerPoolSec, f.LoadBytesMean,
+	fmt.Fprintf(w, "\nframes (%.0f s census): key %.3f/pool-s of %.0f B (header %.0f + %.2f B/backend; %d of %d repeating the decisions applied); load %.3f/pool-s of %.0f B (header %.1f + %.2f B/entry x %.1f entries, change rate %.2f); %.1f B of protocol per message\n",
+		f.Seconds, f.KeyPerPoolSec, f.KeyBytesMean, f.KeyHeader, f.KeyPerBackend, f.KeyRepeats, f.KeyFrames, f.LoadPerPoolSec, f.LoadBytesMean,
 		f.LoadHeader, f.LoadPerEntry, f.EntriesMean, f.ChangeRate, f.WireOverhead)
 	if j := r.Join; j != nil {
 		fmt.Fprintf(w, "join: a fresh router following %d pools read %d B (%.0f B per pool) in %.0f ms until it held every pool (compact %v); JetStream consumers %d before, %d after, %d consumer-created advisories meanwhile\n",
