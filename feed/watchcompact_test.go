@@ -445,7 +445,12 @@ func TestRepeatsDecisions(t *testing.T) {
 		"the routers":         {func(s *fleetwatch.Snapshot) { s.Routers = 7 }, false},
 		"an EWMA gone":        {func(s *fleetwatch.Snapshot) { s.Backends[1].EWMATTFTMs = nil }, false},
 		"the p95 by 10%":      {func(s *fleetwatch.Snapshot) { *s.Backends[1].P95TTFTMs = 440 }, false},
-		"a backend less":      {func(s *fleetwatch.Snapshot) { s.Backends = s.Backends[:2] }, false},
+		"the p95 another backend's, 2% more": {func(s *fleetwatch.Snapshot) {
+			p95 := 408.0
+			s.Backends[1].P95TTFTMs, s.Backends[2].P95TTFTMs = nil, &p95
+		}, true},
+		"the p95 gone":   {func(s *fleetwatch.Snapshot) { s.Backends[1].P95TTFTMs = nil }, false},
+		"a backend less": {func(s *fleetwatch.Snapshot) { s.Backends = s.Backends[:2] }, false},
 	} {
 		s := base()
 		s.Seq, s.At = 2, fleetwatch.At(t0.Add(5*time.Second))

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/fleetwatch/fleetwatch/internal/bench"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
@@ -96,25 +97,7 @@ func newNATSCluster(t *testing.T, bin string) *natsCluster {
 				others = append(others, "nats-route://"+r)
 			}
 		}
-		// Clients without credentials are app, an account with
-		// JetStream; sys is the system account's user (the meta leader's
-		// stepdown).
-		conf := fmt.Sprintf(`server_name: n%d
-listen: %s
-http: %s
-accounts {
-  SYS: { users: [ { user: sys, password: sys } ] }
-  APP: { jetstream: enabled, users: [ { user: app, password: app } ] }
-}
-system_account: SYS
-no_auth_user: app
-jetstream { store_dir: %q }
-cluster {
-  name: fw
-  listen: %s
-  routes: [%s]
-}
-`, i+1, clients[i], monitors[i], filepath.Join(dir, "js"), routes[i], strings.Join(others, ", "))
+		conf := bench.NATSClusterConfig(i+1, clients[i], monitors[i], routes[i], filepath.Join(dir, "js"), others)
 		path := filepath.Join(dir, "nats.conf")
 		if err := os.WriteFile(path, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)

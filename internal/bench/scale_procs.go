@@ -192,7 +192,27 @@ func newNATSCluster(bin, dir string) (*natsCluster, error) {
 				others = append(others, "nats-route://"+o.route)
 			}
 		}
-		conf := fmt.Sprintf(`server_name: n%d
+		conf := NATSClusterConfig(n.index+1, n.client, n.monitor, n.route, filepath.Join(n.storeDir, "js"), others)
+		if err := os.MkdirAll(n.storeDir, 0o755); err != nil {
+			return nil, err
+		}
+		n.config = filepath.Join(n.storeDir, "nats.conf")
+		if err := os.WriteFile(n.config, []byte(conf), 0o644); err != nil {
+			return nil, err
+		}
+		n.args = []string{"-c", n.config}
+	}
+	return c, nil
+}
+
+// NATSClusterConfig is the configuration of node n (1-3) of the 3-node
+// cluster "fw" that bench scale and the end-to-end tests run: clients,
+// monitoring and the route on the given addresses, the others' routes
+// (nats-route:// URLs), JetStream in store; clients without credentials
+// are app, an account with JetStream, and sys is the system account's
+// user (the meta leader's stepdown, the monitoring of accounts).
+func NATSClusterConfig(n int, client, monitor, route, store string, others []string) string {
+	return fmt.Sprintf(`server_name: n%d
 listen: %s
 http: %s
 accounts {
@@ -207,17 +227,7 @@ cluster {
   listen: %s
   routes: [%s]
 }
-`, n.index+1, n.client, n.monitor, filepath.Join(n.storeDir, "js"), n.route, strings.Join(others, ", "))
-		if err := os.MkdirAll(n.storeDir, 0o755); err != nil {
-			return nil, err
-		}
-		n.config = filepath.Join(n.storeDir, "nats.conf")
-		if err := os.WriteFile(n.config, []byte(conf), 0o644); err != nil {
-			return nil, err
-		}
-		n.args = []string{"-c", n.config}
-	}
-	return c, nil
+`, n, client, monitor, store, route, strings.Join(others, ", "))
 }
 
 // start starts every node and waits until each accepts clients.
