@@ -30,10 +30,12 @@ func TestExplainCommand(t *testing.T) {
 	base := "http://" + srv.HTTPAddr()
 
 	var out, errOut bytes.Buffer
-	testkit.Eventually(t, 10*time.Second, "explain to show bad open", func() bool {
+	// The transition's history line can come an evaluation after the
+	// state (a CI run read "open" without it): both are waited for.
+	testkit.Eventually(t, 10*time.Second, "explain to show bad open, with its transition", func() bool {
 		out.Reset()
 		err := runExplain(t.Context(), []string{"llama", "bad", "--url", base}, &out, &errOut)
-		return err == nil && strings.Contains(out.String(), "llama / bad: open")
+		return err == nil && strings.Contains(out.String(), "llama / bad: open") && strings.Contains(out.String(), "closed -> open")
 	})
 	for _, want := range []string{"reason:  5 consecutive failures", "error 5", "consecutive", "failure_rate", "throttled_recent", "slow",
 		"weight:  set by open", "closed -> open  consecutive: 5 consecutive failures"} {
