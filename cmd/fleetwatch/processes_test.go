@@ -2,16 +2,20 @@ package main
 
 import (
 	"fmt"
-	"github.com/fleetwatch/fleetwatch/internal/testkit"
-	"github.com/nats-io/nats-server/v2/server"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // freeLoopbackAddr returns a loopback address with a port that was free a
@@ -27,19 +31,73 @@ func freeLoopbackAddr(t testing.TB) string {
 // freeLoopbackAddrs are n distinct free loopback addresses, all bound at
 // once and then closed: ports bound and closed one after the other can
 // come back twice (bench scale's cluster once got the same port for a
-// node's client and monitoring listeners).
+// node's client and monitoring listeners). The ports are below the
+// kernel's ephemeral range when it leaves room (stablePorts), so that a
+// process killed by a test can start again on its ports: a port of the
+// ephemeral range can be handed to any other test's listener on port 0
+// or outgoing connection meanwhile (a CI run's nats-server node, killed
+// and restarted, found its monitoring port taken).
 func freeLoopbackAddrs(t testing.TB, n int) []string {
 	t.Helper()
 	var addrs []string
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
+		l := stablePorts.listen(t)
 		defer l.Close()
 		addrs = append(addrs, l.Addr().String())
 	}
 	return addrs
+}
+
+// stablePorts hands out loopback ports from below the ephemeral range
+// (ip_local_port_range), each once per test process, chosen at random so
+// that the packages' test processes running side by side rarely try the
+// same; from port 0 when the range leaves no room below it.
+var stablePorts = &portPool{given: map[int]bool{}}
+
+type portPool struct {
+	mu     sync.Mutex
+	once   sync.Once
+	lo, hi int // candidate ports [lo, hi); hi == 0: none
+	given  map[int]bool
+	rnd    *rand.Rand
+}
+
+// listen binds a loopback port of the pool (port 0 failing that).
+func (p *portPool) listen(t testing.TB) net.Listener {
+	t.Helper()
+	p.once.Do(func() {
+		p.rnd = rand.New(rand.NewPCG(uint64(os.Getpid()), uint64(time.Now().UnixNano())))
+		b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+		var first, last int
+		if err == nil {
+			_, err = fmt.Sscan(string(b), &first, &last)
+		}
+		if err == nil && first > 12000 {
+			p.lo, p.hi = 10000, first
+		}
+	})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range 100 {
+		if p.hi == 0 {
+			break
+		}
+		port := p.lo + p.rnd.IntN(p.hi-p.lo)
+		if p.given[port] {
+			continue
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue
+		}
+		p.given[port] = true
+		return l
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 // serveProcess is a running `fleetwatch serve` subprocess with its embedded
