@@ -289,8 +289,14 @@ func TestIntakeTakesOverTheCapture(t *testing.T) {
 	publishFailures(t, nc, "after", 300)
 	waitFor(t, "the events published after the switch", func() bool { return countBackend(sink, "after") >= 300 })
 	time.Sleep(200 * time.Millisecond) // a duplicate would arrive within this
-	if got, lost := countBackend(sink, "after"), c.Stats().IntakeLost; got != 300 || countBackend(sink, "live") != 0 || lost != 0 {
-		t.Errorf("%d events of after (want 300), %d of live again (want 0), %d counted lost (want 0)", got, countBackend(sink, "live"), lost)
+	// The 4 live events may come again: the catch-up replays what the
+	// capture stored after the first collector's last republished batch,
+	// and the capture stores from its own queue, so under load it may
+	// store an event after the collector republished it
+	// (docs/DECISIONS.md "No silent loss": counted twice; 3 of 4 in a
+	// loaded CI run). Never more than those 4.
+	if got, lost := countBackend(sink, "after"), c.Stats().IntakeLost; got != 300 || countBackend(sink, "live") > 4 || lost != 0 {
+		t.Errorf("%d events of after (want 300), %d of live again (want at most the 4 of the stopped collector), %d counted lost (want 0)", got, countBackend(sink, "live"), lost)
 	}
 }
 
