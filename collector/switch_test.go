@@ -329,8 +329,11 @@ func TestCatchUpEndedEarlyIsCounted(t *testing.T) {
 	if !errors.Is(st.CatchUpErr, ErrReplayEndedEarly) {
 		t.Fatalf("catch-up error %v, want ErrReplayEndedEarly", st.CatchUpErr)
 	}
-	if st.CaptureUnreplayed == 0 || st.CaptureReplayed+st.CaptureUnreplayed != published {
-		t.Errorf("replayed %d + unreplayed %d, want both > 0 and %d in all", st.CaptureReplayed, st.CaptureUnreplayed, published)
+	// The live event may be in the range too: the capture may store it
+	// after the first collector's last republished batch (docs/DECISIONS.md
+	// "No silent loss": counted twice; 3001 in a loaded CI run).
+	if all := st.CaptureReplayed + st.CaptureUnreplayed; st.CaptureUnreplayed == 0 || all < published || all > published+1 {
+		t.Errorf("replayed %d + unreplayed %d, want both > 0 and %d in all (or one more: the live event)", st.CaptureReplayed, st.CaptureUnreplayed, published)
 	}
 	if got := metricValue(t, c, "fleetwatch_capture_unreplayed_messages_total"); got != float64(st.CaptureUnreplayed) {
 		t.Errorf("fleetwatch_capture_unreplayed_messages_total = %v, want %d", got, st.CaptureUnreplayed)
