@@ -148,25 +148,15 @@ func (w *Watcher) applyKey(pool string, data []byte, where string) {
 		cp = &compactPool{}
 		w.compact[pool] = cp
 	}
+	// Most key frames repeat the decisions applied: decoded where nothing
+	// is allocated (the scratch, when the pool has a key frame applied),
+	// and applied as loads when they do; decoded again to be kept when
+	// they do not.
+	var scratch *keyScratch
 	if cp.ids != nil {
-		// Most key frames repeat the decisions applied: decoded where
-		// nothing is allocated, and applied as loads when they do.
-		w.scratch.known = cp.ids
-		snap, n, err := decodeKey(data, pool, &w.scratch)
-		if err != nil {
-			w.malformed.Inc()
-			w.settings.Logf("feed: ignoring key frame of %s: %v", where, err)
-			return
-		}
-		if snap.Epoch == cp.epoch && n <= cp.n {
-			w.older.Inc()
-			return
-		}
-		if w.refresh(pool, cp, snap, n) {
-			return
-		}
+		scratch, w.scratch.known = &w.scratch, cp.ids
 	}
-	snap, n, err := DecodeKey(data, pool)
+	snap, n, err := decodeKey(data, pool, scratch)
 	if err != nil {
 		w.malformed.Inc()
 		w.settings.Logf("feed: ignoring key frame of %s: %v", where, err)
@@ -175,6 +165,12 @@ func (w *Watcher) applyKey(pool string, data []byte, where string) {
 	if cp.ids != nil && snap.Epoch == cp.epoch && n <= cp.n {
 		w.older.Inc()
 		return
+	}
+	if scratch != nil {
+		if w.refresh(pool, cp, snap, n) {
+			return
+		}
+		snap, _, _ = DecodeKey(data, pool) // the same bytes: decoded above
 	}
 	if !w.apply(snap) {
 		// Not newer than the snapshot applied. When it is that very
@@ -204,7 +200,7 @@ func (w *Watcher) applyKey(pool string, data []byte, where string) {
 // decisions differ or the router has none of this epoch.
 func (w *Watcher) refresh(pool string, cp *compactPool, snap *fleetwatch.Snapshot, n uint64) bool {
 	slot := (*w.pools.Load())[pool]
-	if slot == nil || cp.ids == nil || snap.Epoch != cp.epoch || snap.Seq <= cp.seq {
+	if slot == nil || snap.Epoch != cp.epoch || snap.Seq <= cp.seq {
 		return false
 	}
 	e := slot.Load()

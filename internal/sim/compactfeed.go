@@ -58,12 +58,10 @@ func (s *sim) deliver(snap *fleetwatch.Snapshot, beat bool) {
 }
 
 // compactState is a fleetwatch router's side of the compact feed: the
-// snapshot applied, the key frame its load frames are based on (its seq
-// and backends) and the buffers of the load frames, reused.
+// snapshot applied, the backends of the last key frame (its load frames
+// name them by position) and the buffers of the load frames, reused.
 type compactState struct {
 	applied *fleetwatch.Snapshot
-	epoch   string
-	seq     uint64
 	ids     []string
 	loads   feed.Loads
 	upd     p2c.LoadUpdate
@@ -78,7 +76,7 @@ func (p *fleetwatchRouter) frame(kind byte, data []byte) {
 		if err != nil {
 			panic("sim: " + err.Error()) // the encoder's own frame
 		}
-		c.epoch, c.seq, c.ids = snap.Epoch, snap.Seq, c.ids[:0]
+		c.ids = c.ids[:0]
 		for i := range snap.Backends {
 			c.ids = append(c.ids, snap.Backends[i].Backend)
 		}
@@ -95,6 +93,6 @@ func (p *fleetwatchRouter) frame(kind byte, data []byte) {
 		panic("sim: " + err.Error())
 	}
 	u := &c.upd
-	c.loads.Update(u, c.epoch, c.applied.Seq, c.ids)
+	c.loads.Update(u, c.applied.Epoch, c.applied.Seq, c.ids)
 	p.picker.UpdateLoads(u)
 }
