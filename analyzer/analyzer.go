@@ -75,6 +75,7 @@ type pool struct {
 	published bool          // a snapshot of the pool was returned
 	beatAt    time.Time     // the pool's last heartbeat, the anchor of the next
 	loadAt    time.Time     // the pool's last load beat, the anchor of the next
+	ruleAt    time.Time     // EvaluateDue's last rule tick without load beats
 	resync    bool          // Resync asked for a snapshot at the next Evaluate
 	signature []decisionKey // the decisions of the last returned snapshot
 	spare     []decisionKey // the other buffer of signature
@@ -366,14 +367,28 @@ const (
 
 // Evaluate applies the rules at now and returns the snapshots to publish and
 // the transitions made. Each returned snapshot of a pool has the next seq.
-func (a *Analyzer) Evaluate(now time.Time) Evaluation { return a.evaluate(now, false) }
+func (a *Analyzer) Evaluate(now time.Time) Evaluation { return a.evaluate(now, false, false) }
+
+// EvaluateDue is Evaluate for the pools that are due at now: a heartbeat or
+// load beat, a resync, a first snapshot, or a rule tick (the load beat, or
+// the heartbeat up to RuleTick without load beats). A caller that ticks
+// every tenth of the load beat takes each pool on its own phase, so the
+// pools of a fleet publish across the beat instead of all at one instant
+// (their subscribers' work comes evenly rather than in one burst), and
+// each pool's rules run as often as a caller of Evaluate every load beat
+// runs them. A pool left out changes nothing: its events wait in its
+// windows for its next turn, at most a rule tick away (an event that may
+// open a breaker is the caller's cue to Evaluate every pool at once).
+func (a *Analyzer) EvaluateDue(now time.Time) Evaluation { return a.evaluate(now, false, true) }
 
 // Final evaluates at now and returns a snapshot of every pool, each with its
 // seq advanced, so routers accept it: the snapshot a process publishes when
 // it shuts down.
-func (a *Analyzer) Final(now time.Time) []fleetwatch.Snapshot { return a.evaluate(now, true).Snapshots }
+func (a *Analyzer) Final(now time.Time) []fleetwatch.Snapshot {
+	return a.evaluate(now, true, false).Snapshots
+}
 
-func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
+func (a *Analyzer) evaluate(now time.Time, all, dueOnly bool) Evaluation {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.tick(now)
@@ -384,6 +399,9 @@ func (a *Analyzer) evaluate(now time.Time, all bool) Evaluation {
 		first := len(ev.Transitions)
 		beat := p.beat(now)
 		loads := !beat && p.loadBeat(now)
+		if dueOnly && !beat && !loads && !p.resync && !p.ruleTick(now) {
+			continue
+		}
 		// Damped weights step on load beats too (a ramp goes out as
 		// decision snapshots four times a second), by the time elapsed.
 		gone := a.evaluatePool(p, now, beat || loads, &ev)
@@ -517,16 +535,42 @@ func (p *pool) loadBeat(now time.Time) bool {
 	if lb <= 0 || lb >= p.settings.Heartbeat || !p.published {
 		return false
 	}
-	if p.loadAt.Before(p.beatAt) {
-		p.loadAt = p.beatAt // a heartbeat came: the grid starts from it
+	return onGrid(&p.loadAt, p.beatAt, now, lb)
+}
+
+// onGrid reports whether a point of the grid of period d from the
+// heartbeat at beatAt is due at now (a tenth of d early at most), and if so
+// moves *anchor, the last point taken, to the latest point due: one missed
+// is skipped, not caught up.
+func onGrid(anchor *time.Time, beatAt, now time.Time, d time.Duration) bool {
+	if anchor.Before(beatAt) {
+		*anchor = beatAt // a heartbeat came: the grid starts from it
 	}
-	next := p.loadAt.Add(lb)
-	early := now.Add(lb / 10)
+	next := anchor.Add(d)
+	early := now.Add(d / 10)
 	if early.Before(next) {
 		return false
 	}
-	p.loadAt = next.Add(early.Sub(next) / lb * lb) // the latest grid point due
+	*anchor = next.Add(early.Sub(next) / d * d) // the latest grid point due
 	return true
+}
+
+// RuleTick is the longest time between two evaluations of a pool's rules
+// by EvaluateDue when the pool has no load beats (with load beats, they
+// are its rule ticks): what time alone decides (open_until passing, a
+// weight's step, an expiry) waits for it.
+const RuleTick = 250 * time.Millisecond
+
+// ruleTick reports whether EvaluateDue should apply the pool's rules at
+// now although neither beat is due: never with load beats (they are the
+// rule ticks), else on a grid of min(Heartbeat, RuleTick) from the
+// heartbeat, a tenth early at most.
+func (p *pool) ruleTick(now time.Time) bool {
+	hb := p.settings.Heartbeat
+	if lb := p.settings.LoadBeat; lb > 0 && lb < hb {
+		return false
+	}
+	return onGrid(&p.ruleAt, p.beatAt, now, min(hb, RuleTick))
 }
 
 // phase is a pool's offset within a period: FNV-1a of its id, mixed

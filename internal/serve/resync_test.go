@@ -1,6 +1,8 @@
 package serve
 
 import (
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -83,4 +85,54 @@ func TestResyncSendsAKeyFrame(t *testing.T) {
 		t.Errorf("an invented pool left an entry (%v) or an answer due (%d)", remembered, pending)
 	}
 	r.stop()
+}
+
+// Pools publish across the load beat, each on its own phase, not all at
+// one instant: the load frames of eight pools carry several evaluation
+// times per beat (one per pool but for pools whose phases share a tick),
+// where one evaluation of every pool per tick gave them all the same.
+// Routers following many pools then take their frames evenly rather than
+// in one burst four times a second.
+func TestPoolsPublishOnTheirOwnPhases(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	startServer(t, "nats: {url: \""+url+"\"}\nprobes: {disabled: true}\n", Options{})
+	nc := feedtest.Connect(t, url)
+	snaps := testkit.SubscribeSnapshots(t, nc)
+	var mu sync.Mutex
+	ats := map[string][]time.Time{}
+	if _, err := nc.Subscribe("fw.feed.*", func(m *nats.Msg) {
+		var l feed.Loads
+		if feed.DecodeLoads(m.Data, &l) != nil {
+			return // a key frame
+		}
+		mu.Lock()
+		ats[m.Subject] = append(ats[m.Subject], l.At)
+		mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	const pools = 8
+	for i := range pools {
+		testkit.WaitConsuming(t, nc, snaps, fmt.Sprintf("p%d", i), "a")
+	}
+	mu.Lock()
+	clear(ats)
+	mu.Unlock()
+	time.Sleep(2 * time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	distinct := map[int64]bool{}
+	frames := 0
+	for _, as := range ats {
+		for _, at := range as {
+			distinct[at.UnixMilli()] = true
+		}
+		frames = max(frames, len(as))
+	}
+	if len(ats) != pools || frames == 0 {
+		t.Fatalf("load frames of %d pools (at most %d of one), want all %d pools'", len(ats), frames, pools)
+	}
+	if len(distinct) < 3*frames {
+		t.Errorf("the load frames of %d pools carry %d evaluation times, %d frames of the busiest pool: want the pools on phases of their own (at least three times as many times as one pool's frames)", pools, len(distinct), frames)
+	}
 }

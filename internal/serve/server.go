@@ -594,27 +594,29 @@ func (s *Server) signalUrgent() {
 	}
 }
 
-// evaluateEvery is the evaluation loop's tick: the load beat (250 ms), or
-// the heartbeat without load beats, at most maxTick. An event that may
-// open a breaker wakes the loop at once (urgency), so the tick bounds only
-// what time alone decides: open_until passing, a heartbeat or load beat, a
-// weight's step. (It was 100 ms: at 10,000 backends the rules ran 100,000
-// times a second, most of serve's decision loop; BENCHMARKS.md "serve at
-// fleet scale".)
+// evaluateEvery is the evaluation loop's tick: a tenth of the load beat
+// (25 ms), or of the heartbeat without load beats, at most a tenth of
+// analyzer.RuleTick. Each tick evaluates the pools that are due
+// (analyzer.EvaluateDue: every pool on its own phase of the beat), so the
+// pools publish across the beat, not all at one instant: at 20 pools
+// followed by 250 routers each, one instant's 5,000 deliveries had kept a
+// load frame 63 ms (p50) from evaluation to a router's apply (docs/DEPLOY.md
+// "Five minutes at 1,000 routers"). An event that may open a breaker wakes
+// the loop at once (urgency) and evaluates every pool, so the tick bounds
+// only what time alone decides: open_until passing, a heartbeat or load
+// beat, a weight's step.
 func evaluateEvery(s analyzer.Settings) time.Duration {
 	d := s.Heartbeat
 	if lb := s.LoadBeat; lb > 0 && lb < d {
 		d = lb
 	}
-	return min(d, maxTick)
+	return min(d, analyzer.RuleTick) / 10
 }
 
-// maxTick bounds the evaluation loop's tick.
-const maxTick = 250 * time.Millisecond
-
-// evaluateLoop evaluates every tick (state changes go out promptly and
-// each pool's heartbeat is honoured by the analyzer) and at once when the
-// collector signals an urgent event. It returns when ctx ends.
+// evaluateLoop evaluates the pools due every tick (state changes go out
+// promptly and each pool's beats are honoured by the analyzer) and every
+// pool at once when the collector signals an urgent event. It returns when
+// ctx ends.
 func (s *Server) evaluateLoop(ctx context.Context) {
 	tick := time.NewTicker(s.tick)
 	defer tick.Stop()
@@ -629,6 +631,8 @@ func (s *Server) evaluateLoop(ctx context.Context) {
 	}
 }
 
+// evaluate evaluates the pools due at now, or every pool when an urgent
+// event came since the last evaluation, and publishes what it decided.
 func (s *Server) evaluate(ctx context.Context, now time.Time) {
 	s.urgency.mu.Lock()
 	urgentAt := s.urgency.at
@@ -636,7 +640,12 @@ func (s *Server) evaluate(ctx context.Context, now time.Time) {
 	s.urgency.mu.Unlock()
 
 	s.drainLoads()
-	ev := s.an.Evaluate(now)
+	var ev analyzer.Evaluation
+	if urgentAt.IsZero() {
+		ev = s.an.EvaluateDue(now)
+	} else {
+		ev = s.an.Evaluate(now)
+	}
 	s.m.evalDuration.UpdateDuration(now)
 	s.publish(ctx, ev.Snapshots)
 	s.publishLoads(ev.Loads)
