@@ -165,8 +165,12 @@
 // re-anchors. So no snapshot of a pool is ever more than a heartbeat (plus the
 // caller's tick) older than the previous one. Between snapshots, a pool's
 // loads go out every LoadBeat (250 ms; Evaluation.Loads, for the compact
-// feed's load frames, with the last snapshot's seq). Damped weights move on
-// the heartbeat only, by MaxWeightStep per Heartbeat elapsed. Seq starts at 1
+// feed's load frames, with the last snapshot's seq), on the heartbeat's grid.
+// EvaluateDue evaluates only the pools whose beat (of either kind) is due,
+// or a rule tick without load beats (RuleTick): a caller ticking every tenth
+// of the load beat takes each pool on its own phase, so the pools publish
+// across the beat instead of at one instant. Damped weights move on both
+// beats, by MaxWeightStep per Heartbeat elapsed. Seq starts at 1
 // and grows by one per returned snapshot of a pool; Snapshots and Snapshot
 // return the current state with the last seq. Reasons
 // are the last state change's, or the ejection cap's while it holds a backend;

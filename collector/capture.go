@@ -19,6 +19,9 @@ import (
 // collector accepted and republished) up to the moment its own
 // subscriptions were in place: the events published while no collector ran.
 //
+// Events a collector decided on that the capture stored only after its
+// last republished batch are left out of the replay (tail.go).
+//
 // What it does not cover: events a collector accepted in its last flush
 // interval (10 ms) before it died stored before that batch's time are
 // neither republished nor replayed; events of a period the capture's
@@ -222,8 +225,11 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 			c.subjects.StreamCapture(), gap.Round(time.Second))
 	}
 	start := last.Add(time.Nanosecond)
+	var tail *republished
 	if last.IsZero() {
 		start = cs.FirstTime
+	} else if tail = c.readTail(ctx, outcomes, last); tail != nil {
+		start = tail.since // the copies before last are matched off first
 	}
 	cons, err := capture.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy,
@@ -246,7 +252,7 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 		return 0, c.failedCatchUp(fmt.Errorf("collector: catch-up: %s: %w", c.subjects.StreamCapture(), err), cs.LastSeq, before)
 	}
 	defer it.Stop()
-	n, seen, err := c.replayStored(ctx, w, it, capture, cs.LastSeq, false)
+	n, seen, err := c.replayStored(ctx, w, it, capture, cs.LastSeq, false, tail)
 	if err != nil {
 		return n, c.failedCatchUp(err, cs.LastSeq, max(seen, before))
 	}
@@ -254,10 +260,12 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 }
 
 // replayStored hands w the messages of it, a consumer of stream, up to
-// sequence last (acknowledging each when ack), and counts them in
+// sequence last (acknowledging each when ack), less the events tail
+// matches (nil: none; counted in
+// fleetwatch_capture_deduplicated_events_total), and counts them in
 // fleetwatch_capture_replayed_messages_total. It returns how many it
 // handed and the sequence of the last one it read.
-func (c *Collector) replayStored(ctx context.Context, w *worker, it jetstream.MessagesContext, stream jetstream.Stream, last uint64, ack bool) (n int, seen uint64, err error) {
+func (c *Collector) replayStored(ctx context.Context, w *worker, it jetstream.MessagesContext, stream jetstream.Stream, last uint64, ack bool, tail *republished) (n int, seen uint64, err error) {
 	name := stream.CachedInfo().Config.Name
 	defer func() { c.m.captureReplayed.Add(n) }()
 	for {
@@ -279,8 +287,15 @@ func (c *Collector) replayStored(ctx context.Context, w *worker, it jetstream.Me
 			return n, seen, nil // arrived live too
 		}
 		seen = meta.Sequence.Stream
-		w.handle(msg.Subject(), msg.Data(), meta.Timestamp)
-		n++
+		switch data, matched := tail.filter(msg.Data(), meta.Timestamp); {
+		case matched < 0: // stored before the last batch: decided on
+		case matched > 0 && len(data) == 0:
+			c.m.captureDeduplicated.Add(matched)
+		default:
+			c.m.captureDeduplicated.Add(matched)
+			w.handle(msg.Subject(), data, meta.Timestamp)
+			n++
+		}
 		if ack {
 			_ = msg.Ack() // the stream is deleted next: a lost ack costs nothing
 		}

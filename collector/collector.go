@@ -541,6 +541,9 @@ func (c *Collector) catchUpAtStart(ctx context.Context) {
 	if n > 0 {
 		c.settings.Logf("collector: caught up on %d messages published while no collector ran (from %s)", n, from)
 	}
+	if d := c.m.captureDeduplicated.Get(); d > 0 {
+		c.settings.Logf("collector: left out %d events of %s that a collector had decided on already (stored after its last republished batch)", d, from)
+	}
 }
 
 // flushLoop hands partial batches to the sink every FlushInterval and

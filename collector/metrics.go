@@ -35,6 +35,7 @@ type collectorMetrics struct {
 	captureReplayed       *metrics.Counter
 	captureUncovered      *metrics.FloatCounter
 	captureUnreplayed     *metrics.Counter
+	captureDeduplicated   *metrics.Counter
 	captureMissing        *metrics.Gauge
 	jetstream             *metrics.Gauge
 
@@ -82,6 +83,7 @@ func newCollectorMetrics(set *metrics.Set, maxSources int) *collectorMetrics {
 		captureReplayed:       set.GetOrCreateCounter("fleetwatch_capture_replayed_messages_total"),
 		captureUncovered:      set.GetOrCreateFloatCounter("fleetwatch_capture_uncovered_seconds_total"),
 		captureUnreplayed:     set.GetOrCreateCounter("fleetwatch_capture_unreplayed_messages_total"),
+		captureDeduplicated:   set.GetOrCreateCounter("fleetwatch_capture_deduplicated_events_total"),
 		captureMissing:        set.GetOrCreateGauge("fleetwatch_capture_missing", nil),
 		jetstream:             set.GetOrCreateGauge("fleetwatch_collector_jetstream", nil),
 		bySource:              make(map[sourceKey]*metrics.Counter),
@@ -167,10 +169,13 @@ type Stats struct {
 	// CaptureUncoveredSeconds the seconds between the last accepted event
 	// and the oldest captured one that nobody replayed (lost);
 	// CaptureUnreplayed the messages a catch-up that ended early did not
-	// replay (lost), and CatchUpErr how the last catch-up failed.
+	// replay (lost), CaptureDeduplicated the events a catch-up left out
+	// because their collector had decided on them already (tail.go), and
+	// CatchUpErr how the last catch-up failed.
 	CaptureReplayed         uint64
 	CaptureUncoveredSeconds float64
 	CaptureUnreplayed       uint64
+	CaptureDeduplicated     uint64
 	CatchUpErr              error
 }
 
@@ -219,6 +224,7 @@ func (c *Collector) Stats() Stats {
 		CaptureReplayed:         m.captureReplayed.Get(),
 		CaptureUncoveredSeconds: m.captureUncovered.Get(),
 		CaptureUnreplayed:       m.captureUnreplayed.Get(),
+		CaptureDeduplicated:     m.captureDeduplicated.Get(),
 		CatchUpErr:              catchUpErr,
 	}
 	for o := fleetwatch.OutcomeOK; int(o) < fleetwatch.NumOutcomes; o++ {

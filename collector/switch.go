@@ -121,7 +121,7 @@ func (c *Collector) takeOverIntake(ctx context.Context, w *worker) (int, error) 
 	if err != nil {
 		return 0, fmt.Errorf("collector: taking %s over: %w", name, err)
 	}
-	n, replayErr := c.replayIntake(ctx, w, intake, outcomes.CachedInfo().State.LastTime)
+	n, replayErr := c.replayIntake(ctx, w, intake, outcomes)
 	if err := c.js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 		return n, errors.Join(replayErr, fmt.Errorf("collector: taking %s over: delete: %w", name, err))
 	}
@@ -131,13 +131,16 @@ func (c *Collector) takeOverIntake(ctx context.Context, w *worker) (int, error) 
 }
 
 // replayIntake hands w the messages intake (a work queue) stored after
-// time last, up to its last one now. A work queue takes one unfiltered
-// consumer, delivering from its first message, so the collectors' durable
-// consumer (no collector runs it: this one is alone) is deleted and what
-// was stored up to last is purged first.
-func (c *Collector) replayIntake(ctx context.Context, w *worker, intake jetstream.Stream, last time.Time) (int, error) {
+// the time of the last batch of outcomes, up to its last one now, less the
+// copies of events decided on already (tail.go). A work queue takes one
+// unfiltered consumer, delivering from its first message, so the
+// collectors' durable consumer (no collector runs it: this one is alone)
+// is deleted and what was stored up to last is purged first (up to the
+// tail's start, with a tail).
+func (c *Collector) replayIntake(ctx context.Context, w *worker, intake, outcomes jetstream.Stream) (int, error) {
 	name := intake.CachedInfo().Config.Name
 	st := intake.CachedInfo().State
+	last := outcomes.CachedInfo().State.LastTime
 	if st.Msgs == 0 || !st.LastTime.After(last) {
 		return 0, nil
 	}
@@ -148,12 +151,21 @@ func (c *Collector) replayIntake(ctx context.Context, w *worker, intake jetstrea
 		}
 		return 0, c.noteCatchUp(err)
 	}
+	from := start
+	var tail *republished
+	if !last.IsZero() {
+		if tail = c.readTail(ctx, outcomes, last); tail != nil {
+			if seq, ok, err := firstStoredAfter(ctx, intake, tail.since, st.FirstSeq, start); err == nil && ok {
+				from = seq
+			}
+		}
+	}
 	if err := intake.DeleteConsumer(ctx, fleetwatch.QueueCollectors); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return 0, c.failedCatchUp(fmt.Errorf("collector: taking %s over: delete consumer %s: %w", name, fleetwatch.QueueCollectors, err), st.LastSeq, start-1)
 	}
-	if start > st.FirstSeq {
-		if err := intake.Purge(ctx, jetstream.WithPurgeSequence(start)); err != nil {
-			return 0, c.failedCatchUp(fmt.Errorf("collector: taking %s over: purge before %d: %w", name, start, err), st.LastSeq, start-1)
+	if from > st.FirstSeq {
+		if err := intake.Purge(ctx, jetstream.WithPurgeSequence(from)); err != nil {
+			return 0, c.failedCatchUp(fmt.Errorf("collector: taking %s over: purge before %d: %w", name, from, err), st.LastSeq, start-1)
 		}
 	}
 	cons, err := intake.CreateConsumer(ctx, jetstream.ConsumerConfig{
@@ -170,7 +182,7 @@ func (c *Collector) replayIntake(ctx context.Context, w *worker, intake jetstrea
 		return 0, c.failedCatchUp(fmt.Errorf("collector: taking %s over: %w", name, err), st.LastSeq, start-1)
 	}
 	defer it.Stop()
-	n, seen, err := c.replayStored(ctx, w, it, intake, st.LastSeq, true)
+	n, seen, err := c.replayStored(ctx, w, it, intake, st.LastSeq, true, tail)
 	if err != nil {
 		return n, c.failedCatchUp(err, st.LastSeq, max(seen, start-1))
 	}

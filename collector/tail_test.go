@@ -1,0 +1,79 @@
+package collector
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fleetwatch/fleetwatch"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+)
+
+// The catch-up leaves out the capture's copies of events a collector had
+// decided on already: the capture may store an event after the batch that
+// republished it (it stores asynchronously; a stopping collector's last
+// events under load), and replayed they were counted twice. Here the
+// late copies are made on purpose: a batch is stored in FW_OUTCOMES, and
+// after it the capture stores the copies of its events (one sent with a
+// ts, one without: stamped with its arrival when decided on), an identical
+// second copy of one of them (two requests with the same outcome in the
+// same millisecond: both are events) and a new event. The catch-up replays
+// the second copy and the new event, nothing else.
+func TestCatchUpLeavesOutWhatWasRepublished(t *testing.T) {
+	t.Parallel()
+	url, _ := feedtest.NewServer(t)
+	nc := feedtest.Connect(t, url)
+	js, _ := jetstream.New(nc)
+	first, stop := startCollector(t, nc, &recordingSink{}, Settings{Capture: true})
+	publishFailures(t, nc, "live", 3) // decided on, republished, captured before the batch: not replayed
+	waitFor(t, "the live events decided on", func() bool { return first.Stats().AcceptedTotal() == 3 })
+	stop()
+	waitRepublished(t, js, first)
+
+	now := time.Now().UTC().Truncate(time.Millisecond)
+	withTS := fleetwatch.Event{Pool: "p", Backend: "sent-ts", TS: now.Add(-20 * time.Millisecond), Status: 200, HasStatus: true}
+	stamped := fleetwatch.Event{Pool: "p", Backend: "stamped", TS: now, Status: 503, HasStatus: true}
+	var batch []byte
+	for _, ev := range []fleetwatch.Event{withTS, stamped} {
+		batch = append(fleetwatch.AppendEvent(batch, &ev), '\n')
+	}
+	publish(t, nc, "fw.accepted.p", string(batch))
+	waitRepublished2(t, js, first.Stats().StreamPublished+1)
+	line := string(fleetwatch.AppendEvent(nil, &withTS))
+	publish(t, nc, "fw.outcomes", line)                                                 // the late copy
+	publish(t, nc, "fw.outcomes.edge", `{"pool":"p","backend":"stamped","status":503}`) // the late copy, sent without ts
+	publish(t, nc, "fw.outcomes", line)                                                 // a second request, identical
+	publish(t, nc, "fw.outcomes", `{"pool":"p","backend":"new","status":200}`)
+	waitFor(t, "the capture holding every event", func() bool {
+		s, err := js.Stream(t.Context(), "FW_CAPTURE")
+		return err == nil && s.CachedInfo().State.Msgs == 3+4
+	})
+
+	sink := &recordingSink{}
+	c, _ := startCollector(t, nc, sink, Settings{Capture: true})
+	st := c.Stats()
+	got := map[string]int{}
+	for _, ev := range sink.snapshot() {
+		got[ev.Backend]++
+	}
+	want := map[string]int{"sent-ts": 1, "new": 1}
+	if len(got) != len(want) || got["sent-ts"] != 1 || got["new"] != 1 {
+		t.Errorf("replayed %v, want %v: the copies of what was decided on left out, the identical second request and the new event replayed", got, want)
+	}
+	if st.CaptureDeduplicated != 2 || st.CaptureReplayed != 2 {
+		t.Errorf("%d deduplicated and %d replayed messages, want 2 and 2", st.CaptureDeduplicated, st.CaptureReplayed)
+	}
+	if got := metricValue(t, c, "fleetwatch_capture_deduplicated_events_total"); got != 2 {
+		t.Errorf("fleetwatch_capture_deduplicated_events_total = %v, want 2", got)
+	}
+}
+
+// waitRepublished2 waits until FW_OUTCOMES holds n messages.
+func waitRepublished2(t *testing.T, js jetstream.JetStream, n uint64) {
+	t.Helper()
+	waitFor(t, "FW_OUTCOMES holding the batch", func() bool {
+		s, err := js.Stream(t.Context(), "FW_OUTCOMES")
+		return err == nil && s.CachedInfo().State.Msgs == n
+	})
+}
