@@ -229,7 +229,11 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 	if last.IsZero() {
 		start = cs.FirstTime
 	} else if tail = c.readTail(ctx, outcomes, last); tail != nil {
-		start = tail.since // the copies before last are matched off first
+		if cs.FirstSeq > 1 && cs.FirstTime.After(tail.since) {
+			tail = nil // its bounds discarded copies to take off: match nothing
+		} else {
+			start = tail.since // the copies before last are taken off first
+		}
 	}
 	cons, err := capture.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy,
@@ -246,6 +250,9 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 		return 0, c.noteCatchUp(nil)
 	}
 	before := info.Delivered.Stream // the sequence before the first to replay
+	if tail != nil {
+		tail.from = before + 1
+	}
 	// As Replay: recreated 2 s after its node dies, and waited for.
 	it, err := cons.Messages(jetstream.PullMaxMessages(512), jetstream.PullExpiry(replayPullExpiry))
 	if err != nil {
@@ -287,7 +294,7 @@ func (c *Collector) replayStored(ctx context.Context, w *worker, it jetstream.Me
 			return n, seen, nil // arrived live too
 		}
 		seen = meta.Sequence.Stream
-		switch data, matched := tail.filter(msg.Data(), meta.Timestamp); {
+		switch data, matched := tail.filter(msg.Data(), meta.Timestamp, meta.Sequence.Stream); {
 		case matched < 0: // stored before the last batch: decided on
 		case matched > 0 && len(data) == 0:
 			c.m.captureDeduplicated.Add(matched)

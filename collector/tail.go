@@ -43,13 +43,20 @@ const maxTailEvents = 500_000
 // republished is the multiset of republished events whose capture copies
 // are still to come, keyed by the event without its ts.
 type republished struct {
-	last   time.Time // FW_OUTCOMES' last batch: copies stored up to it only take theirs off
-	since  time.Time // where the replay starts reading copies: 2 x tailSpan before last
-	dec    fleetwatch.Decoder
-	byKey  map[string][]time.Time // the ts of each republished copy
-	events int
-	key    []byte
-	kept   []byte
+	last  time.Time // FW_OUTCOMES' last batch: copies stored up to it only take theirs off
+	since time.Time // where the replay starts reading copies: 2 x tailSpan before last
+	// from is the first sequence the replay reads (set by the caller), pre
+	// the messages it read up to last: unless every sequence from from to
+	// the first message after last was read (a work queue deletes what
+	// was acknowledged), copies are missing from the subtraction, and
+	// nothing is matched rather than a legitimate event left out.
+	from, pre uint64
+	checked   bool
+	dec       fleetwatch.Decoder
+	byKey     map[string][]time.Time // the ts of each republished copy
+	events    int
+	key       []byte
+	kept      []byte
 }
 
 // keyOf is ev encoded without its ts, in r.key.
@@ -106,17 +113,19 @@ func absDuration(d time.Duration) time.Duration {
 	return d
 }
 
-// filter returns data, a capture message stored at at, without the lines
+// filter returns data, a capture message of sequence seq stored at at,
+// without the lines
 // of events that match a republished copy (taken), and how many it left
 // out; -1 for a message stored up to the last batch (before r.last), whose
 // events only take their republished copies off the multiset. Lines that
 // do not decode are kept: the replay rejects and counts them. The result
 // aliases r's buffer until the next call.
-func (r *republished) filter(data []byte, at time.Time) ([]byte, int) {
+func (r *republished) filter(data []byte, at time.Time, seq uint64) ([]byte, int) {
 	if r == nil {
 		return data, 0
 	}
 	if !at.After(r.last) {
+		r.pre++
 		if r.events > 0 {
 			r.dec.DecodeBatch(data, func(_ []byte, ev *fleetwatch.Event, err error) {
 				if err == nil {
@@ -125,6 +134,12 @@ func (r *republished) filter(data []byte, at time.Time) ([]byte, int) {
 			})
 		}
 		return nil, -1
+	}
+	if !r.checked {
+		r.checked = true
+		if seq < r.from || seq-r.from != r.pre {
+			r.events = 0 // copies missing: match nothing
+		}
 	}
 	if r.events == 0 || at.After(r.last.Add(tailSpan)) {
 		return data, 0

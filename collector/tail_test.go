@@ -77,3 +77,44 @@ func waitRepublished2(t *testing.T, js jetstream.JetStream, n uint64) {
 		return err == nil && s.CachedInfo().State.Msgs == n
 	})
 }
+
+// A replay that did not read every message from its start up to the last
+// batch (a work queue deletes what was acknowledged; a capture's bounds
+// discard its head) cannot take every republished event's copy off, so
+// it matches nothing: a legitimate event identical to one whose copy is
+// missing would be left out otherwise.
+func TestRepublishedMatchesOnlyWithEveryCopy(t *testing.T) {
+	last := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	ev := fleetwatch.Event{Pool: "p", Backend: "a", Status: 200, HasStatus: true}
+	copyOf := string(fleetwatch.AppendEvent(nil, &ev)) + "\n" // sent without ts
+	other := `{"pool":"p","backend":"b","status":200}` + "\n"
+	for _, tt := range []struct {
+		name  string
+		reads map[uint64]string // read up to the last batch, by sequence
+		want  int               // events left out of the copy after it
+	}{
+		{"every sequence read", map[uint64]string{10: copyOf, 11: other, 12: copyOf}, 1},
+		{"a hole: one deleted", map[uint64]string{10: copyOf, 12: copyOf}, 0},
+		{"the head deleted", map[uint64]string{11: copyOf, 12: copyOf}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := &republished{last: last, since: last.Add(-2 * tailSpan), from: 10, byKey: map[string][]time.Time{}}
+			for i := range 3 { // three republished, their arrival stamped
+				e := ev
+				e.TS = last.Add(-time.Duration(3-i) * time.Second)
+				r.add(&e)
+			}
+			for seq := uint64(10); seq <= 12; seq++ {
+				if line, ok := tt.reads[seq]; ok {
+					if _, n := r.filter([]byte(line), last.Add(-time.Duration(13-seq)*time.Second), seq); n != -1 {
+						t.Fatalf("a message stored before the last batch: %d, want -1", n)
+					}
+				}
+			}
+			data, n := r.filter([]byte(copyOf), last.Add(time.Millisecond), 13)
+			if n != tt.want || (n == 0) != (string(data) == copyOf) {
+				t.Errorf("the copy after the batch: %d left out (%q), want %d", n, data, tt.want)
+			}
+		})
+	}
+}
