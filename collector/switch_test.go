@@ -51,9 +51,15 @@ func waitRepublished(t *testing.T, js jetstream.JetStream, cs ...*Collector) {
 	for _, c := range cs {
 		want += c.Stats().StreamPublished
 	}
-	waitFor(t, "the republished batches stored", func() bool {
-		s, err := js.Stream(t.Context(), "FW_OUTCOMES")
-		return err == nil && s.CachedInfo().State.Msgs == want
+	waitStored(t, js, "FW_OUTCOMES", want)
+}
+
+// waitStored waits until stream holds n messages.
+func waitStored(t *testing.T, js jetstream.JetStream, stream string, n uint64) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%s holding %d messages", stream, n), func() bool {
+		s, err := js.Stream(t.Context(), stream)
+		return err == nil && s.CachedInfo().State.Msgs == n
 	})
 }
 

@@ -39,16 +39,13 @@ func TestCatchUpLeavesOutWhatWasRepublished(t *testing.T) {
 		batch = append(fleetwatch.AppendEvent(batch, &ev), '\n')
 	}
 	publish(t, nc, "fw.accepted.p", string(batch))
-	waitRepublished2(t, js, first.Stats().StreamPublished+1)
+	waitStored(t, js, "FW_OUTCOMES", first.Stats().StreamPublished+1)
 	line := string(fleetwatch.AppendEvent(nil, &withTS))
 	publish(t, nc, "fw.outcomes", line)                                                 // the late copy
 	publish(t, nc, "fw.outcomes.edge", `{"pool":"p","backend":"stamped","status":503}`) // the late copy, sent without ts
 	publish(t, nc, "fw.outcomes", line)                                                 // a second request, identical
 	publish(t, nc, "fw.outcomes", `{"pool":"p","backend":"new","status":200}`)
-	waitFor(t, "the capture holding every event", func() bool {
-		s, err := js.Stream(t.Context(), "FW_CAPTURE")
-		return err == nil && s.CachedInfo().State.Msgs == 3+4
-	})
+	waitStored(t, js, "FW_CAPTURE", 3+4)
 
 	sink := &recordingSink{}
 	c, _ := startCollector(t, nc, sink, Settings{Capture: true})
@@ -67,15 +64,6 @@ func TestCatchUpLeavesOutWhatWasRepublished(t *testing.T) {
 	if got := metricValue(t, c, "fleetwatch_capture_deduplicated_events_total"); got != 2 {
 		t.Errorf("fleetwatch_capture_deduplicated_events_total = %v, want 2", got)
 	}
-}
-
-// waitRepublished2 waits until FW_OUTCOMES holds n messages.
-func waitRepublished2(t *testing.T, js jetstream.JetStream, n uint64) {
-	t.Helper()
-	waitFor(t, "FW_OUTCOMES holding the batch", func() bool {
-		s, err := js.Stream(t.Context(), "FW_OUTCOMES")
-		return err == nil && s.CachedInfo().State.Msgs == n
-	})
 }
 
 // A replay that did not read every message from its start up to the last
