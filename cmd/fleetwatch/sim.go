@@ -40,6 +40,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	policies := fs.String("policies", "", "comma-separated policies to compare instead of each scenario's own")
 	routers := fs.Int("routers", 0, "routers sharing the traffic in every scenario (for example 1, 4, 16, 64); 0 keeps each scenario's")
 	feedPeriod := fs.Duration("feed-period", 0, "how often the published loads reach the routers: the compact feed's load beat (the snapshots every 1s, or every period when longer), or the JSON feed's heartbeat; 0 keeps 250ms load beats and 1s heartbeats")
+	scrapeInterval := fs.Duration("scrape-interval", 0, "with the exact-load policies (fl-load3-exact): read each backend's load every interval, at a phase of its own, and publish the latest read with its age; 0 reads every backend at every snapshot")
 	feedKind := fs.String("feed", "compact", "the feed the fleetwatch routers follow: compact (key and load frames, as fleetwatch route does) or json (the snapshots alone: route.feed json, third-party routers)")
 	stallFloor := fs.Duration("stall-floor", 0, "the feed-following routers' first-token deadline floor (route's stall_floor); 0 keeps 10s, negative turns the deadline off")
 	prefillPenalty := fs.Float64("prefill-batch-penalty", 0, "slow every backend's prefill by 1 + this x its other busy slots / slots (a server whose decodes share steps with a new prompt's prefill); 0 keeps the default model")
@@ -56,7 +57,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	decodeMs := fs.Float64("decode-ms", 5, "with --trace: decode time per output token at an empty batch, ms")
 	fleet := fs.String("fleet", "", "with --trace: the fleet as groups COUNTxSLOTS[@TIMES][:KVBLOCKS], for example 2x8,2x8@2 (two of 8 slots, two more taking twice the time); instead of --backends and --slots")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed compact|json] [--feed-period D] [--scale K] [--prefill-batch-penalty K] [--incident-rate R] [--variants]")
+		fmt.Fprintln(fs.Output(), "usage: fleetwatch sim [--scenario NAME] [--seed N] [--seeds N] [--out DIR] [--duration D] [--routers N] [--feed compact|json] [--feed-period D] [--scrape-interval D] [--scale K] [--prefill-batch-penalty K] [--incident-rate R] [--variants]")
 		fmt.Fprintln(fs.Output(), "       fleetwatch sim --trace FILE [--format F] [--speed X] [--routers N] [--backends N --slots N | --fleet SPEC] [--kv-blocks N] [--prefill-batch-penalty K] [--policies P,...]")
 		fs.PrintDefaults()
 	}
@@ -67,8 +68,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: unexpected argument %q\n", fs.Arg(0))
 		return errUsage
 	}
-	if *routers < 0 || *feedPeriod < 0 || *scale < 1 || *prefillPenalty < 0 || !(*incidentRate >= 0 && *incidentRate <= 1) {
-		fmt.Fprintln(stderr, "fleetwatch sim: --routers, --feed-period and --prefill-batch-penalty must be >= 0, --scale >= 1, --incident-rate in [0, 1]")
+	if *routers < 0 || *feedPeriod < 0 || *scrapeInterval < 0 || *scale < 1 || *prefillPenalty < 0 || !(*incidentRate >= 0 && *incidentRate <= 1) {
+		fmt.Fprintln(stderr, "fleetwatch sim: --routers, --feed-period, --scrape-interval and --prefill-batch-penalty must be >= 0, --scale >= 1, --incident-rate in [0, 1]")
 		return errUsage
 	}
 	if *seeds < 1 {
@@ -104,7 +105,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if *policies != "" {
 			o.Policies = strings.Split(*policies, ",")
 		}
-		return runSimTrace(ctx, *trace, *format, o, simFeed{*feedPeriod, jsonFeed}, *prefillPenalty, *seed, *seeds, *out, stdout, stderr)
+		return runSimTrace(ctx, *trace, *format, o, simFeed{*feedPeriod, jsonFeed, *scrapeInterval}, *prefillPenalty, *seed, *seeds, *out, stdout, stderr)
 	}
 	all := sim.Scenarios()
 	if *scenario == "list" {
@@ -118,7 +119,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stderr, "fleetwatch sim: %v\n", err)
 		return errUsage
 	}
-	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feed: simFeed{*feedPeriod, jsonFeed}, scale: *scale, prefillPenalty: *prefillPenalty,
+	adjustScenarios(scenarios, scenarioFlags{duration: *duration, routers: *routers, feed: simFeed{*feedPeriod, jsonFeed, *scrapeInterval}, scale: *scale, prefillPenalty: *prefillPenalty,
 		incidentRate: *incidentRate, stallFloor: *stallFloor, policies: *policies, variants: *variants})
 	return runScenarios(ctx, scenarios, *seed, *seeds, *detection, *out, stdout, stderr)
 }
@@ -134,10 +135,11 @@ type scenarioFlags struct {
 	variants                     bool
 }
 
-// simFeed is the feed of --feed and --feed-period.
+// simFeed is the feed of --feed, --feed-period and --scrape-interval.
 type simFeed struct {
 	period time.Duration
 	json   bool
+	scrape time.Duration
 }
 
 func (f simFeed) apply(sc *sim.Scenario) {
@@ -145,6 +147,7 @@ func (f simFeed) apply(sc *sim.Scenario) {
 		sc.FeedPeriod = f.period
 	}
 	sc.JSONFeed = f.json
+	sc.ScrapeInterval = f.scrape
 }
 
 // adjustScenarios applies the flags to the scenarios chosen.

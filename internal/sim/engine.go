@@ -22,6 +22,7 @@ const (
 	evSample                          // occupancy sampling
 	evDrift                           // the drift probe detects a changed artefact
 	evStall                           // the router's first-token deadline (stall.go)
+	evScrape                          // a read of backend b's load (Scenario.ScrapeInterval)
 )
 
 // event is one entry of the event queue; ties in time go by seq, so a run

@@ -299,3 +299,47 @@ func TestScanInLargerPools(t *testing.T) {
 		})
 	}
 }
+
+// With Scenario.ScrapeInterval the exact-load policy publishes each
+// backend's load as its latest scrape read it, with that read's age, every
+// backend read on a phase of its own; without, the true load at the
+// snapshot.
+func TestScrapedLoads(t *testing.T) {
+	scenarios, err := SelectScenarios(Scenarios(), "mixed-equal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := scenarios[0].Shorten(10 * time.Second)
+	sc.ScrapeInterval = 200 * time.Millisecond
+	s, err := newSim(sc, FLoad3Exact, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.run()
+	n := len(s.backends)
+	snap := &fleetwatch.Snapshot{}
+	for _, id := range s.ids {
+		snap.Backends = append(snap.Backends, fleetwatch.Backend{Backend: id})
+	}
+	got := s.withFleetLoad(snap)
+	for b := range n {
+		at := s.scrapedAt[b]
+		phase := math.Mod(at, 200)
+		if want := 200 * (float64(b) + 0.5) / float64(n); math.Abs(phase-want) > 1e-6 {
+			t.Errorf("b%d read at %.1f ms: phase %.1f, want %.1f (its own)", b, at, phase, want)
+		}
+		want := &fleetwatch.Load{Running: s.scraped[b], AgeMs: int64(s.now - at), Source: "metrics"}
+		if diff := cmp.Diff(want, got.Backends[b].Load); diff != "" || want.AgeMs >= 200 {
+			t.Errorf("b%d's published load (-want +got):\n%s (age %d ms, want under the interval)", b, diff, want.AgeMs)
+		}
+	}
+	// Without the interval: the true load at the snapshot, no scrape.
+	sc.ScrapeInterval = 0
+	if s, err = newSim(sc, FLoad3Exact, 1); err != nil {
+		t.Fatal(err)
+	}
+	s.run()
+	if s.scraped != nil {
+		t.Errorf("scrapes without ScrapeInterval: %v", s.scraped)
+	}
+}

@@ -48,6 +48,9 @@ type sim struct {
 	feed     *fleetFeed
 	sources  []string  // per router, its Event.Source
 	loads    []float64 // scratch: true backend loads at a heartbeat
+	// scraped and scrapedAt are each backend's load at its latest scrape
+	// and when (Scenario.ScrapeInterval; nil without).
+	scraped, scrapedAt []float64
 	an       *analyzer.Analyzer
 	evBuf    []fleetwatch.Event
 	urgent   bool // an urgent evaluation is scheduled
@@ -217,6 +220,14 @@ func (s *sim) run() {
 	s.schedule(event{at: 0, kind: evHeartbeat})
 	s.schedule(event{at: 0, kind: evSample})
 	s.schedule(event{at: s.nextArrival(), kind: evArrival})
+	if every := ms(s.sc.ScrapeInterval); every > 0 {
+		n := len(s.backends)
+		s.scraped, s.scrapedAt = make([]float64, n), make([]float64, n)
+		for b := range n { // each at a phase of its own, spread evenly
+			s.scrapedAt[b] = -1
+			s.schedule(event{at: every * (float64(b) + 0.5) / float64(n), kind: evScrape, b: b})
+		}
+	}
 	for i := range s.sc.Incidents {
 		if in := &s.sc.Incidents[i]; in.Kind == Drift && in.To > 0 {
 			s.schedule(event{at: ms(in.To), kind: evDrift, b: slices.Index(s.ids, in.Backend)})
@@ -249,6 +260,10 @@ func (s *sim) run() {
 		case evSample:
 			s.m.sample(s)
 			s.schedule(event{at: s.now + sampleMs, kind: evSample})
+		case evScrape:
+			be := s.backends[e.b]
+			s.scraped[e.b], s.scrapedAt[e.b] = float64(be.busy+be.waiting), s.now
+			s.schedule(event{at: s.now + ms(s.sc.ScrapeInterval), kind: evScrape, b: e.b})
 		case evDrift:
 			if s.an != nil && e.b >= 0 {
 				s.an.SetDrift(poolID, s.ids[e.b], fleetwatch.DriftDrifted)
@@ -681,6 +696,12 @@ func (s *sim) withFleetLoad(in *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 	for i := range out.Backends {
 		if b, ok := s.index[out.Backends[i].Backend]; ok {
 			out.Backends[i].Load = s.feed.loadOf(b, pp.exact)
+			if pp.exact && s.scraped != nil { // the latest scrape instead
+				out.Backends[i].Load = nil
+				if at := s.scrapedAt[b]; at >= 0 {
+					out.Backends[i].Load = &fleetwatch.Load{Running: s.scraped[b], AgeMs: int64(s.now - at), Source: "metrics"}
+				}
+			}
 		}
 	}
 	out.Routers = s.feed.cur.routers

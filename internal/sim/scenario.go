@@ -26,6 +26,12 @@ type Scenario struct {
 	// zero, the analyzer's defaults (250 ms load beats, 1 s heartbeats);
 	// the command's --feed-period flag sets it.
 	FeedPeriod time.Duration
+	// ScrapeInterval makes the exact-load policies (fl-load3-exact) read
+	// each backend's load every ScrapeInterval, at a phase of its own,
+	// and publish the latest read with its age, as serve's scrape does;
+	// if zero they read every backend at every snapshot (a perfect
+	// scrape). The command's --scrape-interval flag sets it.
+	ScrapeInterval time.Duration
 	// JSONFeed makes the routers follow the JSON snapshots alone
 	// (route.feed: json, and every third-party router) instead of the
 	// compact feed (compactfeed.go): a snapshot every heartbeat and
