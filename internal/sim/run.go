@@ -51,9 +51,9 @@ type sim struct {
 	// scraped and scrapedAt are each backend's load at its latest scrape
 	// and when (Scenario.ScrapeInterval; nil without).
 	scraped, scrapedAt []float64
-	an       *analyzer.Analyzer
-	evBuf    []fleetwatch.Event
-	urgent   bool // an urgent evaluation is scheduled
+	an                 *analyzer.Analyzer
+	evBuf              []fleetwatch.Event
+	urgent             bool // an urgent evaluation is scheduled
 
 	workload   *rand.Rand // arrivals and sizes: identical for every policy
 	service    *rand.Rand // incident coin flips
