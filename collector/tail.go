@@ -166,15 +166,14 @@ func (r *republished) filter(data []byte, at time.Time, seq uint64) ([]byte, int
 // twice, as without the matching).
 func (c *Collector) readTail(ctx context.Context, outcomes jetstream.Stream, last time.Time) *republished {
 	r := &republished{last: last, since: last.Add(-2 * tailSpan), byKey: map[string][]time.Time{}}
-	accepted := c.subjects.AcceptedWildcard()
-	err := readStored(ctx, outcomes, last.Add(-tailSpan), outcomes.CachedInfo().State.LastSeq, func(subject string, data []byte) bool {
-		if subjectMatches(accepted, subject) {
-			r.dec.DecodeBatch(data, func(_ []byte, ev *fleetwatch.Event, err error) {
-				if err == nil {
-					r.add(ev)
-				}
-			})
-		}
+	// Every message of FW_OUTCOMES is a batch of events: fw.accepted.<pool>,
+	// or fw.partition.<n> when serve runs partitions (ha).
+	err := readStored(ctx, outcomes, last.Add(-tailSpan), outcomes.CachedInfo().State.LastSeq, func(data []byte) bool {
+		r.dec.DecodeBatch(data, func(_ []byte, ev *fleetwatch.Event, err error) {
+			if err == nil {
+				r.add(ev)
+			}
+		})
 		return r.events < maxTailEvents
 	})
 	if err != nil {
@@ -189,7 +188,7 @@ func (c *Collector) readTail(ctx context.Context, outcomes jetstream.Stream, las
 
 // readStored hands fn the messages stream stored from since up to sequence
 // upTo, in order, until fn returns false.
-func readStored(ctx context.Context, stream jetstream.Stream, since time.Time, upTo uint64, fn func(subject string, data []byte) bool) error {
+func readStored(ctx context.Context, stream jetstream.Stream, since time.Time, upTo uint64, fn func(data []byte) bool) error {
 	cons, err := stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy,
 		OptStartTime:  &since,
@@ -216,7 +215,7 @@ func readStored(ctx context.Context, stream jetstream.Stream, since time.Time, u
 		if err != nil {
 			return err
 		}
-		if meta.Sequence.Stream > upTo || !fn(msg.Subject(), msg.Data()) {
+		if meta.Sequence.Stream > upTo || !fn(msg.Data()) {
 			return nil
 		}
 		if meta.Sequence.Stream == upTo || meta.NumPending == 0 {

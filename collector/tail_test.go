@@ -14,8 +14,8 @@ import (
 // decided on already: the capture may store an event after the batch that
 // republished it (it stores asynchronously; a stopping collector's last
 // events under load), and replayed they were counted twice. Here the
-// late copies are made on purpose: a batch is stored in FW_OUTCOMES, and
-// after it the capture stores the copies of its events (one sent with a
+// late copies are made on purpose: batches are stored in FW_OUTCOMES, and
+// after them the capture stores the copies of their events (one sent with a
 // ts, one without: stamped with its arrival when decided on), an identical
 // second copy of one of them (two requests with the same outcome in the
 // same millisecond: both are events) and a new event. The catch-up replays
@@ -34,12 +34,11 @@ func TestCatchUpLeavesOutWhatWasRepublished(t *testing.T) {
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	withTS := fleetwatch.Event{Pool: "p", Backend: "sent-ts", TS: now.Add(-20 * time.Millisecond), Status: 200, HasStatus: true}
 	stamped := fleetwatch.Event{Pool: "p", Backend: "stamped", TS: now, Status: 503, HasStatus: true}
-	var batch []byte
-	for _, ev := range []fleetwatch.Event{withTS, stamped} {
-		batch = append(fleetwatch.AppendEvent(batch, &ev), '\n')
-	}
-	publish(t, nc, "fw.accepted.p", string(batch))
-	waitStored(t, js, "FW_OUTCOMES", first.Stats().StreamPublished+1)
+	// One batch as a collector republishes it, one as serve's does with
+	// partitions (ha).
+	publish(t, nc, "fw.accepted.p", string(fleetwatch.AppendEvent(nil, &withTS))+"\n")
+	publish(t, nc, "fw.partition.3", string(fleetwatch.AppendEvent(nil, &stamped))+"\n")
+	waitStored(t, js, "FW_OUTCOMES", first.Stats().StreamPublished+2)
 	line := string(fleetwatch.AppendEvent(nil, &withTS))
 	publish(t, nc, "fw.outcomes", line)                                                 // the late copy
 	publish(t, nc, "fw.outcomes.edge", `{"pool":"p","backend":"stamped","status":503}`) // the late copy, sent without ts
