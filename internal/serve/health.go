@@ -158,6 +158,7 @@ func ingestHealthOf(st collector.Stats, subj fleetwatch.Subjects) (ingest map[st
 		// Also what a takeover of a leftover capture replayed.
 		m["capture_replayed"] = st.CaptureReplayed
 		m["capture_unreplayed"] = st.CaptureUnreplayed
+		m["capture_deduplicated"] = st.CaptureDeduplicated
 	}
 	if st.CatchUpErr != nil {
 		m["catch_up_error"] = st.CatchUpErr.Error()

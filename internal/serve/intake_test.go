@@ -132,8 +132,8 @@ func TestIngestHealth(t *testing.T) {
 		degraded bool
 		fields   []string
 	}{
-		{"capture", collector.Stats{JetStream: true, CaptureWanted: true, Capture: true, CaptureReplayed: 5, CaptureUnreplayed: 7},
-			"core + capture", false, []string{"capture_replayed", "capture_unreplayed", "capture_uncovered_seconds"}},
+		{"capture", collector.Stats{JetStream: true, CaptureWanted: true, Capture: true, CaptureReplayed: 5, CaptureUnreplayed: 7, CaptureDeduplicated: 2},
+			"core + capture", false, []string{"capture_replayed", "capture_unreplayed", "capture_deduplicated", "capture_uncovered_seconds"}},
 		{"catch-up ended early", collector.Stats{JetStream: true, CaptureWanted: true, Capture: true, CaptureUnreplayed: 7, CatchUpErr: collector.ErrReplayEndedEarly},
 			"core + capture", false, []string{"capture_unreplayed", "catch_up_error"}},
 		{"capture missing", collector.Stats{JetStream: true, CaptureWanted: true, CaptureErr: overlap},

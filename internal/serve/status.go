@@ -53,11 +53,14 @@ type ingestCounts struct {
 	// is lost uncounted in that mode (health.go).
 	Mode string `json:"mode"`
 	Loss string `json:"loss"`
-	// CaptureReplayed, CaptureUnreplayed and CaptureUncoveredSeconds (the
-	// capture), and IntakeLost (the durable intake): what was kept, and
-	// what was lost and counted (DECISIONS.md "No silent loss").
+	// CaptureReplayed, CaptureUnreplayed, CaptureDeduplicated and
+	// CaptureUncoveredSeconds (the capture), and IntakeLost (the durable
+	// intake): what was kept, what was lost and counted, and what a
+	// catch-up left out as decided on already (DECISIONS.md "No silent
+	// loss", "Catch-up after a republished batch").
 	CaptureReplayed         int64   `json:"capture_replayed,omitempty"`
 	CaptureUnreplayed       int64   `json:"capture_unreplayed,omitempty"`
+	CaptureDeduplicated     int64   `json:"capture_deduplicated,omitempty"`
 	CaptureUncoveredSeconds float64 `json:"capture_uncovered_seconds,omitempty"`
 	IntakeLost              int64   `json:"intake_lost,omitempty"`
 }

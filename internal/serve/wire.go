@@ -18,14 +18,15 @@ import (
 func (s *Server) ingested() ingestCounts {
 	st := s.col.Stats()
 	ic := ingestCounts{
-		Received:          int64(st.AcceptedTotal()),
-		Accepted:          int64(st.AcceptedTotal()),
-		RejectsByReason:   map[string]int64{},
-		Skewed:            int64(st.Skewed),
-		Dropped:           int64(st.Dropped),
-		CaptureReplayed:   int64(st.CaptureReplayed),
-		CaptureUnreplayed: int64(st.CaptureUnreplayed),
-		IntakeLost:        int64(st.IntakeLost),
+		Received:            int64(st.AcceptedTotal()),
+		Accepted:            int64(st.AcceptedTotal()),
+		RejectsByReason:     map[string]int64{},
+		Skewed:              int64(st.Skewed),
+		Dropped:             int64(st.Dropped),
+		CaptureReplayed:     int64(st.CaptureReplayed),
+		CaptureUnreplayed:   int64(st.CaptureUnreplayed),
+		CaptureDeduplicated: int64(st.CaptureDeduplicated),
+		IntakeLost:          int64(st.IntakeLost),
 
 		CaptureUncoveredSeconds: st.CaptureUncoveredSeconds,
 	}
