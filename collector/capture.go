@@ -229,11 +229,10 @@ func (c *Collector) catchUp(ctx context.Context, w *worker) (int, error) {
 	if last.IsZero() {
 		start = cs.FirstTime
 	} else if tail = c.readTail(ctx, outcomes, last); tail != nil {
-		if cs.FirstSeq > 1 && cs.FirstTime.After(tail.since) {
-			tail = nil // its bounds discarded copies to take off: match nothing
-		} else {
-			start = tail.since // the copies before last are taken off first
-		}
+		// Its bounds may have discarded copies to take off: then only
+		// events sent with a ts match.
+		tail.tsOnly = cs.FirstSeq > 1 && cs.FirstTime.After(tail.since)
+		start = tail.since // the copies before last are taken off first
 	}
 	cons, err := capture.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
 		DeliverPolicy: jetstream.DeliverByStartTimePolicy,

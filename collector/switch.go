@@ -154,13 +154,15 @@ func (c *Collector) replayIntake(ctx context.Context, w *worker, intake, outcome
 	from := start
 	var tail *republished
 	if !last.IsZero() {
-		// Only when the intake still holds every message from the tail's
-		// start: acknowledged ones are deleted, and a copy deleted cannot
-		// be taken off (here the head; the replay checks for holes).
+		// Acknowledged messages are deleted, and a deleted copy cannot be
+		// taken off: unless the intake still holds every message from the
+		// tail's start, only events sent with a ts match (here the head;
+		// the replay checks for holes).
 		if tail = c.readTail(ctx, outcomes, last); tail != nil {
 			seq, ok, err := firstStoredAfter(ctx, intake, tail.since, st.FirstSeq, start)
-			if err == nil && ok && (seq > st.FirstSeq || st.FirstSeq == 1) {
+			if err == nil && ok {
 				from, tail.from = seq, seq
+				tail.tsOnly = seq == st.FirstSeq && st.FirstSeq > 1
 			} else {
 				tail = nil
 			}

@@ -49,9 +49,12 @@ type republished struct {
 	// the messages it read up to last: unless every sequence from from to
 	// the first message after last was read (a work queue deletes what
 	// was acknowledged), copies are missing from the subtraction, and
-	// nothing is matched rather than a legitimate event left out.
+	// only events sent with a ts match (tsOnly: the same event to the
+	// millisecond), rather than a legitimate event without one left out
+	// for the nearest republished copy of a missing one.
 	from, pre uint64
 	checked   bool
+	tsOnly    bool
 	dec       fleetwatch.Decoder
 	byKey     map[string][]time.Time // the ts of each republished copy
 	events    int
@@ -75,9 +78,12 @@ func (r *republished) add(ev *fleetwatch.Event) {
 }
 
 // take removes a republished copy of ev, a capture copy stored at at, and
-// reports whether there was one: the copy with ev's ts, or without one,
-// the copy whose ts is nearest at within tailSpan.
+// reports whether there was one: the copy with ev's ts, or without one
+// (unless tsOnly), the copy whose ts is nearest at within tailSpan.
 func (r *republished) take(ev *fleetwatch.Event, at time.Time) bool {
+	if r.tsOnly && ev.TS.IsZero() {
+		return false
+	}
 	k := r.keyOf(ev)
 	tss := r.byKey[string(k)]
 	best := -1
@@ -138,7 +144,7 @@ func (r *republished) filter(data []byte, at time.Time, seq uint64) ([]byte, int
 	if !r.checked {
 		r.checked = true
 		if seq < r.from || seq-r.from != r.pre {
-			r.events = 0 // copies missing: match nothing
+			r.tsOnly = true // copies missing
 		}
 	}
 	if r.events == 0 || at.After(r.last.Add(tailSpan)) {

@@ -67,18 +67,20 @@ func TestCatchUpLeavesOutWhatWasRepublished(t *testing.T) {
 
 // A replay that did not read every message from its start up to the last
 // batch (a work queue deletes what was acknowledged; a capture's bounds
-// discard its head) cannot take every republished event's copy off, so
-// it matches nothing: a legitimate event identical to one whose copy is
-// missing would be left out otherwise.
+// discard its head) cannot take every republished event's copy off: an
+// event sent without ts is not matched then (a legitimate one identical to
+// one whose copy is missing would be left out), one sent with a ts still
+// is (the same event to the millisecond).
 func TestRepublishedMatchesOnlyWithEveryCopy(t *testing.T) {
 	last := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
 	ev := fleetwatch.Event{Pool: "p", Backend: "a", Status: 200, HasStatus: true}
 	copyOf := string(fleetwatch.AppendEvent(nil, &ev)) + "\n" // sent without ts
+	withTS := fleetwatch.Event{Pool: "p", Backend: "c", Status: 200, HasStatus: true, TS: last.Add(-time.Second)}
 	other := `{"pool":"p","backend":"b","status":200}` + "\n"
 	for _, tt := range []struct {
-		name  string
-		reads map[uint64]string // read up to the last batch, by sequence
-		want  int               // events left out of the copy after it
+		name    string
+		reads   map[uint64]string // read up to the last batch, by sequence
+		stamped int               // of the copy sent without ts after it, left out
 	}{
 		{"every sequence read", map[uint64]string{10: copyOf, 11: other, 12: copyOf}, 1},
 		{"a hole: one deleted", map[uint64]string{10: copyOf, 12: copyOf}, 0},
@@ -91,6 +93,7 @@ func TestRepublishedMatchesOnlyWithEveryCopy(t *testing.T) {
 				e.TS = last.Add(-time.Duration(3-i) * time.Second)
 				r.add(&e)
 			}
+			r.add(&withTS)
 			for seq := uint64(10); seq <= 12; seq++ {
 				if line, ok := tt.reads[seq]; ok {
 					if _, n := r.filter([]byte(line), last.Add(-time.Duration(13-seq)*time.Second), seq); n != -1 {
@@ -99,8 +102,12 @@ func TestRepublishedMatchesOnlyWithEveryCopy(t *testing.T) {
 				}
 			}
 			data, n := r.filter([]byte(copyOf), last.Add(time.Millisecond), 13)
-			if n != tt.want || (n == 0) != (string(data) == copyOf) {
-				t.Errorf("the copy after the batch: %d left out (%q), want %d", n, data, tt.want)
+			if n != tt.stamped || (n == 0) != (string(data) == copyOf) {
+				t.Errorf("the copy sent without ts: %d left out (%q), want %d", n, data, tt.stamped)
+			}
+			line := string(fleetwatch.AppendEvent(nil, &withTS)) + "\n"
+			if data, n := r.filter([]byte(line), last.Add(2*time.Millisecond), 14); n != 1 || len(data) != 0 {
+				t.Errorf("the copy sent with a ts: %d left out (%q), want it left out", n, data)
 			}
 		})
 	}
