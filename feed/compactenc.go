@@ -114,6 +114,13 @@ func optT(t *fleetwatch.Time) int64 {
 	return t.UnixMilli()
 }
 
+// decisionsOnly is h without the fields that follow the loads: the
+// routers counted and the retry budget's presence and free flag.
+func (h keyHeader) decisionsOnly() keyHeader {
+	h.routers, h.hasBudget, h.budgetFree = 0, false, false
+	return h
+}
+
 func headerOf(snap *fleetwatch.Snapshot) keyHeader {
 	h := keyHeader{fence: snap.Fence, ttl: snap.TTLMs, mode: snap.Mode, allOpen: snap.AllOpen,
 		shadow: snap.Shadow.Normalize(), tolerance: snap.AffinityTolerance, routers: snap.Routers}
@@ -138,7 +145,13 @@ func sameCost(a, b float64) bool { return a == b || (math.IsNaN(a) && math.IsNaN
 // frame carries) differ from the last key frame's, so that a load frame
 // cannot carry it.
 func (e *CompactEncoder) changed(snap *fleetwatch.Snapshot) bool {
-	if !e.keyed || snap.Epoch != e.epoch || headerOf(snap) != e.header || len(snap.Backends) != len(e.ids) {
+	return e.differs(snap, headerOf(snap), e.header)
+}
+
+// differs reports whether snap's backends' decisions differ from the last
+// key frame's, or snap's pool fields h from that frame's, was.
+func (e *CompactEncoder) differs(snap *fleetwatch.Snapshot, h, was keyHeader) bool {
+	if !e.keyed || snap.Epoch != e.epoch || h != was || len(snap.Backends) != len(e.ids) {
 		return true
 	}
 	for i := range snap.Backends {
@@ -175,9 +188,13 @@ func (e *CompactEncoder) WantKey() { e.wantKey = true }
 // repeats the last decision snapshot's seq) to dst. It appends nothing
 // and returns false when there is no key frame to base it on: none yet,
 // another epoch, or decisions that changed since (the next decision
-// snapshot brings the key frame).
+// snapshot brings the key frame). The pool fields that follow the loads
+// rather than the decisions (the routers counted, the retry budget's
+// presence and free flag, which its spare capacity sets) do not stop a
+// load frame: they go out with the next decision snapshot's key frame,
+// and the loads keep going out until then.
 func (e *CompactEncoder) Loads(dst []byte, snap *fleetwatch.Snapshot) ([]byte, bool) {
-	if e.changed(snap) {
+	if e.differs(snap, headerOf(snap).decisionsOnly(), e.header.decisionsOnly()) {
 		return dst, false
 	}
 	return e.loads(dst, snap), true
