@@ -136,3 +136,69 @@ func TestPoolsPublishOnTheirOwnPhases(t *testing.T) {
 		t.Errorf("the load frames of %d pools carry %d evaluation times, %d frames of the busiest pool: want the pools on phases of their own (at least three times as many times as one pool's frames)", pools, len(distinct), frames)
 	}
 }
+
+// The routers count follows the traffic (each event's source), not the
+// decisions: while it moves, serve's load beats go on sending load frames
+// on the last key frame, and the heartbeat's key frame carries the new
+// count. Before, a count that had moved since the key frame held back
+// every load frame until the next heartbeat: here, with a new source
+// every 50 ms, none went out.
+func TestLoadFramesGoOnWhileTheRoutersCountMoves(t *testing.T) {
+	url, _ := feedtest.NewServer(t)
+	startServer(t, "nats: {url: \""+url+"\"}\nprobes: {disabled: true}\n", Options{})
+	nc := feedtest.Connect(t, url)
+	snaps := testkit.SubscribeSnapshots(t, nc)
+	testkit.WaitConsuming(t, nc, snaps, "p", "a")
+
+	var mu sync.Mutex
+	var counts []int // the routers count of each key frame
+	loads := 0       // load frames after the first key frame
+	if _, err := nc.Subscribe("fw.feed.p", func(m *nats.Msg) {
+		mu.Lock()
+		defer mu.Unlock()
+		var l feed.Loads
+		if feed.DecodeLoads(m.Data, &l) == nil {
+			if len(counts) > 0 {
+				loads++
+			}
+			return
+		}
+		if snap, _, err := feed.DecodeKey(m.Data, "p"); err == nil {
+			counts = append(counts, snap.Routers)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			ev := fmt.Sprintf(`{"v":1,"pool":"p","backend":"a","status":200,"ttft_ms":100,"source":"router-%d"}`, i)
+			if nc.Publish("fw.outcomes", []byte(ev)) != nil {
+				return
+			}
+		}
+	}()
+	testkit.Eventually(t, 30*time.Second, "four key frames", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(counts) >= 4
+	})
+	close(stop)
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if counts[len(counts)-1] <= counts[0] {
+		t.Fatalf("key frames' routers counts %v: the count did not grow", counts)
+	}
+	if loads == 0 {
+		t.Errorf("no load frame between %d key frames whose routers counts moved (%v)", len(counts), counts)
+	}
+	t.Logf("%d load frames between key frames with routers counts %v", loads, counts)
+}
