@@ -363,6 +363,11 @@ func (d *Daemon) followPicks(ctx context.Context, nc *nats.Conn) (func(), error)
 		}
 		subs = append(subs, sub)
 	}
+	// The server has the subscriptions before the daemon says it is
+	// ready: an outcome published after that finishes its pick. (A server
+	// that does not answer is not waited for: nats.go sends the
+	// subscriptions again when it reconnects.)
+	_ = nc.FlushTimeout(flushTimeout)
 	hold := d.opts.PickHold
 	if hold <= 0 {
 		hold = epp.DefaultHold
