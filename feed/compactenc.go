@@ -143,14 +143,13 @@ func sameCost(a, b float64) bool { return a == b || (math.IsNaN(a) && math.IsNaN
 
 // changed reports whether snap's decisions (or the pool fields a key
 // frame carries) differ from the last key frame's, so that a load frame
-// cannot carry it.
-func (e *CompactEncoder) changed(snap *fleetwatch.Snapshot) bool {
-	return e.differs(snap, headerOf(snap), e.header)
-}
-
-// differs reports whether snap's backends' decisions differ from the last
-// key frame's, or snap's pool fields h from that frame's, was.
-func (e *CompactEncoder) differs(snap *fleetwatch.Snapshot, h, was keyHeader) bool {
+// cannot carry it. For a load beat (loadBeat) the pool fields that follow
+// the loads are left out (keyHeader.decisionsOnly).
+func (e *CompactEncoder) changed(snap *fleetwatch.Snapshot, loadBeat bool) bool {
+	h, was := headerOf(snap), e.header
+	if loadBeat {
+		h, was = h.decisionsOnly(), was.decisionsOnly()
+	}
 	if !e.keyed || snap.Epoch != e.epoch || h != was || len(snap.Backends) != len(e.ids) {
 		return true
 	}
@@ -171,7 +170,7 @@ func (e *CompactEncoder) differs(snap *fleetwatch.Snapshot, h, was keyHeader) bo
 // a key frame when they did or KeyEvery passed by now since the last key
 // frame, else a load frame.
 func (e *CompactEncoder) Frame(dst []byte, snap *fleetwatch.Snapshot, now time.Time) ([]byte, byte, bool) {
-	if e.changed(snap) {
+	if e.changed(snap, false) {
 		return e.key(dst, snap, now), FrameKey, true
 	}
 	if e.wantKey || now.Sub(e.keyAt) >= e.s.KeyEvery {
@@ -194,7 +193,7 @@ func (e *CompactEncoder) WantKey() { e.wantKey = true }
 // load frame: they go out with the next decision snapshot's key frame,
 // and the loads keep going out until then.
 func (e *CompactEncoder) Loads(dst []byte, snap *fleetwatch.Snapshot) ([]byte, bool) {
-	if e.differs(snap, headerOf(snap).decisionsOnly(), e.header.decisionsOnly()) {
+	if e.changed(snap, true) {
 		return dst, false
 	}
 	return e.loads(dst, snap), true
