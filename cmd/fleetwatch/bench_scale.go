@@ -41,7 +41,7 @@ func runBenchScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	out := fs.String("out", "", "also write the Markdown report to this file")
 	verbose := fs.Bool("v", false, "log progress to stderr")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the routers, not serve or the servers) to this file")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of this process (the routers, not serve or the servers) over each window with routers to this file (with several router counts, to this file.R for R routers)")
 	if err := parseFlags(fs, args, stderr); err != nil {
 		return err
 	}
@@ -69,11 +69,26 @@ func runBenchScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 			return err
 		}
 	}
-	stop, err := startCPUProfile(*cpuProfile)
-	if err != nil {
-		return err
+	if *cpuProfile != "" {
+		// The profile starts with a window: say now if it cannot be written.
+		f, err := os.OpenFile(*cpuProfile, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			return fmt.Errorf("bench scale: --cpuprofile: %w", err)
+		}
+		f.Close()
+		s.Window = func(n int) func() {
+			path := *cpuProfile
+			if len(s.Routers) > 1 {
+				path += "." + strconv.Itoa(n)
+			}
+			stop, err := startCPUProfile(path)
+			if err != nil {
+				fmt.Fprintf(stderr, "fleetwatch bench scale: --cpuprofile: %v\n", err)
+				return func() {}
+			}
+			return stop
+		}
 	}
-	defer stop()
 	r, err := bench.RunScale(ctx, s)
 	if err != nil {
 		return err

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +25,22 @@ func TestBenchScale(t *testing.T) {
 	const pools, backends = 2, 10
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	var windows []string // what --cpuprofile hangs on: each window with routers, started and ended
 	r, err := bench.RunScale(ctx, bench.ScaleSettings{
 		Fleetwatch: fleetwatchBinary(t), NATSServer: natsServerBinary(t),
 		Pools: pools, Backends: backends, Routers: []int{3, 6},
 		Duration: 3 * time.Second, Warmup: time.Second, Seed: 7, Dir: t.TempDir(),
 		Logf: t.Logf,
+		Window: func(n int) func() {
+			windows = append(windows, fmt.Sprintf("start %d", n))
+			return func() { windows = append(windows, fmt.Sprintf("end %d", n)) }
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if want := []string{"start 3", "end 3", "start 6", "end 6"}; !slices.Equal(windows, want) {
+		t.Errorf("window hook calls %q, want %q", windows, want)
 	}
 	var md bytes.Buffer
 	if err := r.WriteMarkdown(&md); err != nil {

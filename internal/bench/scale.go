@@ -70,6 +70,11 @@ type ScaleSettings struct {
 	Dir string
 	// Logf receives progress messages. If nil, nothing is logged.
 	Logf func(format string, args ...any)
+	// Window, if set, is called as each window with routers starts (n
+	// routers); what it returns is called as the window ends. fleetwatch
+	// bench scale's --cpuprofile profiles the windows with it, not the
+	// routers' sync.
+	Window func(n int) (end func())
 }
 
 func (s ScaleSettings) withDefaults() (ScaleSettings, error) {

@@ -79,7 +79,13 @@ func (r *scaleRun) measure(ctx context.Context, fleet *routerFleet, base *ScaleS
 	if err != nil {
 		return ScaleStep{}, err
 	}
-	if err := sleepCtx(ctx, r.s.Duration); err != nil {
+	end := func() {}
+	if fleet != nil && r.s.Window != nil {
+		end = r.s.Window(len(fleet.routers))
+	}
+	err = sleepCtx(ctx, r.s.Duration)
+	end()
+	if err != nil {
 		return ScaleStep{}, err
 	}
 	b, err := r.sample(ctx, fleet)
