@@ -187,6 +187,15 @@ func BenchmarkFollowPool(b *testing.B) {
 		c.Backends[0].Weight = 0.123 + 0.333*float64(i) // neither is pool100's
 		changed[i] = AppendKey(nil, c, 1)
 	}
+	// Two key frames of the same decisions whose routers count differs,
+	// taken in turn: a key frame whose header moved is applied as a new
+	// snapshot, though its backends' candidates are the same.
+	var counted [2][]byte
+	for i := range counted {
+		c := analyzerPool100(t0.Add(time.Second))
+		c.Routers = 40 + i
+		counted[i] = AppendKey(nil, c, 1)
+	}
 	var buf []byte
 	turn := 0
 	keyRun := func(b *testing.B, frame func(i int) []byte) {
@@ -208,6 +217,13 @@ func BenchmarkFollowPool(b *testing.B) {
 	b.Run("compact-key-frame-new-decisions", func(b *testing.B) {
 		before := w.applied.Get()
 		keyRun(b, func(int) []byte { turn++; return changed[turn&1] }) // across the runs of b.N
+		if got := w.applied.Get() - before; got != uint64(b.N) {
+			b.Fatalf("%d of %d key frames applied", got, b.N)
+		}
+	})
+	b.Run("compact-key-frame-routers-moved", func(b *testing.B) {
+		before := w.applied.Get()
+		keyRun(b, func(int) []byte { turn++; return counted[turn&1] })
 		if got := w.applied.Get() - before; got != uint64(b.N) {
 			b.Fatalf("%d of %d key frames applied", got, b.N)
 		}

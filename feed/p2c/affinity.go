@@ -6,7 +6,8 @@ import "slices"
 // costs O(1) whatever the pool's size:
 //
 //  1. the key picks one of a fixed number of slots (a power of two, at
-//     least slotsPerBackend per sticky candidate): slot = mix64(key) & mask;
+//     least slotsPerBackend per backend of the snapshot): slot =
+//     mix64(key) & mask;
 //  2. the slot's owner is the rendezvous (highest random weight) winner
 //     over the sticky candidates: argmax over b of mix64(slotKey ^ id(b)).
 //
@@ -15,11 +16,19 @@ import "slices"
 // only the slots it owned and adding one takes slots only from others,
 // exactly as rendezvous hashing over the keys themselves would; the table is
 // updated incrementally in O(slots x changed backends) rather than rebuilt.
-// The slot count only grows (when the candidates outgrow it), so keys keep
-// their slot across snapshots. The stale path computes step 2 directly over
-// its own candidate set, with the same result when the sets agree.
+// The slot count follows the snapshot's backends, every one and not only
+// the sticky candidates, so that it is the same in every router holding
+// the snapshot whatever each saw before: a key keeps its slot while
+// backends open and close, and a router that joins during an incident
+// sends a prefix where the routers before it do (with a count that only
+// grew, as before 2026-12-07, a router that had seen more candidates kept
+// more slots, and the two disagreed on about half the prefixes of a pool
+// of 100 with 40 open: TestAffinityAgreesAcrossHistories). Only a pool
+// whose size crosses a power of two moves every key, in every router at
+// once. The stale path computes step 2 directly over its own candidate
+// set, with the same result when the sets agree.
 
-// slotsPerBackend is the least number of slots per sticky candidate: the
+// slotsPerBackend is the least number of slots per backend: the
 // share of keys a backend owns varies by about 1/sqrt(32), 18%, around 1/n.
 const slotsPerBackend = 32
 
@@ -52,22 +61,26 @@ func (t *affinityTable) lookup(key uint64) int {
 	return int(t.owner[t.slotOf(key)])
 }
 
-// buildAffinity returns the table for the sticky candidates (entry indices
-// and their id hashes), reusing prev where it can.
-func buildAffinity(prev *affinityTable, indices []int, hashes []uint64) *affinityTable {
+// slotMask is the slot mask of a snapshot of n backends.
+func slotMask(n int) uint64 {
+	size := uint64(minSlots)
+	for size < uint64(slotsPerBackend*n) {
+		size <<= 1
+	}
+	return size - 1
+}
+
+// buildAffinity returns the table of mask's slots for the sticky
+// candidates (entry indices and their id hashes), reusing prev where it
+// can.
+func buildAffinity(prev *affinityTable, mask uint64, indices []int, hashes []uint64) *affinityTable {
 	if len(indices) == 0 {
 		return nil
 	}
-	if prev != nil && slices.Equal(prev.members, hashes) && slices.Equal(prev.indices, indices) {
+	if prev != nil && prev.mask == mask && slices.Equal(prev.members, hashes) && slices.Equal(prev.indices, indices) {
 		return prev // nothing changed
 	}
-	size := uint64(minSlots)
-	if prev != nil {
-		size = prev.mask + 1
-	}
-	for size < uint64(slotsPerBackend*len(indices)) {
-		size <<= 1
-	}
+	size := mask + 1
 	t := &affinityTable{
 		mask:      size - 1,
 		ownerHash: make([]uint64, size),
@@ -133,7 +146,7 @@ func buildAffinity(prev *affinityTable, indices []int, hashes []uint64) *affinit
 // that wins key's slot, skipping ex; -1 when there is none. With the same
 // candidates it returns what the table holds.
 func (st *state) rendezvousSlot(key uint64, cands []int, m, ex int) int {
-	slot := mix64(key^0x243f6a8885a308d3) & st.affinity.maskOr(uint64(minSlots-1))
+	slot := mix64(key^0x243f6a8885a308d3) & st.slotMask
 	k := slotKey(slot)
 	best, bestV := -1, uint64(0)
 	for _, i := range cands[:m] {
@@ -145,12 +158,4 @@ func (st *state) rendezvousSlot(key uint64, cands []int, m, ex int) int {
 		}
 	}
 	return best
-}
-
-// maskOr returns the table's slot mask, or def without a table.
-func (t *affinityTable) maskOr(def uint64) uint64 {
-	if t == nil {
-		return def
-	}
-	return t.mask
 }

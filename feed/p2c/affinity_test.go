@@ -222,6 +222,41 @@ func TestAffinityIncrementalMatchesFull(t *testing.T) {
 	}
 }
 
+// Two routers holding the same snapshot send a prefix to the same backend,
+// whatever each saw before: one that followed a pool of 100 while 40 of
+// its backends opened, and one that joined during the incident. (With a
+// slot count that only grew with the candidates, the first kept 4,096
+// slots and the second made 2,048: 983 of these 2,000 prefixes went
+// elsewhere.)
+func TestAffinityAgreesAcrossHistories(t *testing.T) {
+	c := &clock{now: t0}
+	all := ids(100)
+	incident := append([]fleetwatch.Backend(nil), all...)
+	for i := range 40 {
+		incident[i].State, incident[i].Weight, incident[i].OpenUntil = fleetwatch.StateOpen, 0, new(fleetwatch.At(t0.Add(time.Minute)))
+	}
+	before := newPicker(c, Settings{})
+	before.Update(pool(1, all...))
+	before.Update(pool(2, incident...))
+	joined := newPicker(c, Settings{})
+	joined.Update(pool(2, incident...))
+	differ := 0
+	const keys = 2000
+	for k := range uint64(keys) {
+		key := mix64(k + 7)
+		a, b := stickyFor(t, before, key), stickyFor(t, joined, key)
+		if !a.Sticky || !b.Sticky {
+			t.Fatalf("key %d: not sticky: %+v, %+v", k, a, b)
+		}
+		if a.Backend != b.Backend {
+			differ++
+		}
+	}
+	if differ != 0 {
+		t.Errorf("%d of %d prefixes go to another backend from the router that joined during the incident", differ, keys)
+	}
+}
+
 // The stale path computes the same sticky backend as the fresh table when
 // the candidates are the same.
 func TestAffinityStaleAgrees(t *testing.T) {

@@ -79,6 +79,7 @@ type state struct {
 	tiers        []tier   // failover with traffic split over several tiers (a trickle tier); nil otherwise
 	affinityTier int      // the index in tiers of fresh's tier
 	spread       table    // every backend, equal weights (all_open=spread)
+	slotMask     uint64   // the affinity slots' mask, by the number of entries (affinity.go)
 	sticky       []int    // affinity candidates: closed, weight > 0, within fresh's candidates
 	stickyHash   []uint64 // stickyHash[k] is entries[sticky[k]].idHash
 	affinity     *affinityTable
@@ -131,17 +132,16 @@ func (p *Picker) Update(snap *fleetwatch.Snapshot) {
 func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	n := len(snap.Backends)
 	st := &state{
-		header:  fleetwatch.Snapshot{Epoch: snap.Epoch, Seq: snap.Seq, At: snap.At, Fence: snap.Fence},
-		at:      snap.At.UnixNano(),
-		ttl:     int64(snap.StaleAt().Sub(snap.At.Time)),
-		mode:    snap.Mode,
-		shed:    snap.AllOpen != fleetwatch.AllOpenSpread,
-		routers: float64(max(snap.Routers, 1)),
-		alone:   snap.Routers == 1,
-		choices: p.choices,
-		entries: make([]entry, n),
-		byID:    make(map[string]int, n),
-		locals:  make(map[string]*local, n),
+		header:   fleetwatch.Snapshot{Epoch: snap.Epoch, Seq: snap.Seq, At: snap.At, Fence: snap.Fence},
+		at:       snap.At.UnixNano(),
+		ttl:      int64(snap.StaleAt().Sub(snap.At.Time)),
+		mode:     snap.Mode,
+		shed:     snap.AllOpen != fleetwatch.AllOpenSpread,
+		routers:  float64(max(snap.Routers, 1)),
+		alone:    snap.Routers == 1,
+		choices:  p.choices,
+		entries:  make([]entry, n),
+		slotMask: slotMask(n),
 	}
 	if st.choices == 0 { // Settings.Choices unset: by the number of routers
 		st.scan = snap.Routers >= 1 && snap.Routers <= p.scanRouters
@@ -172,18 +172,22 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		}
 		p.setBaseline(st.at, &e)
 		st.entries[i] = e
-		st.byID[e.id] = i
-		st.locals[e.id] = e.local
 	}
-	// A backend that left the snapshot keeps its local while requests to it
-	// are in flight, so that it finds its count again if it returns before
-	// they finish (their Choices hold the local itself).
-	if prev != nil {
-		for id, l := range prev.locals {
-			if _, ok := st.locals[id]; !ok && l.inFlight.Load() > 0 {
-				st.locals[id] = l
-			}
+	same := prev != nil && st.sameCandidates(prev)
+	if same {
+		// What follows from the candidates alone is prev's: most snapshots
+		// repeat the decisions and move only loads, EWMAs or pool fields.
+		st.byID = prev.byID
+	} else {
+		st.byID = make(map[string]int, n)
+		for i := range st.entries {
+			st.byID[st.entries[i].id] = i
 		}
+	}
+	st.locals = st.localsFrom(prev, same)
+	if same {
+		st.shareCandidates(prev)
+		return st
 	}
 	st.buildFresh()
 	st.buildStale()
@@ -191,8 +195,56 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 	if prev != nil {
 		prevTable = prev.affinity
 	}
-	st.affinity = buildAffinity(prevTable, st.sticky, st.stickyHash)
+	st.affinity = buildAffinity(prevTable, st.slotMask, st.sticky, st.stickyHash)
 	return st
+}
+
+// localsFrom returns the locals of st's entries, and prev's of a backend
+// that left the snapshot while requests to it are in flight, so that it
+// finds its count again if it returns before they finish (their Choices
+// hold the local itself). With the same backends as prev (same), prev's
+// map is kept when it holds no one else.
+func (st *state) localsFrom(prev *state, same bool) map[string]*local {
+	if same && len(prev.locals) == len(st.entries) {
+		return prev.locals
+	}
+	locals := make(map[string]*local, len(st.entries))
+	for i := range st.entries {
+		locals[st.entries[i].id] = st.entries[i].local
+	}
+	if prev != nil {
+		for id, l := range prev.locals {
+			if _, ok := locals[id]; !ok && l.inFlight.Load() > 0 {
+				locals[id] = l
+			}
+		}
+	}
+	return locals
+}
+
+// sameCandidates reports whether st's entries are prev's backends, in the
+// same order, with the same state, weight, priority and open_until, in the
+// same mode: everything buildFresh, buildStale and the affinity table
+// read, so that st may share what they built for prev (shareCandidates).
+func (st *state) sameCandidates(prev *state) bool {
+	if st.mode != prev.mode || len(st.entries) != len(prev.entries) {
+		return false
+	}
+	for i := range st.entries {
+		a, b := &st.entries[i], &prev.entries[i]
+		if a.id != b.id || a.state != b.state || a.weight != b.weight || a.priority != b.priority || a.openUntil != b.openUntil {
+			return false
+		}
+	}
+	return true
+}
+
+// shareCandidates gives st prev's candidate tables, which it never
+// modifies (sameCandidates).
+func (st *state) shareCandidates(prev *state) {
+	st.allOpen, st.fresh, st.tiers, st.affinityTier, st.spread = prev.allOpen, prev.fresh, prev.tiers, prev.affinityTier, prev.spread
+	st.sticky, st.stickyHash, st.affinity = prev.sticky, prev.stickyHash, prev.affinity
+	st.staleOrder, st.staleNotOpen, st.staleOpenUntil, st.stalePos = prev.staleOrder, prev.staleNotOpen, prev.staleOpenUntil, prev.stalePos
 }
 
 // entryOf is the picker's entry for one backend of a snapshot taken at
