@@ -77,8 +77,9 @@ func TestSharedCandidatesMatchAFullBuild(t *testing.T) {
 }
 
 // TestSharedCandidatesAreShared: a snapshot that moves only loads and the
-// routers counted keeps the tables of the one before (no rebuild), and one
-// that moves a weight does not.
+// routers counted keeps the tables of the one before (no rebuild); one
+// that moves a weight keeps only the stale order, and one that opens a
+// backend none.
 func TestSharedCandidatesAreShared(t *testing.T) {
 	p := New(Settings{})
 	s1 := pool(1, backend("a", 100), backend("b", 200), backend("c", 300))
@@ -101,7 +102,17 @@ func TestSharedCandidatesAreShared(t *testing.T) {
 	p.Update(s3)
 	third := p.state.Load()
 	if &third.fresh.cum[0] == &second.fresh.cum[0] {
-		t.Errorf("a snapshot with another weight shares the tables of the one before")
+		t.Errorf("a snapshot with another weight shares the candidate table of the one before")
+	}
+	if &third.stalePos[0] != &second.stalePos[0] {
+		t.Errorf("a snapshot that moved only a weight rebuilt the stale order")
+	}
+	s4 := pool(4, backend("a", 120), backend("b", 180), backend("c", 300))
+	s4.Backends[2].Weight = 0.5
+	s4.Backends[0].State, s4.Backends[0].OpenUntil = fleetwatch.StateOpen, new(fleetwatch.At(t0.Add(time.Minute)))
+	p.Update(s4)
+	if fourth := p.state.Load(); &fourth.stalePos[0] == &third.stalePos[0] || fourth.staleNotOpen != 2 {
+		t.Errorf("a snapshot that opened a backend kept the stale order of the one before (%d not open)", fourth.staleNotOpen)
 	}
 	if w := third.fresh.weight(2); w != 0.5 {
 		t.Errorf("backend c's weight in the candidate table: %v, want 0.5", w)

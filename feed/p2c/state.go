@@ -173,10 +173,11 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		p.setBaseline(st.at, &e)
 		st.entries[i] = e
 	}
-	same := prev != nil && st.sameCandidates(prev)
+	// What follows from the backends alone is prev's when they did not
+	// change: most snapshots repeat the decisions and move only loads,
+	// EWMAs or pool fields, and most others only weights.
+	same := prev != nil && st.sameBackends(prev)
 	if same {
-		// What follows from the candidates alone is prev's: most snapshots
-		// repeat the decisions and move only loads, EWMAs or pool fields.
 		st.byID = prev.byID
 	} else {
 		st.byID = make(map[string]int, n)
@@ -185,12 +186,16 @@ func (p *Picker) build(snap *fleetwatch.Snapshot, prev *state) *state {
 		}
 	}
 	st.locals = st.localsFrom(prev, same)
-	if same {
+	if same && st.sameCandidates(prev) {
 		st.shareCandidates(prev)
 		return st
 	}
 	st.buildFresh()
-	st.buildStale()
+	if same {
+		st.shareStale(prev)
+	} else {
+		st.buildStale()
+	}
 	var prevTable *affinityTable
 	if prev != nil {
 		prevTable = prev.affinity
@@ -222,17 +227,34 @@ func (st *state) localsFrom(prev *state, same bool) map[string]*local {
 	return locals
 }
 
-// sameCandidates reports whether st's entries are prev's backends, in the
-// same order, with the same state, weight, priority and open_until, in the
-// same mode: everything buildFresh, buildStale and the affinity table
-// read, so that st may share what they built for prev (shareCandidates).
-func (st *state) sameCandidates(prev *state) bool {
-	if st.mode != prev.mode || len(st.entries) != len(prev.entries) {
+// sameBackends reports whether st's entries are prev's backends, in the
+// same order, with the same state and open_until: everything the id index
+// and buildStale read, so that st may share what they built for prev
+// (shareStale).
+func (st *state) sameBackends(prev *state) bool {
+	if len(st.entries) != len(prev.entries) {
 		return false
 	}
 	for i := range st.entries {
 		a, b := &st.entries[i], &prev.entries[i]
-		if a.id != b.id || a.state != b.state || a.weight != b.weight || a.priority != b.priority || a.openUntil != b.openUntil {
+		if a.id != b.id || a.state != b.state || a.openUntil != b.openUntil {
+			return false
+		}
+	}
+	return true
+}
+
+// sameCandidates reports whether st's entries, the same backends as
+// prev's (sameBackends), also have the same weight and priority, in the
+// same mode: everything buildFresh and the affinity table read too, so
+// that st may share every table built for prev (shareCandidates).
+func (st *state) sameCandidates(prev *state) bool {
+	if st.mode != prev.mode {
+		return false
+	}
+	for i := range st.entries {
+		a, b := &st.entries[i], &prev.entries[i]
+		if a.weight != b.weight || a.priority != b.priority {
 			return false
 		}
 	}
@@ -244,6 +266,12 @@ func (st *state) sameCandidates(prev *state) bool {
 func (st *state) shareCandidates(prev *state) {
 	st.allOpen, st.fresh, st.tiers, st.affinityTier, st.spread = prev.allOpen, prev.fresh, prev.tiers, prev.affinityTier, prev.spread
 	st.sticky, st.stickyHash, st.affinity = prev.sticky, prev.stickyHash, prev.affinity
+	st.shareStale(prev)
+}
+
+// shareStale gives st prev's stale order, which it never modifies
+// (sameBackends).
+func (st *state) shareStale(prev *state) {
 	st.staleOrder, st.staleNotOpen, st.staleOpenUntil, st.stalePos = prev.staleOrder, prev.staleNotOpen, prev.staleOpenUntil, prev.stalePos
 }
 
