@@ -300,11 +300,19 @@ func TestFollowLoadFrameAllocatesNothing(t *testing.T) {
 	}
 	frame, _ := enc.Loads(nil, next)
 	cp := w.compact[snap.Pool]
-	if a := testing.AllocsPerRun(100, func() {
-		cp.n = 1
-		w.handleFrame(snap.Pool, subject, frame)
-	}); a != 0 {
-		t.Errorf("following a load frame allocates %v, want 0", a)
+	// AllocsPerRun counts the process's allocations, the embedded NATS
+	// server's and the connection's among them: a fresh-clone CI run once
+	// saw 1 per frame. An allocation of the path shows in every one of
+	// three measurements, a neighbour's in a few at most.
+	least := math.Inf(1)
+	for range 3 {
+		least = min(least, testing.AllocsPerRun(1000, func() {
+			cp.n = 1
+			w.handleFrame(snap.Pool, subject, frame)
+		}))
+	}
+	if least != 0 {
+		t.Errorf("following a load frame allocates %v (the least of three measurements), want 0", least)
 	}
 	if w.loadsApplied.Get() < 100 {
 		t.Errorf("%d load frames applied, want every one", w.loadsApplied.Get())
