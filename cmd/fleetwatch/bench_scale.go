@@ -70,18 +70,21 @@ func runBenchScale(ctx context.Context, args []string, stdout, stderr io.Writer)
 		}
 	}
 	if *cpuProfile != "" {
-		// The profile starts with a window: say now if it cannot be written.
-		f, err := os.OpenFile(*cpuProfile, os.O_WRONLY|os.O_CREATE, 0o644)
+		profile := func(n int) string {
+			if len(s.Routers) > 1 {
+				return *cpuProfile + "." + strconv.Itoa(n)
+			}
+			return *cpuProfile
+		}
+		// The first profile starts with the first window: say now if it
+		// cannot be written.
+		f, err := os.Create(profile(s.Routers[0]))
 		if err != nil {
 			return fmt.Errorf("bench scale: --cpuprofile: %w", err)
 		}
 		f.Close()
 		s.Window = func(n int) func() {
-			path := *cpuProfile
-			if len(s.Routers) > 1 {
-				path += "." + strconv.Itoa(n)
-			}
-			stop, err := startCPUProfile(path)
+			stop, err := startCPUProfile(profile(n))
 			if err != nil {
 				fmt.Fprintf(stderr, "fleetwatch bench scale: --cpuprofile: %v\n", err)
 				return func() {}

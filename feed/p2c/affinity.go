@@ -20,14 +20,11 @@ import "slices"
 // the sticky candidates, so that it is the same in every router holding
 // the snapshot whatever each saw before: a key keeps its slot while
 // backends open and close, and a picker whose first snapshot comes during
-// an incident sends a prefix where the pickers before it do (with a count
-// that only grew, as before 2026-12-07, a picker that had seen more
-// candidates kept more slots, and the two disagreed on about half the
-// prefixes of a pool of 100 with 40 open:
-// TestAffinityAgreesAcrossHistories). Only a pool
-// whose size crosses a power of two moves every key, in every router at
-// once. The stale path computes step 2 directly over its own candidate
-// set, with the same result when the sets agree.
+// an incident sends a prefix where the pickers before it do
+// (TestAffinityAgreesAcrossHistories). Only a pool whose size crosses a
+// power of two moves every key, in every router at once. The stale path
+// computes step 2 directly over its own candidate set, with the same
+// result when the sets agree.
 
 // slotsPerBackend is the least number of slots per backend: the
 // share of keys a backend owns varies by about 1/sqrt(32), 18%, around 1/n.

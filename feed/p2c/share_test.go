@@ -15,7 +15,8 @@ import (
 // before when its backends' candidates did not change (sameCandidates),
 // holds after each snapshot what a picker given only that snapshot
 // builds: the same candidates, weights, tiers, stale order, affinity
-// owners and locals.
+// owners and locals, through changes of state, weight, priority, mode and
+// membership.
 func TestSharedCandidatesMatchAFullBuild(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		n := rapid.IntRange(1, 12).Draw(t, "backends")
@@ -24,19 +25,24 @@ func TestSharedCandidatesMatchAFullBuild(t *testing.T) {
 			bs[i] = backend(fmt.Sprintf("b%02d", i), 100)
 		}
 		mode := fleetwatch.ModeBalance
+		openUntil := func() *fleetwatch.Time {
+			return new(fleetwatch.At(t0.Add(time.Duration(rapid.IntRange(1, 60).Draw(t, "open s")) * time.Second)))
+		}
 		p := New(Settings{})
 		for seq := uint64(1); seq <= 8; seq++ {
 			// Most steps move only what is not a candidate's: loads,
-			// EWMAs, the routers counted; some move one backend's.
+			// EWMAs, the routers counted; some move one backend's, the
+			// pool's mode or its membership (the last backend leaves or
+			// comes back).
 			if rapid.Bool().Draw(t, "move a candidate") {
-				b := &bs[rapid.IntRange(0, n-1).Draw(t, "which")]
-				switch rapid.IntRange(0, 4).Draw(t, "what") {
+				b := &bs[rapid.IntRange(0, len(bs)-1).Draw(t, "which")]
+				switch rapid.IntRange(0, 5).Draw(t, "what") {
 				case 0:
 					b.State = rapid.SampledFrom([]fleetwatch.State{fleetwatch.StateClosed, fleetwatch.StateOpen,
 						fleetwatch.StateHalfOpen}).Draw(t, "state")
 					b.OpenUntil = nil
 					if b.State == fleetwatch.StateOpen {
-						b.OpenUntil = new(fleetwatch.At(t0.Add(time.Duration(rapid.IntRange(1, 60).Draw(t, "open s")) * time.Second)))
+						b.OpenUntil = openUntil()
 					}
 				case 1:
 					b.Weight = rapid.SampledFrom([]float64{0, 0.25, 0.5, 1}).Draw(t, "weight")
@@ -46,7 +52,13 @@ func TestSharedCandidatesMatchAFullBuild(t *testing.T) {
 					mode = rapid.SampledFrom([]fleetwatch.Mode{fleetwatch.ModeBalance, fleetwatch.ModeFailover}).Draw(t, "mode")
 				case 4:
 					if b.State == fleetwatch.StateOpen {
-						b.OpenUntil = new(fleetwatch.At(t0.Add(time.Duration(rapid.IntRange(1, 60).Draw(t, "open s")) * time.Second)))
+						b.OpenUntil = openUntil()
+					}
+				case 5:
+					if len(bs) == n && n > 1 {
+						bs = bs[:n-1]
+					} else {
+						bs = bs[:n]
 					}
 				}
 			}
@@ -64,8 +76,8 @@ func TestSharedCandidatesMatchAFullBuild(t *testing.T) {
 			if msg := sameTables(got, want); msg != "" {
 				t.Fatalf("seq %d: the picker updated through the run differs from one built from the snapshot alone: %s", seq, msg)
 			}
-			if len(got.locals) != n {
-				t.Fatalf("seq %d: %d locals for %d backends", seq, len(got.locals), n)
+			if len(got.locals) != len(bs) {
+				t.Fatalf("seq %d: %d locals for %d backends (none in flight)", seq, len(got.locals), len(bs))
 			}
 			for i := range got.entries {
 				if got.locals[got.entries[i].id] != got.entries[i].local {
