@@ -40,7 +40,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	policies := fs.String("policies", "", "comma-separated policies to compare instead of each scenario's own")
 	routers := fs.Int("routers", 0, "routers sharing the traffic in every scenario (for example 1, 4, 16, 64); 0 keeps each scenario's")
 	feedPeriod := fs.Duration("feed-period", 0, "how often the published loads reach the routers: the compact feed's load beat (the snapshots every 1s, or every period when longer), or the JSON feed's heartbeat; 0 keeps 250ms load beats and 1s heartbeats")
-	scrapeInterval := fs.Duration("scrape-interval", 0, "with the exact-load policies (fl-load3-exact): read each backend's load every interval, at a phase of its own, and publish the latest read with its age; 0 reads every backend at every snapshot")
+	scrapeInterval := fs.Duration("scrape-interval", 0, "with the exact-load policies (fl-load3-exact, fw-exact) and fw-both-loads: read each backend's load every interval, at a phase of its own, and publish the latest read with its age; 0 reads every backend at every snapshot")
 	feedKind := fs.String("feed", "compact", "the feed the fleetwatch routers follow: compact (key and load frames, as fleetwatch route does) or json (the snapshots alone: route.feed json, third-party routers)")
 	stallFloor := fs.Duration("stall-floor", 0, "the feed-following routers' first-token deadline floor (route's stall_floor); 0 keeps 10s, negative turns the deadline off")
 	prefillPenalty := fs.Float64("prefill-batch-penalty", 0, "slow every backend's prefill by 1 + this x its other busy slots / slots (a server whose decodes share steps with a new prompt's prefill); 0 keeps the default model")

@@ -16,7 +16,7 @@ func TestLoadKeysErrors(t *testing.T) {
 		{"bad orca", "pools:\n  - id: a\n    orca: binary\n", "pools[0].orca", 3},
 		{"auto without url", "pools:\n  - id: a\n    backends:\n      - id: b\n        metrics_url: auto\n", "pools[0].backends[0].metrics_url", 5},
 		{"bad metrics url", "pools:\n  - id: a\n    backends:\n      - id: b\n        metrics_url: ftp://x/metrics\n", "pools[0].backends[0].metrics_url", 5},
-		{"scrape too often", "scrape:\n  interval: 500ms\n", "scrape.interval", 2},
+		{"scrape too often", "scrape:\n  interval: 49ms\n", "scrape.interval", 2},
 		{"zero timeout", "scrape:\n  timeout: 0s\n", "scrape.timeout", 2},
 		{"zero load_max_age", "analyzer:\n  load_max_age: 0s\n", "analyzer.load_max_age", 2},
 		{"negative load_max_age", "pools:\n  - id: a\n    analyzer:\n      load_max_age: -1s\n", "pools[0].analyzer.load_max_age", 4},
@@ -26,6 +26,18 @@ func TestLoadKeysErrors(t *testing.T) {
 		if !errors.As(err, &ce) || ce.Key != tt.wantKey || ce.Line != tt.wantLine {
 			t.Errorf("%s: err = %v, want key %s line %d", tt.name, err, tt.wantKey, tt.wantLine)
 		}
+	}
+}
+
+// TestScrapeIntervalMinimum: the shortest interval, MinScrapeInterval, is
+// taken as written (the key errors above refuse a millisecond less).
+func TestScrapeIntervalMinimum(t *testing.T) {
+	cfg, err := Parse([]byte("scrape:\n  interval: 50ms\n"), "fw.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.ScrapeSettings().Interval; got != 50*time.Millisecond {
+		t.Errorf("interval = %v, want 50ms", got)
 	}
 }
 

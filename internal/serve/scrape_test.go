@@ -164,6 +164,34 @@ pools:
 	}
 }
 
+// TestServeScrapesFasterThanASecond: scrape.interval below a second (the
+// shortest is 50ms) is what serve does: 20 reads of one backend come
+// within 15 s at 100ms, where a one-second interval needs 19 s or more.
+func TestServeScrapesFasterThanASecond(t *testing.T) {
+	b, err := fakeai.Listen(fakeai.Settings{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	p := startServer(t, fmt.Sprintf(`probes: {disabled: true}
+scrape: {interval: 100ms}
+pools:
+  - id: p
+    backends:
+      - id: a
+        url: %s/v1
+        metrics_url: auto
+`, b.URL()), Options{})
+	series := `fleetwatch_load_scrapes_total{pool="p",backend="a"}`
+	testkit.Eventually(t, 15*time.Second, "20 reads of the backend's metrics", func() bool {
+		n, _ := strconv.Atoi(metricValue(t, p, series))
+		return n >= 20
+	})
+	if v := metricValue(t, p, `fleetwatch_load_scrape_failures_total{pool="p",backend="a"}`); v != "0" {
+		t.Errorf("failures = %q, want 0", v)
+	}
+}
+
 // TestServeScrapeFailuresDelayNothing: a metrics endpoint that answers 500
 // and one that never answers (within a minute's timeout) are counted as
 // failures, and the snapshots keep their heartbeat meanwhile.

@@ -74,6 +74,10 @@ type pickerPolicy struct {
 	// exact: the backends' true loads at the snapshot instead of the
 	// newest ones reported on outcome events (a perfect scrape).
 	exact bool
+	// both: with Scenario.ScrapeInterval, the newer of the load an event
+	// reported and the latest scrape (serve with metrics_url and events
+	// that carry loads); without it, the events' loads.
+	both bool
 	// localBudget: the snapshots carry no retry_budget, so the picker
 	// keeps its per-router budget.
 	localBudget bool
@@ -98,6 +102,8 @@ var pickerPolicies = map[string]pickerPolicy{
 	FLoad2:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 2}, localBudget: true},
 	FLoad4:            {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 4}, localBudget: true},
 	FLoad3Exact:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, localBudget: true, exact: true},
+	FWExact:           {exact: true},
+	FWBothLoads:       {both: true},
 	FLoad3Weighted:    {settings: p2c.Settings{Score: weightedLoadScore, Choices: 3}, localBudget: true},
 	FLoad3Fleet:       {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}},
 	FLoad3Fleet25:     {settings: p2c.Settings{Score: p2c.LoadScore, Choices: 3}, spareFree: 0.25},

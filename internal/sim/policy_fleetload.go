@@ -39,6 +39,17 @@ const (
 	// instead of the newest value reported on an outcome event: what the
 	// event-borne report costs against a perfect scrape.
 	FLoad3Exact = "fl-load3-exact"
+	// FWExact is fleetwatch, the real picker with its defaults, fed the
+	// backends' true loads the same way: with Scenario.ScrapeInterval the
+	// latest read of a scrape, as serve's scraper publishes it for proxies
+	// whose events carry no load (docs/EVALUATION.md "What the two goals
+	// need").
+	FWExact = "fw-exact"
+	// FWBothLoads is fleetwatch with the loads of the outcome events and
+	// of a scrape (Scenario.ScrapeInterval), the newer of the two, as
+	// serve publishes them when a backend has a metrics_url and its events
+	// carry loads too.
+	FWBothLoads = "fw-both-loads"
 )
 
 // FWOldDetection is fleetwatch with the analyzer's detection as it was
@@ -109,6 +120,8 @@ func init() {
 		FLoad3NoBudget: "fl-load3 without a retry budget",
 		FLoad3Fleet25:  "fl-load3-fleet with retries free while a quarter of the capacity is idle",
 		FLoad3Exact:    "fl-load3 with every backend's true load at the snapshot (a perfect scrape)",
+		FWExact:        "fleetwatch with every backend's true load at the snapshot (a perfect scrape), or with --scrape-interval its latest read",
+		FWBothLoads:    "fleetwatch with the newer of the event's load and the latest scrape (--scrape-interval; without it the events' loads)",
 		FWOldDetection: "fleetwatch with the analyzer's newest-quarter trip, pool-wide 429 hold and run of 429s off (the detection before them)",
 		FWNo429Run:     "fleetwatch with the run of 429s off (consecutive_throttled: -1, the default before)",
 		FW429RunAll:    "fleetwatch with the run of 429s counting bare 429s too (throttled_run_counts: all)",

@@ -696,10 +696,17 @@ func (s *sim) withFleetLoad(in *fleetwatch.Snapshot) *fleetwatch.Snapshot {
 	for i := range out.Backends {
 		if b, ok := s.index[out.Backends[i].Backend]; ok {
 			out.Backends[i].Load = s.feed.loadOf(b, pp.exact)
-			if pp.exact && s.scraped != nil { // the latest scrape instead
+			if (pp.exact || pp.both) && s.scraped != nil { // the latest scrape instead
+				ev := out.Backends[i].Load
 				out.Backends[i].Load = nil
 				if at := s.scrapedAt[b]; at >= 0 {
 					out.Backends[i].Load = &fleetwatch.Load{Running: s.scraped[b], AgeMs: int64(s.now - at), Source: "metrics"}
+				}
+				// With both sources the newer report wins, as in the
+				// analyzer (its ties go to the later report: here the
+				// scrape).
+				if sc := out.Backends[i].Load; pp.both && ev != nil && (sc == nil || ev.AgeMs < sc.AgeMs) {
+					out.Backends[i].Load = ev
 				}
 			}
 		}

@@ -26,7 +26,7 @@ type Scenario struct {
 	// zero, the analyzer's defaults (250 ms load beats, 1 s heartbeats);
 	// the command's --feed-period flag sets it.
 	FeedPeriod time.Duration
-	// ScrapeInterval makes the exact-load policies (fl-load3-exact) read
+	// ScrapeInterval makes the exact-load policies (fl-load3-exact, fw-exact) and fw-both-loads read
 	// each backend's load every ScrapeInterval, at a phase of its own,
 	// and publish the latest read with its age, as serve's scrape does;
 	// if zero they read every backend at every snapshot (a perfect
