@@ -334,7 +334,7 @@ func (s *Server) stopDrift() {
 func (s *Server) swapScraper(ss config.ScrapeSettings) {
 	var sc *scraper
 	if len(ss.Targets) > 0 {
-		sc = newScraper(ss, s.loads, s.metrics, s.logf)
+		sc = newScraper(ss, s.decides, s.loads, s.metrics, s.logf)
 	}
 	select {
 	case <-s.rl.scrapers: // a swap not taken yet: replaced

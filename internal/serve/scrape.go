@@ -15,6 +15,7 @@ import (
 
 	"github.com/VictoriaMetrics/metrics"
 
+	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
 	"github.com/fleetwatch/fleetwatch/internal/config"
 	"github.com/fleetwatch/fleetwatch/internal/promlabel"
@@ -187,6 +188,10 @@ type scraper struct {
 	out      chan<- loadReading
 	now      func() time.Time
 	logf     func(format string, args ...any)
+	// decides reports whether this instance decides pool now (its
+	// partition is live here): a pool decided elsewhere is not read, so
+	// that a server answers one read an interval whatever the instances.
+	decides func(pool string) bool
 
 	transport *http.Transport
 	client    *http.Client
@@ -195,9 +200,10 @@ type scraper struct {
 	dropped  *metrics.Counter
 }
 
-// newScraper returns a scraper of s's targets that sends to out and counts
-// in set; it starts nothing.
-func newScraper(s config.ScrapeSettings, out chan<- loadReading, set *metrics.Set, logf func(string, ...any)) *scraper {
+// newScraper returns a scraper of s's targets, those of the pools decides
+// reports at each read, that sends to out and counts in set; it starts
+// nothing.
+func newScraper(s config.ScrapeSettings, decides func(string) bool, out chan<- loadReading, set *metrics.Set, logf func(string, ...any)) *scraper {
 	sc := &scraper{
 		targets:  s.Targets,
 		interval: s.Interval,
@@ -205,6 +211,7 @@ func newScraper(s config.ScrapeSettings, out chan<- loadReading, set *metrics.Se
 		out:      out,
 		now:      time.Now,
 		logf:     logf,
+		decides:  decides,
 		duration: set.GetOrCreateHistogram("fleetwatch_load_scrape_duration_seconds"),
 		dropped:  set.GetOrCreateCounter("fleetwatch_load_reports_dropped_total"),
 	}
@@ -239,7 +246,9 @@ func (sc *scraper) run(ctx context.Context, set *metrics.Set) {
 }
 
 // loop reads one target every interval, the first read at a random point
-// of the first interval so that backends are not all read at once.
+// of the first interval so that backends are not all read at once, while
+// this instance decides its pool (checked at each read: a partition taken
+// over is read within an interval).
 func (sc *scraper) loop(ctx context.Context, t config.ScrapeTarget, scrapes, failures *metrics.Counter) {
 	timer := time.NewTimer(rand.N(sc.interval))
 	defer timer.Stop()
@@ -249,6 +258,10 @@ func (sc *scraper) loop(ctx context.Context, t config.ScrapeTarget, scrapes, fai
 		case <-ctx.Done():
 			return
 		case <-timer.C:
+		}
+		if !sc.decides(t.Pool) { // another instance reads it
+			timer.Reset(sc.interval)
+			continue
 		}
 		start := time.Now()
 		rep, err := sc.read(ctx, t.URL)
@@ -322,7 +335,13 @@ func (s *Server) buildScraper() {
 	if len(ss.Targets) == 0 {
 		return
 	}
-	s.scraper = newScraper(ss, s.loads, s.metrics, s.logf)
+	s.scraper = newScraper(ss, s.decides, s.loads, s.metrics, s.logf)
+}
+
+// decides reports whether this instance decides pool now: its partition
+// is live here (every pool without JetStream).
+func (s *Server) decides(pool string) bool {
+	return s.leases.View().Live(fleetwatch.PartitionOf(pool, s.leases.Partitions()))
 }
 
 // drainLoads feeds the readings handed over since the last call to the

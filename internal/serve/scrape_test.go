@@ -16,6 +16,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/analyzer"
+	"github.com/fleetwatch/fleetwatch/feed/feedtest"
 	"github.com/fleetwatch/fleetwatch/internal/fakeai"
 	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
@@ -270,4 +271,56 @@ func seriesValue(page, series string) float64 {
 		}
 	}
 	return -1
+}
+
+// TestHAScrapesOnlyWhatItDecides: with two instances, a backend's metrics
+// are read by the instance that decides its pool and not by the other, so
+// a server answers one read an interval whatever the instances; the
+// survivor of a kill reads them once it has taken the partition over.
+func TestHAScrapesOnlyWhatItDecides(t *testing.T) {
+	t.Parallel() // waits on leases mostly
+	b, err := fakeai.Listen(fakeai.Settings{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	url, _ := feedtest.NewServer(t)
+	yaml := haYAML(url, 1) + fmt.Sprintf(`scrape: {interval: 100ms}
+pools:
+  - id: p
+    backends:
+      - id: a
+        url: %s/v1
+        metrics_url: auto
+`, b.URL())
+	x := startInstance(t, "x", yaml)
+	y := startInstance(t, "y", yaml)
+	ins := []*instance{x, y}
+	testkit.Eventually(t, 20*time.Second, "the partitions split between two instances", func() bool {
+		ok, all, _ := exclusive(ins, 8)
+		return ok && all && len(x.ownedPartitions()) > 0 && len(y.ownedPartitions()) > 0
+	})
+	reads := func(in *instance) uint64 {
+		return in.metrics.GetOrCreateCounter(`fleetwatch_load_scrapes_total{pool="p",backend="a"}`).Get()
+	}
+	owner, other := x, y
+	if !x.decides("p") {
+		owner, other = y, x
+	}
+	if !owner.decides("p") || other.decides("p") {
+		t.Fatalf("p decided by x %v, y %v: want one of them", x.decides("p"), y.decides("p"))
+	}
+	before, from := reads(other), reads(owner)
+	testkit.Eventually(t, 15*time.Second, "20 reads by the deciding instance", func() bool { return reads(owner) >= from+20 })
+	if !owner.decides("p") || other.decides("p") {
+		t.Skip("p's partition moved during the test (a lease lost on a loaded machine): nothing to compare")
+	}
+	if got := reads(other); got != before {
+		t.Errorf("%s, which does not decide p, read its backend %d times meanwhile", other.name, got-before)
+	}
+
+	owner.kill()
+	testkit.Eventually(t, 30*time.Second, other.name+" to take p over", func() bool { return other.decides("p") })
+	from = reads(other)
+	testkit.Eventually(t, 15*time.Second, "20 reads by the survivor", func() bool { return reads(other) >= from+20 })
 }
