@@ -16,7 +16,7 @@ import (
 // ScrapeConfig is how serve reads the backends' metrics_url.
 type ScrapeConfig struct {
 	// Interval is the time between two reads of one backend's metrics;
-	// default 1s, at least MinScrapeInterval.
+	// default 250ms, at least MinScrapeInterval.
 	Interval *Duration `yaml:"interval"`
 	// Timeout bounds one read; default 800ms.
 	Timeout *Duration `yaml:"timeout"`

@@ -23,7 +23,7 @@ import (
 
 // The metrics scraper (docs/DECISIONS.md "Backend load"): for every
 // configured backend with a metrics_url, one goroutine reads its Prometheus
-// metrics every scrape.interval (1 s by default, at least 50 ms), takes the queue and
+// metrics every scrape.interval (250 ms by default, at least 50 ms), takes the queue and
 // cache gauges vLLM and SGLang export, and hands the report to the
 // evaluation loop through a bounded channel, which feeds it to the analyzer
 // (ObserveLoad) before each Evaluate. A scrape never blocks the pipeline: a
@@ -39,7 +39,7 @@ import (
 
 // Scraper defaults (config.ScrapeSettings' zero durations).
 const (
-	defaultScrapeInterval = time.Second
+	defaultScrapeInterval = 250 * time.Millisecond
 	defaultScrapeTimeout  = 800 * time.Millisecond
 	// maxScrapeBody bounds a metrics page read (vLLM's is ~100 KiB with its
 	// histograms).
