@@ -165,24 +165,30 @@ pools:
 	}
 }
 
-// TestServeScrapesFasterThanASecond: scrape.interval below a second (the
-// shortest is 50ms) is what serve does: 20 reads of one backend come
-// within 15 s at 100ms, where a one-second interval needs 19 s or more.
-func TestServeScrapesFasterThanASecond(t *testing.T) {
+// scrapedPool starts a fake backend and returns the configuration of a
+// pool p of it, backend a, whose metrics are read every 100ms.
+func scrapedPool(t *testing.T) string {
+	t.Helper()
 	b, err := fakeai.Listen(fakeai.Settings{Name: "a"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	p := startServer(t, fmt.Sprintf(`probes: {disabled: true}
-scrape: {interval: 100ms}
+	return fmt.Sprintf(`scrape: {interval: 100ms}
 pools:
   - id: p
     backends:
       - id: a
         url: %s/v1
         metrics_url: auto
-`, b.URL()), Options{})
+`, b.URL())
+}
+
+// TestServeScrapesFasterThanASecond: scrape.interval below a second (the
+// shortest is 50ms) is what serve does: 20 reads of one backend come
+// within 15 s at 100ms, where a one-second interval needs 19 s or more.
+func TestServeScrapesFasterThanASecond(t *testing.T) {
+	p := startServer(t, "probes: {disabled: true}\n"+scrapedPool(t), Options{})
 	series := `fleetwatch_load_scrapes_total{pool="p",backend="a"}`
 	testkit.Eventually(t, 15*time.Second, "20 reads of the backend's metrics", func() bool {
 		n, _ := strconv.Atoi(metricValue(t, p, series))
@@ -279,20 +285,8 @@ func seriesValue(page, series string) float64 {
 // survivor of a kill reads them once it has taken the partition over.
 func TestHAScrapesOnlyWhatItDecides(t *testing.T) {
 	t.Parallel() // waits on leases mostly
-	b, err := fakeai.Listen(fakeai.Settings{Name: "a"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
 	url, _ := feedtest.NewServer(t)
-	yaml := haYAML(url, 1) + fmt.Sprintf(`scrape: {interval: 100ms}
-pools:
-  - id: p
-    backends:
-      - id: a
-        url: %s/v1
-        metrics_url: auto
-`, b.URL())
+	yaml := haYAML(url, 1) + scrapedPool(t)
 	x := startInstance(t, "x", yaml)
 	y := startInstance(t, "y", yaml)
 	ins := []*instance{x, y}
