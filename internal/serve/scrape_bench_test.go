@@ -3,8 +3,18 @@ package serve
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/VictoriaMetrics/metrics"
+
+	"github.com/fleetwatch/fleetwatch/internal/config"
 )
 
 // vllmPage is a metrics page the size of a vLLM server's with two engines:
@@ -65,4 +75,56 @@ func BenchmarkParseLoadMetrics(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkScrapeRead: one whole read as serve's scraper makes it (HTTP
+// GET over a loopback socket with a kept-alive connection, the page
+// parsed), against the same GET with the body discarded unparsed
+// (get-only), the page served by an HTTP server in the same process: the
+// cpu-ns/op metric (the process's CPU over the loop per read) is the
+// client's and the server's together, an upper bound of serve's share.
+func BenchmarkScrapeRead(b *testing.B) {
+	page := vllmPage()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		w.Write(page)
+	}))
+	defer srv.Close()
+	sc := newScraper(config.ScrapeSettings{}, func(string) bool { return true }, nil, metrics.NewSet(), b.Logf)
+	defer sc.transport.CloseIdleConnections()
+	url := srv.URL + "/metrics"
+	for _, c := range []struct {
+		name string
+		read func() error
+	}{
+		{"read", func() error { _, err := sc.read(context.Background(), url); return err }},
+		{"get-only", func() error {
+			resp, err := sc.client.Get(url)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			_, err = io.Copy(io.Discard, resp.Body)
+			return err
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(page)))
+			b.ReportAllocs()
+			cpu0 := processCPU()
+			for b.Loop() {
+				if err := c.read(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// processCPU is the process's user and system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
