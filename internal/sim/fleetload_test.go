@@ -299,27 +299,36 @@ func TestScanInLargerPools(t *testing.T) {
 	}
 }
 
-// With Scenario.ScrapeInterval the exact-load policy publishes each
-// backend's load as its latest scrape read it, with that read's age, every
-// backend read on a phase of its own; without, the true load at the
-// snapshot.
-func TestScrapedLoads(t *testing.T) {
+// scrapedRun runs 10 s of mixed-equal with policy and a scrape every
+// interval, seed 1, and returns the scenario, the finished run and a
+// snapshot of its backends without loads (for withFleetLoad).
+func scrapedRun(t *testing.T, policy string, interval time.Duration) (Scenario, *sim, *fleetwatch.Snapshot) {
+	t.Helper()
 	scenarios, err := SelectScenarios(Scenarios(), "mixed-equal")
 	if err != nil {
 		t.Fatal(err)
 	}
 	sc := scenarios[0].Shorten(10 * time.Second)
-	sc.ScrapeInterval = 200 * time.Millisecond
-	s, err := newSim(sc, FLoad3Exact, 1)
+	sc.ScrapeInterval = interval
+	s, err := newSim(sc, policy, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.run()
-	n := len(s.backends)
 	snap := &fleetwatch.Snapshot{}
 	for _, id := range s.ids {
 		snap.Backends = append(snap.Backends, fleetwatch.Backend{Backend: id})
 	}
+	return sc, s, snap
+}
+
+// With Scenario.ScrapeInterval the exact-load policy publishes each
+// backend's load as its latest scrape read it, with that read's age, every
+// backend read on a phase of its own; without, the true load at the
+// snapshot.
+func TestScrapedLoads(t *testing.T) {
+	sc, s, snap := scrapedRun(t, FLoad3Exact, 200*time.Millisecond)
+	n := len(s.backends)
 	got := s.withFleetLoad(snap)
 	for b := range n {
 		at := s.scrapedAt[b]
@@ -334,11 +343,48 @@ func TestScrapedLoads(t *testing.T) {
 	}
 	// Without the interval: the true load at the snapshot, no scrape.
 	sc.ScrapeInterval = 0
-	if s, err = newSim(sc, FLoad3Exact, 1); err != nil {
+	s, err := newSim(sc, FLoad3Exact, 1)
+	if err != nil {
 		t.Fatal(err)
 	}
 	s.run()
 	if s.scraped != nil {
 		t.Errorf("scrapes without ScrapeInterval: %v", s.scraped)
+	}
+}
+
+// fw-both-loads publishes the newer of a backend's latest scrape and the
+// load its events reported, as serve's analyzer does with both sources;
+// fw-exact the scrape alone, as fl-load3-exact.
+func TestBothLoadsTakeTheNewer(t *testing.T) {
+	sc, s, snap := scrapedRun(t, FWBothLoads, 500*time.Millisecond)
+	got := s.withFleetLoad(snap)
+	sources := map[string]int{}
+	for b := range s.backends {
+		ev := s.feed.loadOf(b, false)
+		scraped := &fleetwatch.Load{Running: s.scraped[b], AgeMs: int64(s.now - s.scrapedAt[b]), Source: "metrics"}
+		want := scraped
+		if ev != nil && ev.AgeMs < scraped.AgeMs {
+			want = ev
+		}
+		if diff := cmp.Diff(want, got.Backends[b].Load); diff != "" {
+			t.Errorf("b%d's published load (-want +got):\n%s", b, diff)
+		}
+		sources[got.Backends[b].Load.Source]++
+	}
+	// The run is seeded: at its end two backends had answered since their
+	// last read and two had not, so each source wins somewhere.
+	if sources["event"] == 0 || sources["metrics"] == 0 {
+		t.Errorf("published sources %v: want both to win somewhere", sources)
+	}
+	if s2, err := newSim(sc, FWExact, 1); err != nil {
+		t.Fatal(err)
+	} else {
+		s2.run()
+		for b, bk := range s2.withFleetLoad(snap).Backends {
+			if bk.Load == nil || bk.Load.Source != "metrics" {
+				t.Errorf("fw-exact: b%d's load %+v, want the scrape's", b, bk.Load)
+			}
+		}
 	}
 }
