@@ -22,11 +22,12 @@ import (
 )
 
 // The metrics scraper (docs/DECISIONS.md "Backend load"): for every
-// configured backend with a metrics_url, one goroutine reads its Prometheus
-// metrics every scrape.interval (250 ms by default, at least 50 ms), takes the queue and
-// cache gauges vLLM and SGLang export, and hands the report to the
-// evaluation loop through a bounded channel, which feeds it to the analyzer
-// (ObserveLoad) before each Evaluate. A scrape never blocks the pipeline: a
+// configured backend with a metrics_url of a pool this instance decides,
+// one goroutine reads its Prometheus metrics every scrape.interval (250 ms
+// by default, at least 50 ms), takes the queue and cache gauges vLLM and
+// SGLang export, and hands the report to the evaluation loop through a
+// bounded channel, which feeds it to the analyzer (ObserveLoad) before
+// each Evaluate. A scrape never blocks the pipeline: a
 // full channel drops the report and counts it, and a slow or failing
 // endpoint only delays its own next read.
 //
