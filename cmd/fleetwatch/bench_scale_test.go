@@ -30,7 +30,7 @@ func TestBenchScale(t *testing.T) {
 		Fleetwatch: fleetwatchBinary(t), NATSServer: natsServerBinary(t),
 		Pools: pools, Backends: backends, Routers: []int{3, 6},
 		Duration: 3 * time.Second, Warmup: time.Second, Seed: 7, Dir: t.TempDir(),
-		Logf: t.Logf,
+		Logf: t.Logf, GOGC: 150,
 		Window: func(n int) func() {
 			windows = append(windows, fmt.Sprintf("start %d", n))
 			return func() { windows = append(windows, fmt.Sprintf("end %d", n)) }
@@ -70,6 +70,9 @@ func TestBenchScale(t *testing.T) {
 		if st.AgeSamples == 0 || st.AgeP99Ms < st.AgeP50Ms {
 			t.Errorf("%d routers: %d load ages, p50 %.0f p99 %.0f", st.Routers, st.AgeSamples, st.AgeP50Ms, st.AgeP99Ms)
 		}
+		if st.HeapMiB <= 0 || st.GCCPU < 0 {
+			t.Errorf("%d routers: the routers' process's heap %.1f MiB, GC %.3f cores", st.Routers, st.HeapMiB, st.GCCPU)
+		}
 		if st.SlowConsumers != 0 || st.Dropped != 0 || st.Malformed != 0 {
 			t.Errorf("%d routers: %d slow consumers, %d dropped, %d malformed", st.Routers, st.SlowConsumers, st.Dropped, st.Malformed)
 		}
@@ -83,6 +86,9 @@ func TestBenchScale(t *testing.T) {
 	}
 	if s := r.Storm; s == nil || s.Routers == 0 || s.FlowingMissing != 0 || s.KeyedMissing != 0 {
 		t.Errorf("storm: %+v; want the killed node's routers back, every pool flowing and keyed", s)
+	}
+	if !strings.Contains(md.String(), "garbage collector in the windows (GOGC 150;") {
+		t.Errorf("the Markdown report does not say the routers' process's GOGC")
 	}
 	if !strings.Contains(md.String(), "| routers |") || !strings.Contains(md.String(), "predicted") {
 		t.Errorf("the Markdown report lacks its tables")

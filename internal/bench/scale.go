@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"syscall"
@@ -70,6 +71,10 @@ type ScaleSettings struct {
 	Dir string
 	// Logf receives progress messages. If nil, nothing is logged.
 	Logf func(format string, args ...any)
+	// GOGC, if not zero, is this process's GOGC for the run
+	// (debug.SetGCPercent; negative: off): its one heap holds every
+	// router's state, and the report says what its collector did.
+	GOGC int
 	// Window, if set, is called as each window with routers starts (n
 	// routers); what it returns is called as the window ends. fleetwatch
 	// bench scale's --cpuprofile profiles the windows with it, not the
@@ -148,6 +153,9 @@ func RunScale(ctx context.Context, s ScaleSettings) (*ScaleReport, error) {
 	s, err := s.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	if s.GOGC != 0 {
+		defer debug.SetGCPercent(debug.SetGCPercent(s.GOGC))
 	}
 	run := &scaleRun{s: s, dir: s.Dir}
 	if run.dir == "" {

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"runtime/metrics"
 	"strconv"
 	"sync"
 	"time"
@@ -30,6 +31,35 @@ type scaleSample struct {
 	ages      []int64
 	watcher   map[string]uint64
 	events    int64
+	gc        gcSample
+}
+
+// gcSample is this process's garbage collector so far (runtime/metrics).
+type gcSample struct {
+	cycles uint64
+	cpu    float64 // seconds of CPU spent collecting (an estimate of the runtime's)
+	heap   uint64  // bytes of heap objects, garbage not yet collected included
+}
+
+var gcMetrics = []string{"/gc/cycles/total:gc-cycles", "/cpu/classes/gc/total:cpu-seconds", "/memory/classes/heap/objects:bytes"}
+
+func sampleGC() gcSample {
+	ms := make([]metrics.Sample, len(gcMetrics))
+	for i, name := range gcMetrics {
+		ms[i].Name = name
+	}
+	metrics.Read(ms)
+	var g gcSample
+	if ms[0].Value.Kind() == metrics.KindUint64 {
+		g.cycles = ms[0].Value.Uint64()
+	}
+	if ms[1].Value.Kind() == metrics.KindFloat64 {
+		g.cpu = ms[1].Value.Float64()
+	}
+	if ms[2].Value.Kind() == metrics.KindUint64 {
+		g.heap = ms[2].Value.Uint64()
+	}
+	return g
 }
 
 // watcherCounters are the watchers' counters a step reports.
@@ -44,7 +74,7 @@ var watcherCounters = []string{
 }
 
 func (r *scaleRun) sample(ctx context.Context, fleet *routerFleet) (scaleSample, error) {
-	sm := scaleSample{at: time.Now(), cpu: processCPU(), events: r.traffic.events.Load()}
+	sm := scaleSample{at: time.Now(), cpu: processCPU(), events: r.traffic.events.Load(), gc: sampleGC()}
 	for _, n := range r.cluster.nodes {
 		ns, ok := n.sample(ctx)
 		sm.nodes, sm.up = append(sm.nodes, ns), append(sm.up, ok)
@@ -108,7 +138,8 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 func (r *scaleRun) stepFrom(a, b scaleSample, fleet *routerFleet, base *ScaleStep) ScaleStep {
 	sec := b.at.Sub(a.at).Seconds()
 	st := ScaleStep{Seconds: sec, LoadAvg: loadAvg(), EventsPerSec: float64(b.events-a.events) / sec,
-		ProcessCPU: (b.cpu - a.cpu).Seconds() / sec}
+		ProcessCPU: (b.cpu - a.cpu).Seconds() / sec,
+		GCCycles:   b.gc.cycles - a.gc.cycles, GCCPU: (b.gc.cpu - a.gc.cpu) / sec, HeapMiB: float64(b.gc.heap) / (1 << 20)}
 	perNode := make([]int, len(r.cluster.nodes))
 	pools := make([]map[string]bool, len(r.cluster.nodes))
 	for i := range pools {

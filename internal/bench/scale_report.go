@@ -70,11 +70,19 @@ type ScaleStep struct {
 	// ProcessCPU is this process's CPU in cores (routers, traffic and
 	// measuring); RouterCPUMsPerPoolSec what it used beyond the baseline
 	// window's, per router and pool-second followed.
-	ProcessCPU            float64     `json:"process_cpu_cores"`
-	RouterCPUMsPerPoolSec float64     `json:"router_cpu_ms_per_pool_sec"`
-	Nodes                 []NodeStep  `json:"nodes"`
-	Links                 []LinkStep  `json:"links"`
-	Serves                []ServeStep `json:"serves"`
+	ProcessCPU            float64 `json:"process_cpu_cores"`
+	RouterCPUMsPerPoolSec float64 `json:"router_cpu_ms_per_pool_sec"`
+	// GCCycles and GCCPU (cores) are this process's garbage collector in
+	// the window, HeapMiB its heap objects at the window's end (garbage
+	// not yet collected included): every router shares the one heap,
+	// whose marking slows every router at once, where a router process of
+	// its own would collect a heap of its own.
+	GCCycles uint64      `json:"gc_cycles"`
+	GCCPU    float64     `json:"gc_cpu_cores"`
+	HeapMiB  float64     `json:"heap_mib"`
+	Nodes    []NodeStep  `json:"nodes"`
+	Links    []LinkStep  `json:"links"`
+	Serves   []ServeStep `json:"serves"`
 }
 
 // NodeStep is one nats-server node in a window (varz, /proc).
@@ -217,6 +225,15 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "\nserve's collectors over the windows: %.0f events refused (every reason, the analyzer's limits among them), %.0f dropped (slow subscription)\n", refused, dropped)
+	gogc := "the Go default"
+	if r.Settings.GOGC != 0 {
+		gogc = fmt.Sprintf("GOGC %d", r.Settings.GOGC)
+	}
+	fmt.Fprintf(w, "\nthe routers' process's garbage collector in the windows (%s; one heap for every router):", gogc)
+	for _, st := range r.Steps {
+		fmt.Fprintf(w, " %d routers: %d cycles, %.3f cores, a heap of %.0f MiB;", st.Routers, st.GCCycles, st.GCCPU, st.HeapMiB)
+	}
+	fmt.Fprintln(w)
 	r.writeNodes(w)
 	r.writeFramesJoinStorm(w)
 	return r.Model.writeMarkdown(w)
