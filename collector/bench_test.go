@@ -11,6 +11,7 @@ import (
 
 	"github.com/fleetwatch/fleetwatch"
 	"github.com/fleetwatch/fleetwatch/feed/feedtest"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // countingSink counts events and keeps nothing: the cheapest possible
@@ -146,7 +147,7 @@ func runThroughput(b *testing.B, url string, payload []byte, perMsg int, progres
 	b.SetBytes(int64(len(payload) / perMsg))
 	b.ReportAllocs()
 	b.ResetTimer()
-	start, cpuStart := time.Now(), processCPU()
+	start, cpuStart := time.Now(), testkit.ProcessCPU()
 	for i := 0; i < msgs; i++ {
 		if err := pub.Publish("fw.outcomes.bench", payload); err != nil {
 			b.Fatal(err)
@@ -164,7 +165,7 @@ func runThroughput(b *testing.B, url string, payload []byte, perMsg int, progres
 		}
 		time.Sleep(time.Millisecond)
 	}
-	elapsed, cpu := time.Since(start), processCPU()-cpuStart
+	elapsed, cpu := time.Since(start), testkit.ProcessCPU()-cpuStart
 	b.StopTimer()
 	b.ReportMetric(float64(events)/elapsed.Seconds(), "events/s")
 	if cpu > 0 && events > 0 {

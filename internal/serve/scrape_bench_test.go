@@ -8,13 +8,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/VictoriaMetrics/metrics"
 
 	"github.com/fleetwatch/fleetwatch/internal/config"
+	"github.com/fleetwatch/fleetwatch/internal/testkit"
 )
 
 // vllmPage is a metrics page the size of a vLLM server's with two engines:
@@ -111,20 +110,13 @@ func BenchmarkScrapeRead(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(page)))
 			b.ReportAllocs()
-			cpu0 := processCPU()
+			cpu0 := testkit.ProcessCPU()
 			for b.Loop() {
 				if err := c.read(); err != nil {
 					b.Fatal(err)
 				}
 			}
-			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(testkit.ProcessCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 		})
 	}
-}
-
-// processCPU is the process's user and system CPU time so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
