@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 )
@@ -225,9 +226,11 @@ func (r *ScaleReport) WriteMarkdown(w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "\nserve's collectors over the windows: %.0f events refused (every reason, the analyzer's limits among them), %.0f dropped (slow subscription)\n", refused, dropped)
-	gogc := "the Go default"
+	gogc := "GOGC 100, the Go default"
 	if r.Settings.GOGC != 0 {
 		gogc = fmt.Sprintf("GOGC %d", r.Settings.GOGC)
+	} else if env := os.Getenv("GOGC"); env != "" {
+		gogc = "GOGC " + env + " from the environment"
 	}
 	fmt.Fprintf(w, "\nthe routers' process's garbage collector in the windows (%s; one heap for every router):", gogc)
 	for _, st := range r.Steps {
